@@ -1,0 +1,5 @@
+import sys
+
+from latticedraft.cli import main
+
+sys.exit(main())

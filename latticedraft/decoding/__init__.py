@@ -1,0 +1,1 @@
+"""Decoding algorithms: the BPD loop, drafters, DynaMo sampling, metrics."""

@@ -1,0 +1,1 @@
+"""Torch modules: multi-token heads on HF causal LMs, tree verification, KV caches, training."""

@@ -1,0 +1,1 @@
+"""Sausage lattices from multi-token heads: thresholding, rescoring, p-best drafts (numpy only)."""

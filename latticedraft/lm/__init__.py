@@ -1,0 +1,1 @@
+"""Language models for rescoring: n-gram building (KenLM → ARPA → WFST), scoring, statistics."""
