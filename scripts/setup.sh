@@ -44,8 +44,9 @@ if [ ! -x "$KBIN/lmplz" ] || [ ! -x "$KBIN/build_binary" ]; then
   $VPY -m pip download -q --disable-pip-version-check --no-deps --no-binary kenlm --no-build-isolation kenlm -d "$src" 2>&1 | grep -v '^WARNING: Location' || true
   tar xzf "$src"/kenlm-*.tar.gz -C "$src"
   (cd "$src"/kenlm-*/ && mkdir -p build && cd build \
-    && cmake .. -DCMAKE_BUILD_TYPE=Release -DKENLM_MAX_ORDER=6 >/dev/null \
-    && make -j"$(nproc)" lmplz build_binary >/dev/null)
+    && cmake .. -DCMAKE_BUILD_TYPE=Release -DKENLM_MAX_ORDER=6 >"$src/build.log" 2>&1 \
+    && make -j"$(nproc)" lmplz build_binary >>"$src/build.log" 2>&1) \
+    || { tail -n 40 "$src/build.log" >&2; log "KenLM build failed (log above)"; exit 1; }
   cp "$src"/kenlm-*/build/bin/lmplz "$src"/kenlm-*/build/bin/build_binary "$KBIN"/
   rm -rf "$src"
 fi
