@@ -1,0 +1,325 @@
+"""Token co-occurrence statistics for DynaMo's co-occurrence weighted masking (Eq. 3 and 6).
+
+The mask for an ``n``-token grid (``n`` = 2 or 3) is::
+
+    mask(x_1..x_n) = ( p̂(x_1..x_n) / Π_i p̂(x_i) ) ** alpha_c
+
+with the history ignored (the paper's Eq. 3): ``p̂(x_i)`` are unigram frequencies and
+``p̂(x_1..x_n)`` the frequency of the contiguous n-gram, both counted on token ids of a corpus
+(n-grams never cross a file boundary). Counts are stored sparse:
+
+- ``unigram``: int64 ``[V]``;
+- ``pairs[d]``: ``scipy.sparse.csr_array`` ``[V, V]`` int64, counts of ``(x_t, x_{t+d})``
+  for offsets ``d = 1, 2`` (``d = 1`` is the bigram used by the two-token mask);
+- triples: sorted unique int64 keys ``(a * V + b) * V + c`` with int64 counts (``V ≤ 2**21``).
+
+Smoothing (a query-time parameter, ``unseen_count`` δ ≥ 0): an n-gram or token with count
+``c`` is given ``max(c, δ)``, i.e. an unseen event counts as δ occurrences, without
+renormalising (the sampler renormalises the masked joint anyway). ``δ = 0`` is hard masking:
+unseen pairs/triples get mask 0 (and a 0/0 for an unseen marginal is taken as 0). The
+default δ = 0.5 makes an unseen n-gram half as plausible as one seen once, so a grid is
+never masked out only because the corpus is small.
+
+The statistics remember the tokenizer's ``fingerprint`` and vocabulary size; ``check``
+refuses a model or tokenizer from another vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from latticedraft.errors import InputError, ModelError
+
+FORMAT_VERSION = 1
+FILE_NAME = "cooccurrence.npz"
+DEFAULT_UNSEEN_COUNT = 0.5
+MAX_ORDER = 3
+_MAX_VOCAB = 2**21  # (a * V + b) * V + c must fit in int64
+
+
+@dataclass
+class CooccurrenceStats:
+    """Counts of tokens, pairs (offsets 1 and 2) and contiguous triples over a tokenized corpus.
+
+    ``n_tokens[n-1]`` is the number of n-gram positions counted (the normaliser of p̂ for order n).
+    """
+
+    vocab_size: int
+    fingerprint: str
+    unigram: np.ndarray  # int64 [V]
+    pairs: dict[int, sp.csr_array]  # offset -> int64 [V, V]
+    triple_keys: np.ndarray  # int64 [M], sorted, unique
+    triple_counts: np.ndarray  # int64 [M]
+    n_tokens: tuple[int, int, int]
+    meta: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_sequences(
+        cls,
+        sequences: Iterable[Sequence[int] | np.ndarray],
+        vocab_size: int,
+        fingerprint: str,
+        meta: dict | None = None,
+        progress: bool | None = None,
+    ) -> "CooccurrenceStats":
+        """Count over token-id sequences (one per document; n-grams stay inside a sequence)."""
+        if not 0 < vocab_size <= _MAX_VOCAB:
+            raise InputError(f"vocab_size {vocab_size} is outside 1..{_MAX_VOCAB}; triple keys need V ≤ 2**21")
+        V = int(vocab_size)
+        uni = np.zeros(V, dtype=np.int64)
+        rows = {1: [], 2: []}
+        cols = {1: [], 2: []}
+        tri: list[np.ndarray] = []
+        totals = [0, 0, 0]
+        for seq in _progress(sequences, progress, "counting co-occurrences"):
+            ids = np.asarray(seq, dtype=np.int64).ravel()
+            if ids.size == 0:
+                continue
+            if ids.min() < 0 or ids.max() >= V:
+                bad = int(ids[(ids < 0) | (ids >= V)][0])
+                raise InputError(f"token id {bad} is outside the vocabulary 0..{V - 1}; tokenize with the same tokenizer")
+            uni += np.bincount(ids, minlength=V)
+            totals[0] += ids.size
+            for d in (1, 2):
+                if ids.size > d:
+                    rows[d].append(ids[:-d])
+                    cols[d].append(ids[d:])
+            if ids.size > 1:
+                totals[1] += ids.size - 1
+            if ids.size > 2:
+                totals[2] += ids.size - 2
+                tri.append((ids[:-2] * V + ids[1:-1]) * V + ids[2:])
+        pairs = {}
+        for d in (1, 2):
+            r = np.concatenate(rows[d]) if rows[d] else np.zeros(0, np.int64)
+            c = np.concatenate(cols[d]) if cols[d] else np.zeros(0, np.int64)
+            m = sp.coo_array((np.ones(r.size, dtype=np.int64), (r, c)), shape=(V, V)).tocsr()
+            m.sum_duplicates()
+            pairs[d] = m
+        keys = np.concatenate(tri) if tri else np.zeros(0, np.int64)
+        tkeys, tcounts = np.unique(keys, return_counts=True)
+        return cls(V, fingerprint, uni, pairs, tkeys.astype(np.int64), tcounts.astype(np.int64), tuple(totals), dict(meta or {}))
+
+    @classmethod
+    def from_files(cls, files: Sequence[Path], tokenizer, encoding_errors: str = "strict",
+                   progress: bool | None = None) -> "CooccurrenceStats":
+        """Tokenize ``files`` with an HF ``tokenizers.Tokenizer`` and count (one sequence per file)."""
+        from latticedraft.lm.corpus import read_text
+        from latticedraft.lm.tokenizer import fingerprint
+
+        files = [Path(f) for f in files]
+
+        def seqs():
+            batch: list[str] = []
+            for f in files:
+                batch.append(read_text(f, encoding_errors))
+                if len(batch) == 64:
+                    yield from (e.ids for e in tokenizer.encode_batch(batch))
+                    batch = []
+            if batch:
+                yield from (e.ids for e in tokenizer.encode_batch(batch))
+
+        meta = {"files": [str(f) for f in files]}
+        return cls.from_sequences(seqs(), tokenizer.get_vocab_size(with_added_tokens=True), fingerprint(tokenizer),
+                                  meta=meta, progress=progress)
+
+    # ------------------------------------------------------------------ queries
+    def check(self, vocab_size: int | None = None, fingerprint: str | None = None, where: str = "the model") -> None:
+        """Raise ``ModelError`` unless the statistics were counted with this vocabulary."""
+        src = self.meta.get("path", "the co-occurrence table")
+        if vocab_size is not None and int(vocab_size) != self.vocab_size:
+            raise ModelError(
+                f"co-occurrence table {src} has vocabulary size {self.vocab_size} but {where} has {vocab_size}; "
+                "rebuild it with `latticedraft lm cooccurrence` using the model's tokenizer"
+            )
+        if fingerprint is not None and fingerprint != self.fingerprint:
+            raise ModelError(
+                f"co-occurrence table {src} was counted with tokenizer {self.fingerprint[:12]} but {where} uses "
+                f"{fingerprint[:12]}; rebuild it with `latticedraft lm cooccurrence` using the model's tokenizer"
+            )
+
+    def counts(self, tokens: Sequence[np.ndarray]) -> np.ndarray:
+        """Joint counts on the grid spanned by ``tokens`` (n arrays of ids, n = 1..3, lengths k_i).
+
+        Returns int64 ``[k_1, ..., k_n]``: ``out[i, j, l] = count(tokens[0][i], tokens[1][j], tokens[2][l])``.
+        """
+        toks = [np.asarray(t, dtype=np.int64).ravel() for t in tokens]
+        n = len(toks)
+        for t in toks:
+            if t.size and (t.min() < 0 or t.max() >= self.vocab_size):
+                raise InputError(f"token id outside 0..{self.vocab_size - 1} in the co-occurrence query")
+        if n == 1:
+            return self.unigram[toks[0]]
+        if n == 2:
+            return np.asarray(self.pairs[1][toks[0]][:, toks[1]].toarray(), dtype=np.int64)
+        if n == 3:
+            V = self.vocab_size
+            keys = (toks[0][:, None, None] * V + toks[1][None, :, None]) * V + toks[2][None, None, :]
+            pos = np.searchsorted(self.triple_keys, keys.ravel())
+            pos_c = np.minimum(pos, max(self.triple_keys.size - 1, 0))
+            hit = (pos < self.triple_keys.size) & (self.triple_keys[pos_c] == keys.ravel()) if self.triple_keys.size \
+                else np.zeros(keys.size, bool)
+            out = np.where(hit, self.triple_counts[pos_c] if self.triple_keys.size else 0, 0)
+            return out.reshape(keys.shape).astype(np.int64)
+        raise InputError(f"co-occurrence order {n} is not stored; use n between 1 and {MAX_ORDER}")
+
+    def mask(self, tokens: Sequence[np.ndarray], alpha_c: float = 1.0,
+             unseen_count: float = DEFAULT_UNSEEN_COUNT) -> np.ndarray:
+        """The co-occurrence weights ``(p̂(joint) / Π p̂(marginal)) ** alpha_c`` on a top-k grid.
+
+        ``tokens``: n ≥ 2 id arrays (the top-k ids of heads 1..n). Returns float64 ``[k_1, ..., k_n]``.
+        ``alpha_c = 0`` gives all ones (no masking); smoothing: see the module docstring.
+        """
+        n = len(tokens)
+        if not 2 <= n <= MAX_ORDER:
+            raise InputError(f"co-occurrence masks cover 2..{MAX_ORDER} tokens, not {n}")
+        if alpha_c < 0:
+            raise InputError(f"alpha_c {alpha_c} must be ≥ 0")
+        if unseen_count < 0:
+            raise InputError(f"unseen_count {unseen_count} must be ≥ 0")
+        shape = tuple(np.asarray(t).size for t in tokens)
+        if alpha_c == 0:
+            return np.ones(shape, dtype=np.float64)
+        joint = np.maximum(self.counts(tokens).astype(np.float64), unseen_count) / max(self.n_tokens[n - 1], 1)
+        denom = np.ones(shape, dtype=np.float64)
+        for i, t in enumerate(tokens):
+            m = np.maximum(self.unigram[np.asarray(t, dtype=np.int64).ravel()].astype(np.float64), unseen_count)
+            m = m / max(self.n_tokens[0], 1)
+            denom = denom * m.reshape([-1 if j == i else 1 for j in range(n)])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(denom > 0, joint / np.where(denom > 0, denom, 1.0), 0.0)
+        return ratio ** alpha_c
+
+    # ------------------------------------------------------------------ storage
+    def save(self, path: str | Path) -> Path:
+        """Write ``cooccurrence.npz`` (into ``path`` if it is a directory), atomically."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / FILE_NAME
+        meta = dict(self.meta)
+        meta.pop("path", None)
+        header = {
+            "format": FORMAT_VERSION, "vocab_size": self.vocab_size, "fingerprint": self.fingerprint,
+            "n_tokens": list(self.n_tokens), "meta": meta,
+        }
+        arrays = {"header": np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+                  "unigram": self.unigram, "triple_keys": self.triple_keys, "triple_counts": self.triple_counts}
+        for d, m in self.pairs.items():
+            m = sp.csr_array(m)
+            arrays[f"pair{d}_data"] = m.data.astype(np.int64)
+            arrays[f"pair{d}_indices"] = m.indices.astype(np.int64)
+            arrays[f"pair{d}_indptr"] = m.indptr.astype(np.int64)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".cooccurrence-", suffix=".npz.tmp", dir=p.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez_compressed(f, **arrays)
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CooccurrenceStats":
+        """Read a table written by ``save`` (a file, or a build directory holding ``cooccurrence.npz``)."""
+        p = Path(path)
+        if p.is_dir():
+            p = p / FILE_NAME
+        if not p.is_file():
+            raise InputError(f"co-occurrence table {p} not found; build it with `latticedraft lm cooccurrence --lm DIR`")
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                header = json.loads(bytes(z["header"]).decode())
+                V = int(header["vocab_size"])
+                pairs = {}
+                for d in (1, 2):
+                    pairs[d] = sp.csr_array((z[f"pair{d}_data"], z[f"pair{d}_indices"], z[f"pair{d}_indptr"]), shape=(V, V))
+                stats = cls(V, header["fingerprint"], z["unigram"], pairs, z["triple_keys"], z["triple_counts"],
+                            tuple(int(x) for x in header["n_tokens"]), dict(header.get("meta", {})))
+        except (KeyError, ValueError, OSError, json.JSONDecodeError) as e:
+            raise ModelError(f"co-occurrence table {p} is unreadable or not a latticedraft table ({e}); rebuild it") from e
+        if header.get("format") != FORMAT_VERSION:
+            raise ModelError(f"co-occurrence table {p} has format {header.get('format')}, expected {FORMAT_VERSION}; rebuild it")
+        stats.meta["path"] = str(p)
+        return stats
+
+
+def build_for_lm_dir(lm_dir: str | Path, tokenizer_path: str | Path | None = None, corpus: Sequence[str] | None = None,
+                     encoding_errors: str = "strict", force: bool = False) -> Path:
+    """Count co-occurrences for an LM build directory and write ``<lm_dir>/cooccurrence.npz``.
+
+    The corpus and tokenizer default to those named in ``<lm_dir>/manifest.json`` (the n-gram
+    build's), so the statistics share the LM's vocabulary; ``corpus`` / ``tokenizer_path``
+    override them (corpus specs as in ``latticedraft.lm.corpus.resolve_corpus``).
+    """
+    from latticedraft.lm.corpus import resolve_corpus
+    from latticedraft.lm.tokenizer import load_tokenizer
+
+    d = Path(lm_dir)
+    if not d.is_dir():
+        raise InputError(f"LM build directory {d} does not exist; run `latticedraft lm build --out {d}` first")
+    out = d / FILE_NAME
+    if out.exists() and not force:
+        raise InputError(f"{out} already exists; pass --force to rebuild it")
+    manifest = {}
+    if (d / "manifest.json").is_file():
+        manifest = json.loads((d / "manifest.json").read_text())
+    if tokenizer_path is None:
+        tokenizer_path = _manifest_tokenizer(d, manifest)
+    if corpus is None:
+        corpus = _manifest_corpus(manifest)
+        if not corpus:
+            raise InputError(f"{d}/manifest.json names no corpus files; pass --corpus FILES")
+    tok = load_tokenizer(tokenizer_path)
+    files = resolve_corpus(corpus)
+    stats = CooccurrenceStats.from_files(files, tok, encoding_errors=encoding_errors)
+    stats.meta["tokenizer"] = str(tokenizer_path)
+    return stats.save(out)
+
+
+def _manifest_tokenizer(d: Path, manifest: dict) -> Path:
+    cand = []
+    t = manifest.get("tokenizer")
+    if isinstance(t, dict):
+        cand += [t.get(k) for k in ("path", "file", "source") if t.get(k)]
+    elif isinstance(t, str):
+        cand.append(t)
+    cand += [d / "tokenizer.json"]
+    for c in cand:
+        p = Path(c)
+        if not p.is_absolute() and not p.exists():
+            p = d / p
+        if p.exists():
+            return p
+    raise InputError(f"no tokenizer found for LM build {d}; pass --tokenizer PATH")
+
+
+def _manifest_corpus(manifest: dict) -> list[str]:
+    src = manifest.get("sources") or manifest.get("source_files") or manifest.get("corpus") or []
+    out = []
+    for s in src:
+        if isinstance(s, dict):
+            s = s.get("path") or s.get("file")
+        if s:
+            out.append(str(s))
+    return out
+
+
+def _progress(it, enabled: bool | None, desc: str):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return it
+    import sys
+    disable = (not sys.stderr.isatty()) if enabled is None else not enabled
+    return tqdm(it, desc=desc, unit="seq", disable=disable)

@@ -1,0 +1,129 @@
+"""Co-occurrence counts and masks against hand counts on a 20-token corpus."""
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from latticedraft.errors import InputError, ModelError
+from latticedraft.lm.cooccurrence import CooccurrenceStats, build_for_lm_dir
+
+# 20 tokens over ids 0..5. Hand counts (see comments):
+#   unigrams: 0→6, 1→6, 2→4, 3→2, 4→1, 5→1                      (20 positions)
+#   bigrams:  (0,1)→5, (1,2)→4, (2,0)→3, the 7 others once        (19 positions)
+#   triples:  (0,1,2)→3, (1,2,0)→3, (2,0,1)→2, 10 others once     (18 positions)
+#   offset 2: (0,2)→3
+CORPUS = [0, 1, 2, 0, 1, 3, 0, 1, 2, 4, 5, 0, 1, 2, 0, 3, 1, 2, 0, 1]
+V = 6
+
+
+@pytest.fixture
+def stats():
+    return CooccurrenceStats.from_sequences([CORPUS], vocab_size=V, fingerprint="f" * 64)
+
+
+def test_counts_equal_hand_counts(stats):
+    assert stats.unigram.tolist() == [6, 6, 4, 2, 1, 1]
+    assert stats.n_tokens == (20, 19, 18)
+    c2 = stats.counts([np.arange(V), np.arange(V)])
+    assert c2[0, 1] == 5 and c2[1, 2] == 4 and c2[2, 0] == 3
+    assert c2[1, 0] == 0 and c2.sum() == 19
+    assert sorted(c2[c2 > 0].tolist()) == [1] * 7 + [3, 4, 5]
+    c3 = stats.counts([np.arange(V)] * 3)
+    assert c3[0, 1, 2] == 3 and c3[1, 2, 0] == 3 and c3[2, 0, 1] == 2
+    assert c3.sum() == 18 and (c3 == 1).sum() == 10
+    assert stats.pairs[2][0, 2] == 3
+
+
+def test_mask_equals_hand_values(stats):
+    # (p̂(0,1) / p̂(0) p̂(1)) = (5/19) / (6/20 * 6/20)
+    m = stats.mask([np.array([0, 1]), np.array([1, 0])], alpha_c=1.0, unseen_count=0.5)
+    assert m[0, 0] == pytest.approx((5 / 19) / (0.3 * 0.3))
+    assert m[1, 1] == pytest.approx((0.5 / 19) / (0.3 * 0.3))  # (1,0) unseen: counts as 0.5
+    m3 = stats.mask([np.array([0]), np.array([1]), np.array([2, 5])], alpha_c=1.0, unseen_count=0.0)
+    assert m3[0, 0, 0] == pytest.approx((3 / 18) / (0.3 * 0.3 * 0.2))
+    assert m3[0, 0, 1] == 0.0  # (0,1,5) never seen: hard masking with δ = 0
+    half = stats.mask([np.array([4]), np.array([5])], alpha_c=0.5)
+    assert half[0, 0] == pytest.approx(((1 / 19) / (0.05 * 0.05)) ** 0.5)
+    assert np.all(stats.mask([np.arange(V)] * 2, alpha_c=0.0) == 1.0)
+
+
+def test_mask_matches_brute_force_on_every_grid_cell(stats):
+    from collections import Counter
+
+    big = Counter(zip(CORPUS, CORPUS[1:]))
+    uni = Counter(CORPUS)
+    ids = np.arange(V)
+    m = stats.mask([ids, ids], alpha_c=0.7, unseen_count=0.25)
+    for a in range(V):
+        for b in range(V):
+            want = (max(big[(a, b)], 0.25) / 19) / ((max(uni[a], 0.25) / 20) * (max(uni[b], 0.25) / 20))
+            assert m[a, b] == pytest.approx(want**0.7)
+
+
+def test_unseen_marginal_with_zero_smoothing_gives_zero_not_nan():
+    s = CooccurrenceStats.from_sequences([[0, 1, 0, 1]], vocab_size=4, fingerprint="x")
+    with np.errstate(all="raise"):
+        m = s.mask([np.array([0, 3]), np.array([1, 2])], unseen_count=0.0)
+    assert np.isfinite(m).all() and m[1, 1] == 0.0 and m[0, 0] > 0
+
+
+def test_ngrams_do_not_cross_sequence_boundaries():
+    s = CooccurrenceStats.from_sequences([[0, 1], [2, 3]], vocab_size=4, fingerprint="x")
+    assert s.counts([np.array([1]), np.array([2])])[0, 0] == 0
+    assert s.n_tokens == (4, 2, 0)
+
+
+def test_save_load_round_trip_and_atomic(tmp_path, stats):
+    p = stats.save(tmp_path)
+    assert p.name == "cooccurrence.npz" and [q.name for q in tmp_path.iterdir()] == ["cooccurrence.npz"]
+    back = CooccurrenceStats.load(tmp_path)
+    assert back.vocab_size == V and back.fingerprint == stats.fingerprint
+    ids = np.arange(V)
+    assert np.array_equal(back.counts([ids] * 3), stats.counts([ids] * 3))
+    assert np.array_equal(back.mask([ids] * 2), stats.mask([ids] * 2))
+
+
+def test_vocabulary_mismatch_is_refused(stats):
+    stats.check(vocab_size=V, fingerprint="f" * 64)
+    with pytest.raises(ModelError, match="vocabulary size 6 but the model has 7"):
+        stats.check(vocab_size=7)
+    with pytest.raises(ModelError, match="tokenizer"):
+        stats.check(fingerprint="e" * 64)
+
+
+def test_bad_inputs(tmp_path, stats):
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        CooccurrenceStats.from_sequences([[0, 9]], vocab_size=4, fingerprint="x")
+    with pytest.raises(InputError, match="not found"):
+        CooccurrenceStats.load(tmp_path / "nope")
+    with pytest.raises(InputError, match="2..3"):
+        stats.mask([np.arange(2)])
+    bad = tmp_path / "cooccurrence.npz"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(ModelError, match="unreadable"):
+        CooccurrenceStats.load(bad)
+
+
+def _word_tokenizer(words):
+    vocab = {w: i for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=words[0]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tok
+
+
+def test_build_for_lm_dir_from_files(tmp_path):
+    tok = _word_tokenizer(["<unk>", "a", "b", "c"])
+    tok_path = tmp_path / "tokenizer.json"
+    tok.save(str(tok_path))
+    (tmp_path / "c1.txt").write_text("a b c a b\n")
+    (tmp_path / "c2.txt").write_text("b c\n")
+    lm = tmp_path / "lm"
+    lm.mkdir()
+    out = build_for_lm_dir(lm, tokenizer_path=tok_path, corpus=[str(tmp_path / "c1.txt"), str(tmp_path / "c2.txt")])
+    s = CooccurrenceStats.load(out)
+    assert s.unigram.tolist() == [0, 2, 3, 2]
+    assert s.counts([np.array([1]), np.array([2])])[0, 0] == 2  # "a b" twice
+    assert s.counts([np.array([2]), np.array([3])])[0, 0] == 2  # "b c" once per file
+    assert s.counts([np.array([3]), np.array([2])])[0, 0] == 0  # no "c b" across files
+    with pytest.raises(InputError, match="--force"):
+        build_for_lm_dir(lm, tokenizer_path=tok_path, corpus=[str(tmp_path / "c1.txt")])
