@@ -1,0 +1,247 @@
+"""The blockwise parallel decoding loop: predict -> draft -> verify -> accept (Algorithm 1).
+
+One target call per step: the verify forward over the draft tree also yields the heads'
+logits at the last accepted token, which form the next step's lattice (Stern et al. 2018).
+Prompts of different lengths decode together; each row stops on EOS or ``max_new_tokens``
+and leaves the batch. Output equals the target model's greedy decode token for token.
+
+Counting: the prefill call emits 1 token (the base model's argmax); each verify call emits
+the n accepted draft tokens plus one bonus token. Block efficiency = tokens / calls, so plain
+greedy decoding has 1.0.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from latticedraft.errors import InputError
+from latticedraft.gpu.verify import Verifier
+
+
+@dataclass
+class SequenceResult:
+    """One prompt's decode. tokens: int64[T] generated ids (EOS included if hit);
+    tokens_per_call: tokens emitted by each target call (prefill first)."""
+
+    prompt_ids: np.ndarray
+    tokens: np.ndarray
+    calls: int
+    tokens_per_call: list[int]
+    seconds: float
+    accepted_drafts: list[int] = field(default_factory=list)  # accepted draft tokens per verify step
+
+    @property
+    def block_efficiency(self) -> float:
+        return len(self.tokens) / max(self.calls, 1)
+
+
+@dataclass
+class DecodeResult:
+    """sequences: one per prompt, in order; verify_mode: "tree" | "batched" | "generate";
+    timing: seconds spent per part (model, lattice, draft, accept) over the whole run;
+    steps: list of per-step records (only when ``record_steps``)."""
+
+    sequences: list[SequenceResult]
+    verify_mode: str
+    verify_reason: str
+    seconds: float
+    timing: dict
+    steps: list = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.sequences)
+
+    @property
+    def calls(self) -> int:
+        return sum(s.calls for s in self.sequences)
+
+    @property
+    def block_efficiency(self) -> float:
+        return self.tokens / max(self.calls, 1)
+
+
+@dataclass
+class StepRecord:
+    """What one verify step of one row saw: the lattice, the drafts, what was accepted."""
+
+    row: int
+    history_len: int
+    sausage: object
+    drafts: np.ndarray
+    accepted: np.ndarray
+    bonus: int
+
+
+def _eos_set(eos_token_id) -> set[int]:
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, (list, tuple, set)):
+        return {int(e) for e in eos_token_id}
+    return {int(eos_token_id)}
+
+
+def _head_logp(heads: torch.Tensor) -> np.ndarray:
+    """[h, V] head logits -> float32 log-probs of heads 1..h-1 (the draft slots), [h-1, V]."""
+    return torch.log_softmax(heads[1:].float(), dim=-1).cpu().numpy()
+
+
+@torch.no_grad()
+def bpd_decode(
+    model,
+    prompts: list,
+    drafter,
+    *,
+    max_new_tokens: int = 64,
+    eos_token_id=None,
+    verify: str = "auto",
+    record_steps: bool = False,
+    on_tokens=None,
+) -> DecodeResult:
+    """Decode every prompt with blockwise parallel decoding.
+
+    model: a BlockwiseModel (or any causal LM; without heads every draft is empty).
+    prompts: list of int sequences (each >= 1 token). drafter: see ``drafters.Drafter``;
+    one copy per row is made with ``drafter.spawn()``. on_tokens(row, new_ids): called as
+    tokens are emitted (for streaming). Returns a ``DecodeResult``.
+    """
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
+    eos = _eos_set(eos_token_id)
+    timing = {"model": 0.0, "lattice": 0.0, "draft": 0.0, "accept": 0.0}
+    t_start = time.perf_counter()
+    verifier = Verifier(model, verify)
+
+    b = len(prompts)
+    out: list[list[int]] = [[] for _ in range(b)]
+    calls = [0] * b
+    per_call: list[list[int]] = [[] for _ in range(b)]
+    acc_drafts: list[list[int]] = [[] for _ in range(b)]
+    done_at = [0.0] * b
+    drafters = [drafter.spawn(i) for i in range(b)]
+    steps: list[StepRecord] = []
+
+    def emit(i: int, new: list[int]) -> bool:
+        """Append tokens to row i; True if the row is finished."""
+        stop = False
+        take = []
+        for t in new:
+            take.append(t)
+            if t in eos or len(out[i]) + len(take) >= max_new_tokens:
+                stop = True
+                break
+        out[i].extend(take)
+        per_call[i].append(len(take))
+        calls[i] += 1
+        if on_tokens is not None:
+            on_tokens(i, take)
+        return stop
+
+    t0 = time.perf_counter()
+    state, heads = verifier.prefill(prompts)
+    timing["model"] += time.perf_counter() - t0
+    active = []  # original row index of each live batch row
+    roots = []
+    for i in range(b):
+        root = int(heads[i, 0].argmax())
+        if emit(i, [root]):
+            done_at[i] = time.perf_counter() - t_start
+        else:
+            active.append(i)
+            roots.append(root)
+    if active and len(active) < b:  # rows are still in prompt order here
+        state.select_rows(torch.as_tensor(active, device=state.valid.device))
+        heads = heads[torch.as_tensor(active, device=heads.device)]
+
+    while active:
+        drafts = []
+        for j, i in enumerate(active):
+            history = np.concatenate([prompts[i], np.asarray(out[i], dtype=np.int64)])
+            t0 = time.perf_counter()
+            sausage = drafters[i].lattice(_head_logp(heads[j])) if heads.shape[1] > 1 else None
+            t1 = time.perf_counter()
+            d = drafters[i].draft(sausage, history) if sausage is not None else np.zeros((1, 0), np.int64)
+            timing["lattice"] += t1 - t0
+            timing["draft"] += time.perf_counter() - t1
+            drafts.append(_draft_tokens(d))
+            if record_steps:
+                steps.append(StepRecord(i, len(history), sausage, drafts[-1], None, -1))
+        t0 = time.perf_counter()
+        res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts)
+        t1 = time.perf_counter()
+        timing["model"] += t1 - t0
+        still, new_roots, live_rows = [], [], []
+        for j, i in enumerate(active):
+            acc = [int(t) for t in res.accepted[j]]
+            acc_drafts[i].append(len(acc))
+            drafters[i].update(np.asarray(acc, dtype=np.int64))
+            if record_steps:
+                rec = steps[len(steps) - len(active) + j]
+                rec.accepted, rec.bonus = np.asarray(acc, dtype=np.int64), int(res.bonus[j])
+            if emit(i, acc + [int(res.bonus[j])]):
+                done_at[i] = time.perf_counter() - t_start
+            else:
+                still.append(i)
+                new_roots.append(int(res.bonus[j]))
+                live_rows.append(j)
+        heads = res.head_logits
+        if len(still) < len(active):
+            sel = torch.as_tensor(live_rows, dtype=torch.long, device=state.valid.device)
+            if still:
+                state.select_rows(sel)
+                heads = heads[sel.to(heads.device)]
+        active, roots = still, new_roots
+        timing["accept"] += time.perf_counter() - t1
+
+    seqs = [
+        SequenceResult(
+            prompt_ids=prompts[i], tokens=np.asarray(out[i], dtype=np.int64), calls=calls[i],
+            tokens_per_call=per_call[i], seconds=done_at[i], accepted_drafts=acc_drafts[i],
+        )
+        for i in range(b)
+    ]
+    return DecodeResult(seqs, verifier.mode, verifier.mode_reason, time.perf_counter() - t_start, timing, steps)
+
+
+def _draft_tokens(drafts) -> np.ndarray:
+    """Accept a ``Drafts`` (``.tokens`` int64[p, d]) or a bare array; returns int64[p, d]."""
+    toks = getattr(drafts, "tokens", drafts)
+    if isinstance(toks, torch.Tensor):
+        toks = toks.detach().cpu().numpy()
+    toks = np.asarray(toks, dtype=np.int64)
+    if toks.ndim == 1:
+        toks = toks[None]
+    if toks.shape[0] == 0:
+        toks = np.zeros((1, 0), dtype=np.int64)
+    return toks
+
+
+@torch.no_grad()
+def greedy_decode(model, prompts: list, *, max_new_tokens: int = 64, eos_token_id=None) -> DecodeResult:
+    """Plain autoregressive greedy decoding with transformers' ``generate`` on the base model,
+    one prompt at a time (no padding): the baseline every table compares against."""
+    base = getattr(model, "base", model)
+    eos = _eos_set(eos_token_id)
+    t_start = time.perf_counter()
+    seqs = []
+    for p in prompts:
+        p = np.asarray(p, dtype=np.int64).reshape(-1)
+        t0 = time.perf_counter()
+        ids = torch.as_tensor(p[None], device=next(base.parameters()).device)
+        gen = base.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+            eos_token_id=sorted(eos) if eos else None, pad_token_id=0,
+            num_beams=1, temperature=None, top_p=None, top_k=None,
+        )
+        toks = gen[0, len(p):].cpu().numpy()
+        cut = [k for k, t in enumerate(toks.tolist()) if t in eos]
+        if cut:
+            toks = toks[: cut[0] + 1]
+        seqs.append(SequenceResult(p, toks.astype(np.int64), len(toks), [1] * len(toks), time.perf_counter() - t0))
+    dt = time.perf_counter() - t_start
+    return DecodeResult(seqs, "generate", "plain autoregressive decoding", dt, {"model": dt})

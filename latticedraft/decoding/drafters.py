@@ -1,0 +1,292 @@
+"""Drafters: turn one step's sausage lattice into the drafts the target verifies.
+
+One small interface (after vLLM's proposers and HF's ``CandidateGenerator``)::
+
+    class Drafter:
+        lattice(head_logp: float32[h-1, V]) -> Sausage   # top-k + pruning (LatticeOptions)
+        draft(sausage, history: int64[t]) -> Drafts       # tokens int64[p, d], scores float32[p]
+        update(accepted: int64[n]) -> None                # optional: what the target kept
+        spawn(row: int) -> Drafter                        # per-sequence copy (own state)
+
+The sausage's slot j holds candidates for the token j + 1 places after the root (the token
+the base model already chose, the last entry of ``history``). Every drafter is exact by
+construction: verification only ever keeps tokens equal to the target's argmax.
+
+Names (``make_drafter``): ``top1`` (vanilla BPD), ``neural`` (Algorithm 2, local rescoring
+with a small LM), ``ngram`` (global n-gram rescoring, p = 1), ``parallel`` (p best rescored
+paths), ``parallel-base`` (p best paths of the un-rescored lattice), ``oracle`` (best path
+given the true continuation; an evaluation upper bound).
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from latticedraft.errors import InputError
+from latticedraft.gpu.kvcache import cache_length, crop_to
+from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage
+
+DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")
+PRUNES = ("none", "otsu", "static")
+
+
+@dataclass
+class LatticeOptions:
+    """k: candidates per slot; prune: "none" | "otsu" | "static" (drop arcs whose head
+    log-prob is below ``threshold`` nats under the slot's best, or Otsu's split of the
+    slot's probabilities); backoff: keep at most this many slots (None: all h-1)."""
+
+    k: int = 16
+    prune: str = "none"
+    threshold: float = 4.0
+    backoff: int | None = None
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise InputError(f"--k must be >= 1, got {self.k}")
+        if self.prune not in PRUNES:
+            raise InputError(f"--prune {self.prune!r} is not one of {', '.join(PRUNES)}")
+        if self.backoff is not None and self.backoff < 1:
+            raise InputError(f"back-off depth must be >= 1, got {self.backoff}")
+
+    def build(self, head_logp: np.ndarray) -> Sausage:
+        """head_logp float32[h-1, V] -> pruned top-k Sausage."""
+        if self.backoff is not None:
+            head_logp = head_logp[: self.backoff]
+        s = Sausage.from_logits(head_logp, min(self.k, head_logp.shape[-1]))
+        if self.prune == "none":
+            return s
+        return _prune(s, self.prune, self.threshold)
+
+
+def _prune(s: Sausage, how: str, threshold: float) -> Sausage:
+    from latticedraft.lattice import threshold as th  # issue 3's pruning functions
+
+    if how == "otsu":
+        return th.prune_otsu(s)
+    return th.prune_static(s, threshold)
+
+
+class Drafter:
+    """Base class; subclasses implement ``draft``. Stateless drafters share one instance."""
+
+    name = "base"
+
+    def __init__(self, options: LatticeOptions | None = None):
+        self.options = options or LatticeOptions()
+
+    def lattice(self, head_logp: np.ndarray) -> Sausage:
+        return self.options.build(head_logp)
+
+    def draft(self, sausage: Sausage, history: np.ndarray) -> Drafts:
+        raise NotImplementedError
+
+    def update(self, accepted: np.ndarray) -> None:
+        """Told the draft tokens the target accepted this step (default: ignored)."""
+
+    def spawn(self, row: int = 0) -> "Drafter":
+        return self
+
+
+def _one(tokens) -> Drafts:
+    t = np.asarray(tokens, dtype=np.int64)[None]
+    return Drafts(t, np.zeros(1, dtype=np.float32), 1)
+
+
+class Top1Drafter(Drafter):
+    """Vanilla BPD: the argmax of every head (Algorithm 1, line 6)."""
+
+    name = "top1"
+
+    def draft(self, sausage, history):
+        return _one(sausage.top1())
+
+
+def kbest_paths(sausage: Sausage, p: int) -> Drafts:
+    """The p highest-scoring paths of a sausage by head log-prob alone (best first).
+
+    Slots are independent, so a best-first search over rank vectors is exact: O(p h log p).
+    """
+    lp, tok = sausage.logp, sausage.tokens
+    h = lp.shape[0]
+    widths = (tok != PAD_TOKEN).sum(axis=1)
+    start = (0,) * h
+    best = float(lp[:, 0].sum())
+    heap = [(-best, start)]
+    seen = {start}
+    paths, scores = [], []
+    while heap and len(paths) < p:
+        neg, ranks = heapq.heappop(heap)
+        paths.append([tok[i, r] for i, r in enumerate(ranks)])
+        scores.append(-neg)
+        for i in range(h):
+            if ranks[i] + 1 < widths[i]:
+                nxt = ranks[:i] + (ranks[i] + 1,) + ranks[i + 1 :]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    heapq.heappush(heap, (neg + float(lp[i, ranks[i]] - lp[i, ranks[i] + 1]), nxt))
+    return Drafts(np.asarray(paths, dtype=np.int64), np.asarray(scores, dtype=np.float32), p)
+
+
+class ParallelBaseDrafter(Drafter):
+    """Parallel BPD over the original lattice: the p best paths by head scores."""
+
+    name = "parallel-base"
+
+    def __init__(self, nbest: int = 16, options=None):
+        super().__init__(options)
+        self.nbest = nbest
+
+    def draft(self, sausage, history):
+        return kbest_paths(sausage, self.nbest)
+
+
+class NgramDrafter(Drafter):
+    """Global n-gram rescoring: ``head_logp + alpha * lm_logp`` over all paths, conditioned
+    on the last n-1 emitted tokens; p = nbest paths (1: "ngram", > 1: "parallel")."""
+
+    name = "ngram"
+
+    def __init__(self, lm, alpha: float = 1.0, nbest: int = 1, options=None, method: str = "exact"):
+        super().__init__(options)
+        self.lm, self.alpha, self.nbest, self.method = lm, alpha, nbest, method
+        self.name = "ngram" if nbest == 1 else "parallel"
+
+    def draft(self, sausage, history):
+        from latticedraft.lattice.rescore import rescore
+
+        return rescore(sausage, self.lm, self.alpha, self.nbest, history, method=self.method)
+
+
+class OracleDrafter(Drafter):
+    """The path that matches the true continuation for as long as the lattice allows
+    (then the heads' argmax). An upper bound for evaluation; needs the references.
+
+    continuations: per row, the greedy continuation (int64[T]) of that row's prompt.
+    """
+
+    name = "oracle"
+
+    def __init__(self, continuations: list, options=None):
+        super().__init__(options)
+        self.continuations = [np.asarray(c, dtype=np.int64) for c in continuations]
+        self.cont = None
+        self.prompt_len = None
+
+    def spawn(self, row: int = 0):
+        if row >= len(self.continuations):
+            raise InputError(f"oracle drafter has {len(self.continuations)} references, row {row} asked")
+        d = copy.copy(self)
+        d.cont, d.prompt_len = self.continuations[row], None
+        return d
+
+    def draft(self, sausage, history):
+        if self.cont is None:
+            raise InputError("OracleDrafter.draft called before spawn(row)")
+        if self.prompt_len is None:
+            self.prompt_len = len(history) - 1  # the first call sees prompt + root
+        at = len(history) - self.prompt_len
+        path = sausage.top1().copy()
+        for j in range(sausage.h):
+            if at + j >= len(self.cont):
+                break
+            want = self.cont[at + j]
+            hit = np.nonzero(sausage.tokens[j] == want)[0]
+            if len(hit) == 0:
+                break
+            path[j] = want
+        return _one(path)
+
+
+class NeuralDrafter(Drafter):
+    """Algorithm 2: greedy local rescoring with a small causal LM, interpolation ``alpha``.
+
+    For slot j the draft token is ``argmax_{y in S_j} head_logp_j(y) + alpha * r_j(y)``,
+    where r_j is the rescorer's log-softmax after history + the draft so far. The rescorer
+    keeps its own KV cache over the history, so each step costs one small-model call per
+    slot (the first also catches up on the tokens accepted since the last step).
+    """
+
+    name = "neural"
+
+    def __init__(self, rescorer, alpha: float = 1.0, options=None):
+        super().__init__(options)
+        self.rescorer, self.alpha = rescorer, alpha
+        self.device = next(rescorer.parameters()).device
+        self._cache = None
+        self._fed = np.zeros(0, dtype=np.int64)
+        self.small_calls = 0
+
+    def spawn(self, row: int = 0):
+        d = copy.copy(self)
+        d._cache, d._fed, d.small_calls = None, np.zeros(0, dtype=np.int64), 0
+        return d
+
+    @torch.no_grad()
+    def _step(self, ids: np.ndarray) -> np.ndarray:
+        from transformers import DynamicCache
+
+        if self._cache is None:
+            self._cache = DynamicCache()
+        x = torch.as_tensor(ids[None], device=self.device)
+        out = self.rescorer(input_ids=x, past_key_values=self._cache, use_cache=True)
+        self.small_calls += 1
+        return torch.log_softmax(out.logits[0, -1].float(), dim=-1).cpu().numpy()
+
+    def draft(self, sausage, history):
+        history = np.asarray(history, dtype=np.int64)
+        n = len(self._fed)
+        if n == 0 or n > len(history) or not np.array_equal(history[:n], self._fed):
+            self._cache, n = None, 0  # history diverged from what the cache holds: start over
+        if n == len(history):  # nothing new: re-run the last token to get its logits
+            n -= 1
+            crop_to(self._cache, n)
+        r = self._step(history[n:])
+        self._fed = history.copy()
+        path = []
+        for j in range(sausage.h):
+            live = sausage.tokens[j] != PAD_TOKEN
+            cand = sausage.tokens[j][live]
+            score = sausage.logp[j][live] + self.alpha * r[cand]
+            y = int(cand[int(np.argmax(score))])
+            path.append(y)
+            if j + 1 < sausage.h:
+                r = self._step(np.asarray([y], dtype=np.int64))
+        crop_to(self._cache, len(history))
+        assert cache_length(self._cache) == len(history)
+        return _one(path)
+
+
+def make_drafter(
+    name: str,
+    *,
+    options: LatticeOptions | None = None,
+    lm=None,
+    rescorer=None,
+    alpha: float = 1.0,
+    nbest: int = 16,
+    references: list | None = None,
+) -> Drafter:
+    """A drafter by name (see ``DRAFTERS``), with a message that says what is missing."""
+    if name == "top1":
+        return Top1Drafter(options)
+    if name == "parallel-base":
+        return ParallelBaseDrafter(nbest, options)
+    if name in ("ngram", "parallel"):
+        if lm is None:
+            raise InputError(f"drafter {name!r} needs an n-gram LM: pass --lm DIR (a build of `latticedraft lm build`)")
+        return NgramDrafter(lm, alpha, 1 if name == "ngram" else nbest, options)
+    if name == "neural":
+        if rescorer is None:
+            raise InputError("drafter 'neural' needs a small rescoring LM: pass --rescorer DIR")
+        return NeuralDrafter(rescorer, alpha, options)
+    if name == "oracle":
+        if references is None:
+            raise InputError("drafter 'oracle' needs the true continuations (greedy outputs) of the prompts")
+        return OracleDrafter(references, options)
+    raise InputError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")

@@ -1,0 +1,254 @@
+"""Verify drafts against the target model's greedy choice in one forward per step.
+
+Two modes, chosen automatically by ``choose_mode`` and reported in every result:
+
+- ``"tree"``: the p drafts of each row are merged into a prefix trie (``tree.py``) and run
+  as one sequence of N nodes with a 4-D additive attention mask ``[b, 1, N, L + N]`` (each
+  node sees the valid cache slots and its own ancestors) and per-node position ids
+  ``next_pos + depth``. transformers passes a 4-D mask through unchanged
+  (``masking_utils._preprocess_mask_arguments``), so the mask must also carry the sliding
+  window of Mistral-style models: a key is visible iff ``key_pos > query_pos - window``.
+- ``"batched"``: the fallback for models whose attention takes no custom 4-D mask (flash
+  attention, mixed sliding/full layers): every draft is a batch row ``[root, draft...]``
+  over a copy of the row's cache, with a 2-D padding mask. Costs p copies of the cache.
+
+Both accept, per row, the longest draft prefix equal to the target's argmax and one bonus
+token (the argmax after the last accepted node), keep exactly the accepted nodes in the
+cache (``SlotCache.commit``) and return the heads' logits at the last accepted node, which
+drive the next step's lattice, so predicting and verifying share one call (Stern et al.).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from latticedraft.errors import InputError, ModelError
+from latticedraft.gpu.kvcache import SlotCache
+from latticedraft.gpu.tree import accept_path, build_tree, pack_trees
+
+MODES = ("auto", "tree", "batched")
+
+
+def base_config(model):
+    """The HF config of a causal LM or of a BlockwiseModel's base."""
+    base = getattr(model, "base", None)
+    return (base if base is not None else model).config
+
+
+def sliding_window(model) -> int | None:
+    """The attention window in tokens, or None for full attention."""
+    cfg = base_config(model)
+    if getattr(cfg, "use_sliding_window", True) is False:
+        return None
+    w = getattr(cfg, "sliding_window", None)
+    return int(w) if w else None
+
+
+def choose_mode(model, requested: str = "auto") -> tuple[str, str]:
+    """("tree" | "batched", why). ``requested`` other than "auto" is honoured if possible."""
+    if requested not in MODES:
+        raise InputError(f"verify mode {requested!r} is not one of {', '.join(MODES)}")
+    cfg = base_config(model)
+    impl = getattr(cfg, "_attn_implementation", None) or "eager"
+    layer_types = set(getattr(cfg, "layer_types", None) or [])
+    if getattr(cfg, "is_encoder_decoder", False):
+        raise ModelError(f"{type(model).__name__} is an encoder-decoder model; BPD needs a causal LM")
+    problem = None
+    if impl not in ("eager", "sdpa"):
+        problem = f"attention implementation {impl!r} takes no custom 4-D mask"
+    elif len(layer_types) > 1:
+        problem = f"mixed layer types {sorted(layer_types)} need different masks per layer"
+    if requested == "tree" and problem:
+        raise ModelError(f"tree verification impossible: {problem}; use --verify batched")
+    if requested == "batched":
+        return "batched", "requested"
+    if problem:
+        return "batched", problem
+    return "tree", f"{impl} attention accepts a 4-D tree mask"
+
+
+def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool[b, N, K] (True = may attend) -> additive float mask [b, 1, N, K] (0 or dtype min)."""
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return bias[:, None]
+
+
+def model_dtype(model) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+@dataclass
+class Forward:
+    """logits: [b, s, V]; head_logits: [b, s, h, V] (h = 1, the base model, for a plain LM)."""
+
+    logits: torch.Tensor
+    head_logits: torch.Tensor
+
+
+def forward(model, input_ids, attention_mask, position_ids, cache) -> Forward:
+    """One target call; works for a BlockwiseModel (heads) and for a plain HF causal LM."""
+    if hasattr(model, "head_logits_from"):
+        out = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            past_key_values=cache, use_cache=True, heads=True,
+        )
+        heads = out.head_logits if out.head_logits is not None else out.logits[:, :, None, :]
+        return Forward(out.logits, heads)
+    out = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+        past_key_values=cache, use_cache=True,
+    )
+    return Forward(out.logits, out.logits[:, :, None, :])
+
+
+@dataclass
+class StepResult:
+    """accepted: per row, the accepted draft tokens (int64[n_i]); bonus: int64[b], the target's
+    token after them (the next step's root); head_logits: [b, h, V] at the last accepted node."""
+
+    accepted: list
+    bonus: np.ndarray
+    head_logits: torch.Tensor
+
+
+class Verifier:
+    """Prefill and verify for one target model; owns no state beyond the mode.
+
+    >>> v = Verifier(model)          # doctest: +SKIP
+    >>> state, heads = v.prefill([np.array([5, 6, 7]), np.array([8])])
+    >>> res = v.verify(state, roots, [drafts_row0, drafts_row1])
+    """
+
+    def __init__(self, model, mode: str = "auto"):
+        self.model = model
+        self.mode, self.mode_reason = choose_mode(model, mode)
+        self.window = sliding_window(model)
+        self.dtype = model_dtype(model)
+        self.device = model_device(model)
+
+    # -- prefill -------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, prompts: list[np.ndarray]) -> tuple[SlotCache, torch.Tensor]:
+        """Run the left-padded prompts; returns the cache and head logits [b, h, V] at each
+        prompt's last token (head 0 = the base model's next-token logits)."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise InputError("every prompt must have at least one token")
+        b, n = len(prompts), max(len(p) for p in prompts)
+        ids = torch.zeros(b, n, dtype=torch.long, device=self.device)
+        valid = torch.zeros(b, n, dtype=torch.bool, device=self.device)
+        for i, p in enumerate(prompts):
+            ids[i, n - len(p):] = torch.as_tensor(np.asarray(p, dtype=np.int64), device=self.device)
+            valid[i, n - len(p):] = True
+        pos = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)
+        state = SlotCache.empty(b, self.device)
+        if self.mode == "tree":
+            causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+            allowed = causal[None] & valid[:, None, :]
+            allowed = self._window(allowed, pos, pos)
+            allowed |= torch.eye(n, dtype=torch.bool, device=self.device)[None]  # padding rows: no NaN
+            mask = attention_bias(allowed, self.dtype)
+        else:
+            mask = valid.long()
+        out = forward(self.model, ids, mask, pos, state.cache)
+        state.append_valid(valid, pos)
+        return state, out.head_logits[:, -1]
+
+    def _window(self, allowed, q_pos, k_pos):
+        if self.window is None:
+            return allowed
+        return allowed & (k_pos[:, None, :] > q_pos[:, :, None] - self.window)
+
+    # -- verify --------------------------------------------------------------------------
+    @torch.no_grad()
+    def verify(self, state: SlotCache, roots: np.ndarray, drafts: list[np.ndarray]) -> StepResult:
+        """Verify ``drafts[i]`` (int64[p_i, d_i]; negative = end of draft) after ``roots[i]``
+        (the token already chosen, not yet in the cache) for every row i of ``state``."""
+        if len(drafts) != state.batch or len(roots) != state.batch:
+            raise InputError(f"{len(drafts)} draft sets and {len(roots)} roots for a batch of {state.batch}")
+        if self.mode == "tree":
+            return self._verify_tree(state, roots, drafts)
+        return self._verify_batched(state, roots, drafts)
+
+    def _verify_tree(self, state, roots, drafts) -> StepResult:
+        trees = [build_tree(int(r), d) for r, d in zip(roots, drafts)]
+        packed = pack_trees(trees)
+        dev = self.device
+        b, n = packed.tokens.shape
+        start = state.length
+        q_pos = state.next_pos[:, None] + torch.as_tensor(packed.depth, device=dev)
+        anc = torch.as_tensor(packed.ancestors, device=dev)
+        allowed = torch.cat([state.valid[:, None, :].expand(b, n, start), anc], dim=2)
+        allowed = self._window(allowed, q_pos, torch.cat([state.pos, q_pos], dim=1))
+        out = forward(
+            self.model, torch.as_tensor(packed.tokens, device=dev),
+            attention_bias(allowed, self.dtype), q_pos, state.cache,
+        )
+        argmax = out.logits.argmax(dim=-1).cpu().numpy()
+        paths, bonus = [], np.zeros(b, dtype=np.int64)
+        for i, t in enumerate(trees):
+            path, bonus[i] = accept_path(t, argmax[i])
+            paths.append(path)
+        m = max(len(p) for p in paths)
+        keep = torch.zeros(b, m, dtype=torch.long, device=dev)
+        keep_valid = torch.zeros(b, m, dtype=torch.bool, device=dev)
+        for i, p in enumerate(paths):
+            keep[i, : len(p)] = torch.as_tensor(p, device=dev)
+            keep_valid[i, : len(p)] = True
+        state.commit(start, keep, keep_valid)
+        last = torch.as_tensor([p[-1] for p in paths], device=dev)
+        heads = out.head_logits[torch.arange(b, device=dev), last]
+        accepted = [t.tokens[p[1:]] for t, p in zip(trees, paths)]
+        return StepResult(accepted, bonus, heads)
+
+    def _verify_batched(self, state, roots, drafts) -> StepResult:
+        dev = self.device
+        b = state.batch
+        rows = [np.atleast_2d(np.asarray(d, dtype=np.int64)) for d in drafts]
+        p = max(r.shape[0] for r in rows)
+        d = max(r.shape[1] for r in rows)
+        seq = np.full((b, p, 1 + d), -1, dtype=np.int64)
+        for i, r in enumerate(rows):
+            r = np.concatenate([r, np.repeat(r[:1], p - r.shape[0], axis=0)]) if r.shape[0] < p else r
+            seq[i, :, 0] = roots[i]
+            seq[i, :, 1 : 1 + r.shape[1]] = r
+        for i in range(b):  # a negative token ends a draft: blank everything after it
+            for j in range(p):
+                neg = np.nonzero(seq[i, j] < 0)[0]
+                if len(neg):
+                    seq[i, j, neg[0]:] = -1
+        start = state.length
+        state.repeat_rows(p)
+        flat = torch.as_tensor(seq.reshape(b * p, 1 + d), device=dev)
+        live = flat >= 0
+        mask = torch.cat([state.valid, torch.ones_like(live)], dim=1).long()
+        q_pos = state.next_pos[:, None] + torch.arange(1 + d, device=dev)[None]
+        out = forward(self.model, flat.clamp(min=0), mask, q_pos, state.cache)
+        argmax = out.logits.argmax(dim=-1).view(b, p, 1 + d).cpu().numpy()
+        best = np.zeros(b, dtype=np.int64)
+        nacc = np.zeros(b, dtype=np.int64)
+        for i in range(b):
+            for j in range(p):
+                k = 0
+                while k < d and seq[i, j, 1 + k] >= 0 and seq[i, j, 1 + k] == argmax[i, j, k]:
+                    k += 1
+                if k > nacc[i]:
+                    nacc[i], best[i] = k, j
+        sel = torch.as_tensor(np.arange(b) * p + best, device=dev)
+        state.select_rows(sel)
+        m = int(nacc.max()) + 1
+        keep = torch.arange(m, device=dev)[None].expand(b, m).contiguous()
+        keep_valid = keep <= torch.as_tensor(nacc, device=dev)[:, None]
+        state.commit(start, keep, keep_valid)
+        state.left_align()
+        bonus = argmax[np.arange(b), best, nacc]
+        heads = out.head_logits[sel, torch.as_tensor(nacc, device=dev)]
+        accepted = [seq[i, best[i], 1 : 1 + nacc[i]].copy() for i in range(b)]
+        return StepResult(accepted, bonus.astype(np.int64), heads)

@@ -1,0 +1,88 @@
+"""Tiny random HF causal LMs and a heads wrapper for decoding tests (no downloads).
+
+``ToyHeads`` has the ``BlockwiseModel`` calling convention (``forward(..., heads=True)`` ->
+``.logits``, ``.head_logits [b, s, h, V]`` with head 0 = the base logits) so the loop and
+verifiers are tested before, and independently of, the trained heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+
+VOCAB = 64
+
+
+def tiny_model(arch: str = "gpt2", dtype=torch.float32, seed: int = 0, vocab: int = VOCAB, attn: str = "sdpa"):
+    torch.manual_seed(seed)
+    if arch == "gpt2":
+        cfg = GPT2Config(vocab_size=vocab, n_positions=256, n_embd=32, n_layer=2, n_head=4)
+        m = GPT2LMHeadModel(cfg)
+    elif arch == "llama":
+        cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+        m = LlamaForCausalLM(cfg)
+    elif arch == "mistral":
+        cfg = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                            sliding_window=7)
+        m = MistralForCausalLM(cfg)
+    else:
+        raise ValueError(arch)
+    m.config._attn_implementation = attn
+    return m.to(dtype).eval()
+
+
+@dataclass
+class ToyOutput:
+    logits: torch.Tensor
+    head_logits: torch.Tensor
+    hidden: torch.Tensor
+    past_key_values: object
+
+
+class ToyHeads(torch.nn.Module):
+    """h - 1 random linear heads on the base's last hidden state (head 0 = the base LM)."""
+
+    def __init__(self, base, num_heads: int = 4, seed: int = 1):
+        super().__init__()
+        self.base = base
+        self.num_heads = num_heads
+        self.kind = "toy"
+        g = torch.Generator().manual_seed(seed)
+        H = base.config.hidden_size if hasattr(base.config, "hidden_size") else base.config.n_embd
+        V = base.config.vocab_size
+        dt = next(base.parameters()).dtype
+        self.heads = torch.nn.Parameter(torch.randn(num_heads - 1, H, V, generator=g).to(dt) * 0.5)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=False, heads=True, **kw):
+        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        past_key_values=past_key_values, use_cache=use_cache, output_hidden_states=True, **kw)
+        hid = out.hidden_states[-1]
+        extra = torch.einsum("bsh,khv->bskv", hid, self.heads)
+        hl = torch.cat([out.logits[:, :, None, :], extra], dim=2) if heads else None
+        return ToyOutput(out.logits, hl, hid, out.past_key_values)
+
+    def head_logits_from(self, out, positions):
+        return out.head_logits[:, positions]
+
+
+def reference(model, prompt, max_new_tokens, eos=None):
+    """model.generate(do_sample=False) for one prompt, cut after the first EOS."""
+    base = getattr(model, "base", model)
+    ids = torch.as_tensor(np.asarray(prompt, dtype=np.int64)[None])
+    g = base.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                      eos_token_id=eos, pad_token_id=0)
+    toks = g[0, ids.shape[1]:].tolist()
+    if eos is not None and eos in toks:
+        toks = toks[: toks.index(eos) + 1]
+    return toks
+
+
+def prompts(n: int, seed: int = 0, lengths=(3, 9, 5, 14), vocab: int = VOCAB):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1, vocab, size=lengths[i % len(lengths)]).astype(np.int64) for i in range(n)]
