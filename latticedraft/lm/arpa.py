@@ -1,0 +1,372 @@
+"""Read an ARPA n-gram file over token ids into numpy arrays (a numba parser, no Python per line).
+
+The ARPA files here are written by ``lmplz`` on token-id text: words are decimal token ids
+(``"0"`` .. ``"V-1"``) plus KenLM's ``<s>``, ``</s>`` and ``<unk>``. Words are stored as *codes*:
+``token_id + 1`` (the FST label) for tokens, and ``BOS``/``EOS``/``UNK`` (negative) for the three
+specials. Probabilities and back-offs stay log10 float32 exactly as written.
+
+Malformed input (truncated file, a count that disagrees with ``\\data\\``, a field that is not a
+number, a word that is not a token id, a missing section) raises ``InputError`` naming the file and
+the line number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+import gzip
+
+import numpy as np
+
+from latticedraft.errors import InputError
+
+BOS, EOS, UNK = -1, -2, -3
+SPECIAL_NAMES = {BOS: "<s>", EOS: "</s>", UNK: "<unk>"}
+MAX_ORDER = 6
+_BLOCK_BYTES = 1 << 24  # parse in 16 MiB slices so the raw text is never held whole
+
+# error codes of the numba kernel
+_OK, _E_FIELDS, _E_NUMBER, _E_WORD, _E_TOO_MANY = 0, 1, 2, 3, 4
+_ERR_TEXT = {
+    _E_FIELDS: "wrong number of fields (want: log10-prob, {k} words, optional back-off)",
+    _E_NUMBER: "a probability or back-off that is not a number",
+    _E_WORD: "a word that is neither a token id nor <s>, </s>, <unk>",
+    _E_TOO_MANY: "more {k}-grams than the \\data\\ header announces",
+}
+
+
+@dataclass
+class ArpaOrder:
+    """The n-grams of one order, in file order.
+
+    words: int32[n, k] word codes; logprob: float32[n] log10 p; backoff: float32[n] log10 back-off
+    (0 where the file gives none); first_line: 1-based line number of the first n-gram (errors).
+    """
+
+    words: np.ndarray
+    logprob: np.ndarray
+    backoff: np.ndarray
+    first_line: int
+
+
+@dataclass
+class Arpa:
+    path: Path
+    orders: list[ArpaOrder]  # orders[k-1] holds the k-grams
+
+    @property
+    def order(self) -> int:
+        return len(self.orders)
+
+    @property
+    def counts(self) -> list[int]:
+        return [len(o.logprob) for o in self.orders]
+
+
+def _kernel():
+    """Compile (or load from numba's on-disk cache) the per-block parser."""
+    global _PARSE
+    if _PARSE is not None:
+        return _PARSE
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def parse_float(buf, i, end):
+        # returns (value, next_index, ok)
+        n = end
+        neg = False
+        if i < n and (buf[i] == 45 or buf[i] == 43):  # - +
+            neg = buf[i] == 45
+            i += 1
+        if i + 2 < n + 0 and buf[i] in (105, 73) and buf[i + 1] in (110, 78) and buf[i + 2] in (102, 70):
+            v = np.inf
+            return (-v if neg else v), i + 3, True
+        mant = 0
+        digits = 0
+        exp10 = 0
+        while i < n and 48 <= buf[i] <= 57:
+            if digits < 18:
+                mant = mant * 10 + (buf[i] - 48)
+                digits += 1
+            else:
+                exp10 += 1
+            i += 1
+        if i < n and buf[i] == 46:  # .
+            i += 1
+            while i < n and 48 <= buf[i] <= 57:
+                if digits < 18:
+                    mant = mant * 10 + (buf[i] - 48)
+                    digits += 1
+                    exp10 -= 1
+                i += 1
+        if digits == 0:
+            return 0.0, i, False
+        if i < n and (buf[i] == 101 or buf[i] == 69):  # e E
+            i += 1
+            eneg = False
+            if i < n and (buf[i] == 45 or buf[i] == 43):
+                eneg = buf[i] == 45
+                i += 1
+            e = 0
+            ed = 0
+            while i < n and 48 <= buf[i] <= 57:
+                e = e * 10 + (buf[i] - 48)
+                ed += 1
+                i += 1
+            if ed == 0:
+                return 0.0, i, False
+            exp10 += -e if eneg else e
+        v = float(mant)
+        if exp10 < 0:
+            v = v / 10.0 ** (-exp10)
+        elif exp10 > 0:
+            v = v * 10.0 ** exp10
+        return (-v if neg else v), i, True
+
+    @numba.njit(cache=True, nogil=True)
+    def parse_block(buf, end, k, words, logprob, backoff, row):
+        """Parse k-gram lines from buf[0:end] into the arrays from ``row`` on.
+
+        Stops at the end of the block, a blank line or a line starting with a backslash.
+        Returns (bytes consumed, rows filled, stop_reason, error_code, error_byte):
+        stop_reason 0 = block exhausted, 1 = section ended (blank line or backslash).
+        """
+        i = 0
+        cap = words.shape[0]
+        while i < end:
+            # skip \r of CRLF files and detect section end
+            c = buf[i]
+            if c == 10:  # blank line ends the section
+                return i + 1, row, 1, 0, i
+            if c == 13 and i + 1 < end and buf[i + 1] == 10:
+                return i + 2, row, 1, 0, i
+            if c == 92:  # backslash: next section
+                return i, row, 1, 0, i
+            # find end of line
+            j = i
+            while j < end and buf[j] != 10:
+                j += 1
+            line_end = j
+            if line_end > i and buf[line_end - 1] == 13:
+                line_end -= 1
+            if row >= cap:
+                return i, row, 0, 4, i
+            v, p, ok = parse_float(buf, i, line_end)
+            if not ok:
+                return i, row, 0, 2, i
+            logprob[row] = v
+            for w in range(k):
+                # at least one whitespace
+                if p >= line_end or (buf[p] != 32 and buf[p] != 9):
+                    return i, row, 0, 1, i
+                while p < line_end and (buf[p] == 32 or buf[p] == 9):
+                    p += 1
+                if p >= line_end:
+                    return i, row, 0, 1, i
+                if buf[p] == 60:  # '<'
+                    q = p
+                    while q < line_end and buf[q] != 32 and buf[q] != 9:
+                        q += 1
+                    ln = q - p
+                    code = 0
+                    if ln == 3 and buf[p + 1] == 115 and buf[p + 2] == 62:
+                        code = -1
+                    elif ln == 4 and buf[p + 1] == 47 and buf[p + 2] == 115 and buf[p + 3] == 62:
+                        code = -2
+                    elif ln == 5 and buf[p + 1] == 117 and buf[p + 2] == 110 and buf[p + 3] == 107 and buf[p + 4] == 62:
+                        code = -3
+                    else:
+                        return i, row, 0, 3, i
+                    words[row, w] = code
+                    p = q
+                else:
+                    t = 0
+                    nd = 0
+                    while p < line_end and 48 <= buf[p] <= 57:
+                        t = t * 10 + (buf[p] - 48)
+                        nd += 1
+                        p += 1
+                        if t > 2000000000:
+                            return i, row, 0, 3, i
+                    if nd == 0 or (p < line_end and buf[p] != 32 and buf[p] != 9):
+                        return i, row, 0, 3, i
+                    words[row, w] = t + 1
+            while p < line_end and (buf[p] == 32 or buf[p] == 9):
+                p += 1
+            if p < line_end:
+                b, p, ok = parse_float(buf, p, line_end)
+                if not ok:
+                    return i, row, 0, 2, i
+                while p < line_end and (buf[p] == 32 or buf[p] == 9):
+                    p += 1
+                if p < line_end:
+                    return i, row, 0, 1, i
+                backoff[row] = b
+            else:
+                backoff[row] = 0.0
+            row += 1
+            if j >= end:  # last line of the block without newline: caller handles
+                return j, row, 0, 0, j
+            i = j + 1
+        return i, row, 0, 0, i
+
+    _PARSE = parse_block
+    return _PARSE
+
+
+_PARSE = None
+
+
+class _Lines:
+    """Reads a (possibly gzipped) text file in large blocks that end on a line boundary."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.f = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+            self.f.peek(1) if hasattr(self.f, "peek") else None
+        except FileNotFoundError as e:
+            raise InputError(f"ARPA file {path} does not exist; check the path") from e
+        except (OSError, EOFError) as e:
+            raise InputError(f"ARPA file {path} cannot be read ({e})") from e
+        self.buf = b""
+        self.eof = False
+        self.line = 1  # line number of the first byte of self.buf
+
+    def close(self):
+        self.f.close()
+
+    def fill(self) -> bool:
+        """Append the next block (ending at a newline unless at EOF); False when nothing is left."""
+        if self.eof:
+            return False
+        try:
+            chunk = self.f.read(_BLOCK_BYTES)
+        except (OSError, EOFError) as e:
+            raise InputError(f"ARPA file {self.path} is truncated or corrupt near line {self.line} ({e})") from e
+        if not chunk:
+            self.eof = True
+            return False
+        if not chunk.endswith(b"\n"):
+            try:
+                rest = self.f.readline()
+            except (OSError, EOFError) as e:
+                raise InputError(f"ARPA file {self.path} is truncated or corrupt near line {self.line} ({e})") from e
+            chunk += rest
+            if not rest.endswith(b"\n"):
+                self.eof = True
+        self.buf = self.buf + chunk if self.buf else chunk
+        return True
+
+    def consume(self, n: int):
+        self.line += self.buf.count(b"\n", 0, n)
+        self.buf = self.buf[n:]
+
+    def readline(self) -> bytes | None:
+        """One line without its newline, or None at end of file."""
+        while b"\n" not in self.buf:
+            if not self.fill():
+                if not self.buf:
+                    return None
+                line, self.buf = self.buf, b""
+                self.line += 1
+                return line.rstrip(b"\r")
+        k = self.buf.index(b"\n")
+        line = self.buf[:k]
+        self.buf = self.buf[k + 1 :]
+        self.line += 1
+        return line.rstrip(b"\r")
+
+
+def _fail(path: Path, line: int, what: str) -> InputError:
+    return InputError(f"ARPA file {path}, line {line}: {what}; is the file complete and written by lmplz?")
+
+
+def read_arpa(path: str | Path) -> Arpa:
+    """Parse ``path`` (ARPA text, ``.gz`` allowed) into per-order arrays.
+
+    Cost: one pass over the file, O(n-grams) memory (13 + 4k bytes per k-gram).
+    """
+    path = Path(path)
+    rd = _Lines(path)
+    try:
+        return _read(rd, path)
+    finally:
+        rd.close()
+
+
+def _read(rd: _Lines, path: Path) -> Arpa:
+    # header: skip to \data\, then "ngram k=count" lines
+    while True:
+        line = rd.readline()
+        if line is None:
+            raise _fail(path, rd.line, "no \\data\\ section (empty or not an ARPA file)")
+        if line.strip() == b"\\data\\":
+            break
+    counts: list[int] = []
+    while True:
+        line = rd.readline()
+        if line is None:
+            raise _fail(path, rd.line, "file ends inside the \\data\\ header")
+        s = line.strip()
+        if not s:
+            if counts:
+                break
+            continue
+        if not s.startswith(b"ngram "):
+            raise _fail(path, rd.line - 1, f"expected 'ngram k=count' in the header, got {s[:40]!r}")
+        try:
+            k_s, c_s = s[6:].split(b"=")
+            k, c = int(k_s), int(c_s)
+        except ValueError:
+            raise _fail(path, rd.line - 1, f"malformed header line {s[:40]!r}") from None
+        if k != len(counts) + 1 or c < 0:
+            raise _fail(path, rd.line - 1, f"header line {s[:40]!r} out of sequence")
+        counts.append(c)
+    if not 1 <= len(counts) <= MAX_ORDER:
+        raise _fail(path, rd.line, f"order {len(counts)} is outside 1..{MAX_ORDER}")
+    parse = _kernel()
+    orders: list[ArpaOrder] = []
+    for k, n in enumerate(counts, start=1):
+        # find the "\k-grams:" marker
+        while True:
+            line = rd.readline()
+            if line is None:
+                raise _fail(path, rd.line, f"file ends before the \\{k}-grams: section (truncated?)")
+            s = line.strip()
+            if not s:
+                continue
+            if s == b"\\%d-grams:" % k:
+                break
+            raise _fail(path, rd.line - 1, f"expected \\{k}-grams:, got {s[:40]!r}")
+        words = np.zeros((n, k), dtype=np.int32)
+        logprob = np.zeros(n, dtype=np.float32)
+        backoff = np.zeros(n, dtype=np.float32)
+        first = rd.line
+        row = 0
+        while True:
+            if not rd.buf and not rd.fill():
+                break
+            arr = np.frombuffer(rd.buf, dtype=np.uint8)
+            used, row, ended, err, at = parse(arr, len(arr), k, words, logprob, backoff, row)
+            if err:
+                bad_line = rd.line + rd.buf.count(b"\n", 0, at)
+                text = rd.buf[at : rd.buf.find(b"\n", at) if b"\n" in rd.buf[at:] else len(rd.buf)]
+                raise _fail(path, bad_line, _ERR_TEXT[err].format(k=k) + f" in {text[:60].decode('utf-8', 'replace')!r}")
+            rd.consume(used)
+            if ended:
+                break
+        if row != n:
+            raise _fail(path, rd.line, f"{k}-grams section has {row} entries but \\data\\ announces {n} (truncated?)")
+        orders.append(ArpaOrder(words, logprob, backoff, first))
+    while True:
+        line = rd.readline()
+        if line is None:
+            raise _fail(path, rd.line, "no \\end\\ marker (truncated?)")
+        s = line.strip()
+        if not s:
+            continue
+        if s == b"\\end\\":
+            break
+        raise _fail(path, rd.line - 1, f"expected \\end\\, got {s[:40]!r}")
+    return Arpa(path, orders)
