@@ -1,0 +1,288 @@
+"""The sausage lattice (confusion network) of ``h`` multi-token heads, and ``Drafts``.
+
+A ``Sausage`` has ``h`` slots; slot ``i`` holds up to ``k`` candidate tokens for position
+``t + 1 + i`` with their natural-log probabilities under head ``i`` (log-softmax over the
+full vocabulary, then top-k). Widths may be ragged after pruning: the arrays stay
+rectangular ``[h, k]`` and unused cells hold token ``-1`` and logp ``-inf``. Within a slot
+the candidates are distinct and sorted best first; every slot keeps at least one arc.
+
+Example::
+
+    >>> s = Sausage.from_logits(np.log([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]]), k=2)
+    >>> s.tokens.tolist(), s.top1().tolist(), s.num_paths()
+    ([[0, 1], [2, 1]], [0, 2], 4)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from latticedraft.errors import InputError
+
+PAD_TOKEN = -1
+
+
+def _as_numpy(x) -> np.ndarray:
+    """numpy array from numpy, lists, or torch tensors (duck-typed: no torch import)."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):
+        x = x.detach().cpu()
+        if str(getattr(x, "dtype", "")) == "torch.bfloat16":
+            x = x.float()
+        x = x.numpy()
+    return np.asarray(x)
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    """float32 log-softmax over the last axis (computed in float64)."""
+    x = x.astype(np.float64, copy=False)
+    m = x.max(axis=-1, keepdims=True)
+    z = x - m
+    return (z - np.log(np.exp(z).sum(axis=-1, keepdims=True))).astype(np.float32)
+
+
+def _check_finite(logits: np.ndarray, what: str) -> None:
+    bad = ~np.isfinite(logits)
+    if bad.any():
+        idx = np.argwhere(bad)[0]
+        where = ", ".join(str(int(i)) for i in idx[:-1])
+        kind = "NaN" if np.isnan(logits[tuple(idx)]) else "inf"
+        raise InputError(
+            f"{what} has {kind} at slot ({where}) token {int(idx[-1])}: the heads produced non-finite "
+            "logits; check the model's dtype (fp16 overflow) or the head weights"
+        )
+
+
+def _topk_sorted(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k along the last axis, best first; ties broken by lower token id. -> (int64, float32)."""
+    V = logp.shape[-1]
+    if k < V:
+        part = np.argpartition(-logp, k - 1, axis=-1)[..., :k]
+    else:
+        part = np.broadcast_to(np.arange(V), logp.shape).copy()
+    vals = np.take_along_axis(logp, part, axis=-1)
+    # sort by (-value, token id) so the order is deterministic
+    order = np.lexsort((part, -vals), axis=-1)
+    tok = np.take_along_axis(part, order, axis=-1).astype(np.int64)
+    return tok, np.take_along_axis(vals, order, axis=-1).astype(np.float32)
+
+
+@dataclass
+class Sausage:
+    """A sausage lattice: ``tokens int64[h,k]`` and ``logp float32[h,k]`` (natural log).
+
+    Padding cells (ragged widths) hold ``PAD_TOKEN`` (-1) and ``-inf``. Use ``widths`` for the
+    number of live arcs per slot.
+    """
+
+    tokens: np.ndarray
+    logp: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.tokens = np.ascontiguousarray(_as_numpy(self.tokens), dtype=np.int64)
+        self.logp = np.ascontiguousarray(_as_numpy(self.logp), dtype=np.float32)
+        t, lp = self.tokens, self.logp
+        if t.ndim != 2 or lp.shape != t.shape:
+            raise InputError(
+                f"a sausage needs tokens[h,k] and logp[h,k] of the same shape, got {t.shape} and {lp.shape}"
+            )
+        if t.shape[0] == 0:
+            raise InputError("a sausage needs at least one slot (h = 0 given); ask the heads for h >= 1")
+        if t.shape[1] == 0:
+            raise InputError("a sausage needs at least one candidate per slot (k = 0 given); use k >= 1")
+        live = t != PAD_TOKEN
+        if (t[live] < 0).any():
+            raise InputError(f"token ids must be >= 0 (or {PAD_TOKEN} for padding), got {int(t[live].min())}")
+        if np.isnan(lp).any() or np.isposinf(lp).any():
+            raise InputError("sausage logp holds NaN or +inf; logp must be log-probabilities <= 0")
+        if not live[:, 0].all():
+            slot = int(np.argmin(live[:, 0]))
+            raise InputError(f"slot {slot} of the sausage is empty; every slot must keep at least one arc")
+        # live arcs must come first in each slot (padding at the end)
+        if (live[:, 1:] & ~live[:, :-1]).any():
+            raise InputError("padding (token -1) must follow the live arcs of a slot, not precede them")
+        if (~live & np.isfinite(lp)).any():
+            raise InputError("padding cells (token -1) must have logp -inf")
+        for i in range(t.shape[0]):
+            row = t[i][live[i]]
+            if len(np.unique(row)) != len(row):
+                raise InputError(f"slot {i} of the sausage lists a token twice: {row.tolist()}")
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_logits(cls, logits, k: int) -> "Sausage":
+        """Top-``k`` sausage from head logits ``[h, V]`` (numpy or torch, any float dtype).
+
+        The log-softmax is taken over the full vocabulary first, so ``logp`` are true head
+        log-probabilities. Raises ``InputError`` for NaN/inf (naming the slot), ``h = 0`` or
+        ``k`` outside ``1..V``.
+        """
+        x = _as_numpy(logits)
+        if x.ndim != 2:
+            raise InputError(f"from_logits expects logits of shape [h, V], got {x.shape}; use from_logits_batch for [b, h, V]")
+        tok, lp = _sausage_arrays(x, k, "logits")
+        return cls(tok, lp)
+
+    @classmethod
+    def from_logits_batch(cls, logits, k: int) -> list["Sausage"]:
+        """One sausage per batch row from logits ``[b, h, V]``; one vectorised top-k."""
+        x = _as_numpy(logits)
+        if x.ndim != 3:
+            raise InputError(f"from_logits_batch expects logits of shape [b, h, V], got {x.shape}")
+        tok, lp = _sausage_arrays(x, k, "logits")
+        return [cls(tok[b], lp[b]) for b in range(x.shape[0])]
+
+    @classmethod
+    def from_ragged(cls, tokens: list, logp: list) -> "Sausage":
+        """From per-slot lists of tokens and logps (any widths >= 1); sorts each slot best first."""
+        if len(tokens) == 0:
+            raise InputError("a sausage needs at least one slot (h = 0 given)")
+        if len(tokens) != len(logp):
+            raise InputError(f"{len(tokens)} token slots but {len(logp)} logp slots")
+        k = max(len(r) for r in tokens)
+        T = np.full((len(tokens), max(k, 1)), PAD_TOKEN, dtype=np.int64)
+        L = np.full(T.shape, -np.inf, dtype=np.float32)
+        for i, (tr, lr) in enumerate(zip(tokens, logp)):
+            tr, lr = np.asarray(tr, dtype=np.int64), np.asarray(lr, dtype=np.float32)
+            if tr.shape != lr.shape:
+                raise InputError(f"slot {i}: {tr.shape[0]} tokens but {lr.shape[0]} logps")
+            order = np.lexsort((tr, -lr))
+            T[i, : len(tr)] = tr[order]
+            L[i, : len(tr)] = lr[order]
+        return cls(T, L)
+
+    # -- queries ------------------------------------------------------------------------------
+    @property
+    def h(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def k(self) -> int:
+        """The padded width (the widest slot)."""
+        return int(self.tokens.shape[1])
+
+    @property
+    def widths(self) -> np.ndarray:
+        """int64[h]: live arcs per slot."""
+        return (self.tokens != PAD_TOKEN).sum(axis=1).astype(np.int64)
+
+    def top1(self) -> np.ndarray:
+        """int64[h]: the best token of every slot (the vanilla BPD draft)."""
+        return self.tokens[:, 0].copy()
+
+    def num_paths(self) -> int:
+        """Number of distinct paths, the product of the widths (a Python int: no overflow)."""
+        n = 1
+        for w in self.widths.tolist():
+            n *= int(w)
+        return n
+
+    def truncate(self, d: int) -> "Sausage":
+        """The first ``d`` slots (``1 <= d``; ``d > h`` keeps all)."""
+        if d < 1:
+            raise InputError(f"cannot truncate a sausage to depth {d}; depth must be >= 1")
+        return Sausage(self.tokens[:d].copy(), self.logp[:d].copy())
+
+    def compact(self) -> "Sausage":
+        """Drop the padding columns no slot uses."""
+        kmax = int(self.widths.max())
+        return Sausage(self.tokens[:, :kmax].copy(), self.logp[:, :kmax].copy())
+
+    def path_logp(self, cand: np.ndarray) -> float:
+        """Head log-probability (float64) of the path choosing candidate ``cand[i]`` in slot i."""
+        cand = np.asarray(cand)
+        return float(self.logp[np.arange(len(cand)), cand].astype(np.float64).sum())
+
+    # -- files --------------------------------------------------------------------------------
+    def save(self, path: str | Path, **extra) -> Path:
+        """Write ``tokens``, ``logp`` (and any extra arrays, e.g. ``reference``) to ``.npz``, atomically."""
+        path = Path(path)
+        if path.suffix != ".npz":
+            raise InputError(f"{path}: a sausage is saved as .npz; give a name ending in .npz")
+        arrays = {"tokens": self.tokens, "logp": self.logp}
+        arrays.update({k: np.asarray(v) for k, v in extra.items()})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Sausage":
+        """Read a sausage written by ``save`` (arrays ``tokens`` and ``logp``)."""
+        s, _ = load_npz(path)
+        return s
+
+    def to_fst_text(self, weight_scale: float = 1.0) -> str:
+        """OpenFST text form of the acceptor: states 0..h, arcs ``i i+1 label label cost``.
+
+        Labels are ``token_id + 1`` (0 is epsilon); costs are ``-logp * weight_scale``
+        (tropical). ``fstcompile --acceptor`` reads it (the label is written once).
+        """
+        lines = []
+        for i in range(self.h):
+            for t, lp in zip(self.tokens[i], self.logp[i]):
+                if t == PAD_TOKEN:
+                    break
+                lines.append(f"{i}\t{i + 1}\t{int(t) + 1}\t{repr(float(-lp * weight_scale) + 0.0)}")
+        lines.append(f"{self.h}")
+        return "\n".join(lines) + "\n"
+
+
+def load_npz(path: str | Path) -> tuple[Sausage, dict]:
+    """``(Sausage, extra arrays)`` from an ``.npz`` written by ``Sausage.save``."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"lattice file {path} not found; write one with Sausage.save(path)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except Exception as e:
+        raise InputError(f"{path} is not a readable .npz ({e}); write it with Sausage.save") from e
+    if "tokens" not in data or "logp" not in data:
+        raise InputError(f"{path} lacks the arrays 'tokens' and 'logp' (has {sorted(data)}); write it with Sausage.save")
+    tok, lp = data.pop("tokens"), data.pop("logp")
+    try:
+        return Sausage(tok, lp), data
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from e
+
+
+def _sausage_arrays(x: np.ndarray, k: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    if x.shape[-2] == 0:
+        raise InputError(f"{what} have h = 0 slots; a sausage needs at least one head")
+    V = x.shape[-1]
+    if not isinstance(k, (int, np.integer)) or k < 1 or k > V:
+        raise InputError(f"k = {k} is outside 1..{V} (the vocabulary size of the {what}); choose k <= {V}")
+    _check_finite(x, what)
+    return _topk_sorted(_log_softmax(x), int(k))
+
+
+@dataclass
+class Drafts:
+    """``p`` distinct drafts, best first: ``tokens int64[p, d]``, ``scores float32[p]``.
+
+    ``scores`` are ``head_logp + alpha * lm_logp`` (natural log). ``requested`` is the p that
+    was asked for; ``len(scores) < requested`` when the lattice has fewer paths.
+    """
+
+    tokens: np.ndarray
+    scores: np.ndarray
+    requested: int = 0
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def truncated(self) -> bool:
+        """True when fewer drafts than requested exist (the lattice has fewer paths)."""
+        return len(self) < self.requested
