@@ -293,3 +293,139 @@ def train_lm(
 
     _finish_dir(out, write, keep_checkpoint)
     return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-token heads
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by ``scale`` (LR_MB / LR_B at the stem)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.scale, None
+
+
+def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: float = 1.0) -> list[torch.Tensor]:
+    """Mean cross-entropy of every head on ``batch`` (int64[b, s]): element ``j-1`` is head ``j`` predicting
+    token ``t+j`` from position ``t`` (positions ``t < s - j``). Head 1's loss is the base model's own."""
+    s = batch.shape[1]
+    if bm.num_heads >= s:
+        raise InputError(f"--heads {bm.num_heads} needs sequences longer than {bm.num_heads} tokens; --seq-len is {s}")
+    with torch.set_grad_enabled(not frozen and torch.is_grad_enabled()):
+        out = bm.base(input_ids=batch, output_hidden_states=True)
+    feed = out.hidden_states[-2] if bm.kind == "dynamo" else out.hidden_states[-1]
+    if frozen:
+        feed = feed.detach()
+    elif stem_grad_scale != 1.0:
+        feed = _ScaleGrad.apply(feed, stem_grad_scale)
+    states = bm.heads(feed)[0] if bm.kind == "dynamo" else bm.heads(feed)  # [b, s, h-1, H]
+    ce = torch.nn.functional.cross_entropy
+    v = out.logits.shape[-1]
+    losses = [ce(out.logits[:, :-1].float().reshape(-1, v), batch[:, 1:].reshape(-1))]
+    for j in range(2, bm.num_heads + 1):
+        logits = bm.unembed(states[:, : s - j, j - 2]).float()
+        losses.append(ce(logits.reshape(-1, v), batch[:, j:].reshape(-1)))
+    return losses
+
+
+def train_heads(
+    base_dir: str | Path,
+    corpus: Sequence[Path],
+    out_dir: str | Path,
+    num_heads: int,
+    kind: str,
+    cfg: OptimConfig,
+    lambdas: Sequence[float] | None = None,
+    unfreeze: bool = False,
+    lr_base: float = 1e-5,
+    lr_stem: float = 1e-6,
+    ffn_dim: int | None = None,
+    tokenizer_path: str | Path | None = None,
+    resume: bool = False,
+    save_dtype: str = "float32",
+    keep_checkpoint: bool = False,
+    device=None,
+    encoding_errors: str = "strict",
+) -> TrainResult:
+    """Train heads 2..h of a ``BlockwiseModel`` on ``base_dir`` and save them into ``out_dir``.
+
+    ``cfg.lr`` is LR_M (the new heads). With ``unfreeze`` the base trains too at ``lr_base`` (LR_B)
+    and the heads' gradient into the trunk is scaled by ``lr_stem / lr_base`` (LR_MB); the
+    updated base is then saved into ``out_dir/base``. ``lambdas`` weights the per-head losses
+    (length ``num_heads``, default all 1). The config names ``base_dir`` relatively.
+    """
+    import hashlib
+
+    from latticedraft.gpu.blockwise import BlockwiseModel, _check_num_heads
+    from latticedraft.gpu.hf import check_tokenizer_fits, load_causal_lm, resolve_dtype
+    from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
+
+    cfg.validate()
+    _check_num_heads(num_heads)
+    if num_heads >= cfg.seq_len:
+        raise InputError(f"--heads {num_heads} must be smaller than --seq-len {cfg.seq_len} (each head needs a target token)")
+    lambdas = [1.0] * num_heads if lambdas is None else [float(x) for x in lambdas]
+    if len(lambdas) != num_heads or any(not (x >= 0) for x in lambdas):
+        raise InputError(f"--lambdas needs {num_heads} non-negative weights (one per head), got {lambdas}")
+    base_dir = Path(base_dir)
+    base = load_causal_lm(base_dir, device=device)
+    n_pos = getattr(base.config, "max_position_embeddings", None) or getattr(base.config, "n_positions", None)
+    if n_pos is not None and cfg.seq_len > int(n_pos):
+        raise InputError(f"--seq-len {cfg.seq_len} exceeds the base model's context of {n_pos} tokens")
+    tok_path = Path(tokenizer_path) if tokenizer_path else base_dir / "tokenizer.json"
+    tok = load_tokenizer(tok_path)
+    check_tokenizer_fits(tok, base, where=f"the base model in {base_dir}")
+    tokens = encode_files(corpus, tok, encoding_errors)
+    windows = TokenWindows(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, source=f"the corpus ({len(corpus)} files)")
+    bm = BlockwiseModel.from_base(base, num_heads, kind, seed=cfg.seed, ffn_dim=ffn_dim)
+    for p in bm.base.parameters():
+        p.requires_grad_(unfreeze)
+    head_params = bm.head_parameters()
+    groups = [{"params": head_params, "lr": cfg.lr}]
+    if unfreeze:
+        ids = {id(p) for p in head_params}
+        groups.append({"params": [p for p in bm.base.parameters() if id(p) not in ids], "lr": lr_base})
+    with open(base_dir / "config.json", "rb") as f:
+        base_id = hashlib.sha256(f.read()).hexdigest()[:16]
+    key = {"kind": kind, "num_heads": num_heads, "ffn_dim": ffn_dim, "lambdas": lambdas, "unfreeze": unfreeze,
+           "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None, "base_config": base_id,
+           "tokenizer": fingerprint(tok), "tokens": int(len(tokens)),
+           "optim": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"}}
+    scale = lr_stem / lr_base if unfreeze else 1.0
+
+    def loss_fn(batch):
+        if not unfreeze:
+            bm.base.eval()
+        losses = head_losses(bm, batch, frozen=not unfreeze, stem_grad_scale=scale)
+        total = sum(lam * l for lam, l in zip(lambdas, losses))
+        return total, {f"h{j + 1}": l.item() for j, l in enumerate(losses)}
+
+    out = Path(out_dir)
+    res = run_training(bm, groups, loss_fn, windows, cfg, out, key, resume, desc=f"train {kind} heads", device=device)
+
+    def write(stage: Path) -> None:
+        bm.heads.to(resolve_dtype(save_dtype))
+        if unfreeze:
+            bm.base.to(resolve_dtype(save_dtype))
+            bm.save_pretrained(stage, bundle_base=True)
+            tok.save(str(stage / "base" / "tokenizer.json"))
+        else:
+            bm.save_pretrained(stage, base_ref=os.path.relpath(base_dir.resolve(), out.resolve()))
+        bm.float()
+        _write_json_atomic(stage / "training.json", {
+            "kind": kind, "num_heads": num_heads, "lambdas": lambdas, "unfreeze": unfreeze,
+            "lr_heads": cfg.lr, "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None,
+            "optim": asdict(cfg), "head_parameters": sum(p.numel() for p in head_params),
+            "corpus_files": len(corpus), "corpus_tokens": int(len(tokens)), "steps": res.steps, "tokens_seen": res.tokens,
+            "seconds": res.seconds, "final_loss": res.losses, "resumed_from": res.resumed_from,
+        })
+
+    _finish_dir(out, write, keep_checkpoint)
+    return res

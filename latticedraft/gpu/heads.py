@@ -1,0 +1,154 @@
+"""The extra prediction heads (heads 2..h) of a ``BlockwiseModel``.
+
+Head 1 is always the base model's own next-token head and lives in the base model, untouched.
+The modules here map a trunk state to one pre-unembedding state per extra head; the base
+model's output embedding (shared, tied) turns each into logits.
+
+- ``SternHeads`` (Stern et al. 2018; the BPD paper's setup): head ``j`` is a feed-forward block
+  with one hidden layer and a residual connection on the final hidden state (after the final
+  norm): ``z_j = x + W2_j act(W1_j x + b1_j) + b2_j``. ``W2_j, b2_j`` start at zero, so before
+  training every head predicts what head 1 predicts.
+- ``DynamoHeads`` (DynaMo, Tuli et al.): head ``j`` is an extra decoder layer, initialised as a
+  copy of the base's final layer (weight transfer), fed the stem's output (the input of the
+  base's final layer), followed by the base's final norm (shared). Each head layer is run as a
+  one-layer instance of the base's own backbone class called with ``inputs_embeds``, so masks,
+  rotary/absolute positions and KV caching are the base architecture's own code; positional
+  and token embeddings of that one-layer backbone are zero and frozen, so it computes exactly
+  ``final_norm(layer(stem))``. ``check_weight_transfer`` proves this on the concrete model.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from latticedraft.errors import ModelError
+from latticedraft.gpu import hf
+
+
+class SternHead(nn.Module):
+    """One residual FFN: ``[..., H] -> [..., H]``."""
+
+    def __init__(self, hidden: int, ffn: int, act: str = "gelu"):
+        super().__init__()
+        acts = {"gelu": nn.GELU(), "relu": nn.ReLU(), "silu": nn.SiLU()}
+        if act not in acts:
+            raise ModelError(f"unknown head activation {act!r}; use one of {', '.join(acts)}")
+        self.fc1 = nn.Linear(hidden, ffn)
+        self.act = acts[act]
+        self.fc2 = nn.Linear(ffn, hidden)
+        nn.init.zeros_(self.fc2.weight)
+        nn.init.zeros_(self.fc2.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(self.act(self.fc1(x)))
+
+
+class SternHeads(nn.Module):
+    """``num_extra`` Stern heads. ``forward(hidden [b, s, H]) -> [b, s, num_extra, H]``."""
+
+    def __init__(self, hidden: int, num_extra: int, ffn: int, act: str = "gelu"):
+        super().__init__()
+        self.ffn, self.act_name = ffn, act
+        self.heads = nn.ModuleList(SternHead(hidden, ffn, act) for _ in range(num_extra))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.stack([h(hidden) for h in self.heads], dim=-2)
+
+    def head_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.state_dict().items()}
+
+
+def _one_layer_config(config):
+    cfg = copy.deepcopy(config)
+    cfg.num_hidden_layers = 1
+    types = getattr(cfg, "layer_types", None)
+    if isinstance(types, (list, tuple)) and types:
+        cfg.layer_types = [types[-1]]
+    cfg.vocab_size = 1
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, None)
+    return cfg
+
+
+class DynamoHeads(nn.Module):
+    """``num_extra`` decoder-layer heads sharing the base's final norm.
+
+    ``forward(stem [b, s, H], attention_mask, position_ids, caches, use_cache)`` returns
+    ``(states [b, s, num_extra, H], caches)`` where ``caches`` is one HF ``Cache`` per head
+    (``None`` when ``use_cache`` is false and none were given).
+    """
+
+    def __init__(self, base: nn.Module, num_extra: int):
+        super().__init__()
+        bb = hf.backbone(base)
+        n = hf.num_layers(base.config)
+        self.layers_name = hf.decoder_layers_name(bb, n)
+        self.norm_name = hf.final_norm_name(bb)
+        cfg = _one_layer_config(base.config)
+        last = getattr(bb, self.layers_name)[n - 1].state_dict()
+        p = next(base.parameters())
+        blocks = []
+        for _ in range(num_extra):
+            head = type(bb)(cfg).to(device=p.device, dtype=p.dtype)
+            getattr(head, self.layers_name)[0].load_state_dict(last)
+            for m in head.modules():
+                if isinstance(m, nn.Embedding):
+                    nn.init.zeros_(m.weight)
+                    m.weight.requires_grad_(False)
+            blocks.append(head)
+        self.blocks = nn.ModuleList(blocks)
+        # Shared final norm: the same module object as the base's (not registered twice in saves).
+        self._shared_norm = [getattr(bb, self.norm_name)]
+        for head in self.blocks:
+            setattr(head, self.norm_name, self._shared_norm[0])
+
+    def forward(self, stem: torch.Tensor, attention_mask=None, position_ids=None, caches=None, use_cache=False):
+        if use_cache and caches is None:
+            from transformers import DynamicCache
+
+            caches = [DynamicCache(config=b.config) for b in self.blocks]
+        outs = []
+        for j, block in enumerate(self.blocks):
+            o = block(inputs_embeds=stem, attention_mask=attention_mask, position_ids=position_ids,
+                      past_key_values=None if caches is None else caches[j], use_cache=use_cache)
+            outs.append(o.last_hidden_state)
+        return torch.stack(outs, dim=-2), caches
+
+    def head_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trainable weights only: each head's decoder layer (not the shared norm, not the zero embeddings)."""
+        out = {}
+        for j, block in enumerate(self.blocks):
+            for k, v in getattr(block, self.layers_name)[0].state_dict().items():
+                out[f"blocks.{j}.{self.layers_name}.0.{k}"] = v
+        return out
+
+    def head_parameters(self):
+        for block in self.blocks:
+            yield from getattr(block, self.layers_name)[0].parameters()
+
+
+def check_weight_transfer(base: nn.Module, heads: DynamoHeads) -> None:
+    """Prove on a probe input that head layer ``j`` (still a copy) reproduces the base's final hidden state.
+
+    Raises ``ModelError`` if the architecture's final hidden state is not ``final_norm(last_layer(stem))``.
+    """
+    n_pos = getattr(base.config, "max_position_embeddings", None) or getattr(base.config, "n_positions", 8)
+    vocab = hf.model_vocab_size(base)
+    p = next(base.parameters())
+    ids = (torch.arange(min(8, int(n_pos)), device=p.device) * 7 + 1).remainder(vocab)[None]
+    was_training = base.training, heads.training
+    base.eval(), heads.eval()
+    with torch.no_grad():
+        hs = base(input_ids=ids, output_hidden_states=True).hidden_states
+        got, _ = heads(hs[-2])
+    base.train(was_training[0]), heads.train(was_training[1])
+    for j in range(got.shape[-2]):
+        if not torch.allclose(got[..., j, :].float(), hs[-1].float(), rtol=1e-4, atol=1e-4):
+            raise ModelError(
+                f"{type(base).__name__}: a copy of the final decoder layer run on the stem output does not "
+                "reproduce the final hidden state, so DynaMo heads cannot be built on it; use --kind stern"
+            )
