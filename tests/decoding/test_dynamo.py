@@ -203,41 +203,25 @@ def test_variants_switch_the_techniques():
 
 
 def _tiny_model(h=3, vocab=32):
+    """A tiny random GPT-2 with DynaMo heads (extra decoder layers), in float64.
+
+    The head layers start as copies of the final layer; they are perturbed so heads 2..h predict
+    differently from head 1 (the frozen, zero embeddings of the one-layer head backbones stay zero).
+    """
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    torch.manual_seed(0)
-    base = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_positions=128, n_embd=32, n_layer=2, n_head=2))
-    base.eval()
-    try:
-        from latticedraft.gpu.blockwise import BlockwiseModel
-    except ImportError:  # issue 4 not landed yet: the same shape of model, heads as linear maps
-        return _LinearHeads(base, h).double().eval()
+    from latticedraft.gpu.blockwise import BlockwiseModel
 
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=vocab, n_positions=128, n_embd=32, n_layer=2, n_head=2,
+                     bos_token_id=None, eos_token_id=None)
+    base = GPT2LMHeadModel(cfg).eval()
     m = BlockwiseModel.from_base(base, num_heads=h, kind="dynamo")
-    with torch.no_grad():  # random, not copied, heads: give heads 2..h their own predictions
-        for p in m.parameters():
-            if not any(p is q for q in base.parameters()):
+    with torch.no_grad():
+        for p in m.heads.parameters():
+            if p.requires_grad:
                 p.add_(torch.randn_like(p) * 0.5)
     return m.double().eval()
-
-
-class _LinearHeads(torch.nn.Module):
-    """Stand-in with BlockwiseModel's forward contract, used only while issue 4's class is missing."""
-
-    def __init__(self, base, h):
-        super().__init__()
-        self.base, self.num_heads, self.config = base, h, base.config
-        d = base.config.n_embd
-        self.maps = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(h - 1))
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, heads=True, **kw):
-        from types import SimpleNamespace
-
-        out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        output_hidden_states=True)
-        hid = out.hidden_states[-1]
-        extra = [self.base.lm_head(hid + m(hid)) for m in self.maps]
-        return SimpleNamespace(logits=out.logits, head_logits=torch.stack([out.logits, *extra], dim=2))
 
 
 @pytest.fixture(scope="module")
