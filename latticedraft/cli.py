@@ -8,6 +8,7 @@ Thin by design: no algorithm lives here. Each group registers its sub-commands i
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import sys
 
 from latticedraft.errors import LatticedraftError
@@ -101,8 +102,81 @@ def _add_train(groups) -> None:
     p.set_defaults(func=_cmd_train_heads)
 
 
+def _cmd_lm_build(a) -> int:
+    from latticedraft.lm.build import BuildOptions, build
+
+    m = build(BuildOptions(
+        corpus=a.corpus, out=a.out, order=a.order, prune=a.prune, tokenizer=a.tokenizer,
+        train_tokenizer=a.train_tokenizer, memory=a.memory, temp_dir=a.temp_dir, force=a.force,
+        encoding_errors=a.encoding_errors, unk_cost=a.unk_cost,
+    ))
+    f = m["fst"]
+    print(f"built {m['order']}-gram LM in {a.out}: {m['corpus']['tokens']} tokens, n-grams "
+          f"{'/'.join(map(str, m['ngram_counts']))}, WFST {f['states']} states {f['arcs']} arcs"
+          f"{' (lmplz needed --discount_fallback)' if m['lmplz']['discount_fallback'] else ''}; "
+          f"{m['timings_s']['total_s']:.1f} s")
+    return 0
+
+
+def _cmd_lm_score(a) -> int:
+    import json
+
+    from latticedraft.errors import InputError
+    from latticedraft.lm.ngram import NgramLM
+
+    lm = NgramLM.load(a.lm, unk_cost=a.unk_cost)
+    if (a.text is None) == (a.ids is None):
+        raise InputError("give exactly one of --text TEXT or --ids ID [ID ...]")
+    if a.text is not None:
+        ids = lm.tokenizer.encode(a.text, add_special_tokens=False).ids
+    else:
+        ids = a.ids
+    history = a.history or []
+    lp = lm.score(ids, history=history)
+    vocab = lm.vocab
+    out = {"lm": str(a.lm), "order": lm.order, "history": list(history),
+           "tokens": [{"id": int(t), "token": vocab[int(t)], "logprob": float(x)} for t, x in zip(ids, lp)],
+           "total_logprob": float(lp.astype("float64").sum())}
+    print(json.dumps(out, indent=None if a.compact else 2, ensure_ascii=False))
+    return 0
+
+
+def _add_lm(groups) -> None:
+    from latticedraft.paths import default_lm_dir
+
+    g = groups.add_parser("lm", help="n-gram LMs: build (KenLM → ARPA → binary → WFST) and score")
+    sub = g.add_subparsers(dest="verb", required=True, metavar="<verb>")
+    b = sub.add_parser("build", help="build an n-gram LM over token ids from corpus files")
+    b.add_argument("--corpus", nargs="+", required=True, metavar="FILE",
+                   help="text files (.gz too), directories, or stdlib / stdlib:train / stdlib:heldout")
+    b.add_argument("--out", type=Path, required=True, metavar="DIR", help="build directory (must not hold a build)")
+    b.add_argument("--order", type=int, default=3, help="n-gram order, 2..6 (default 3)")
+    b.add_argument("--prune", type=int, nargs="+", metavar="N",
+                   help="lmplz count thresholds per order: drop n-grams seen at most N times, e.g. 0 0 1 3")
+    t = b.add_mutually_exclusive_group(required=True)
+    t.add_argument("--tokenizer", metavar="PATH", help="HF tokenizer.json (or its directory) of the target model")
+    t.add_argument("--train-tokenizer", type=int, metavar="VOCAB_SIZE", help="train a byte-level BPE on the corpus")
+    b.add_argument("--memory", default="512M", help="lmplz/build_binary sorting memory, e.g. 512M, 4G, 20%% (default 512M)")
+    b.add_argument("--temp-dir", type=Path, help="where lmplz puts its temporary files (default: the build directory)")
+    b.add_argument("--force", action="store_true", help="replace an existing build in --out")
+    b.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
+                   help="non-UTF-8 bytes in the corpus: fail naming the byte (strict) or replace them")
+    b.add_argument("--unk-cost", type=float, default=1000.0, help="cost (-ln p) of ids never seen (default 1000)")
+    b.set_defaults(func=_cmd_lm_build)
+    s = sub.add_parser("score", help="per-token natural-log probabilities as JSON")
+    s.add_argument("--lm", type=Path, default=default_lm_dir(), help="build directory (default: the bundled 4-gram)")
+    s.add_argument("--text", help="text, tokenized with the LM's tokenizer")
+    s.add_argument("--ids", type=int, nargs="+", metavar="ID", help="token ids")
+    s.add_argument("--history", type=int, nargs="*", metavar="ID",
+                   help="ids before the scored ones (default: start of sentence)")
+    s.add_argument("--unk-cost", type=float, default=1000.0, help="cost of ids the LM never saw (default 1000)")
+    s.add_argument("--compact", action="store_true", help="one-line JSON")
+    s.set_defaults(func=_cmd_lm_score)
+
+
 _GROUPS: list = []
 _GROUPS.append(_add_train)
+_GROUPS.append(_add_lm)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,58 +30,10 @@ from latticedraft.lm.arpa import BOS, EOS, UNK, Arpa
 
 LN10 = math.log(10.0)
 
-_K = None
-
-
 def _kernels():
-    global _K
-    if _K is not None:
-        return _K
-    import numba
+    from latticedraft.lm._numba_kernels import longest_suffix, walk
 
-    @numba.njit(cache=True, nogil=True)
-    def find_child(node, w, ch_lo, ch_hi, lw):
-        lo = ch_lo[node]
-        hi = ch_hi[node]
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            v = lw[mid]
-            if v < w:
-                lo = mid + 1
-            elif v > w:
-                hi = mid
-            else:
-                return mid
-        return -1
-
-    @numba.njit(cache=True, nogil=True)
-    def walk(words, c0, c1, uni, ch_lo, ch_hi, lw, out):
-        """out[i] = global node of words[i, c0:c1] or -1 if that n-gram is absent."""
-        for i in range(words.shape[0]):
-            node = uni[words[i, c0]]
-            c = c0 + 1
-            while node >= 0 and c < c1:
-                node = find_child(node, words[i, c], ch_lo, ch_hi, lw)
-                c += 1
-            out[i] = node
-
-    @numba.njit(cache=True, nogil=True)
-    def longest_suffix(words, k, uni, ch_lo, ch_hi, lw, out):
-        """out[i] = global node of the longest proper suffix of words[i, :k] in the model (-1: none)."""
-        for i in range(words.shape[0]):
-            out[i] = -1
-            for c0 in range(1, k):
-                node = uni[words[i, c0]]
-                c = c0 + 1
-                while node >= 0 and c < k:
-                    node = find_child(node, words[i, c], ch_lo, ch_hi, lw)
-                    c += 1
-                if node >= 0:
-                    out[i] = node
-                    break
-
-    _K = (walk, longest_suffix)
-    return _K
+    return walk, longest_suffix
 
 
 def _word_index(arpa: Arpa, vocab_size: int | None) -> tuple[list[np.ndarray], int]:

@@ -26,7 +26,6 @@ sentences); ``save(path, eos_final=True)`` writes the exact ``-ln p(</s> | state
 from __future__ import annotations
 
 import math
-import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ import numpy as np
 
 from latticedraft.errors import BuildError, InputError, ModelError
 from latticedraft.lm import openfst_binary as ob
+from latticedraft.lm.atomic import atomic_file
 
 NPZ_VERSION = 1
 
@@ -187,26 +187,18 @@ class NgramFst:
             weighted=True,
             deterministic=True,
         )
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                n = ob.write_acceptor(
-                    f, start=self.start, final=final, state_offsets=self.state_offsets,
-                    labels=self.arc_label, costs=self.arc_cost, nexts=self.arc_next,
-                    eps_next=self.backoff_next, eps_cost=self.backoff_cost, properties=props,
-                )
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(path) as tmp, open(tmp, "wb") as f:
+            n = ob.write_acceptor(
+                f, start=self.start, final=final, state_offsets=self.state_offsets,
+                labels=self.arc_label, costs=self.arc_cost, nexts=self.arc_next,
+                eps_next=self.backoff_next, eps_cost=self.backoff_cost, properties=props,
+            )
         return n
 
     def save_npz(self, path: str | Path) -> None:
         """The CSR arrays, uncompressed (``load`` maps them back in well under a second)."""
         path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp.npz", dir=path.parent)
-        os.close(fd)
-        try:
+        with atomic_file(path, suffix=".tmp.npz") as tmp:
             np.savez(
                 tmp, version=np.int64(NPZ_VERSION), order=np.int64(self.order), vocab_size=np.int64(self.vocab_size),
                 start=np.int64(self.start), unigram=np.int64(self.unigram), unk_cost=np.float64(self.unk_cost),
@@ -214,10 +206,6 @@ class NgramFst:
                 arc_label=self.arc_label, arc_cost=self.arc_cost, arc_next=self.arc_next,
                 backoff_next=self.backoff_next, backoff_cost=self.backoff_cost, final_cost=self.final_cost,
             )
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
     @classmethod
     def load(cls, path: str | Path, unk_cost: float | None = None) -> "NgramFst":

@@ -1,0 +1,36 @@
+"""Write files and directories under a temporary name and rename them when complete."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
+def publish_mode(path: Path, directory: bool = False) -> None:
+    """Give a file made by ``mkstemp``/``mkdtemp`` (mode 0600/0700) the usual umask mode."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it to ``path`` if the block succeeds, else delete it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
+    tmp_p = Path(tmp)
+    try:
+        yield tmp_p
+        publish_mode(tmp_p)
+        os.replace(tmp_p, path)
+    except BaseException:
+        tmp_p.unlink(missing_ok=True)
+        raise

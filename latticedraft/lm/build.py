@@ -1,0 +1,240 @@
+"""``latticedraft lm build``: corpus → tokenizer → token-id text → lmplz → ARPA → KenLM trie → WFST.
+
+A build directory holds ``lm.arpa``, ``lm.bin`` (KenLM trie), ``lm.fst`` (OpenFst binary),
+``lm.npz`` (the same automaton as CSR arrays, for fast loading), ``tokenizer.json`` and
+``manifest.json``. Everything is built in a temporary sibling directory which is renamed into
+place only when complete, so ``manifest.json`` is written last and a failed build leaves the
+target untouched: a directory without a manifest is not a build.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Sequence
+
+from latticedraft.errors import BuildError, InputError
+from latticedraft.lm.atomic import atomic_file, publish_mode
+from latticedraft.lm.corpus import resolve_corpus
+from latticedraft.lm.tokenizer import fingerprint, load_tokenizer, train_tokenizer
+
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+MIN_ORDER, MAX_ORDER = 2, 6
+
+
+@dataclass
+class BuildOptions:
+    corpus: Sequence[str]
+    out: Path
+    order: int = 3
+    prune: list[int] | None = None
+    tokenizer: str | None = None  # tokenizer.json or a directory holding one
+    train_tokenizer: int | None = None  # vocab size of a byte-level BPE trained on the corpus
+    memory: str = "512M"  # lmplz / build_binary sorting memory (GNU sort syntax: 512M, 2G, 10%)
+    temp_dir: Path | None = None
+    force: bool = False
+    encoding_errors: str = "strict"
+    unk_cost: float = 1000.0
+    progress: bool | None = None
+    timings: dict = field(default_factory=dict)
+
+
+def validate(opts: BuildOptions) -> None:
+    if not MIN_ORDER <= opts.order <= MAX_ORDER:
+        raise InputError(f"--order {opts.order} is outside {MIN_ORDER}..{MAX_ORDER}; pick an n-gram order in that range")
+    if (opts.tokenizer is None) == (opts.train_tokenizer is None):
+        raise InputError("give exactly one of --tokenizer PATH (share a model's vocabulary) or --train-tokenizer VOCAB_SIZE")
+    if opts.prune is not None:
+        p = list(opts.prune)
+        if not p or p[0] != 0 or any(x < 0 for x in p) or any(b < a for a, b in zip(p, p[1:])):
+            raise InputError(f"--prune {' '.join(map(str, p))} is invalid: thresholds are per order, start with 0 "
+                             "(unigrams cannot be pruned) and never decrease, e.g. --prune 0 0 1 3")
+        if len(p) > opts.order:
+            raise InputError(f"--prune gives {len(p)} thresholds for an order-{opts.order} model; give at most {opts.order}")
+    if opts.encoding_errors not in ("strict", "replace"):
+        raise InputError(f"--encoding-errors {opts.encoding_errors!r}: use strict or replace")
+    if opts.temp_dir is not None and not Path(opts.temp_dir).is_dir():
+        raise InputError(f"--temp-dir {opts.temp_dir} is not an existing directory; create it or pick another")
+    out = Path(opts.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} exists and is not a directory; choose a directory path")
+    if out.is_dir() and not opts.force:
+        if (out / MANIFEST).exists():
+            raise InputError(f"--out {out} already holds an LM build ({MANIFEST}); pass --force to replace it "
+                             "or choose another directory")
+        if any(out.iterdir()):
+            raise InputError(f"--out {out} is not empty and holds no LM build; choose a new or empty directory "
+                             "(or --force to replace its contents)")
+
+
+def _versions() -> dict:
+    v = {}
+    for pkg in ("kenlm", "tokenizers", "pynini", "numpy", "numba", "latticedraft"):
+        try:
+            v[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            v[pkg] = None
+    from latticedraft.paths import kenlm_tool
+
+    for tool in ("lmplz", "build_binary"):
+        p = kenlm_tool(tool)
+        v[tool] = str(p)
+    v["python"] = platform.python_version()
+    return v
+
+
+def build(opts: BuildOptions) -> dict:
+    """Run the whole pipeline; returns the manifest (also written to ``out/manifest.json``)."""
+    validate(opts)
+    out = Path(opts.out).resolve()
+    files = resolve_corpus(opts.corpus)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        manifest = _build_into(work, files, opts)
+        _install(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _install(work: Path, out: Path) -> None:
+    """Swap the finished build into ``out`` (the old contents, if any, are removed after)."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    publish_mode(work, directory=True)
+    os.replace(work, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
+    from latticedraft.lm.corpus_ids import write_token_ids
+    from latticedraft.lm.kenlm_tools import run_build_binary, run_lmplz
+    from latticedraft.lm.wfst import arpa_to_fst
+
+    t = opts.timings
+    t_all = time.perf_counter()
+    # 1. tokenizer
+    t0 = time.perf_counter()
+    if opts.tokenizer is not None:
+        tok = load_tokenizer(opts.tokenizer)
+        tok_src = {"source": str(Path(opts.tokenizer).resolve()), "trained": False}
+    else:
+        tok = train_tokenizer(files, int(opts.train_tokenizer), opts.encoding_errors)
+        tok_src = {"source": None, "trained": True, "train_vocab_size": int(opts.train_tokenizer)}
+    tok.save(str(work / "tokenizer.json"))
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    t["tokenizer_s"] = time.perf_counter() - t0
+
+    # 2. corpus → token ids (streamed to disk)
+    ids_path = work / "corpus.ids"
+    stats = write_token_ids(files, tok, ids_path, opts.encoding_errors, opts.progress)
+    t["tokenize_s"] = stats.seconds
+    if stats.tokens == 0:
+        raise InputError(f"the corpus ({len(files)} file(s), first {files[0]}) holds no text; give a non-empty corpus")
+    if stats.tokens < opts.order:
+        raise InputError(f"the corpus has only {stats.tokens} tokens, fewer than --order {opts.order} needs; "
+                         "give more text or a lower --order")
+
+    # 3. lmplz → ARPA
+    tmp_dir = Path(opts.temp_dir) if opts.temp_dir else work
+    arpa = work / "lm.arpa"
+    t0 = time.perf_counter()
+    lr = run_lmplz(ids_path, arpa, opts.order, opts.prune, opts.memory, tmp_dir)
+    t["lmplz_s"] = time.perf_counter() - t0
+    ids_path.unlink()
+
+    # 4. KenLM trie
+    t0 = time.perf_counter()
+    run_build_binary(arpa, work / "lm.bin", opts.memory, tmp_dir)
+    t["build_binary_s"] = time.perf_counter() - t0
+
+    # 5. ARPA → WFST (+ CSR cache)
+    t0 = time.perf_counter()
+    fst = arpa_to_fst(arpa, work / "lm.fst", vocab_size=vocab_size, unk_cost=opts.unk_cost)
+    t["arpa_to_fst_s"] = time.perf_counter() - t0
+    counts = _arpa_counts(arpa)
+    t["total_s"] = time.perf_counter() - t_all
+
+    manifest = {
+        "format": "latticedraft-ngram",
+        "manifest_version": MANIFEST_VERSION,
+        "order": opts.order,
+        "vocab_size": vocab_size,
+        "ngram_counts": counts,
+        "corpus": {
+            "tokens": stats.tokens,
+            "chunks": stats.chunks,
+            "bytes": stats.bytes,
+            "encoding_errors": opts.encoding_errors,
+            "files": stats.files,
+        },
+        "tokenizer": {"file": "tokenizer.json", "fingerprint": fingerprint(tok), "vocab_size": vocab_size, **tok_src},
+        "lmplz": {"prune": opts.prune, "memory": opts.memory, "discount_fallback": lr.discount_fallback,
+                  "smoothing": "modified Kneser-Ney (lmplz)"},
+        "fst": {"file": "lm.fst", "npz": "lm.npz", "states": fst.num_states, "arcs": fst.num_arcs,
+                "bytes": (work / "lm.fst").stat().st_size, "start": fst.start, "unigram": fst.unigram,
+                "unk_cost": opts.unk_cost, "final_weights": "zero (prefix scores)"},
+        "files": {"arpa": "lm.arpa", "kenlm_binary": "lm.bin", "fst": "lm.fst", "npz": "lm.npz",
+                  "tokenizer": "tokenizer.json"},
+        "tools": _versions(),
+        "timings_s": {k: round(v, 4) for k, v in t.items()},
+        "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+    }
+    write_manifest(work, manifest)
+    return manifest
+
+
+def _arpa_counts(arpa: Path) -> list[int]:
+    counts = []
+    with open(arpa, "rb") as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith(b"ngram "):
+                counts.append(int(line.split(b"=")[1]))
+            elif line.startswith(b"\\1-grams"):
+                break
+    return counts
+
+
+def write_manifest(d: Path, manifest: dict) -> None:
+    with atomic_file(d / MANIFEST) as tmp, open(tmp, "w") as f:
+        json.dump(manifest, f, indent=2, default=_json_default)
+        f.write("\n")
+
+
+def _json_default(o):
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(type(o))
+
+
+def read_manifest(d: str | Path) -> dict:
+    d = Path(d)
+    m = d / MANIFEST
+    if not d.is_dir():
+        raise InputError(f"LM directory {d} does not exist; build one with `latticedraft lm build --out {d}`")
+    if not m.is_file():
+        raise InputError(f"{d} holds no {MANIFEST}, so it is not a complete LM build; rebuild it with "
+                         f"`latticedraft lm build --out {d} --force`")
+    try:
+        return json.loads(m.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(f"{m} cannot be read ({e}); rebuild the LM") from e
