@@ -128,7 +128,13 @@ class StepDistribution:
 def warp(logits: np.ndarray, config: DynamoConfig) -> tuple[np.ndarray, np.ndarray]:
     """Top-k of ``softmax(logits / T)``: ids int64 ``[k]`` (by falling probability) and probs float64 ``[k]`` (sum 1)."""
     x = np.asarray(logits, dtype=np.float64) / config.temperature
-    order = np.argsort(-x, kind="stable")[: config.top_k]
+    k = config.top_k
+    if k < x.size:  # the k largest, ties broken by the lower id (as a stable descending sort would)
+        kth = np.partition(-x, k - 1)[k - 1]
+        cand = np.flatnonzero(-x <= kth)
+        order = cand[np.lexsort((cand, -x[cand]))][:k]
+    else:
+        order = np.argsort(-x, kind="stable")
     z = x[order]
     p = np.exp(z - z.max())
     return order.astype(np.int64), p / p.sum()
@@ -157,6 +163,10 @@ def step_distribution(head_logits, context: Sequence[int], config: DynamoConfig,
     backed: list[tuple[int, str]] = []
     for m in range(n, 1, -1):
         ids = [warped[i][0] for i in range(m)]
+        thr = config.epsilon_b ** (m - 1)
+        if thr >= 1.0:  # a normalised J has no entry above 1
+            backed.append((m, "threshold"))
+            continue
         J = _outer([warped[i][1] for i in range(m)])
         if use_co:
             J = J * cooc.mask(ids, alpha_c=config.alpha_c, unseen_count=config.unseen_count)
@@ -165,8 +175,10 @@ def step_distribution(head_logits, context: Sequence[int], config: DynamoConfig,
             backed.append((m, "empty"))
             continue
         J = J / total
-        thr = config.epsilon_b ** (m - 1)
         J[J <= thr] = 0.0
+        if config.repetition_penalty >= 1.0 and not (J > thr).any():
+            backed.append((m, "threshold"))  # adaptive thresholding and the penalty only lower J
+            continue
         if config.adaptive_threshold:
             J = J * adaptive_keep(J, config.blur_kernel if config.blur else 1)
         J = J * _repetition_weights(ids, ctx, config.repetition_penalty)

@@ -160,16 +160,15 @@ class CooccurrenceStats:
         if n == 1:
             return self.unigram[toks[0]]
         if n == 2:
-            return np.asarray(self.pairs[1][toks[0]][:, toks[1]].toarray(), dtype=np.int64)
+            m = self.pairs[1]
+            return _grid_counts(m.indptr[toks[0]], m.indptr[toks[0] + 1], m.indices, m.data, 0, toks[1], self.vocab_size)
         if n == 3:
             V = self.vocab_size
-            keys = (toks[0][:, None, None] * V + toks[1][None, :, None]) * V + toks[2][None, None, :]
-            pos = np.searchsorted(self.triple_keys, keys.ravel())
-            pos_c = np.minimum(pos, max(self.triple_keys.size - 1, 0))
-            hit = (pos < self.triple_keys.size) & (self.triple_keys[pos_c] == keys.ravel()) if self.triple_keys.size \
-                else np.zeros(keys.size, bool)
-            out = np.where(hit, self.triple_counts[pos_c] if self.triple_keys.size else 0, 0)
-            return out.reshape(keys.shape).astype(np.int64)
+            ab = (toks[0][:, None] * V + toks[1][None, :]).ravel() * V
+            lo = np.searchsorted(self.triple_keys, ab)
+            hi = np.searchsorted(self.triple_keys, ab + V)
+            out = _grid_counts(lo, hi, self.triple_keys, self.triple_counts, ab, toks[2], V)
+            return out.reshape(toks[0].size, toks[1].size, toks[2].size)
         raise InputError(f"co-occurrence order {n} is not stored; use n between 1 and {MAX_ORDER}")
 
     def mask(self, tokens: Sequence[np.ndarray], alpha_c: float = 1.0,
@@ -223,6 +222,7 @@ class CooccurrenceStats:
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez_compressed(f, **arrays)
+            os.chmod(tmp, 0o644)
             os.replace(tmp, p)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -288,30 +288,43 @@ def build_for_lm_dir(lm_dir: str | Path, tokenizer_path: str | Path | None = Non
 
 
 def _manifest_tokenizer(d: Path, manifest: dict) -> Path:
-    cand = []
+    """The tokenizer of an ``lm build`` directory: ``manifest["tokenizer"]["file"]``, else ``tokenizer.json``."""
     t = manifest.get("tokenizer")
-    if isinstance(t, dict):
-        cand += [t.get(k) for k in ("path", "file", "source") if t.get(k)]
-    elif isinstance(t, str):
-        cand.append(t)
-    cand += [d / "tokenizer.json"]
-    for c in cand:
-        p = Path(c)
-        if not p.is_absolute() and not p.exists():
-            p = d / p
-        if p.exists():
+    name = t.get("file") if isinstance(t, dict) else (t if isinstance(t, str) else None)
+    for c in ([name] if name else []) + ["tokenizer.json"]:
+        p = Path(c) if Path(c).is_absolute() else d / c
+        if p.is_file():
             return p
-    raise InputError(f"no tokenizer found for LM build {d}; pass --tokenizer PATH")
+    raise InputError(f"no tokenizer found in LM build {d}; pass --tokenizer PATH")
 
 
 def _manifest_corpus(manifest: dict) -> list[str]:
-    src = manifest.get("sources") or manifest.get("source_files") or manifest.get("corpus") or []
-    out = []
-    for s in src:
-        if isinstance(s, dict):
-            s = s.get("path") or s.get("file")
-        if s:
-            out.append(str(s))
+    """The corpus files of an ``lm build`` manifest (``manifest["corpus"]["files"][i]["path"]``)."""
+    corpus = manifest.get("corpus")
+    files = corpus.get("files", []) if isinstance(corpus, dict) else []
+    return [str(f["path"]) if isinstance(f, dict) else str(f) for f in files if f]
+
+
+def _grid_counts(lo: np.ndarray, hi: np.ndarray, keys: np.ndarray, counts: np.ndarray, base, last: np.ndarray,
+                 V: int) -> np.ndarray:
+    """Counts on a ``[len(lo), len(last)]`` grid from sorted runs: row ``r`` owns ``keys[lo[r]:hi[r]]``,
+    whose last component is ``keys - base[r]``; only entries whose last id is in ``last`` are kept."""
+    col_of = np.full(V, -1, dtype=np.int64)
+    col_of[last[::-1]] = np.arange(last.size)[::-1]  # first occurrence wins for duplicate ids
+    out = np.zeros((lo.size, last.size), dtype=np.int64)
+    lens = (hi - lo).astype(np.int64)
+    total = int(lens.sum())
+    if total == 0:
+        return out
+    row = np.repeat(np.arange(lo.size), lens)
+    starts = np.repeat(lo - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens)
+    pos = starts + np.arange(total)
+    base_r = np.broadcast_to(np.asarray(base, dtype=np.int64), lo.shape)[row]
+    col = col_of[keys[pos] - base_r]
+    ok = col >= 0
+    out[row[ok], col[ok]] = counts[pos[ok]]
+    if np.unique(last).size != last.size:  # duplicated ids in ``last``: copy the counts to every copy
+        out = out[:, col_of[last]]
     return out
 
 

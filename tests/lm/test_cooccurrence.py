@@ -127,3 +127,29 @@ def test_build_for_lm_dir_from_files(tmp_path):
     assert s.counts([np.array([3]), np.array([2])])[0, 0] == 0  # no "c b" across files
     with pytest.raises(InputError, match="--force"):
         build_for_lm_dir(lm, tokenizer_path=tok_path, corpus=[str(tmp_path / "c1.txt")])
+
+
+def test_build_for_lm_dir_reads_the_manifest(tmp_path):
+    import json
+
+    tok = _word_tokenizer(["<unk>", "a", "b", "c"])
+    lm = tmp_path / "lm"
+    lm.mkdir()
+    tok.save(str(lm / "tokenizer.json"))
+    (tmp_path / "c1.txt").write_text("a b c a b\n")
+    (lm / "manifest.json").write_text(json.dumps({
+        "tokenizer": {"file": "tokenizer.json"}, "corpus": {"files": [{"path": str(tmp_path / "c1.txt")}]}}))
+    s = CooccurrenceStats.load(build_for_lm_dir(lm))
+    assert s.unigram.tolist() == [0, 2, 2, 1] and s.vocab_size == 4
+    from latticedraft.lm.tokenizer import fingerprint
+
+    s.check(vocab_size=4, fingerprint=fingerprint(tok))
+
+
+def test_grid_lookup_with_repeated_ids_and_empty_tables(stats):
+    c = stats.counts([np.array([0, 0, 2]), np.array([1, 1, 0])])
+    assert c.tolist() == [[5, 5, 0], [5, 5, 0], [0, 0, 3]]
+    c3 = stats.counts([np.array([0]), np.array([1, 1]), np.array([2, 3, 2])])
+    assert c3.tolist() == [[[3, 1, 3], [3, 1, 3]]]
+    empty = CooccurrenceStats.from_sequences([[1]], vocab_size=3, fingerprint="x")
+    assert empty.counts([np.arange(3)] * 3).sum() == 0 and empty.counts([np.arange(3)] * 2).sum() == 0
