@@ -172,6 +172,162 @@ def _add_lm(groups) -> None:
     s.add_argument("--unk-cost", type=float, default=1000.0, help="cost of ids the LM never saw (default 1000)")
     s.add_argument("--compact", action="store_true", help="one-line JSON")
     s.set_defaults(func=_cmd_lm_score)
+    _add_lm_cooccurrence(sub, b)
+
+
+# ---------------------------------------------------------------- DynaMo (issue 6): lm cooccurrence, decode/eval --method dynamo
+
+
+def _add_lm_cooccurrence(sub, build_parser) -> None:
+    """``lm cooccurrence`` and ``lm build --cooccurrence`` (counts for DynaMo's co-occurrence mask)."""
+    c = sub.add_parser("cooccurrence", help="count token pairs/triples for DynaMo's co-occurrence mask into an LM build")
+    c.add_argument("--lm", type=Path, required=True, metavar="DIR", help="LM build directory (its manifest names corpus and tokenizer)")
+    c.add_argument("--corpus", nargs="+", metavar="FILE", help="count these instead of the build's corpus")
+    c.add_argument("--tokenizer", metavar="PATH", help="tokenizer instead of the build's tokenizer.json")
+    c.add_argument("--force", action="store_true", help="replace an existing cooccurrence.npz")
+    c.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict")
+    c.set_defaults(func=_cmd_lm_cooccurrence)
+    build_parser.add_argument("--cooccurrence", action="store_true",
+                              help="also count token co-occurrences (DynaMo's mask) into the build: cooccurrence.npz")
+    build = build_parser.get_default("func")
+
+    def build_then_count(a) -> int:
+        rc = build(a)
+        if rc == 0 and getattr(a, "cooccurrence", False):
+            from latticedraft.lm.cooccurrence import build_for_lm_dir
+
+            print(f"co-occurrence counts written to {build_for_lm_dir(a.out, force=True, encoding_errors=a.encoding_errors)}")
+        return rc
+
+    build_parser.set_defaults(func=build_then_count)
+
+
+def _cmd_lm_cooccurrence(a) -> int:
+    from latticedraft.lm.cooccurrence import CooccurrenceStats, build_for_lm_dir
+
+    out = build_for_lm_dir(a.lm, tokenizer_path=a.tokenizer, corpus=a.corpus, encoding_errors=a.encoding_errors,
+                           force=a.force)
+    s = CooccurrenceStats.load(out)
+    print(f"wrote {out}: {s.n_tokens[0]} tokens, {s.pairs[1].nnz} distinct pairs, {s.triple_keys.size} distinct triples, "
+          f"vocabulary {s.vocab_size}")
+    return 0
+
+
+def _dynamo_sampler_args(p: argparse.ArgumentParser) -> None:
+    """DynaMo's sampling flags (paper defaults, Appendix A.1); options the parser already has are left to it."""
+    have = set(p._option_string_actions)
+
+    def add(flag, **kw):
+        if flag not in have:
+            p.add_argument(flag, **kw)
+
+    g = p.add_argument_group("DynaMo sampling (--method dynamo)")
+
+    def addg(flag, **kw):
+        if flag not in have:
+            g.add_argument(flag, **kw)
+
+    addg("--epsilon-b", type=float, default=0.5, help="back-off threshold ε_b in [0, 1]: 0 always emits n tokens, 1 always one (default 0.5)")
+    addg("--seed", type=int, default=0, help="sampling seed (default 0)")
+    addg("--top-k", type=int, default=50, help="top-k per head (default 50)")
+    addg("--temperature", type=float, default=0.7, help="softmax temperature (default 0.7)")
+    addg("--repetition-penalty", type=float, default=1.1, help="divides the probability of repeated tokens (default 1.1)")
+    addg("--alpha-c", type=float, default=1.0, help="co-occurrence mask exponent α_c (default 1.0)")
+    addg("--unseen-count", type=float, default=0.5, help="count given to unseen pairs/triples in the mask (default 0.5; 0 = hard)")
+    addg("--max-n", type=int, default=None, help="most tokens per call (default: the model's heads, at most 3)")
+    addg("--no-cooccurrence", action="store_true", help="turn co-occurrence masking off")
+    addg("--no-adaptive-threshold", action="store_true", help="turn Otsu adaptive thresholding off")
+    addg("--no-blur", action="store_true", help="no Gaussian blur before Otsu")
+    addg("--variant", choices=["CO+AT+G3", "CO+AT", "CO", "CO-0.5+AT+G3", "AT+G3"],
+         help="an ablation variant (sets the three technique flags and α_c)")
+    addg("--cooccurrence", default="auto", metavar="PATH",
+         help="co-occurrence table (file or LM build dir); auto: the bundled build's or one counted on stdlib:train")
+    add("--tokenizer", default=None, metavar="PATH", help="tokenizer (default: beside the model, else data/tokenizer)")
+    add("--device", default=None, help="torch device (default cpu)")
+
+
+def _dynamo_config(a):
+    from latticedraft.decoding.dynamo import DynamoConfig, variant
+
+    cfg = DynamoConfig(epsilon_b=a.epsilon_b, top_k=a.top_k, temperature=a.temperature,
+                       repetition_penalty=a.repetition_penalty, cooccurrence=not a.no_cooccurrence, alpha_c=a.alpha_c,
+                       unseen_count=a.unseen_count, adaptive_threshold=not a.no_adaptive_threshold,
+                       blur=not a.no_blur, max_n=a.max_n)
+    if getattr(a, "variant", None):
+        cfg = variant(a.variant, a.epsilon_b, cfg)
+    cfg.validate()
+    return cfg
+
+
+def _cmd_decode_dynamo(a) -> int:
+    """``decode --method dynamo``: sample with the DynaMo heads; prints text, tokens per call and n per step."""
+    import json
+
+    from latticedraft.decoding.dynamo import decode_texts, load_model, load_tokenizer_for
+    from latticedraft.decoding.dynamo_eval import read_prompts
+    from latticedraft.errors import InputError
+    from latticedraft.lm.cooccurrence import resolve_table
+
+    cfg = _dynamo_config(a)
+    prompt, prompts_file = getattr(a, "prompt", None), getattr(a, "prompts", None)
+    if (prompt is None) == (prompts_file is None):
+        raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+    texts = [prompt] if prompt is not None else read_prompts(prompts_file)
+    model_dir = getattr(a, "model", None)
+    model = load_model(model_dir, device=getattr(a, "device", None))
+    tok = load_tokenizer_for(model, model_dir, getattr(a, "tokenizer", None))
+    cooc = None
+    if cfg.cooccurrence and cfg.alpha_c > 0:
+        cooc = resolve_table(a.cooccurrence, tok, notify=lambda m: print(m, file=sys.stderr))
+    recs = decode_texts(model, tok, texts, cfg, cooc, max_new_tokens=getattr(a, "max_new_tokens", 64) or 64,
+                        seed=a.seed, eos_token_id=tok.token_to_id("<|endoftext|>"))
+    for text, r in zip(texts, recs):
+        r["model"] = str(getattr(model, "base_ref", None) or "")
+        r["method"] = "dynamo"
+        if getattr(a, "json", False):
+            print(json.dumps(r, ensure_ascii=False))
+        else:
+            print(text + r["text"])
+            print(f"-- {len(r['tokens'])} tokens in {r['calls']} calls: {r['tokens_per_call']:.2f} tokens/call; "
+                  f"n per call: {' '.join(map(str, r['ns']))}", file=sys.stderr)
+    return 0
+
+
+def _dynamo_eval_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``eval --method dynamo`` (the ablation); options the parser already has are left to it."""
+    _dynamo_sampler_args(p)
+    have = set(p._option_string_actions)
+    g = p.add_argument_group("DynaMo ablation (--method dynamo)")
+    for flag, kw in [
+        ("--epsilons", dict(type=float, nargs="+", default=None, help="ε_b grid (default 0.0 0.1 … 1.0)")),
+        ("--variants", dict(nargs="+", default=None, help="variants (default CO+AT+G3 CO+AT CO CO-0.5+AT+G3 AT+G3)")),
+        ("--seeds", dict(type=int, nargs="+", default=[0], help="sampling seeds per prompt (default 0)")),
+        ("--num-prompts", dict(type=int, default=20, help="first N prompts of the file (default 20)")),
+        ("--heldout-tokens", dict(type=int, default=16384, help="held-out tokens for PPL_n / PPL_1:n (0: skip)")),
+        ("--dynamic-tokens", dict(type=int, default=2048, help="held-out tokens for PPL_d per ε_b (default 2048)")),
+        ("--out", dict(type=Path, default=Path("dynamo-eval"), help="output directory (default ./dynamo-eval)")),
+        ("--max-new-tokens", dict(type=int, default=48, help="tokens per generation (default 48)")),
+        ("--prompts", dict(default=None, help="prompt JSONL (default data/prompts.jsonl)")),
+        ("--model", dict(default=None, help="DynaMo head checkpoint (default data/heads-dynamo)")),
+    ]:
+        if flag not in have:
+            g.add_argument(flag, **kw)
+
+
+def _cmd_eval_dynamo(a) -> int:
+    """``eval --method dynamo``: ε_b × variants ablation, quality proxy, held-out perplexities; table + PNG."""
+    from latticedraft.decoding.dynamo import VARIANTS
+    from latticedraft.decoding.dynamo_eval import EPSILONS, evaluate
+
+    res, paths = evaluate(
+        model_dir=getattr(a, "model", None), prompts_file=getattr(a, "prompts", None), out_dir=a.out,
+        tokenizer_path=getattr(a, "tokenizer", None), cooccurrence=a.cooccurrence, num_prompts=a.num_prompts,
+        seeds=a.seeds, max_new_tokens=getattr(a, "max_new_tokens", 48) or 48, epsilons=a.epsilons or EPSILONS,
+        variants=a.variants or VARIANTS, heldout_tokens=a.heldout_tokens, dynamic_tokens=a.dynamic_tokens,
+        base=_dynamo_config(a), device=getattr(a, "device", None), notify=lambda m: print(m, file=sys.stderr))
+    print(paths["table"].read_text())
+    print(f"wrote {paths['json']}, {paths['table']}, {paths['plot']}")
+    return 0
 
 
 _GROUPS: list = []
