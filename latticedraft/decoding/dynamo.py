@@ -382,3 +382,69 @@ def _bar(total: int, enabled: bool | None):
 
     disable = (not sys.stderr.isatty()) if enabled is None else not enabled
     return tqdm(total=total, desc="dynamo", unit="tok", disable=disable)
+
+
+# ---------------------------------------------------------------------------- loading, text in/out
+
+
+def default_model_dir():
+    from latticedraft.paths import data_dir
+
+    return data_dir() / "heads-dynamo"
+
+
+def load_model(model_dir=None, device=None):
+    """A DynaMo-headed ``BlockwiseModel`` from ``model_dir`` (default: the bundled ``data/heads-dynamo``)."""
+    from pathlib import Path
+
+    from latticedraft.gpu.blockwise import BlockwiseModel
+
+    path = Path(model_dir) if model_dir is not None else default_model_dir()
+    if not path.exists():
+        raise InputError(f"model directory {path} does not exist; pass --model DIR (a head checkpoint from "
+                         "`latticedraft train heads --kind dynamo`)")
+    model = BlockwiseModel.from_pretrained(path, device=device)
+    if model.num_heads < 2:
+        raise ModelError(f"{path} has {model.num_heads} head; DynaMo needs at least 2")
+    return model
+
+
+def load_tokenizer_for(model, model_dir=None, tokenizer_path=None):
+    """The tokenizer given, else ``tokenizer.json`` beside the heads or the base, else the bundled one;
+    ``ModelError`` if its vocabulary size differs from the model's."""
+    from pathlib import Path
+
+    from latticedraft.lm.tokenizer import load_tokenizer
+    from latticedraft.paths import data_dir
+
+    cands = [tokenizer_path] if tokenizer_path else [
+        model_dir and Path(model_dir) / "tokenizer.json",
+        getattr(model, "base_ref", None) and Path(model.base_ref) / "tokenizer.json",
+        data_dir() / "tokenizer" / "tokenizer.json",
+    ]
+    path = next((Path(c) for c in cands if c and Path(c).exists()), None) if not tokenizer_path else Path(tokenizer_path)
+    if path is None:
+        raise InputError("no tokenizer found beside the model or in data/tokenizer; pass --tokenizer PATH")
+    tok = load_tokenizer(path)
+    V = _vocab_size(model)
+    if tok.get_vocab_size(with_added_tokens=True) != V:
+        raise ModelError(f"tokenizer {path} has {tok.get_vocab_size(with_added_tokens=True)} tokens but the model's "
+                         f"vocabulary is {V}; pass the tokenizer the model was trained with (--tokenizer)")
+    return tok
+
+
+def decode_texts(model, tokenizer, texts: Sequence[str], config: DynamoConfig, cooc=None, max_new_tokens: int = 64,
+                 seed: int = 0, eos_token_id: int | None = 0, progress: bool | None = None) -> list[dict]:
+    """Encode ``texts``, sample with DynaMo, decode. One dict per prompt: ``prompt_ids``, ``tokens``,
+    ``text``, ``calls``, ``tokens_per_call``, ``ns`` (tokens emitted per call), ``seconds``."""
+    from latticedraft.lm.tokenizer import fingerprint
+
+    prompts = [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
+    for t, p in zip(texts, prompts):
+        if not p:
+            raise InputError(f"prompt {t!r} encodes to no tokens; give a non-empty prompt")
+    res = generate(model, prompts, config, cooc, max_new_tokens=max_new_tokens, seed=seed, eos_token_id=eos_token_id,
+                   tokenizer_fingerprint=fingerprint(tokenizer), progress=progress)
+    return [{"prompt_ids": r.prompt_ids, "tokens": r.tokens, "text": tokenizer.decode(r.tokens, skip_special_tokens=False),
+             "calls": r.calls, "tokens_per_call": r.tokens_per_call, "ns": r.ns, "seconds": r.seconds}
+            for r in res]

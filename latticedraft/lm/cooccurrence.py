@@ -336,3 +336,42 @@ def _progress(it, enabled: bool | None, desc: str):
     import sys
     disable = (not sys.stderr.isatty()) if enabled is None else not enabled
     return tqdm(it, desc=desc, unit="seq", disable=disable)
+
+
+def resolve_table(spec: str | Path | None, tokenizer, corpus: Sequence[str] = ("stdlib:train",),
+                  notify=None) -> "CooccurrenceStats":
+    """The co-occurrence table for ``tokenizer``: a path (file or LM build dir), or ``None``/``"auto"``.
+
+    ``auto``: the bundled n-gram build's ``cooccurrence.npz`` if it was counted with this tokenizer,
+    else ``<cache>/cooccurrence/<corpus>-<fingerprint[:12]>.npz``, counted now (about 20 s for the
+    standard library) when missing. Refuses a table from another vocabulary (``ModelError``).
+    """
+    from latticedraft.lm.tokenizer import fingerprint
+    from latticedraft.paths import cache_dir, default_lm_dir
+
+    fp = fingerprint(tokenizer)
+    V = tokenizer.get_vocab_size(with_added_tokens=True)
+    if spec is not None and str(spec) != "auto":
+        stats = CooccurrenceStats.load(spec)
+        stats.check(vocab_size=V, fingerprint=fp, where="the tokenizer")
+        return stats
+    bundled = default_lm_dir() / FILE_NAME
+    if bundled.is_file():
+        stats = CooccurrenceStats.load(bundled)
+        if stats.fingerprint == fp and stats.vocab_size == V:
+            return stats
+    name = "-".join(str(c).replace(":", "_").replace("/", "_") for c in corpus)
+    cached = cache_dir() / "cooccurrence" / f"{name}-{fp[:12]}.npz"
+    if cached.is_file():
+        stats = CooccurrenceStats.load(cached)
+        stats.check(vocab_size=V, fingerprint=fp, where="the tokenizer")
+        return stats
+    from latticedraft.lm.corpus import resolve_corpus
+
+    if notify:
+        notify(f"counting co-occurrences of {', '.join(corpus)} into {cached} (once)")
+    stats = CooccurrenceStats.from_files(resolve_corpus(list(corpus)), tokenizer)
+    stats.meta["corpus"] = list(corpus)
+    stats.save(cached)
+    stats.meta["path"] = str(cached)
+    return stats

@@ -282,3 +282,25 @@ def test_generation_refuses_mismatched_inputs(model):
         generate(model, PROMPTS, DynamoConfig(top_k=8, max_n=4, cooccurrence=False))
     with pytest.raises(InputError, match="larger than the vocabulary"):
         generate(model, PROMPTS, DynamoConfig(top_k=33, cooccurrence=False))
+
+
+def test_ablation_writes_table_json_and_plot(model, tmp_path):
+    import json
+
+    from latticedraft.decoding.dynamo_eval import flatness, run_ablation, write_report
+
+    rng = np.random.default_rng(0)
+    stats = CooccurrenceStats.from_sequences([rng.integers(0, 32, 400)], vocab_size=32, fingerprint="x")
+    res = run_ablation(model, PROMPTS, stats, variants=["CO+AT+G3", "AT+G3"], epsilons=[0.0, 1.0],
+                       max_new_tokens=6, base=DynamoConfig(top_k=8))
+    assert [(r.variant, r.epsilon_b) for r in res.rows] == [("CO+AT+G3", 0.0), ("CO+AT+G3", 1.0),
+                                                           ("AT+G3", 0.0), ("AT+G3", 1.0)]
+    one = [r for r in res.rows if r.epsilon_b == 1.0]
+    assert all(r.tokens_per_call == 1.0 and r.n_hist == {1: r.calls} for r in one)
+    assert res.baseline.tokens == 18 and res.baseline.base_ppl > 1
+    assert set(flatness(res)) == {"CO+AT+G3", "AT+G3"}
+    paths = write_report(res, tmp_path)
+    assert json.loads(paths["json"].read_text())["rows"][0]["variant"] == "CO+AT+G3"
+    assert "| AT+G3 | 1.0 | 1.00 |" in paths["table"].read_text()
+    assert paths["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dynamo_ablation.md", "dynamo_ablation.png", "results.json"]
