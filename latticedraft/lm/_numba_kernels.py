@@ -8,6 +8,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+POW10 = np.array([10.0**i for i in range(23)])  # exact in float64
+
 
 @numba.njit(cache=True, nogil=True)
 def parse_float(buf, i, n):
@@ -57,9 +59,9 @@ def parse_float(buf, i, n):
         exp10 += -e if eneg else e
     v = float(mant)
     if exp10 < 0:
-        v = v / 10.0 ** (-exp10)
+        v = v / POW10[-exp10] if exp10 >= -22 else v / 10.0 ** (-exp10)
     elif exp10 > 0:
-        v = v * 10.0 ** exp10
+        v = v * POW10[exp10] if exp10 <= 22 else v * 10.0 ** exp10
     return (-v if neg else v), i, True
 
 

@@ -23,7 +23,7 @@ from latticedraft.errors import InputError
 BOS, EOS, UNK = -1, -2, -3
 SPECIAL_NAMES = {BOS: "<s>", EOS: "</s>", UNK: "<unk>"}
 MAX_ORDER = 6
-_BLOCK_BYTES = 1 << 24  # parse in 16 MiB slices so the raw text is never held whole
+_BLOCK_BYTES = 1 << 23  # parse in 8 MiB slices so the raw text is never held whole
 
 # error codes of the numba kernel
 _OK, _E_FIELDS, _E_NUMBER, _E_WORD, _E_TOO_MANY = 0, 1, 2, 3, 4
@@ -210,7 +210,7 @@ def _read(rd: _Lines, path: Path) -> Arpa:
             if ended:
                 break
         if row != n:
-            raise _fail(path, rd.line, f"{k}-grams section has {row} entries but \\data\\ announces {n} (truncated?)")
+            raise _fail(path, first + row - 1, f"{k}-grams section ends after {row} entries but \\data\\ announces {n} (truncated?)")
         orders.append(ArpaOrder(words, logprob, backoff, first))
     while True:
         line = rd.readline()

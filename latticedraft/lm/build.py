@@ -151,17 +151,21 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
                          "give more text or a lower --order")
 
     # 3. lmplz → ARPA
-    tmp_dir = Path(opts.temp_dir) if opts.temp_dir else work
-    arpa = work / "lm.arpa"
-    t0 = time.perf_counter()
-    lr = run_lmplz(ids_path, arpa, opts.order, opts.prune, opts.memory, tmp_dir)
-    t["lmplz_s"] = time.perf_counter() - t0
-    ids_path.unlink()
+    # KenLM's temporary files go to a private directory (under --temp-dir, else the build), removed after
+    tmp_dir = Path(tempfile.mkdtemp(prefix="latticedraft-kenlm-", dir=opts.temp_dir or work))
+    try:
+        arpa = work / "lm.arpa"
+        t0 = time.perf_counter()
+        lr = run_lmplz(ids_path, arpa, opts.order, opts.prune, opts.memory, tmp_dir)
+        t["lmplz_s"] = time.perf_counter() - t0
+        ids_path.unlink()
 
-    # 4. KenLM trie
-    t0 = time.perf_counter()
-    run_build_binary(arpa, work / "lm.bin", opts.memory, tmp_dir)
-    t["build_binary_s"] = time.perf_counter() - t0
+        # 4. KenLM trie
+        t0 = time.perf_counter()
+        run_build_binary(arpa, work / "lm.bin", opts.memory, tmp_dir)
+        t["build_binary_s"] = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
 
     # 5. ARPA → WFST (+ CSR cache)
     t0 = time.perf_counter()

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from latticedraft.lm.corpus import iter_chunks, read_text
 
-BATCH_CHUNKS = 2048
+BATCH_CHUNKS = 4096
 
 
 @dataclass
@@ -46,27 +46,37 @@ def write_token_ids(files: Sequence[Path], tok: Tokenizer, out: Path, encoding_e
     total = sum(p.stat().st_size for p in files)
     stats = CorpusStats()
     table = [str(i) for i in range(tok.get_vocab_size(with_added_tokens=True))]
+    # encode_batch_fast (tokenizers >= 0.21) skips character offsets, which we do not need
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    pending: list[str] = []
+
+    def flush(f) -> None:
+        lines = []
+        for e in encode(pending, add_special_tokens=False):
+            ids = e.ids
+            if ids:
+                lines.append(" ".join([table[t] for t in ids]))
+                stats.tokens += len(ids)
+        if lines:
+            f.write("\n".join(lines))
+            f.write("\n")
+        stats.chunks += len(lines)
+        pending.clear()
+
     t0 = time.perf_counter()
     with open(out, "w", encoding="ascii") as f, tqdm(total=total, unit="B", unit_scale=True,
                                                      desc="tokenizing", disable=disable) as bar:
         for p in files:
             raw_size = p.stat().st_size
             text = read_text(p, encoding_errors)
-            stats.files.append({"path": str(p.resolve()), "bytes": raw_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
-            chunks = list(iter_chunks(text))
-            for i in range(0, len(chunks), BATCH_CHUNKS):
-                encs = tok.encode_batch(chunks[i : i + BATCH_CHUNKS], add_special_tokens=False)
-                lines = []
-                for e in encs:
-                    ids = e.ids
-                    if ids:
-                        lines.append(" ".join([table[t] for t in ids]))
-                        stats.tokens += len(ids)
-                if lines:
-                    f.write("\n".join(lines))
-                    f.write("\n")
-                stats.chunks += len(lines)
+            stats.files.append({"path": str(p.resolve()), "bytes": raw_size,
+                                "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
+            pending.extend(iter_chunks(text))
+            if len(pending) >= BATCH_CHUNKS:  # batches span files so the tokenizer's threads stay busy
+                flush(f)
             stats.bytes += raw_size
             bar.update(raw_size)
+        if pending:
+            flush(f)
     stats.seconds = time.perf_counter() - t0
     return stats

@@ -36,24 +36,17 @@ def _kernels():
     return walk, longest_suffix
 
 
-def _word_index(arpa: Arpa, vocab_size: int | None) -> tuple[list[np.ndarray], int]:
-    """Per order int32[n_k, k] word indices; tokens keep their code (id+1), specials go to V+1.. V+3."""
+def _vocab_size(arpa: Arpa, vocab_size: int | None) -> int:
+    """V: the given vocabulary size (checked against the file's largest id) or largest id + 1."""
     max_code = max((int(o.words.max()) for o in arpa.orders if o.words.size), default=0)
-    V = vocab_size if vocab_size is not None else max(max_code, 0)
+    V = vocab_size if vocab_size is not None else max(max_code, 1)
     if max_code > V:
         k, row = _locate(arpa, lambda w: w > V)
         raise InputError(
             f"ARPA file {arpa.path}, line {arpa.orders[k].first_line + row}: token id {max_code - 1} is outside "
             f"the vocabulary of {V} ids; build the LM with the same tokenizer you query it with"
         )
-    out = []
-    for o in arpa.orders:
-        w = o.words.copy()
-        w[w == BOS] = V + 1
-        w[w == EOS] = V + 2
-        w[w == UNK] = V + 3
-        out.append(w)
-    return out, V
+    return V
 
 
 def _locate(arpa: Arpa, pred) -> tuple[int, int]:
@@ -69,157 +62,179 @@ def _line(arpa: Arpa, k: int, perm: np.ndarray | None, sorted_row: int) -> int:
     return arpa.orders[k].first_line + row
 
 
-def arpa_arrays_to_csr(arpa: Arpa, vocab_size: int | None = None, unk_cost: float = 1000.0) -> dict:
+def _neg_ln(log10: np.ndarray) -> np.ndarray:
+    """float32 tropical cost ``-ln(10) * log10`` (float32 arithmetic, as KenLM stores float32)."""
+    return np.multiply(log10, np.float32(-LN10), dtype=np.float32)
+
+
+def arpa_arrays_to_csr(arpa: Arpa, vocab_size: int | None = None, unk_cost: float = 1000.0,
+                       consume: bool = False) -> dict:
     """Build the CSR back-off automaton of ``arpa`` (see the module docstring).
 
+    ``consume=True`` frees the ARPA's arrays level by level (lower peak memory).
     Returns a dict of the ``NgramFst`` fields plus ``final_cost`` (float32[S], exact
     ``-ln p(</s> | state)``), ``unk_arpa_cost`` (``-ln p(<unk>)`` or nan) and ``counts``.
     """
     walk, longest_suffix = _kernels()
-    words, V = _word_index(arpa, vocab_size)
+    V = _vocab_size(arpa, vocab_size)
     n = arpa.order
     M = V + 4
+    BOSW, EOSW, UNKW = V + 1, V + 2, V + 3
     counts = arpa.counts
-    total = int(sum(counts))
-    # global node arrays (level k occupies [base[k], base[k] + counts[k]))
-    base = np.zeros(n + 1, dtype=np.int64)
-    base[1:] = np.cumsum(counts)
-    lw = np.empty(total, dtype=np.int32)  # last word of each node
-    ch_lo = np.zeros(total, dtype=np.int64)
-    ch_hi = np.zeros(total, dtype=np.int64)
-    logprob = np.empty(total, dtype=np.float32)
-    backoff = np.empty(total, dtype=np.float32)
-    uni = np.full(M, -1, dtype=np.int64)
-    perms: list[np.ndarray] = []
-    sorted_words: list[np.ndarray] = []
+    base = [0]
+    for c in counts:
+        base.append(base[-1] + c)
+    total, nctx = base[n], base[n - 1]
+    if total >= 2**31 - 1:
+        raise InputError(f"ARPA file {arpa.path} has {total} n-grams; at most 2^31 are supported")
+    lw = np.empty(total, dtype=np.int32)  # last word of each node (levels in sorted order)
+    lp = np.empty(total, dtype=np.float32)  # log10 p
+    bo = np.zeros(nctx, dtype=np.float32)  # log10 back-off (contexts only)
+    ch_lo = np.zeros(nctx, dtype=np.int32)  # children of context node: [ch_lo, ch_hi) on the next level
+    ch_hi = np.zeros(nctx, dtype=np.int32)
+    uni = np.full(M, -1, dtype=np.int32)
+    tgt = np.zeros(total, dtype=np.int32)  # state reached after the n-gram (own or longest-suffix state)
+    state_of = np.full(nctx, -1, dtype=np.int32)
+    bo_next_parts, bo_cost_parts, level_states = [np.array([-1], np.int32)], [np.zeros(1, np.float32)], [(0, 1)]
+    n_states = 1
+    suf_prev = None
 
-    for k in range(n):  # level k holds (k+1)-grams
-        W = words[k]
+    def finalize_level(j: int, suf: np.ndarray | None) -> None:
+        """Level j is complete (its children are known): choose its states, fill tgt, back-offs."""
+        nonlocal n_states
+        b0, b1 = base[j], base[j + 1]
+        inherited = tgt[suf] if suf is not None else np.zeros(b1 - b0, dtype=np.int32)
+        if j == n - 1:
+            tgt[b0:b1] = inherited
+            return
+        is_state = ((ch_hi[b0:b1] > ch_lo[b0:b1]) | (bo[b0:b1] != 0)) & (lw[b0:b1] != EOSW)
+        m = int(is_state.sum())
+        own = np.full(b1 - b0, -1, dtype=np.int32)
+        own[is_state] = np.arange(n_states, n_states + m, dtype=np.int32)
+        state_of[b0:b1] = own
+        tgt[b0:b1] = np.where(is_state, own, inherited)
+        bo_next_parts.append(inherited[is_state])
+        bo_cost_parts.append(_neg_ln(bo[b0:b1][is_state]))
+        level_states.append((n_states, n_states + m))
+        n_states += m
+
+    for k in range(n):  # level k holds the (k+1)-grams
         o = arpa.orders[k]
+        W = o.words if consume else o.words.copy()
+        W[W == BOS] = BOSW
+        W[W == EOS] = EOSW
+        W[W == UNK] = UNKW
+        b0, b1 = base[k], base[k + 1]
         if k == 0:
             key = W[:, 0].astype(np.int64)
         else:
-            prefix = np.empty(len(W), dtype=np.int64)
+            prefix = np.empty(b1 - b0, dtype=np.int32)
             walk(W, 0, k, uni, ch_lo, ch_hi, lw, prefix)
-            missing = np.nonzero(prefix < 0)[0]
+            missing = np.flatnonzero(prefix < 0)
             if missing.size:
-                r = int(missing[0])
                 raise InputError(
-                    f"ARPA file {arpa.path}, line {o.first_line + r}: the {k + 1}-gram's prefix "
+                    f"ARPA file {arpa.path}, line {o.first_line + int(missing[0])}: the {k + 1}-gram's prefix "
                     f"({k}-gram) is not in the file; the ARPA must list the context of every n-gram"
                 )
-            key = prefix * M + W[:, k]
-        perm = np.argsort(key, kind="stable")
-        skey = key[perm]
-        dup = np.nonzero(skey[1:] == skey[:-1])[0]
+            key = prefix.astype(np.int64)
+            del prefix
+            key *= M
+            key += W[:, k]
+        perm = np.argsort(key)
+        key = key[perm]
+        dup = np.flatnonzero(key[1:] == key[:-1])
         if dup.size:
             raise InputError(
                 f"ARPA file {arpa.path}, line {_line(arpa, k, perm, int(dup[0]) + 1)}: duplicate {k + 1}-gram; "
                 "each n-gram may appear once"
             )
-        b0, b1 = int(base[k]), int(base[k + 1])
-        SW = W[perm]
-        sorted_words.append(SW)
-        perms.append(perm)
-        lw[b0:b1] = SW[:, k]
-        logprob[b0:b1] = o.logprob[perm]
-        backoff[b0:b1] = o.backoff[perm]
-        if k == 0:
-            uni[SW[:, 0]] = np.arange(b0, b1)
-        else:
-            parents = skey // M  # global node ids of level k-1, non-decreasing
-            pb0, pb1 = int(base[k - 1]), int(base[k])
-            cnt = np.bincount(parents - pb0, minlength=pb1 - pb0)
-            ends = np.cumsum(cnt) + b0
-            ch_hi[pb0:pb1] = ends
-            ch_lo[pb0:pb1] = ends - cnt
-        del key, skey
-    del words
-
-    # longest existing proper suffix of every node (level 0: none)
-    suffix = np.full(total, -1, dtype=np.int64)
-    for k in range(1, n):
-        b0, b1 = int(base[k]), int(base[k + 1])
-        longest_suffix(sorted_words[k], k + 1, uni, ch_lo, ch_hi, lw, suffix[b0:b1])
-        bad = np.nonzero(suffix[b0:b1] < 0)[0]
-        if bad.size:
-            r = int(bad[0])
-            raise InputError(
-                f"ARPA file {arpa.path}, line {_line(arpa, k, perms[k], r)}: a word of this {k + 1}-gram has no "
-                "unigram entry; every word must be listed in \\1-grams:"
-            )
-
-    # states: contexts (levels 0..n-2) with an extension or a non-zero back-off, not ending in </s>
-    ctx_end = int(base[n - 1])  # nodes [0, ctx_end) can be contexts
-    has_ext = ch_hi[:ctx_end] > ch_lo[:ctx_end]
-    is_state = (has_ext | (backoff[:ctx_end] != 0)) & (lw[:ctx_end] != V + 2)
-    state_of = np.full(ctx_end, -1, dtype=np.int64)
-    state_nodes = np.nonzero(is_state)[0]
-    state_of[state_nodes] = np.arange(1, len(state_nodes) + 1)
-    S = len(state_nodes) + 1
-    # tgt[node]: the state reached after the n-gram `node` (own state or longest suffix state)
-    tgt = np.zeros(total, dtype=np.int64)
-    for k in range(n):
-        b0, b1 = int(base[k]), int(base[k + 1])
-        inherited = tgt[suffix[b0:b1]] if k > 0 else np.zeros(b1 - b0, dtype=np.int64)
+        lw[b0:b1] = W[perm, k]
+        lp[b0:b1] = o.logprob[perm]
         if k < n - 1:
-            own = state_of[b0:b1]
-            tgt[b0:b1] = np.where(own >= 0, own, inherited)
+            bo[b0:b1] = o.backoff[perm]
+        if k == 0:
+            uni[lw[b0:b1]] = np.arange(b0, b1, dtype=np.int32)
         else:
-            tgt[b0:b1] = inherited
+            key //= M  # parent node ids, non-decreasing
+            cnt = np.bincount(key - base[k - 1], minlength=base[k] - base[k - 1])
+            np.cumsum(cnt, out=cnt)
+            ch_hi[base[k - 1]:base[k]] = cnt + b0
+            ch_lo[base[k - 1] + 1:base[k]] = ch_hi[base[k - 1]:base[k] - 1]
+            ch_lo[base[k - 1]] = b0
+            del cnt
+        del key
+        suf = None
+        if k > 0:
+            suf = np.empty(b1 - b0, dtype=np.int32)
+            longest_suffix(W, k + 1, uni, ch_lo, ch_hi, lw, suf)
+            bad = np.flatnonzero(suf < 0)
+            if bad.size:
+                raise InputError(
+                    f"ARPA file {arpa.path}, line {o.first_line + int(bad[0])}: a word of this {k + 1}-gram has no "
+                    "unigram entry; every word must be listed in \\1-grams:"
+                )
+            suf = suf[perm]
+        del perm, W
+        if consume:
+            o.words = o.logprob = o.backoff = None
+        if k >= 1:
+            finalize_level(k - 1, suf_prev)
+        suf_prev = suf
+    finalize_level(n - 1, suf_prev)
+    del suf_prev
+    S = n_states
+    backoff_next = np.concatenate(bo_next_parts)
+    backoff_cost = np.concatenate(bo_cost_parts)
+    del bo, bo_next_parts, bo_cost_parts
 
-    backoff_next = np.full(S, -1, dtype=np.int32)
-    backoff_cost = np.zeros(S, dtype=np.float32)
-    sn_suffix = suffix[state_nodes]
-    backoff_next[1:] = np.where(sn_suffix >= 0, tgt[np.maximum(sn_suffix, 0)], 0)
-    backoff_cost[1:] = -LN10 * backoff[state_nodes].astype(np.float64)
+    # arcs: null state (all V labels), then the children of each level's states, in state order
+    def parent_state(k: int) -> np.ndarray:
+        pb0, pb1 = base[k - 1], base[k]
+        return np.repeat(state_of[pb0:pb1], ch_hi[pb0:pb1] - ch_lo[pb0:pb1])
 
-    # arcs of the null state: every label 1..V
-    uni_nodes = np.arange(int(base[1]))
-    tok = lw[uni_nodes] <= V
-    null_cost = np.full(V, unk_cost, dtype=np.float32)
-    null_next = np.zeros(V, dtype=np.int32)
-    null_cost[lw[uni_nodes[tok]] - 1] = -LN10 * logprob[uni_nodes[tok]].astype(np.float64)
-    null_next[lw[uni_nodes[tok]] - 1] = tgt[uni_nodes[tok]]
-    label_parts = [np.arange(1, V + 1, dtype=np.int32)]
-    cost_parts = [null_cost]
-    next_parts = [null_next]
+    n_arcs = V
+    for k in range(1, n):
+        n_arcs += int(np.count_nonzero((lw[base[k]:base[k + 1]] <= V) & (parent_state(k) >= 0)))
+    arc_label = np.empty(n_arcs, dtype=np.int32)
+    arc_cost = np.empty(n_arcs, dtype=np.float32)
+    arc_next = np.empty(n_arcs, dtype=np.int32)
+    arc_label[:V] = np.arange(1, V + 1, dtype=np.int32)
+    arc_cost[:V] = unk_cost
+    arc_next[:V] = 0
+    u = np.arange(base[1])
+    u = u[lw[u] <= V]
+    arc_cost[lw[u] - 1] = _neg_ln(lp[u])
+    arc_next[lw[u] - 1] = tgt[u]
     src_count = np.zeros(S, dtype=np.int64)
     src_count[0] = V
-    final_explicit = np.full(S, np.nan, dtype=np.float64)
-
-    for k in range(1, n):  # arcs from level k-1 states = level k nodes
-        b0, b1 = int(base[k]), int(base[k + 1])
-        node = np.arange(b0, b1)
-        parent_state = state_of[sorted_words_parent(sorted_words[k], b0, b1, k, base, ch_lo, ch_hi)]
+    final_explicit = np.full(S, np.nan, dtype=np.float32)
+    pos = V
+    for k in range(1, n):
+        b0, b1 = base[k], base[k + 1]
+        ps = parent_state(k)
         w = lw[b0:b1]
-        keep = (w <= V) & (parent_state >= 0)
-        eos = (w == V + 2) & (parent_state >= 0)
-        final_explicit[parent_state[eos]] = -LN10 * logprob[node[eos]].astype(np.float64)
-        label_parts.append(w[keep].astype(np.int32))
-        cost_parts.append((-LN10 * logprob[node[keep]].astype(np.float64)).astype(np.float32))
-        next_parts.append(tgt[node[keep]].astype(np.int32))
-        src_count += np.bincount(parent_state[keep], minlength=S)
-
+        keep = (w <= V) & (ps >= 0)
+        m = int(np.count_nonzero(keep))
+        arc_label[pos:pos + m] = w[keep]
+        arc_cost[pos:pos + m] = _neg_ln(lp[b0:b1][keep])
+        arc_next[pos:pos + m] = tgt[b0:b1][keep]
+        pos += m
+        src_count += np.bincount(ps[keep], minlength=S)
+        eos = (w == EOSW) & (ps >= 0)
+        final_explicit[ps[eos]] = _neg_ln(lp[b0:b1][eos])
+        del ps, keep, eos, w
     state_offsets = np.zeros(S + 1, dtype=np.int64)
     np.cumsum(src_count, out=state_offsets[1:])
-    arc_label = np.concatenate(label_parts)
-    arc_cost = np.concatenate(cost_parts).astype(np.float32, copy=False)
-    arc_next = np.concatenate(next_parts)
-    del label_parts, cost_parts, next_parts
 
-    # exact end-of-sentence cost per state (back-off resolved; states are in level order)
-    eos_uni = uni[V + 2]
-    final_cost = np.empty(S, dtype=np.float64)
-    final_cost[0] = -LN10 * float(logprob[eos_uni]) if eos_uni >= 0 else math.inf
-    for k in range(0, n - 1):
-        sel = np.nonzero((state_nodes >= base[k]) & (state_nodes < base[k + 1]))[0] + 1
-        fe = final_explicit[sel]
-        final_cost[sel] = np.where(np.isnan(fe), backoff_cost[sel] + final_cost[backoff_next[sel]], fe)
+    # exact end-of-sentence cost per state (back-off resolved; back-off targets are on lower levels)
+    final_cost = np.empty(S, dtype=np.float32)
+    eos_uni = uni[EOSW]
+    final_cost[0] = _neg_ln(lp[eos_uni]) if eos_uni >= 0 else np.inf
+    for s0, s1 in level_states[1:]:
+        fe = final_explicit[s0:s1]
+        final_cost[s0:s1] = np.where(np.isnan(fe), backoff_cost[s0:s1] + final_cost[backoff_next[s0:s1]], fe)
 
-    bos_node = uni[V + 1]
-    start = int(tgt[bos_node]) if bos_node >= 0 else 0
-    unk_node = uni[V + 3]
+    bos_node, unk_node = uni[BOSW], uni[UNKW]
     return dict(
         order=n,
         vocab_size=V,
@@ -229,17 +244,10 @@ def arpa_arrays_to_csr(arpa: Arpa, vocab_size: int | None = None, unk_cost: floa
         arc_next=arc_next,
         backoff_next=backoff_next,
         backoff_cost=backoff_cost,
-        start=start,
+        start=int(tgt[bos_node]) if bos_node >= 0 else 0,
         unigram=0,
-        final_cost=final_cost.astype(np.float32),
+        final_cost=final_cost,
         unk_cost=float(unk_cost),
-        unk_arpa_cost=float(-LN10 * logprob[unk_node]) if unk_node >= 0 else math.nan,
+        unk_arpa_cost=float(_neg_ln(lp[unk_node])) if unk_node >= 0 else math.nan,
         counts=list(counts),
     )
-
-
-def sorted_words_parent(SW, b0, b1, k, base, ch_lo, ch_hi) -> np.ndarray:
-    """Parent node (level k-1) of each level-k node: children ranges are contiguous, so repeat."""
-    pb0, pb1 = int(base[k - 1]), int(base[k])
-    cnt = ch_hi[pb0:pb1] - ch_lo[pb0:pb1]
-    return np.repeat(np.arange(pb0, pb1), cnt)

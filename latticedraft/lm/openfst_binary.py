@@ -101,7 +101,7 @@ def write_acceptor(
     eps_next: np.ndarray,
     eps_cost: np.ndarray,
     properties: int,
-    block_arcs: int = 1 << 20,
+    block_arcs: int = 1 << 18,
 ) -> int:
     """Write a tropical acceptor to the open binary file ``out``; returns bytes written.
 
@@ -113,8 +113,8 @@ def write_acceptor(
     S = len(final)
     has_eps = (eps_next >= 0).astype(np.int64)
     n_out = np.diff(state_offsets) + has_eps  # arcs written per state
-    total_arcs = int(n_out.sum())
-    written = out.write(header_bytes(properties, start, S, total_arcs))
+    # OpenFst's VectorFst leaves the header's arc count at 0 (readers count arcs themselves)
+    written = out.write(header_bytes(properties, start, S, 0))
     s0 = 0
     while s0 < S:
         # pick a block of states holding about block_arcs arcs

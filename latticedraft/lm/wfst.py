@@ -82,7 +82,8 @@ class NgramFst:
         from latticedraft.lm.fst_convert import arpa_arrays_to_csr
 
         arpa = read_arpa(path)
-        d = arpa_arrays_to_csr(arpa, vocab_size=vocab_size, unk_cost=unk_cost)
+        d = arpa_arrays_to_csr(arpa, vocab_size=vocab_size, unk_cost=unk_cost, consume=True)
+        del arpa
         d.pop("counts")
         return cls(**d)
 

@@ -1,0 +1,225 @@
+"""``lm build`` end to end: KenLM agreement, manifest, refusal to overwrite, and every bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import shutil
+import stat
+import subprocess
+
+import kenlm
+import numpy as np
+import pytest
+
+from latticedraft.errors import BuildError, InputError, ModelError
+from latticedraft.lm.build import BuildOptions, build
+from latticedraft.lm.ngram import NgramLM
+from latticedraft.paths import kenlm_tool
+from tests.lm.conftest import synthetic_text
+
+LN10 = math.log(10)
+
+
+def _opts(corpus, out, **kw) -> BuildOptions:
+    kw.setdefault("train_tokenizer", 300)
+    kw.setdefault("order", 3)
+    return BuildOptions(corpus=[str(c) for c in (corpus if isinstance(corpus, list) else [corpus])], out=out,
+                        memory="64M", progress=False, **kw)
+
+
+def test_kenlm_binary_agrees_with_ngramlm(tiny_build):
+    m = json.loads((tiny_build / "manifest.json").read_text())
+    assert m["order"] == 3 and m["vocab_size"] == 300 and m["lmplz"]["prune"] == [0, 0, 1]
+    assert len(m["ngram_counts"]) == 3 and m["corpus"]["tokens"] > 10000
+    assert m["corpus"]["files"][0]["sha256"] and m["tools"]["kenlm"] and m["timings_s"]["lmplz_s"] > 0
+    model = kenlm.Model(str(tiny_build / "lm.bin"))
+    lm = NgramLM.load(tiny_build)
+    lm_k = NgramLM.load(tiny_build, unk_cost="kenlm")
+    arpa_vocab = {int(l.split("\t")[1]) for l in open(tiny_build / "lm.arpa") if l.count("\t") >= 1
+                  and l.split("\t")[1].strip().isdigit()}
+    rng = np.random.default_rng(0)
+    for i in range(50):
+        ids = rng.integers(0, 300, size=int(rng.integers(1, 40))).tolist()
+        ken = np.array([p for p, _, _ in model.full_scores(" ".join(map(str, ids)), bos=True, eos=False)]) * LN10
+        np.testing.assert_allclose(lm_k.score(ids), ken, atol=1e-4)
+        seen = np.array([t in arpa_vocab for t in ids])
+        ours = lm.score(ids)
+        np.testing.assert_allclose(ours[seen], ken[seen], atol=1e-4)  # seen ids: identical
+        assert np.all(ours[~seen] < -999)  # unseen ids: Appendix D's 1000 (plus back-offs)
+    # history and incremental state API agree with whole-sentence scoring
+    ids = rng.integers(0, 300, size=20).tolist()
+    whole = lm.score(ids)
+    assert lm.score(ids[5:], history=ids[:5]) == pytest.approx(whole[5:], abs=1e-5)
+    assert lm.logprob(ids[:7], ids[7]) == pytest.approx(whole[7], abs=1e-5)
+
+
+def test_fstinfo_reads_the_build(tiny_build):
+    if shutil.which("fstinfo") is None:
+        pytest.skip("fstinfo (Debian libfst-tools) not installed")
+    out = subprocess.run(["fstinfo", str(tiny_build / "lm.fst")], capture_output=True, text=True, check=True).stdout
+    m = json.loads((tiny_build / "manifest.json").read_text())
+    assert f"# of states                                       {m['fst']['states']}" in out
+    assert "input label sorted                                y" in out
+
+
+def test_second_build_refused_and_leaves_build_intact(tiny_build, corpus_file):
+    before = {p.name: p.stat().st_mtime_ns for p in tiny_build.iterdir()}
+    with pytest.raises(InputError, match="already holds an LM build.*--force"):
+        build(_opts(corpus_file, tiny_build))
+    assert {p.name: p.stat().st_mtime_ns for p in tiny_build.iterdir()} == before
+
+
+def test_force_replaces_and_shared_tokenizer(tmp_path, tiny_build, corpus_file):
+    out = tmp_path / "lm"
+    build(_opts(corpus_file, out, order=2, train_tokenizer=None, tokenizer=str(tiny_build / "tokenizer.json")))
+    m1 = json.loads((out / "manifest.json").read_text())
+    assert m1["tokenizer"]["trained"] is False and m1["order"] == 2
+    build(_opts(corpus_file, out, order=4, train_tokenizer=None, tokenizer=str(tiny_build), force=True))
+    m2 = json.loads((out / "manifest.json").read_text())
+    assert m2["order"] == 4 and m2["tokenizer"]["fingerprint"] == m1["tokenizer"]["fingerprint"]
+    assert sorted(p.name for p in out.iterdir()) == ["lm.arpa", "lm.bin", "lm.fst", "lm.npz", "manifest.json",
+                                                     "tokenizer.json"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporaries left
+    NgramLM.load(out, tokenizer=tiny_build / "tokenizer.json")  # same vocabulary: accepted
+
+
+def test_vocabulary_mismatch_at_query_time(tiny_build, tmp_path, corpus_file):
+    from latticedraft.lm.tokenizer import train_tokenizer
+
+    other = train_tokenizer([corpus_file], 280)
+    with pytest.raises(ModelError, match="different vocabulary.*rebuild the LM"):
+        NgramLM.load(tiny_build, tokenizer=other)
+
+
+def test_gzip_corpus_and_discount_fallback(tmp_path):
+    gz = tmp_path / "tiny.txt.gz"
+    gz.write_bytes(gzip.compress(b"a b c d\n\ne f g h\n"))
+    m = build(_opts(gz, tmp_path / "lm", train_tokenizer=257, order=3))
+    assert m["lmplz"]["discount_fallback"] is True  # lmplz asked for it on this tiny corpus
+    assert m["corpus"]["tokens"] >= 8
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+def test_missing_corpus(tmp_path):
+    with pytest.raises(InputError, match="nope.txt does not exist"):
+        build(_opts(tmp_path / "nope.txt", tmp_path / "lm"))
+    assert not (tmp_path / "lm").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can read any file")
+def test_unreadable_corpus(tmp_path):
+    p = tmp_path / "c.txt"
+    p.write_text("x y z\n")
+    p.chmod(0)
+    with pytest.raises(InputError, match="not readable"):
+        build(_opts(p, tmp_path / "lm"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="needs Linux /proc")
+def test_corpus_read_error(tmp_path):
+    """/proc/self/mem is a file whose read fails with EIO, even for root."""
+    with pytest.raises(InputError, match="/proc/self/mem cannot be read"):
+        build(_opts("/proc/self/mem", tmp_path / "lm"))
+    assert not (tmp_path / "lm").exists()
+
+
+def test_unreadable_corpus_gz(tmp_path):
+    p = tmp_path / "c.txt.gz"
+    p.write_bytes(b"this is not gzip")
+    with pytest.raises(InputError, match=r"c.txt.gz cannot be read"):
+        build(_opts(p, tmp_path / "lm"))
+
+
+def test_empty_corpus(tmp_path):
+    p = tmp_path / "empty.txt"
+    p.write_text("\n\n   \n")
+    with pytest.raises(InputError, match="holds no text"):
+        build(_opts(p, tmp_path / "lm", train_tokenizer=257))
+    assert not (tmp_path / "lm").exists()
+
+
+def test_corpus_shorter_than_order(tmp_path):
+    p = tmp_path / "short.txt"
+    p.write_text("ab")
+    with pytest.raises(InputError, match="only 2 tokens, fewer than --order 3"):
+        build(_opts(p, tmp_path / "lm", train_tokenizer=257))
+
+
+def test_non_utf8_names_file_and_offset(tmp_path, corpus_file):
+    p = tmp_path / "latin1.txt"
+    p.write_bytes("caf\u00e9 ok\n".encode("latin-1"))
+    with pytest.raises(InputError, match=r"latin1.txt is not UTF-8: invalid byte 0xe9 at byte offset 3.*--encoding-errors replace"):
+        build(_opts(p, tmp_path / "lm", train_tokenizer=257))
+    p.write_bytes(corpus_file.read_bytes()[:20000] + b"\xff\xfe tail\n")
+    m = build(_opts(p, tmp_path / "lm2", train_tokenizer=260, encoding_errors="replace"))
+    assert m["corpus"]["encoding_errors"] == "replace"
+
+
+@pytest.mark.parametrize("order", [1, 7])
+def test_order_out_of_range(tmp_path, corpus_file, order):
+    with pytest.raises(InputError, match=rf"--order {order} is outside 2..6"):
+        build(_opts(corpus_file, tmp_path / "lm", order=order))
+
+
+def test_bad_prune(tmp_path, corpus_file):
+    with pytest.raises(InputError, match="never decrease"):
+        build(_opts(corpus_file, tmp_path / "lm", prune=[0, 2, 1]))
+
+
+def test_non_empty_directory_without_build(tmp_path, corpus_file):
+    out = tmp_path / "lm"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="not empty and holds no LM build"):
+        build(_opts(corpus_file, out))
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def _fake_lmplz(tmp_path, monkeypatch, script: str):
+    """Put a fake lmplz (shell script) first; the real build_binary beside it."""
+    d = tmp_path / "fakebin"
+    d.mkdir()
+    f = d / "lmplz"
+    f.write_text("#!/bin/sh\n" + script + "\n")
+    f.chmod(f.stat().st_mode | stat.S_IEXEC)
+    (d / "build_binary").symlink_to(kenlm_tool("build_binary"))
+    monkeypatch.setenv("LATTICEDRAFT_KENLM_BIN", str(d))
+
+
+@pytest.mark.parametrize("script,msg", [
+    ("kill -9 $$", r"lmplz .* was killed by signal SIGKILL \(SIGKILL usually means .*out-of-memory"),
+    ("echo 'std::bad_alloc' >&2; exit 1", r"lmplz .* ran out of memory with --memory 64M"),
+    ("echo 'util::ErrnoException: No space left on device in /tmp/x' >&2; exit 1",
+     r"lmplz .* ran out of temporary disk space"),
+])
+def test_lmplz_failures_name_the_step_and_leave_no_build(tmp_path, monkeypatch, corpus_file, script, msg):
+    _fake_lmplz(tmp_path, monkeypatch, script)
+    out = tmp_path / "lm"
+    with pytest.raises(BuildError, match=msg) as e:
+        build(_opts(corpus_file, out))
+    assert "\n" not in str(e.value)
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".lm")]  # work directory removed
+
+
+def test_real_lmplz_with_too_little_memory(tmp_path, corpus_file):
+    out = tmp_path / "lm"
+    with pytest.raises(BuildError, match="lmplz .* needs more sorting memory"):
+        build(BuildOptions(corpus=[str(corpus_file)], out=out, order=3, train_tokenizer=300, memory="1K", progress=False))
+    assert not out.exists()
+
+
+def test_missing_temp_dir(tmp_path, corpus_file):
+    with pytest.raises(InputError, match="--temp-dir .* is not an existing directory"):
+        build(_opts(corpus_file, tmp_path / "lm", temp_dir=tmp_path / "nope"))
+
+
+def test_fewer_ngrams_than_tokens_is_fine_for_tiny_text(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_text(synthetic_text(30, seed=5))
+    m = build(_opts(p, tmp_path / "lm", train_tokenizer=260, order=5))
+    assert len(m["ngram_counts"]) == 5
