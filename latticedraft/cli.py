@@ -34,6 +34,7 @@ def _optim_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     g.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
     g.add_argument("--seed", type=int, default=0, help="seed for initialisation and batch order (default 0)")
     g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same settings required)")
+    g.add_argument("--stop-after", type=int, default=None, help="stop after N steps this run, leaving a checkpoint to --resume")
     g.add_argument("--save-dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="dtype of the saved weights")
     g.add_argument("--device", default=None, help="torch device (default cpu)")
     g.add_argument("--encoding-errors", default="strict", choices=["strict", "replace"], help="on non-UTF-8 corpus bytes")
@@ -54,7 +55,10 @@ def _cmd_train_lm(a) -> int:
     res = train_lm(a.tokenizer, resolve_corpus(a.corpus), a.out,
                    LMArch(n_embd=a.n_embd, n_layer=a.n_layer, n_head=a.n_head, n_positions=a.n_positions),
                    _optim_config(a), resume=a.resume, save_dtype=a.save_dtype, device=a.device,
-                   encoding_errors=a.encoding_errors)
+                   encoding_errors=a.encoding_errors, stop_after=a.stop_after)
+    if not res.finished:
+        print(f"stopped at step {res.steps}; continue with --resume")
+        return 0
     print(f"trained {res.steps} steps ({res.tokens} tokens, {res.seconds} s); final loss "
           + " ".join(f"{k}={v:.4f}" for k, v in res.losses.items()) + f"; saved to {res.out_dir}")
     return 0
@@ -67,7 +71,10 @@ def _cmd_train_heads(a) -> int:
     res = train_heads(a.base, resolve_corpus(a.corpus), a.out, a.heads, a.kind, _optim_config(a), lambdas=a.lambdas,
                       unfreeze=a.unfreeze, lr_base=a.lr_base, lr_stem=a.lr_stem, ffn_dim=a.ffn_dim,
                       tokenizer_path=a.tokenizer, resume=a.resume, save_dtype=a.save_dtype, device=a.device,
-                      encoding_errors=a.encoding_errors)
+                      encoding_errors=a.encoding_errors, stop_after=a.stop_after)
+    if not res.finished:
+        print(f"stopped at step {res.steps}; continue with --resume")
+        return 0
     print(f"trained {res.steps} steps ({res.tokens} tokens, {res.seconds} s); final loss per head "
           + " ".join(f"{k}={v:.4f}" for k, v in res.losses.items()) + f"; saved to {res.out_dir}")
     return 0

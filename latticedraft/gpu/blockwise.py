@@ -35,7 +35,7 @@ from torch import nn
 
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu import hf
-from latticedraft.gpu.heads import DynamoHeads, SternHeads, check_weight_transfer
+from latticedraft.gpu.heads import DynamoHeads, SternHeads, check_weight_transfer, scale_grad
 
 CONFIG_NAME = "heads_config.json"
 WEIGHTS_NAME = "heads.safetensors"
@@ -221,9 +221,17 @@ class BlockwiseModel(nn.Module):
             return list(self.heads.parameters())
         return list(self.heads.head_parameters())
 
-    def unembed(self, states: torch.Tensor) -> torch.Tensor:
-        """``[..., H] -> [..., V]`` with the base model's (tied) output embedding."""
-        return self.base.get_output_embeddings()(states)
+    def unembed(self, states: torch.Tensor, grad_scale: float = 1.0) -> torch.Tensor:
+        """``[..., H] -> [..., V]`` with the base model's (tied) output embedding.
+
+        ``grad_scale`` multiplies the gradient reaching the embedding's weights through this call
+        (training with DynaMo's LR_MB); at 1 this is the base's own module call."""
+        lm = self.base.get_output_embeddings()
+        if grad_scale == 1.0:
+            return lm(states)
+        bias = getattr(lm, "bias", None)
+        return torch.nn.functional.linear(states, scale_grad(lm.weight, grad_scale),
+                                          None if bias is None else scale_grad(bias, grad_scale))
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache: bool = False, heads: bool = True, **base_kwargs) -> BlockwiseOutput:

@@ -19,7 +19,7 @@ def perplexity(model, windows: np.ndarray, batch_size: int = 8) -> float:
     nll, count = 0.0, 0
     for i in tqdm(range(0, len(windows), batch_size), desc="perplexity", disable=not progress_enabled()):
         b = torch.from_numpy(windows[i : i + batch_size]).to(next(model.parameters()).device)
-        logits = model(input_ids=b).logits[:, :-1].float()
+        logits = model(input_ids=b, attention_mask=torch.ones_like(b)).logits[:, :-1].float()
         nll += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), b[:, 1:].reshape(-1), reduction="sum").item()
         count += b[:, 1:].numel()
     return math.exp(nll / count)

@@ -28,6 +28,42 @@ from latticedraft.errors import ModelError
 from latticedraft.gpu import hf
 
 
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.scale, None
+
+
+def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Identity in the forward pass; multiplies the gradient by ``scale`` in the backward pass."""
+    return x if scale == 1.0 else _ScaleGrad.apply(x, scale)
+
+
+class _SharedNorm(nn.Module):
+    """The base's final norm used inside a head block without registering it twice.
+
+    ``grad_scale`` (default 1: plain call, bit-identical) multiplies the gradient that the head
+    sends into the norm's parameters (DynaMo's LR_MB / LR_B when the base is unfrozen).
+    """
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self._norm = [norm]
+        self.grad_scale = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self._norm[0]
+        if self.grad_scale == 1.0:
+            return norm(x)
+        params = {n: scale_grad(p, self.grad_scale) for n, p in norm.named_parameters()}
+        return torch.func.functional_call(norm, params, (x,))
+
+
 class SternHead(nn.Module):
     """One residual FFN: ``[..., H] -> [..., H]``."""
 
@@ -101,10 +137,15 @@ class DynamoHeads(nn.Module):
                     m.weight.requires_grad_(False)
             blocks.append(head)
         self.blocks = nn.ModuleList(blocks)
-        # Shared final norm: the same module object as the base's (not registered twice in saves).
-        self._shared_norm = [getattr(bb, self.norm_name)]
+        # Shared final norm: the base's own module, called through a wrapper that does not register it.
+        shared = getattr(bb, self.norm_name)
         for head in self.blocks:
-            setattr(head, self.norm_name, self._shared_norm[0])
+            setattr(head, self.norm_name, _SharedNorm(shared))
+
+    def set_base_grad_scale(self, scale: float) -> None:
+        """Scale the gradient the heads send into the shared final norm (see ``_SharedNorm``)."""
+        for head in self.blocks:
+            getattr(head, self.norm_name).grad_scale = scale
 
     def forward(self, stem: torch.Tensor, attention_mask=None, position_ids=None, caches=None, use_cache=False):
         if use_cache and caches is None:

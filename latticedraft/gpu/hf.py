@@ -48,7 +48,12 @@ def check_model_dir(path: str | Path) -> Path:
 def load_causal_lm(path: str | Path, device=None, dtype=None) -> nn.Module:
     """``AutoModelForCausalLM.from_pretrained(path)`` in eval mode, float32 unless ``dtype`` says otherwise."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    from latticedraft.gpu.data import progress_enabled
+
+    if not progress_enabled():
+        hf_logging.disable_progress_bar()
     p = check_model_dir(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(p), dtype=resolve_dtype(dtype))

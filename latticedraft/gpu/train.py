@@ -11,8 +11,9 @@ head ``h`` predicting token ``t+h`` from position ``t``. By default the base mod
 only heads 2..h learn. ``unfreeze=True`` trains the base too, with DynaMo's three learning rates:
 ``lr_base`` (LR_B) for the base's parameters, ``lr`` (LR_M) for the new heads, and ``lr_stem``
 (LR_MB) for the gradient that heads 2..h send into the base: it is multiplied by
-``lr_stem / lr_base`` where it enters the trunk, so under Adam's normalisation it weighs that
-much against the base's own next-token gradient.
+``lr_stem / lr_base`` wherever it enters a base parameter (the trunk state the heads read, the
+shared output embedding, DynaMo's shared final norm), so the base's update is
+``LR_B · (g_own + (LR_MB / LR_B) · g_heads)`` before Adam's normalisation.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tqdm import tqdm
 
 from latticedraft.errors import BuildError, InputError, ModelError
 from latticedraft.gpu.data import TokenWindows, encode_files, progress_enabled
+from latticedraft.gpu.heads import scale_grad
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -77,6 +79,7 @@ class TrainResult:
     resumed_from: int
     losses: dict[str, float]
     history: list[dict] = field(default_factory=list, repr=False)
+    finished: bool = True  # False when ``stop_after`` ended the run early (only the checkpoint was written)
 
 
 def cosine_lr_lambda(steps: int, warmup_frac: float) -> Callable[[int], float]:
@@ -108,12 +111,14 @@ def run_training(
     resume: bool = False,
     desc: str = "train",
     device=None,
+    stop_after: int | None = None,
 ) -> TrainResult:
     """The shared loop. ``loss_fn(batch int64[b, s]) -> (scalar loss, {name: float})``.
 
     ``module``'s trainable state (``requires_grad`` parameters) goes into the checkpoint
     ``out_dir/checkpoint.pt`` with the optimizer, the schedule and ``config_key``; resuming from a
-    checkpoint whose ``config_key`` differs raises ``ModelError``.
+    checkpoint whose ``config_key`` differs raises ``ModelError``. ``stop_after`` ends this run after
+    that many steps with a checkpoint to ``resume`` from (time-sliced training on a shared machine).
     """
     cfg.validate()
     out_dir = Path(out_dir)
@@ -183,16 +188,21 @@ def run_training(
         opt.zero_grad(set_to_none=True)
         history.append({"step": step + 1, **{k: round(v, 5) for k, v in sums.items()}})
         bar.set_postfix({k: f"{v:.3f}" for k, v in sums.items()}, refresh=False)
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+        stopping = stop_after is not None and step + 1 - start >= stop_after
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or stopping:
             save(step + 1)
             last_good = step + 1
+        if stopping:
+            break
     bar.close()
     module.eval()
     tail = history[-max(1, len(history) // 10):]
     losses = {k: float(np.mean([h[k] for h in tail])) for k in tail[0] if k != "step"} if tail else {}
+    done = history[-1]["step"] if history else start
     return TrainResult(
-        out_dir=str(out_dir), steps=cfg.steps, tokens=(cfg.steps - start) * cfg.batch_size * cfg.grad_accum * cfg.seq_len,
+        out_dir=str(out_dir), steps=done, tokens=(done - start) * cfg.batch_size * cfg.grad_accum * cfg.seq_len,
         seconds=round(time.time() - t0, 1), resumed_from=start, losses=losses, history=history,
+        finished=done == cfg.steps,
     )
 
 
@@ -249,6 +259,7 @@ def train_lm(
     keep_checkpoint: bool = False,
     device=None,
     encoding_errors: str = "strict",
+    stop_after: int | None = None,
 ) -> TrainResult:
     """Train a GPT-2-style causal LM on ``corpus`` and save it (HF format + ``tokenizer.json`` +
     ``training.json``) into ``out_dir``, loadable by ``AutoModelForCausalLM.from_pretrained``."""
@@ -278,7 +289,10 @@ def train_lm(
            "tokenizer": fingerprint(tok), "tokens": int(len(tokens))}
     out = Path(out_dir)
     res = run_training(model, [{"params": [p for p in model.parameters() if p.requires_grad]}],
-                       lambda b: _lm_loss(model, b), windows, cfg, out, key, resume, desc="train lm", device=device)
+                       lambda b: _lm_loss(model, b), windows, cfg, out, key, resume, desc="train lm", device=device,
+                       stop_after=stop_after)
+    if not res.finished:
+        return res
 
     def write(stage: Path) -> None:
         model.to(resolve_dtype(save_dtype)).save_pretrained(stage)
@@ -299,19 +313,6 @@ def train_lm(
 # Multi-token heads
 
 
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; backward multiplies the gradient by ``scale`` (LR_MB / LR_B at the stem)."""
-
-    @staticmethod
-    def forward(ctx, x, scale):
-        ctx.scale = scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * ctx.scale, None
-
-
 def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: float = 1.0) -> list[torch.Tensor]:
     """Mean cross-entropy of every head on ``batch`` (int64[b, s]): element ``j-1`` is head ``j`` predicting
     token ``t+j`` from position ``t`` (positions ``t < s - j``). Head 1's loss is the base model's own."""
@@ -321,16 +322,21 @@ def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: f
     with torch.set_grad_enabled(not frozen and torch.is_grad_enabled()):
         out = bm.base(input_ids=batch, output_hidden_states=True)
     feed = out.hidden_states[-2] if bm.kind == "dynamo" else out.hidden_states[-1]
-    if frozen:
-        feed = feed.detach()
-    elif stem_grad_scale != 1.0:
-        feed = _ScaleGrad.apply(feed, stem_grad_scale)
-    states = bm.heads(feed)[0] if bm.kind == "dynamo" else bm.heads(feed)  # [b, s, h-1, H]
+    scale = 1.0 if frozen else stem_grad_scale
+    feed = feed.detach() if frozen else scale_grad(feed, scale)
+    if bm.kind == "dynamo":
+        bm.heads.set_base_grad_scale(scale)
+        try:
+            states = bm.heads(feed)[0]  # [b, s, h-1, H]
+        finally:
+            bm.heads.set_base_grad_scale(1.0)
+    else:
+        states = bm.heads(feed)
     ce = torch.nn.functional.cross_entropy
     v = out.logits.shape[-1]
     losses = [ce(out.logits[:, :-1].float().reshape(-1, v), batch[:, 1:].reshape(-1))]
     for j in range(2, bm.num_heads + 1):
-        logits = bm.unembed(states[:, : s - j, j - 2]).float()
+        logits = bm.unembed(states[:, : s - j, j - 2], grad_scale=scale).float()
         losses.append(ce(logits.reshape(-1, v), batch[:, j:].reshape(-1)))
     return losses
 
@@ -353,6 +359,7 @@ def train_heads(
     keep_checkpoint: bool = False,
     device=None,
     encoding_errors: str = "strict",
+    stop_after: int | None = None,
 ) -> TrainResult:
     """Train heads 2..h of a ``BlockwiseModel`` on ``base_dir`` and save them into ``out_dir``.
 
@@ -408,7 +415,10 @@ def train_heads(
         return total, {f"h{j + 1}": l.item() for j, l in enumerate(losses)}
 
     out = Path(out_dir)
-    res = run_training(bm, groups, loss_fn, windows, cfg, out, key, resume, desc=f"train {kind} heads", device=device)
+    res = run_training(bm, groups, loss_fn, windows, cfg, out, key, resume, desc=f"train {kind} heads", device=device,
+                       stop_after=stop_after)
+    if not res.finished:
+        return res
 
     def write(stage: Path) -> None:
         bm.heads.to(resolve_dtype(save_dtype))
