@@ -292,14 +292,17 @@ def model_heads(model) -> int:
 
 def generate(model, prompts: Sequence[Sequence[int]], config: DynamoConfig | None = None, cooc=None,
              max_new_tokens: int = 64, seed: int = 0, eos_token_id: int | None = None,
-             pad_token_id: int = 0, tokenizer_fingerprint: str | None = None,
+             pad_token_id: int = 0, tokenizer_fingerprint: str | None = None, use_cache: bool = True,
              progress: bool | None = None) -> list[DynamoResult]:
     """Sample continuations of ``prompts`` (lists of ids) with DynaMo, all rows in each model call.
 
-    ``model``: a ``BlockwiseModel`` (``forward(input_ids, attention_mask, position_ids, heads=True)``
-    returning ``head_logits [b, s, h, V]``). Each call recomputes the whole left-padded batch
-    (no KV cache), so the per-row call count is exactly the number of steps. Rows stop at
-    ``eos_token_id`` (kept) or after ``max_new_tokens`` (the last step is truncated).
+    ``model``: a ``BlockwiseModel`` (``forward(input_ids, attention_mask, position_ids,
+    past_key_values, use_cache, heads=True)`` returning ``head_logits [b, s, h, V]``). Rows emit
+    different numbers of tokens per call; with ``use_cache`` each call feeds every row's new tokens
+    padded to the step's longest (pads are masked out and stay in the KV cache as holes, positions
+    count real tokens only); without it each call recomputes the whole left-padded batch. Either
+    way a row's call count is its number of steps. Rows stop at ``eos_token_id`` (kept) or after
+    ``max_new_tokens`` (the last step is truncated); finished rows leave the batch.
     """
     import torch
 
@@ -308,7 +311,7 @@ def generate(model, prompts: Sequence[Sequence[int]], config: DynamoConfig | Non
     V = _vocab_size(model)
     config.validate(vocab_size=V, num_heads=h)
     n_max = config.n_for(h)
-    if config.max_n is None and n_max > h:
+    if n_max > h:
         raise ModelError(f"the model has {h} heads, fewer than n = {n_max}")
     if config.cooccurrence and config.alpha_c > 0:
         if cooc is None:
@@ -324,37 +327,79 @@ def generate(model, prompts: Sequence[Sequence[int]], config: DynamoConfig | Non
     calls = [0] * len(rows)
     ns: list[list[int]] = [[] for _ in rows]
     rngs = [np.random.default_rng([int(seed), r]) for r in range(len(rows))]
-    active = list(range(len(rows)))
     t0 = time.perf_counter()
     bar = _bar(len(rows) * max_new_tokens, progress)
+
+    def left_pad(seqs):
+        L = max(len(x) for x in seqs)
+        ids = torch.full((len(seqs), L), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), L), dtype=torch.long)
+        for i, x in enumerate(seqs):
+            ids[i, L - len(x):] = torch.tensor(x, dtype=torch.long)
+            mask[i, L - len(x):] = 1
+        return ids, mask
+
+    def emit(r: int, last_logits) -> list[int]:
+        """One DynaMo step for row r; returns the tokens kept (after truncation / EOS)."""
+        dist = step_distribution(last_logits, rows[r] + gen[r], config, cooc, n_max=n_max)
+        toks = sample_from(dist, rngs[r]).tolist()
+        calls[r] += 1
+        ns[r].append(len(toks))
+        toks = toks[: max_new_tokens - len(gen[r])]
+        if eos_token_id is not None and eos_token_id in toks:
+            toks = toks[: toks.index(eos_token_id) + 1]
+        gen[r].extend(toks)
+        bar.update(len(toks))
+        return toks
+
+    def done(r: int) -> bool:
+        return len(gen[r]) >= max_new_tokens or (eos_token_id is not None and bool(gen[r]) and gen[r][-1] == eos_token_id)
+
+    active = list(range(len(rows)))
     with torch.no_grad():
-        while active:
-            seqs = [rows[r] + gen[r] for r in active]
-            L = max(len(s) for s in seqs)
-            ids = torch.full((len(seqs), L), pad_token_id, dtype=torch.long)
-            mask = torch.zeros((len(seqs), L), dtype=torch.long)
-            for i, s in enumerate(seqs):
-                ids[i, L - len(s):] = torch.tensor(s, dtype=torch.long)
-                mask[i, L - len(s):] = 1
+        if not use_cache:
+            while active:
+                ids, mask = left_pad([rows[r] + gen[r] for r in active])
+                pos = (mask.cumsum(-1) - 1).clamp(min=0)
+                out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                            heads=True)
+                last = _as_numpy(out.head_logits[:, -1, :n_max, :])  # [b, n, V]
+                for i, r in enumerate(active):
+                    emit(r, last[i])
+                active = [r for r in active if not done(r)]
+        else:
+            ids, mask = left_pad([rows[r] for r in active])
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device), heads=True)
-            last = _as_numpy(out.head_logits[:, -1, :n_max, :])  # [b, n, V]
-            still = []
-            for i, r in enumerate(active):
-                dist = step_distribution(last[i], seqs[i], config, cooc, n_max=n_max)
-                toks = sample_from(dist, rngs[r]).tolist()
-                calls[r] += 1
-                ns[r].append(len(toks))
-                room = max_new_tokens - len(gen[r])
-                toks = toks[:room]
-                if eos_token_id is not None and eos_token_id in toks:
-                    toks = toks[: toks.index(eos_token_id) + 1]
-                    room = len(toks)
-                gen[r].extend(toks)
-                bar.update(len(toks))
-                if len(gen[r]) < max_new_tokens and not (eos_token_id is not None and toks and toks[-1] == eos_token_id):
-                    still.append(r)
-            active = still
+            mask, nxt = mask.to(device), mask.sum(-1).to(device)  # nxt: next position id per row
+            out = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
+                        use_cache=True, heads=True)
+            cache, at = out.past_key_values, torch.full((len(active),), ids.shape[1] - 1, dtype=torch.long)
+            while True:
+                hl = out.head_logits[torch.arange(len(active)), at.to(device)][:, :n_max]  # [b, n, V]
+                last = _as_numpy(hl)
+                new = [emit(r, last[i]) for i, r in enumerate(active)]
+                keep = [i for i, r in enumerate(active) if not done(r)]
+                if not keep:
+                    break
+                if len(keep) < len(active):
+                    sel = torch.tensor(keep, dtype=torch.long, device=device)
+                    cache.batch_select_indices(sel)
+                    mask, nxt = mask[sel], nxt[sel]
+                    active, new = [active[i] for i in keep], [new[i] for i in keep]
+                m = max(len(t) for t in new)
+                step_ids = torch.full((len(active), m), pad_token_id, dtype=torch.long)
+                step_mask = torch.zeros((len(active), m), dtype=torch.long)
+                for i, t in enumerate(new):
+                    step_ids[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+                    step_mask[i, : len(t)] = 1
+                step_mask = step_mask.to(device)
+                step_pos = nxt[:, None] + torch.arange(m, device=device)[None, :]
+                mask = torch.cat([mask, step_mask], dim=1)
+                nxt = nxt + step_mask.sum(-1)
+                at = torch.tensor([len(t) - 1 for t in new], dtype=torch.long)
+                out = model(input_ids=step_ids.to(device), attention_mask=mask, position_ids=step_pos,
+                            past_key_values=cache, use_cache=True, heads=True)
+                cache = out.past_key_values
     bar.close()
     secs = time.perf_counter() - t0
     return [DynamoResult(rows[r], gen[r], calls[r], ns[r], secs) for r in range(len(rows))]
