@@ -153,3 +153,21 @@ def test_grid_lookup_with_repeated_ids_and_empty_tables(stats):
     assert c3.tolist() == [[[3, 1, 3], [3, 1, 3]]]
     empty = CooccurrenceStats.from_sequences([[1]], vocab_size=3, fingerprint="x")
     assert empty.counts([np.arange(3)] * 3).sum() == 0 and empty.counts([np.arange(3)] * 2).sum() == 0
+
+
+def test_cli_lm_cooccurrence_one_line_errors_and_success(tmp_path, capsys):
+    from latticedraft.cli import main
+
+    assert main(["lm", "cooccurrence", "--lm", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: LM build directory") and "\n" not in err
+    tok = _word_tokenizer(["<unk>", "a", "b"])
+    lm = tmp_path / "lm"
+    lm.mkdir()
+    tok.save(str(lm / "tokenizer.json"))
+    (tmp_path / "c.txt").write_text("a b a b\n")
+    assert main(["lm", "cooccurrence", "--lm", str(lm), "--corpus", str(tmp_path / "c.txt")]) == 0
+    assert "2 distinct triples" in capsys.readouterr().out  # (a b a), (b a b)
+    assert CooccurrenceStats.load(lm).triple_keys.size == 2
+    assert main(["lm", "cooccurrence", "--lm", str(lm), "--corpus", str(tmp_path / "c.txt")]) == 2
+    assert "--force" in capsys.readouterr().err
