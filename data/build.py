@@ -26,10 +26,10 @@ RESCORERS = {
     "rescorer-small": dict(n_embd=64, n_layer=1, n_head=4, n_positions=256),
     "rescorer-medium": dict(n_embd=128, n_layer=2, n_head=4, n_positions=256),
 }
-RESCORER_OPT = dict(steps=250, lr=3e-3, batch_size=16, seq_len=256, weight_decay=0.01, checkpoint_every=50)
+RESCORER_OPT = dict(steps=200, lr=3e-3, batch_size=16, seq_len=256, weight_decay=0.01, checkpoint_every=50)
 HEADS = {
-    "heads-stern": dict(num_heads=8, kind="stern", opt=dict(steps=150, lr=2e-3, batch_size=8, seq_len=256, checkpoint_every=25)),
-    "heads-dynamo": dict(num_heads=3, kind="dynamo", opt=dict(steps=150, lr=1e-3, batch_size=8, seq_len=256, checkpoint_every=25)),
+    "heads-stern": dict(num_heads=8, kind="stern", opt=dict(steps=120, lr=2e-3, batch_size=8, seq_len=256, checkpoint_every=25)),
+    "heads-dynamo": dict(num_heads=3, kind="dynamo", opt=dict(steps=100, lr=1e-3, batch_size=8, seq_len=256, checkpoint_every=25)),
 }
 EVAL_WINDOWS = 96  # held-out windows of 256 tokens scored in the report
 

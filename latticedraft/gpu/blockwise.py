@@ -75,6 +75,12 @@ class BlockwiseCache:
     def caches(self) -> list:
         return [self.base, *self.heads]
 
+    @property
+    def layers(self) -> list:
+        """Every cache layer, base first then each head's: code that edits ``cache.layers[i].keys/values``
+        uniformly (gathering accepted slots, cropping) edits all caches alike."""
+        return [layer for c in self.caches() for layer in c.layers]
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.base.get_seq_length(layer_idx)
 
@@ -214,6 +220,15 @@ class BlockwiseModel(nn.Module):
         os.replace(tmp, path / CONFIG_NAME)
 
     # -- computation -------------------------------------------------------------------------
+
+    def new_cache(self):
+        """An empty cache to pass as ``past_key_values``: a ``DynamicCache`` (stern) or a ``BlockwiseCache`` (dynamo)."""
+        from transformers import DynamicCache
+
+        base = DynamicCache(config=self.base.config)
+        if self.kind == "stern":
+            return base
+        return BlockwiseCache(base, [DynamicCache(config=b.config) for b in self.heads.blocks])
 
     def head_parameters(self):
         """The parameters of heads 2..h (what head training updates when the base is frozen)."""

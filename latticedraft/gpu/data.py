@@ -9,6 +9,8 @@ together without a separator. ``TokenWindows`` cuts the stream into non-overlapp
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,18 +29,48 @@ def progress_enabled() -> bool:
     return sys.stderr.isatty()
 
 
-def encode_files(files: Sequence[Path], tokenizer, encoding_errors: str = "strict", batch: int = 32) -> np.ndarray:
-    """Tokenize ``files`` into one ``int32[N]`` stream, each file prefixed by the end-of-text id."""
+def _cache_file(files: Sequence[Path], tokenizer, encoding_errors: str) -> Path:
+    from latticedraft.lm.tokenizer import fingerprint
+    from latticedraft.paths import cache_dir
+
+    h = hashlib.sha256(f"{fingerprint(tokenizer)}\n{encoding_errors}\n".encode())
+    for f in files:
+        st = Path(f).stat()
+        h.update(f"{Path(f).resolve()}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
+    return cache_dir() / "tokens" / f"{h.hexdigest()[:24]}.npy"
+
+
+def encode_files(files: Sequence[Path], tokenizer, encoding_errors: str = "strict", batch: int = 32,
+                 cache: bool = True) -> np.ndarray:
+    """Tokenize ``files`` into one ``int32[N]`` stream, each file prefixed by the end-of-text id.
+
+    With ``cache`` the stream is kept in ``<cache_dir>/tokens/`` keyed by the tokenizer's
+    fingerprint and every file's path, size and mtime, so repeated training runs skip tokenizing.
+    """
     eos = tokenizer.token_to_id(EOS_TOKEN)
     if eos is None:
         raise InputError(f"the tokenizer has no {EOS_TOKEN!r} token; train it with latticedraft's train_tokenizer")
-    parts: list[np.ndarray] = []
     files = list(files)
+    cfile = _cache_file(files, tokenizer, encoding_errors) if cache and files else None
+    if cfile is not None and cfile.is_file():
+        return np.load(cfile)
+    out = _encode(files, tokenizer, eos, encoding_errors, batch)
+    if cfile is not None:
+        cfile.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cfile.with_name(cfile.stem + f".{os.getpid()}.tmp.npy")
+        np.save(tmp, out)
+        os.replace(tmp, cfile)
+    return out
+
+
+def _encode(files: list[Path], tokenizer, eos: int, encoding_errors: str, batch: int) -> np.ndarray:
+    parts: list[np.ndarray] = []
     with tqdm(total=len(files), desc="tokenize", unit="file", disable=not progress_enabled()) as bar:
         for i in range(0, len(files), batch):
             chunk = files[i : i + batch]
             texts = [read_text(Path(f), encoding_errors) for f in chunk]
-            for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
+            encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+            for enc in encode(texts, add_special_tokens=False):
                 parts.append(np.asarray([eos] + enc.ids, dtype=np.int32))
             bar.update(len(chunk))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)

@@ -174,3 +174,18 @@ def test_dynamo_rejects_bare_base_cache(ids):
         out = bm.base(input_ids=ids, use_cache=True)
         with pytest.raises(InputError, match="BlockwiseCache"):
             bm(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+
+
+def test_new_cache_is_filled_in_place(kind, ids):
+    """A cache from ``new_cache()`` is the object the model fills (callers may keep a reference to it)."""
+    bm = BlockwiseModel.from_base(make_tiny("neox"), 3, kind).eval()
+    perturb_heads(bm)
+    cache = bm.new_cache()
+    with torch.no_grad():
+        full = bm(ids)
+        o1 = bm(ids[:, :5], past_key_values=cache, use_cache=True)
+        o2 = bm(ids[:, 5:], past_key_values=cache, use_cache=True)
+    assert cache.get_seq_length() == 12
+    if kind == "dynamo":
+        assert o1.past_key_values.base is cache.base and len(cache.layers) == 2 + 2 * 1
+    torch.testing.assert_close(o2.head_logits, full.head_logits[:, 5:], rtol=1e-4, atol=1e-5)
