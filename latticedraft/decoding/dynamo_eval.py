@@ -178,8 +178,11 @@ def markdown_table(result: AblationResult) -> str:
                   "|---|" + "---|" * (len(p['ppl_n']) + len(p['ppl_1n']))]
         lines.append("| DynaMo heads | " + " | ".join(f"{v:.2f}" for _, v in sorted(p['ppl_n'].items(), key=lambda kv: int(kv[0])))
                      + " | " + " | ".join(f"{v:.2f}" for _, v in sorted(p['ppl_1n'].items(), key=lambda kv: int(kv[0]))) + " |")
+        lines.append(f"| base alone | {p['base_ppl_1']:.2f} |" + " – |" * (len(p['ppl_n']) + len(p['ppl_1n']) - 1))
         if p.get("dynamic"):
-            lines += ["", "| ε_b | PPL_d | tokens/step |", "|---|---|---|"]
+            lines += ["", f"Dynamic PPL_d ({p['dynamic_variant']}, first {p['dynamic_tokens']} held-out tokens; "
+                      "ε_b = 1 is PPL_1 on those tokens):", "",
+                      "| ε_b | PPL_d | tokens/step |", "|---|---|---|"]
             for e, (ppl, sp) in sorted(p["dynamic"].items(), key=lambda kv: float(kv[0])):
                 lines.append(f"| {float(e):.1f} | {ppl:.2f} | {sp:.2f} |")
     return "\n".join(lines) + "\n"
@@ -204,8 +207,8 @@ def plot(result: AblationResult, path: str | Path) -> Path:
         ax.axhline(y, color="k", ls="--", lw=1, label="base top-k sampling")
         ax.set_xlabel("speed-up (generated tokens per model call)")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("base model's perplexity of the output (lower: more fluent)")
-    axes[1].set_ylabel("distinct-2 (higher: less repetitive)")
+    axes[0].set_ylabel("base-model PPL of the output (lower = more fluent)")
+    axes[1].set_ylabel("distinct-2 (higher = less repetitive)")
     axes[0].legend(fontsize=8)
     s = result.settings
     fig.suptitle(f"DynaMo ablation: ε_b ∈ [0, 1] per variant; k={s['top_k']}, T={s['temperature']}, "
