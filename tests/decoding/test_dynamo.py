@@ -317,3 +317,16 @@ def test_kv_cached_generation_equals_full_recomputation(model):
     ends = generate(model, PROMPTS, cfg, max_new_tokens=10, seed=5, eos_token_id=a[1].tokens[2])
     assert ends[1].tokens == a[1].tokens[:3]  # stops at EOS (kept); the others go on
     assert len(ends[0].tokens) == 10 or a[1].tokens[2] in ends[0].tokens
+
+
+def test_top_k_breaks_ties_by_lower_id_like_a_stable_sort():
+    from latticedraft.decoding.dynamo import warp
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(2, 40))
+        k = int(rng.integers(1, n + 1))
+        x = rng.integers(0, 4, n).astype(float)  # many ties
+        ids, p = warp(x, DynamoConfig(top_k=k, temperature=1.0))
+        assert ids.tolist() == np.argsort(-x, kind="stable")[:k].tolist()
+        assert p.sum() == pytest.approx(1.0) and np.all(np.diff(p) <= 1e-15)
