@@ -21,7 +21,6 @@ given the true continuation; an evaluation upper bound).
 from __future__ import annotations
 
 import copy
-import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +28,10 @@ import torch
 
 from latticedraft.errors import InputError
 from latticedraft.gpu.kvcache import cache_length, crop_to
+from latticedraft.lattice.oracle import oracle_path
+from latticedraft.lattice.rescore import base_drafts, rescore
 from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage
+from latticedraft.lattice.threshold import prune
 
 DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")
 PRUNES = ("none", "otsu", "static")
@@ -37,39 +39,37 @@ PRUNES = ("none", "otsu", "static")
 
 @dataclass
 class LatticeOptions:
-    """k: candidates per slot; prune: "none" | "otsu" | "static" (drop arcs whose head
-    log-prob is below ``threshold`` nats under the slot's best, or Otsu's split of the
-    slot's probabilities); backoff: keep at most this many slots (None: all h-1)."""
+    """k: candidates per slot (top-k of each head); prune: "none" | "static" (drop arcs with
+    probability < ``eps``) | "otsu" (static, then Otsu's per-slot threshold); backoff: cut
+    the lattice before the first slot whose best probability is < ``backoff`` (None: keep
+    all h-1 slots). Pruning is ``latticedraft.lattice.threshold.prune`` (DynaMo's order)."""
 
     k: int = 16
     prune: str = "none"
-    threshold: float = 4.0
-    backoff: int | None = None
+    eps: float = 0.001
+    backoff: float | None = None
 
     def __post_init__(self):
         if self.k < 1:
             raise InputError(f"--k must be >= 1, got {self.k}")
         if self.prune not in PRUNES:
             raise InputError(f"--prune {self.prune!r} is not one of {', '.join(PRUNES)}")
-        if self.backoff is not None and self.backoff < 1:
-            raise InputError(f"back-off depth must be >= 1, got {self.backoff}")
+        if not 0.0 <= self.eps <= 1.0:
+            raise InputError(f"--eps {self.eps} is not a probability in [0, 1]")
+        if self.backoff is not None and not 0.0 <= self.backoff <= 1.0:
+            raise InputError(f"--backoff {self.backoff} is not a probability in [0, 1]")
 
     def build(self, head_logp: np.ndarray) -> Sausage:
-        """head_logp float32[h-1, V] -> pruned top-k Sausage."""
-        if self.backoff is not None:
-            head_logp = head_logp[: self.backoff]
+        """head_logp float32[h-1, V] (log-softmax of heads 1..h-1) -> pruned top-k Sausage."""
         s = Sausage.from_logits(head_logp, min(self.k, head_logp.shape[-1]))
-        if self.prune == "none":
+        if self.prune == "none" and self.backoff is None:
             return s
-        return _prune(s, self.prune, self.threshold)
-
-
-def _prune(s: Sausage, how: str, threshold: float) -> Sausage:
-    from latticedraft.lattice import threshold as th  # issue 3's pruning functions
-
-    if how == "otsu":
-        return th.prune_otsu(s)
-    return th.prune_static(s, threshold)
+        return prune(
+            s,
+            eps=self.eps if self.prune in ("static", "otsu") else None,
+            otsu=self.prune == "otsu",
+            eps_b=self.backoff,
+        )
 
 
 class Drafter:
@@ -107,32 +107,6 @@ class Top1Drafter(Drafter):
         return _one(sausage.top1())
 
 
-def kbest_paths(sausage: Sausage, p: int) -> Drafts:
-    """The p highest-scoring paths of a sausage by head log-prob alone (best first).
-
-    Slots are independent, so a best-first search over rank vectors is exact: O(p h log p).
-    """
-    lp, tok = sausage.logp, sausage.tokens
-    h = lp.shape[0]
-    widths = (tok != PAD_TOKEN).sum(axis=1)
-    start = (0,) * h
-    best = float(lp[:, 0].sum())
-    heap = [(-best, start)]
-    seen = {start}
-    paths, scores = [], []
-    while heap and len(paths) < p:
-        neg, ranks = heapq.heappop(heap)
-        paths.append([tok[i, r] for i, r in enumerate(ranks)])
-        scores.append(-neg)
-        for i in range(h):
-            if ranks[i] + 1 < widths[i]:
-                nxt = ranks[:i] + (ranks[i] + 1,) + ranks[i + 1 :]
-                if nxt not in seen:
-                    seen.add(nxt)
-                    heapq.heappush(heap, (neg + float(lp[i, ranks[i]] - lp[i, ranks[i] + 1]), nxt))
-    return Drafts(np.asarray(paths, dtype=np.int64), np.asarray(scores, dtype=np.float32), p)
-
-
 class ParallelBaseDrafter(Drafter):
     """Parallel BPD over the original lattice: the p best paths by head scores."""
 
@@ -143,7 +117,7 @@ class ParallelBaseDrafter(Drafter):
         self.nbest = nbest
 
     def draft(self, sausage, history):
-        return kbest_paths(sausage, self.nbest)
+        return base_drafts(sausage, self.nbest)
 
 
 class NgramDrafter(Drafter):
@@ -158,8 +132,6 @@ class NgramDrafter(Drafter):
         self.name = "ngram" if nbest == 1 else "parallel"
 
     def draft(self, sausage, history):
-        from latticedraft.lattice.rescore import rescore
-
         return rescore(sausage, self.lm, self.alpha, self.nbest, history, method=self.method)
 
 
@@ -191,16 +163,10 @@ class OracleDrafter(Drafter):
         if self.prompt_len is None:
             self.prompt_len = len(history) - 1  # the first call sees prompt + root
         at = len(history) - self.prompt_len
-        path = sausage.top1().copy()
-        for j in range(sausage.h):
-            if at + j >= len(self.cont):
-                break
-            want = self.cont[at + j]
-            hit = np.nonzero(sausage.tokens[j] == want)[0]
-            if len(hit) == 0:
-                break
-            path[j] = want
-        return _one(path)
+        ref = self.cont[at : at + sausage.h]
+        if len(ref) == 0:  # past the reference's end: any draft will do
+            return _one(sausage.top1())
+        return _one(oracle_path(sausage, ref).tokens)
 
 
 class NeuralDrafter(Drafter):

@@ -87,26 +87,33 @@ def model_device(model) -> torch.device:
 
 @dataclass
 class Forward:
-    """logits: [b, s, V]; head_logits: [b, s, h, V] (h = 1, the base model, for a plain LM)."""
+    """logits: [b, s, V]; ``heads_at(nodes)`` -> [b, h, V], every head's logits at node
+    ``nodes[i]`` of row i (h = 1, the base model alone, for a plain causal LM)."""
 
     logits: torch.Tensor
-    head_logits: torch.Tensor
+    out: object
+    model: object
+
+    def heads_at(self, nodes: torch.Tensor) -> torch.Tensor:
+        b = self.logits.shape[0]
+        rows = torch.arange(b, device=self.logits.device)
+        nodes = nodes.to(self.logits.device)
+        if not hasattr(self.model, "head_logits_from"):
+            return self.logits[rows, nodes][:, None, :]
+        uniq, inv = torch.unique(nodes, return_inverse=True)
+        hl = self.model.head_logits_from(self.out, uniq)  # [b, u, h, V]: heads only where needed
+        return hl[rows, inv]
 
 
 def forward(model, input_ids, attention_mask, position_ids, cache) -> Forward:
-    """One target call; works for a BlockwiseModel (heads) and for a plain HF causal LM."""
+    """One target call; works for a BlockwiseModel (Stern heads) and for a plain HF causal LM.
+    Heads are computed afterwards only at the nodes asked for (``Forward.heads_at``)."""
+    kw = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+              past_key_values=cache, use_cache=True)
     if hasattr(model, "head_logits_from"):
-        out = model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=cache, use_cache=True, heads=True,
-        )
-        heads = out.head_logits if out.head_logits is not None else out.logits[:, :, None, :]
-        return Forward(out.logits, heads)
-    out = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-        past_key_values=cache, use_cache=True,
-    )
-    return Forward(out.logits, out.logits[:, :, None, :])
+        kw["heads"] = False
+    out = model(**kw)
+    return Forward(out.logits, out, model)
 
 
 @dataclass
@@ -128,6 +135,8 @@ class Verifier:
     """
 
     def __init__(self, model, mode: str = "auto"):
+        if getattr(model, "kind", None) == "dynamo":
+            raise ModelError("BPD verification runs Stern heads; a DynaMo model decodes with --method dynamo")
         self.model = model
         self.mode, self.mode_reason = choose_mode(model, mode)
         self.window = sliding_window(model)
@@ -159,7 +168,7 @@ class Verifier:
             mask = valid.long()
         out = forward(self.model, ids, mask, pos, state.cache)
         state.append_valid(valid, pos)
-        return state, out.head_logits[:, -1]
+        return state, out.heads_at(torch.full((b,), n - 1, dtype=torch.long))
 
     def _window(self, allowed, q_pos, k_pos):
         if self.window is None:
@@ -204,7 +213,7 @@ class Verifier:
             keep_valid[i, : len(p)] = True
         state.commit(start, keep, keep_valid)
         last = torch.as_tensor([p[-1] for p in paths], device=dev)
-        heads = out.head_logits[torch.arange(b, device=dev), last]
+        heads = out.heads_at(last)
         accepted = [t.tokens[p[1:]] for t, p in zip(trees, paths)]
         return StepResult(accepted, bonus, heads)
 
@@ -249,6 +258,8 @@ class Verifier:
         state.commit(start, keep, keep_valid)
         state.left_align()
         bonus = argmax[np.arange(b), best, nacc]
-        heads = out.head_logits[sel, torch.as_tensor(nacc, device=dev)]
+        nodes = torch.zeros(b * p, dtype=torch.long, device=dev)
+        nodes[sel] = torch.as_tensor(nacc, device=dev)
+        heads = out.heads_at(nodes)[sel]
         accepted = [seq[i, best[i], 1 : 1 + nacc[i]].copy() for i in range(b)]
         return StepResult(accepted, bonus.astype(np.int64), heads)

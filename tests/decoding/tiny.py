@@ -68,7 +68,10 @@ class ToyHeads(torch.nn.Module):
         return ToyOutput(out.logits, hl, hid, out.past_key_values)
 
     def head_logits_from(self, out, positions):
-        return out.head_logits[:, positions]
+        pos = torch.as_tensor(positions, dtype=torch.long).reshape(-1)
+        hid = out.hidden[:, pos]
+        extra = torch.einsum("bsh,khv->bskv", hid, self.heads)
+        return torch.cat([out.logits[:, pos, None, :], extra], dim=2)
 
 
 def reference(model, prompt, max_new_tokens, eos=None):
@@ -86,3 +89,16 @@ def reference(model, prompt, max_new_tokens, eos=None):
 def prompts(n: int, seed: int = 0, lengths=(3, 9, 5, 14), vocab: int = VOCAB):
     rng = np.random.default_rng(seed)
     return [rng.integers(1, vocab, size=lengths[i % len(lengths)]).astype(np.int64) for i in range(n)]
+
+
+def blockwise(arch: str = "gpt2", dtype=torch.float32, num_heads: int = 4, seed: int = 0, noise: float = 0.5):
+    """A real ``BlockwiseModel`` (Stern heads) on a tiny random base; the heads are perturbed
+    so that they disagree with each other and the drafts differ from step to step."""
+    from latticedraft.gpu.blockwise import BlockwiseModel
+
+    m = BlockwiseModel.from_base(tiny_model(arch, dtype, seed), num_heads, kind="stern", seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for prm in m.heads.parameters():
+            prm.add_(torch.randn(prm.shape, generator=g).to(prm.dtype) * noise)
+    return m.eval()

@@ -1,0 +1,127 @@
+"""Exactness of the BPD loop: every drafter emits ``model.generate(do_sample=False)``'s tokens
+on tiny random BlockwiseModels (float32 and float64, GPT-2 / LLaMA / Mistral), for batch 1
+and 4 with prompts of different lengths; per-row stopping; call accounting."""
+
+import numpy as np
+import pytest
+import torch
+
+from latticedraft.decoding.bpd import bpd_decode, greedy_decode
+from latticedraft.decoding.drafters import LatticeOptions, make_drafter
+from latticedraft.errors import InputError, ModelError
+from tests.decoding.tiny import blockwise, prompts, reference, tiny_model
+from tests.lattice.toylm import make_toy_lm
+
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def toy_lm():
+    return make_toy_lm(V=64, order=3, seed=0, density=0.5)
+
+
+@pytest.fixture(scope="module")
+def rescorer():
+    return tiny_model("gpt2", torch.float32, seed=7)
+
+
+def _drafter(name, refs, lm, rescorer, k=16, prune="none", nbest=16):
+    return make_drafter(name, options=LatticeOptions(k=k, prune=prune), lm=lm, rescorer=rescorer,
+                        alpha=1.0, nbest=nbest, references=refs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["top1", "neural", "ngram", "parallel", "parallel-base", "oracle"])
+def test_every_drafter_equals_generate_batch_4(name, dtype, toy_lm, rescorer):
+    model = blockwise("gpt2", dtype, num_heads=5)
+    ps = prompts(4, seed=1)
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    r = bpd_decode(model, ps, _drafter(name, refs, toy_lm, rescorer.to(dtype)), max_new_tokens=MAX_NEW)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert r.verify_mode == "tree"
+    for s in r.sequences:
+        assert sum(s.tokens_per_call) == len(s.tokens) == MAX_NEW
+        assert s.calls == len(s.tokens_per_call) == 1 + len(s.accepted_drafts)
+        assert all(1 <= n <= 5 for n in s.tokens_per_call)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_parallel_16_on_otsu_pruned_lattices(arch, batch, toy_lm):
+    model = blockwise(arch, torch.float32, num_heads=4)
+    ps = prompts(batch, seed=2, lengths=(11, 4, 8, 2))
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    d = _drafter("parallel", refs, toy_lm, None, k=8, prune="otsu", nbest=16)
+    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+
+
+def test_oracle_with_whole_vocab_accepts_every_slot():
+    """k = V puts the true token in every slot, so each call emits all h tokens: the
+    accept/commit path is exercised at full length, and still exact."""
+    model = blockwise("llama", torch.float64, num_heads=4)
+    ps = prompts(4, seed=3)
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    r = bpd_decode(model, ps, make_drafter("oracle", options=LatticeOptions(k=64), references=refs),
+                   max_new_tokens=MAX_NEW)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    for s in r.sequences:  # 1 (prefill) + 4 + 4 + ... ; the last call may be cut by max_new_tokens
+        assert s.tokens_per_call[0] == 1 and all(n == 4 for n in s.tokens_per_call[1:-1])
+    assert r.block_efficiency == pytest.approx(4 * MAX_NEW / sum(s.calls for s in r.sequences))
+
+
+def test_batched_fallback_is_exact_with_sliding_window(toy_lm):
+    model = blockwise("mistral", torch.float32, num_heads=4)
+    ps = prompts(4, seed=4)
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    r = bpd_decode(model, ps, make_drafter("oracle", options=LatticeOptions(k=64), references=refs),
+                   max_new_tokens=MAX_NEW, verify="batched")
+    assert r.verify_mode == "batched"
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+
+
+def test_rows_stop_on_their_own_eos():
+    model = blockwise("gpt2", torch.float64, num_heads=4)
+    ps = prompts(4, seed=5)
+    free = [reference(model, p, MAX_NEW) for p in ps]
+    eos = free[1][5]  # a token row 1 emits; other rows may stop on it too, or not at all
+    refs = [reference(model, p, MAX_NEW, eos=eos) for p in ps]
+    assert len(refs[1]) <= 6
+    streamed = {i: [] for i in range(4)}
+    r = bpd_decode(model, ps, make_drafter("oracle", options=LatticeOptions(k=64), references=free),
+                   max_new_tokens=MAX_NEW, eos_token_id=eos, on_tokens=lambda i, t: streamed[i].extend(t))
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert [streamed[i] for i in range(4)] == refs
+
+
+def test_greedy_baseline_and_one_token_budget():
+    model = blockwise("gpt2", torch.float32, num_heads=3)
+    ps = prompts(2, seed=6)
+    g = greedy_decode(model, ps, max_new_tokens=5)
+    assert [s.tokens.tolist() for s in g.sequences] == [reference(model, p, 5) for p in ps]
+    assert g.block_efficiency == 1.0
+    r = bpd_decode(model, ps, make_drafter("top1"), max_new_tokens=1)
+    assert [s.calls for s in r.sequences] == [1, 1]
+
+
+def test_plain_causal_lm_decodes_greedily():
+    model = tiny_model("llama")
+    p = prompts(1)[0]
+    r = bpd_decode(model, [p], make_drafter("top1"), max_new_tokens=6)
+    assert r.sequences[0].tokens.tolist() == reference(model, p, 6) and r.block_efficiency == 1.0
+
+
+def test_bad_arguments():
+    model = blockwise("gpt2", num_heads=3)
+    with pytest.raises(InputError, match="max_new_tokens"):
+        bpd_decode(model, [[1, 2]], make_drafter("top1"), max_new_tokens=0)
+    with pytest.raises(InputError, match="--lm"):
+        make_drafter("ngram")
+    with pytest.raises(InputError, match="unknown drafter"):
+        make_drafter("psychic")
+    with pytest.raises(InputError, match="--prune"):
+        LatticeOptions(prune="sometimes")
+    dyn = blockwise("gpt2", num_heads=3)
+    dyn.kind = "dynamo"
+    with pytest.raises(ModelError, match="--method dynamo"):
+        bpd_decode(dyn, [[1, 2]], make_drafter("top1"))
