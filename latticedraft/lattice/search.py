@@ -24,7 +24,6 @@ Everything inside is float64; returned scores are float32.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,9 +39,13 @@ UNSEEN_COST = 1000.0  # -ln p of an id the LM has never seen (the paper's Append
 class LMArrays:
     """The CSR arrays of an ``NgramFst`` in the dtypes the kernels take, plus bound tables.
 
-    ``pair_*``: per last token ``a`` (row ``a``), ascending labels ``c+1`` with the upper bound
-    (float64, natural log) of ``ln p(c | context ending in a)`` over the states that have an
-    arc for ``c``; ``pair_dflt[a] + uni_logp[c]`` bounds the rest (back-off to the unigram).
+    Bound tables (natural log, float64), for a token ``c`` after a context ending in ``(b, a)``:
+    ``ctx1[a]``: the state of the one-token context ``(a)`` (-1 if the model keeps none),
+    ``ctx1_gain[a]``: the largest back-off gain any longer context collects down to it,
+    ``dflt[a]``: the largest gain down to the null state; ``t1_*`` maps ``(b, a)`` (``b = V``
+    is ``<s>``) to a row of ``t2_*``, which holds, per label ``c+1``, the best
+    ``ln p(c | s) + gain(s)`` over the states ``s`` of two or more tokens ending in ``(b, a)``.
+    ``*_hash``: open-addressing tables over the long CSR rows (see ``_find``).
     """
 
     vocab_size: int
@@ -54,26 +57,48 @@ class LMArrays:
     bo_cost: np.ndarray
     unigram: int
     start: int
+    unk_cost: float
+    arc_hash: np.ndarray
     uni_logp: np.ndarray
-    pair_offsets: np.ndarray
-    pair_labels: np.ndarray
-    pair_val: np.ndarray
-    pair_dflt: np.ndarray
+    ctx1: np.ndarray
+    ctx1_gain: np.ndarray
+    dflt: np.ndarray
+    t1_off: np.ndarray
+    t1_lab: np.ndarray
+    t1_hash: np.ndarray
+    t2_off: np.ndarray
+    t2_lab: np.ndarray
+    t2_val: np.ndarray
+    t2_hash: np.ndarray
+
+    def bound_args(self) -> tuple:
+        return (self.uni_logp, self.ctx1, self.ctx1_gain, self.dflt, self.t1_off, self.t1_lab,
+                self.t1_hash, self.t2_off, self.t2_lab, self.t2_val, self.t2_hash)
+
+    def lm_args(self) -> tuple:
+        return (self.offsets, self.labels, self.costs, self.nexts, self.bo_next, self.bo_cost,
+                self.unigram, self.vocab_size, self.unk_cost, self.arc_hash)
 
 
-_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+def _fingerprint(fst) -> tuple:
+    return (id(fst.state_offsets), id(fst.arc_label), id(fst.arc_cost), id(fst.arc_next),
+            id(fst.backoff_next), id(fst.backoff_cost), int(fst.start), int(fst.unigram),
+            float(getattr(fst, "unk_cost", UNSEEN_COST)))
 
 
 def lm_arrays(fst) -> LMArrays:
-    """``LMArrays`` for an ``NgramFst`` (cached per object; ~1 s for millions of arcs)."""
-    try:
-        return _CACHE[fst]
-    except (KeyError, TypeError):
-        pass
+    """``LMArrays`` for an ``NgramFst``, cached on the object (~1 s for millions of arcs).
+
+    The cache is rebuilt when any of the FST's arrays is replaced (e.g. ``set_unk_cost``).
+    """
+    key = _fingerprint(fst)
+    cached = getattr(fst, "_lattice_search_arrays", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
     arr = _build_arrays(fst)
     try:
-        _CACHE[fst] = arr
-    except TypeError:
+        object.__setattr__(fst, "_lattice_search_arrays", (key, arr))
+    except (AttributeError, TypeError):
         pass
     return arr
 
@@ -117,30 +142,50 @@ def _build_arrays(fst) -> LMArrays:
     last[nxt] = lab.astype(np.int64) - 1
     last[uni] = -1
     arc_state = np.repeat(np.arange(S, dtype=np.int64), np.diff(off))
-    keep = last[arc_state] >= 0
-    keep[ulo:uhi] = False
-    a_last = last[arc_state[keep]]
-    a_lab = lab[keep].astype(np.int64)
-    a_val = -cost[keep].astype(np.float64) + gain[arc_state[keep]]
-    key = a_last * (V + 2) + a_lab
-    order = np.argsort(key, kind="stable")
-    key, a_val = key[order], a_val[order]
-    if len(key):
-        starts = np.concatenate([[0], np.nonzero(np.diff(key))[0] + 1])
-        ukey = key[starts]
-        uval = np.maximum.reduceat(a_val, starts)
-    else:
-        ukey = np.zeros(0, np.int64)
-        uval = np.zeros(0, np.float64)
-    rows = ukey // (V + 2)
-    pair_offsets = np.searchsorted(rows, np.arange(V + 1)).astype(np.int64)
-    pair_labels = (ukey % (V + 2)).astype(np.int32)
+    # the one-token context (a): where the null state's arc for a leads (the null state if none)
+    ctx1 = nxt[ulo:uhi].astype(np.int64)
+    ctx1[ctx1 == uni] = -1
+    is_ctx1 = np.zeros(S, dtype=bool)
+    is_ctx1[ctx1[ctx1 >= 0]] = True
+    long_state = (last >= 0) & ~is_ctx1
+    long_state[uni] = False
+    # second-to-last token of a long state = last token of any state with an arc into it
+    code = last.copy()
+    code[int(fst.start)] = V  # <s>
+    prev = np.full(S, -1, dtype=np.int64)
+    into_long = long_state[nxt]
+    prev[nxt[into_long]] = code[arc_state[into_long]]
+    ok = long_state & (prev >= 0)
 
+    sel = ok[arc_state]
+    a_state = arc_state[sel]
+    key1 = prev[a_state] * (V + 1) + last[a_state]
+    a_lab = lab[sel].astype(np.int64)
+    a_val = -cost[sel].astype(np.float64) + gain[a_state]
+    order = np.lexsort((a_lab, key1))
+    key1, a_lab, a_val = key1[order], a_lab[order], a_val[order]
+    if len(key1):
+        brk = np.concatenate([[True], (np.diff(key1) != 0) | (np.diff(a_lab) != 0)])
+        starts = np.nonzero(brk)[0]
+        key1, a_lab = key1[starts], a_lab[starts]
+        a_val = np.maximum.reduceat(a_val, starts)
+        rstart = np.nonzero(np.concatenate([[True], np.diff(key1) != 0]))[0]
+    else:
+        rstart = np.zeros(0, np.int64)
+    rkeys = key1[rstart]
+    t1_off = np.searchsorted(rkeys // (V + 1), np.arange(V + 2)).astype(np.int64)
+    t1_lab = (rkeys % (V + 1) + 1).astype(np.int32)
+    t2_off = np.concatenate([rstart, [len(key1)]]).astype(np.int64)
+    t2_lab = a_lab.astype(np.int32)
+
+    ctx1_gain = np.where(ctx1 >= 0, gain[np.maximum(ctx1, 0)], 0.0)
     dflt = np.zeros(V, dtype=np.float64)
     to_uni = np.nonzero((bon == uni) & (last >= 0) & (last < V))[0]
     np.maximum.at(dflt, last[to_uni], gain[to_uni] - boc[to_uni].astype(np.float64))
-    return LMArrays(V, off, lab, cost, nxt, bon, boc, uni, int(fst.start), uni_logp,
-                    pair_offsets, pair_labels, uval.astype(np.float64), dflt)
+    return LMArrays(V, off, lab, cost, nxt, bon, boc, uni, int(fst.start),
+                    float(getattr(fst, "unk_cost", UNSEEN_COST)), _build_hash(off, lab, uni), uni_logp,
+                    ctx1, ctx1_gain, dflt, t1_off, t1_lab, _build_hash(t1_off, t1_lab, -1),
+                    t2_off, t2_lab, a_val.astype(np.float64), _build_hash(t2_off, t2_lab, -1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,7 +193,61 @@ def _build_arrays(fst) -> LMArrays:
 
 
 @njit(cache=True, inline="always")
-def _step(s, label, off, lab, cost, nxt, bon, boc, uni, V):
+def _hash(s, label, mask):
+    x = s * 2654435761 + label * 40503
+    x ^= x >> 15
+    x *= 0x2C1B3C6D
+    x ^= x >> 12
+    return x & mask
+
+
+@njit(cache=True)
+def _build_hash(off, lab, skip_row):
+    """Open-addressing table (int32 arc ids, -1 empty) over the arcs of every row but ``skip_row``."""
+    n = off[-1] - (off[skip_row + 1] - off[skip_row] if skip_row >= 0 else 0)
+    size = 16
+    while size < 2 * n + 16:
+        size *= 2
+    mask = size - 1
+    tab = np.full(size, -1, np.int32)
+    for r in range(off.shape[0] - 1):
+        if r == skip_row:
+            continue
+        for a in range(off[r], off[r + 1]):
+            slot = _hash(r, lab[a], mask)
+            while tab[slot] >= 0:
+                slot = (slot + 1) & mask
+            tab[slot] = a
+    return tab
+
+
+@njit(cache=True, inline="always")
+def _find(r, label, off, lab, tab):
+    """Index of ``label`` in row ``r`` of a CSR (ascending labels), or -1. Short rows are
+    searched in place; long ones through the hash table (one or two probes)."""
+    lo = off[r]
+    hi = off[r + 1]
+    if hi - lo <= 16:
+        for a in range(lo, hi):
+            m = lab[a]
+            if m == label:
+                return a
+            if m > label:
+                return -1
+        return -1
+    mask = tab.shape[0] - 1
+    slot = _hash(r, label, mask)
+    while True:
+        a = tab[slot]
+        if a < 0:
+            return -1
+        if lab[a] == label and lo <= a < hi:
+            return a
+        slot = (slot + 1) & mask
+
+
+@njit(cache=True, inline="always")
+def _step(s, label, off, lab, cost, nxt, bon, boc, uni, V, unk, tab):
     """(next_state, cost) of ``label`` (= token+1) from state ``s`` with back-off; float64 cost."""
     acc = 0.0
     while True:
@@ -156,244 +255,371 @@ def _step(s, label, off, lab, cost, nxt, bon, boc, uni, V):
             if 1 <= label <= V:
                 a = off[uni] + label - 1
                 return nxt[a], acc + cost[a]
-            return uni, acc + UNSEEN_COST
-        lo = off[s]
-        hi = off[s + 1]
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            m = lab[mid]
-            if m < label:
-                lo = mid + 1
-            elif m > label:
-                hi = mid
-            else:
-                return nxt[mid], acc + cost[mid]
+            return uni, acc + unk
+        a = _find(s, label, off, lab, tab)
+        if a >= 0:
+            return nxt[a], acc + cost[a]
         b = bon[s]
         if b < 0:
-            return uni, acc + UNSEEN_COST
+            return uni, acc + unk
         acc += boc[s]
         s = b
 
 
-@njit(cache=True)
-def _pair_bound(a_tok, c_tok, pair_off, pair_lab, pair_val, dflt, uni_logp, V):
-    """Upper bound of ln p(c | any context whose last token is a)."""
+@njit(cache=True, inline="always")
+def _bound_short(a_tok, c_tok, off, lab, cost, uni_logp, ctx1, ctx1_gain, dflt, V, unk, tab):
+    """Upper bound of ln p(c | context ending in a) when c is found at (a) or the null state."""
     if 0 <= c_tok < V:
         u = uni_logp[c_tok]
     else:
-        u = -UNSEEN_COST
+        u = -unk
     if a_tok < 0 or a_tok >= V:
         return u
     best = dflt[a_tok] + u
-    lo = pair_off[a_tok]
-    hi = pair_off[a_tok + 1]
-    label = c_tok + 1
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        m = pair_lab[mid]
-        if m < label:
-            lo = mid + 1
-        elif m > label:
-            hi = mid
-        else:
-            if pair_val[mid] > best:
-                best = pair_val[mid]
-            break
+    s1 = ctx1[a_tok]
+    if s1 >= 0:
+        j = _find(s1, c_tok + 1, off, lab, tab)
+        if j >= 0:
+            v = -cost[j] + ctx1_gain[a_tok]
+            if v > best:
+                best = v
     return best
 
 
-@njit(cache=True)
-def _suffix_bounds(tok, hl, widths, alpha, start, off, lab, cost, nxt, bon, boc, uni,
-                   pair_off, pair_lab, pair_val, dflt, uni_logp, V):
-    """H[h+1, k] and the per-(slot, prev cand) candidate order with its bound G[h, k, k].
+@njit(cache=True, inline="always")
+def _row2(b_tok, a_tok, t1_off, t1_lab, t1_hash, V):
+    """Row of the (b, a) table, or -1 (b = V is <s>)."""
+    if b_tok < 0 or b_tok > V or a_tok < 0 or a_tok >= V:
+        return -1
+    return _find(b_tok, a_tok + 1, t1_off, t1_lab, t1_hash)
 
-    ``H[i, a]`` bounds the score of slots i..h-1 given candidate a at slot i-1 (H[h] = 0).
-    ``order[i, a, :w_i]`` lists slot i's candidates by ``G = step bound + H[i+1, c]`` descending.
-    Slot 0 (row a = 0 only) uses its exact LM step from ``start``.
+
+@njit(cache=True)
+def _suffix_bounds(tok, hl, widths, alpha, start, hist_b, off, lab, cost, nxt, bon, boc, uni, V, unk,
+                   tab, uni_logp, ctx1, ctx1_gain, dflt, t1_off, t1_lab, t1_hash, t2_off, t2_lab,
+                   t2_val, t2_hash):
+    """Admissible bounds on the rest of the lattice, conditioned on the last two candidates.
+
+    ``H[i, b, a]`` (float64[h+1, k, k]) bounds the score of slots i..h-1 given candidate ``a``
+    at slot i-1 and ``b`` at slot i-2 (index 0 stands for the history where that slot lies
+    before the lattice); ``H[h] = 0``. The bound of a path through (b, a, c) from slot i on is
+    ``Gr[R[i, b, a], c]`` when the model has contexts ending in (b, a) (``R >= 0``), else
+    ``Gb[i, a, c]``, which uses only the one-token context (a) and the null state. Slot 0 uses
+    its exact LM step from ``start``. ``hist_b``: the last history token (``V``: ``<s>``).
     """
     h, k = tok.shape
-    H = np.zeros((h + 1, k))
-    G = np.full((h, k, k), -np.inf)
-    order = np.zeros((h, k, k), dtype=np.int64)
-    for i in range(h - 1, -1, -1):
+    H = np.zeros((h + 1, k, k))
+    Gb = np.empty((h, k, k))
+    R = np.full((h, k, k), -1, np.int64)
+    Gr = np.empty((16, k))
+    n_rows = 0
+    use_lm = alpha != 0.0
+    srt = np.empty(k, np.int64)
+    for i in range(h - 1, 0, -1):
         w = widths[i]
-        na = widths[i - 1] if i > 0 else 1
-        for a in range(na):
-            best = -np.inf
+        wa = widths[i - 1]
+        wb = widths[i - 2] if i >= 2 else 1
+        best0 = np.empty(wa)
+        for a in range(wa):
+            bst = -np.inf
             for c in range(w):
-                if i > 0 and alpha != 0.0:
-                    b = hl[i, c] + alpha * _pair_bound(tok[i - 1, a], tok[i, c], pair_off, pair_lab,
-                                                       pair_val, dflt, uni_logp, V)
-                elif alpha != 0.0:
-                    b = hl[i, c] - alpha * _step(start, tok[i, c] + 1, off, lab, cost, nxt, bon, boc, uni, V)[1]
+                if use_lm:
+                    v = _bound_short(tok[i - 1, a], tok[i, c], off, lab, cost, uni_logp, ctx1, ctx1_gain,
+                                     dflt, V, unk, tab)
+                    g = hl[i, c] + alpha * v + H[i + 1, a, c]
                 else:
-                    b = hl[i, c]
-                g = b + H[i + 1, c]
-                G[i, a, c] = g
-                if g > best:
-                    best = g
-            H[i, a] = best
-            o = np.argsort(-G[i, a, :w], kind="mergesort")
-            for j in range(w):
-                order[i, a, j] = o[j]
-            tmp = G[i, a, :w].copy()
-            for j in range(w):
-                G[i, a, j] = tmp[o[j]]
-    return H, G, order
+                    g = hl[i, c] + H[i + 1, a, c]
+                Gb[i, a, c] = g
+                if g > bst:
+                    bst = g
+            best0[a] = bst
+        if not use_lm:
+            for b in range(wb):
+                for a in range(wa):
+                    H[i, b, a] = best0[a]
+            continue
+        o = np.argsort(tok[i, :w])
+        for j in range(w):
+            srt[j] = o[j]
+        for b in range(wb):
+            b_tok = tok[i - 2, b] if i >= 2 else hist_b
+            for a in range(wa):
+                r = _row2(b_tok, tok[i - 1, a], t1_off, t1_lab, t1_hash, V)
+                if r < 0:
+                    H[i, b, a] = best0[a]
+                    continue
+                if n_rows == Gr.shape[0]:
+                    Gr2 = np.empty((2 * n_rows, k))
+                    Gr2[:n_rows] = Gr
+                    Gr = Gr2
+                row = n_rows
+                n_rows += 1
+                R[i, b, a] = row
+                for c in range(w):
+                    Gr[row, c] = Gb[i, a, c]
+                lo = t2_off[r]
+                hi = t2_off[r + 1]
+                if hi - lo <= 4 * w:
+                    # merge the row's labels with the slot's labels, both ascending
+                    q = 0
+                    x = lo
+                    while x < hi and q < w:
+                        c = srt[q]
+                        lbl = tok[i, c] + 1
+                        if t2_lab[x] < lbl:
+                            x += 1
+                        elif t2_lab[x] > lbl:
+                            q += 1
+                        else:
+                            g = hl[i, c] + alpha * t2_val[x] + H[i + 1, a, c]
+                            if g > Gr[row, c]:
+                                Gr[row, c] = g
+                            x += 1
+                            q += 1
+                else:
+                    for c in range(w):
+                        jj = _find(r, tok[i, c] + 1, t2_off, t2_lab, t2_hash)
+                        if jj >= 0:
+                            g = hl[i, c] + alpha * t2_val[jj] + H[i + 1, a, c]
+                            if g > Gr[row, c]:
+                                Gr[row, c] = g
+                bst = -np.inf
+                for c in range(w):
+                    if Gr[row, c] > bst:
+                        bst = Gr[row, c]
+                H[i, b, a] = bst
+    bst = -np.inf
+    for c in range(widths[0]):
+        if use_lm:
+            g = hl[0, c] - alpha * _step(start, tok[0, c] + 1, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)[1]
+        else:
+            g = hl[0, c]
+        g += H[1, 0, c]
+        Gb[0, 0, c] = g
+        if g > bst:
+            bst = g
+    H[0, 0, 0] = bst
+    return H, Gb, R, Gr
 
 
 @njit(cache=True)
-def _grow(x, n):
-    if n <= x.shape[0]:
-        return x
-    y = np.empty(max(n, 2 * x.shape[0]), dtype=x.dtype)
-    y[: x.shape[0]] = x
-    return y
+def _search(tok, hl, widths, alpha, p, start, lower, cap, H, Gb, R, Gr,
+            off, lab, cost, nxt, bon, boc, uni, V, unk, tab):
+    """Layered DP over nodes (LM state, previous candidate, candidate), each with its p best
+    partial paths (sorted best first); the LM step from a node is looked up once for all.
 
-
-@njit(cache=True)
-def _search(tok, hl, widths, alpha, p, start, lower, cap, H, G, order,
-            off, lab, cost, nxt, bon, boc, uni, V):
-    """Layered DP over (slot, LM state, last candidate), p best partials per node.
-
-    ``lower``: drop partials whose bound is below it (-inf: none); ``cap`` > 0 keeps only the
-    ``cap`` best partials per slot (a beam; then the result is not guaranteed exact).
-    Returns (cand int64[m, h], scores float64[m]), best first, m <= p.
+    ``lower``: drop partials whose bound ``g + H`` is below it (-inf: none). ``cap`` > 0 keeps
+    only the ``cap`` nodes of best bound per slot (a beam: it gives real paths, hence a lower
+    bound, but is not exact). Returns (cand int64[m, h], scores float64[m], partials kept).
     """
     h, k = tok.shape
     tol = 1e-9 * (1.0 + abs(lower)) if lower > -np.inf else 0.0
+    thr = lower - tol
     use_lm = alpha != 0.0
-    # all kept partials of all slots
-    st = np.empty(1024, np.int64)
-    cd = np.empty(1024, np.int64)
-    par = np.empty(1024, np.int64)
-    sc = np.empty(1024, np.float64)
-    st[0] = start
-    cd[0] = 0
-    par[0] = -1
-    sc[0] = 0.0
-    n = 1
-    lo_prev = 0
-    hi_prev = 1
+    # flat storage of every layer's partials: candidate and parent partial (for backtracking)
+    e_cd = np.empty(4096, np.int64)
+    e_par = np.empty(4096, np.int64)
+    e_cd[0] = 0
+    e_par[0] = -1
+    n_ent = 1
+    n_nodes = 1
+    nd_state = np.full(1, start, np.int64)
+    nd_b = np.zeros(1, np.int64)
+    nd_c = np.zeros(1, np.int64)
+    nd_cnt = np.ones(1, np.int64)
+    nd_g = np.zeros((1, p))
+    nd_id = np.zeros((1, p), np.int64)
     for i in range(h):
         w = widths[i]
-        m = (hi_prev - lo_prev) * w
-        e_st = np.empty(m, np.int64)
-        e_cd = np.empty(m, np.int64)
-        e_par = np.empty(m, np.int64)
-        e_g = np.empty(m, np.float64)
-        e_f = np.empty(m, np.float64)
-        ne = 0
-        for e in range(lo_prev, hi_prev):
-            g0 = sc[e]
-            a = cd[e] if i > 0 else 0
-            s = st[e]
-            for j in range(w):
-                if g0 + G[i, a, j] < lower - tol:
-                    break
-                c = order[i, a, j]
+        cap_nodes = n_nodes * w
+        tsize = 16
+        while tsize < 2 * cap_nodes:
+            tsize *= 2
+        table = np.full(tsize, -1, np.int64)
+        mask = tsize - 1
+        m_state = np.empty(cap_nodes, np.int64)
+        m_b = np.empty(cap_nodes, np.int64)
+        m_c = np.empty(cap_nodes, np.int64)
+        m_cnt = np.zeros(cap_nodes, np.int64)
+        m_g = np.empty((cap_nodes, p))
+        m_par = np.empty((cap_nodes, p), np.int64)
+        m = 0
+        for u in range(n_nodes):
+            s = nd_state[u]
+            b = nd_b[u]
+            a = nd_c[u]
+            gtop = nd_g[u, 0]
+            row = R[i, b, a]
+            for c in range(w):
+                if gtop + (Gr[row, c] if row >= 0 else Gb[i, a, c]) < thr:
+                    continue
                 if use_lm:
-                    ns, lc = _step(s, tok[i, c] + 1, off, lab, cost, nxt, bon, boc, uni, V)
-                    g = g0 + hl[i, c] - alpha * lc
+                    ns, lc = _step(s, tok[i, c] + 1, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
+                    stepv = hl[i, c] - alpha * lc
                 else:
                     ns = s
-                    g = g0 + hl[i, c]
-                f = g + H[i + 1, c]
-                if f < lower - tol:
+                    stepv = hl[i, c]
+                hb = H[i + 1, a, c]
+                if gtop + stepv + hb < thr:
                     continue
-                e_st[ne] = ns
-                e_cd[ne] = c
-                e_par[ne] = e
-                e_g[ne] = g
-                e_f[ne] = f
-                ne += 1
-        ordr = np.argsort(-e_f[:ne], kind="mergesort")
-        counts = Dict.empty(key_type=types.int64, value_type=types.int64)
-        need = n + ne
-        st = _grow(st, need)
-        cd = _grow(cd, need)
-        par = _grow(par, need)
-        sc = _grow(sc, need)
-        lo_new = n
-        kept = 0
-        for t in range(ne):
-            x = ordr[t]
-            key = e_st[x] * k + e_cd[x]
-            cnt = counts.get(key, 0)
-            if cnt >= p:
-                continue
-            counts[key] = cnt + 1
-            st[n] = e_st[x]
-            cd[n] = e_cd[x]
-            par[n] = e_par[x]
-            sc[n] = e_g[x]
-            n += 1
-            kept += 1
-            if cap > 0 and kept >= cap:
-                break
-        lo_prev = lo_new
-        hi_prev = n
-    m = min(p, hi_prev - lo_prev)
-    out = np.empty((m, h), np.int64)
-    scores = np.empty(m, np.float64)
-    for r in range(m):
-        e = lo_prev + r
-        scores[r] = sc[e]
+                key = (ns * k + a) * k + c
+                slot = _hash(key, c, mask)
+                while True:
+                    v = table[slot]
+                    if v < 0:
+                        v = m
+                        table[slot] = v
+                        m_state[v] = ns
+                        m_b[v] = a
+                        m_c[v] = c
+                        m += 1
+                        break
+                    if m_state[v] == ns and m_c[v] == c and m_b[v] == a:
+                        break
+                    slot = (slot + 1) & mask
+                cnt = m_cnt[v]
+                for t in range(nd_cnt[u]):
+                    g = nd_g[u, t] + stepv
+                    if g + hb < thr:
+                        break
+                    if cnt == p and g <= m_g[v, p - 1]:
+                        break  # this and u's later (worse) partials cannot enter v's top p
+                    pos = cnt if cnt < p else p - 1
+                    while pos > 0 and m_g[v, pos - 1] < g:
+                        m_g[v, pos] = m_g[v, pos - 1]
+                        m_par[v, pos] = m_par[v, pos - 1]
+                        pos -= 1
+                    m_g[v, pos] = g
+                    m_par[v, pos] = nd_id[u, t]
+                    if cnt < p:
+                        cnt += 1
+                m_cnt[v] = cnt
+        sel = np.arange(m)
+        if cap > 0 and m > cap:
+            fb = np.empty(m)
+            for v in range(m):
+                fb[v] = m_g[v, 0] + H[i + 1, m_b[v], m_c[v]]
+            sel = np.argsort(-fb, kind="mergesort")[:cap]
+        n_nodes = sel.shape[0]
+        nd_state = np.empty(n_nodes, np.int64)
+        nd_b = np.empty(n_nodes, np.int64)
+        nd_c = np.empty(n_nodes, np.int64)
+        nd_cnt = np.empty(n_nodes, np.int64)
+        nd_g = np.empty((n_nodes, p))
+        nd_id = np.empty((n_nodes, p), np.int64)
+        need = n_ent + n_nodes * p
+        if need > e_cd.shape[0]:
+            size = max(need, 2 * e_cd.shape[0])
+            t1 = np.empty(size, np.int64)
+            t1[:n_ent] = e_cd[:n_ent]
+            e_cd = t1
+            t2 = np.empty(size, np.int64)
+            t2[:n_ent] = e_par[:n_ent]
+            e_par = t2
+        for r in range(n_nodes):
+            v = sel[r]
+            nd_state[r] = m_state[v]
+            nd_b[r] = m_b[v]
+            nd_c[r] = m_c[v]
+            nd_cnt[r] = m_cnt[v]
+            for t in range(m_cnt[v]):
+                nd_g[r, t] = m_g[v, t]
+                e_cd[n_ent] = m_c[v]
+                e_par[n_ent] = m_par[v, t]
+                nd_id[r, t] = n_ent
+                n_ent += 1
+    # the final partials, best first (ties: the partial stored first)
+    total = 0
+    for r in range(n_nodes):
+        total += nd_cnt[r]
+    fg = np.empty(total)
+    fid = np.empty(total, np.int64)
+    q = 0
+    for r in range(n_nodes):
+        for t in range(nd_cnt[r]):
+            fg[q] = nd_g[r, t]
+            fid[q] = nd_id[r, t]
+            q += 1
+    o = np.argsort(-fg, kind="mergesort")
+    mm = min(p, total)
+    out = np.empty((mm, h), np.int64)
+    scores = np.empty(mm)
+    for r in range(mm):
+        e = fid[o[r]]
+        scores[r] = fg[o[r]]
         for i in range(h - 1, -1, -1):
-            out[r, i] = cd[e]
-            e = par[e]
-    return out, scores
+            out[r, i] = e_cd[e]
+            e = e_par[e]
+    return out, scores, n_ent
 
 
 @njit(cache=True)
-def _pbest(tok, hl, widths, alpha, p, start, off, lab, cost, nxt, bon, boc, uni, V,
-           pair_off, pair_lab, pair_val, dflt, uni_logp):
+def _pbest(tok, hl, widths, alpha, p, start, hist_b, off, lab, cost, nxt, bon, boc, uni, V, unk, tab,
+           uni_logp, ctx1, ctx1_gain, dflt, t1_off, t1_lab, t1_hash, t2_off, t2_lab, t2_val, t2_hash):
     """Exact p best: bounds, a beam pass for the lower bound, then the pruned exact pass."""
-    H, G, order = _suffix_bounds(tok, hl, widths, alpha, start, off, lab, cost, nxt, bon, boc, uni,
-                                 pair_off, pair_lab, pair_val, dflt, uni_logp, V)
-    beam = max(4 * p, 16)
-    cand, scores = _search(tok, hl, widths, alpha, p, start, -np.inf, beam, H, G, order,
-                           off, lab, cost, nxt, bon, boc, uni, V)
+    H, Gb, R, Gr = _suffix_bounds(tok, hl, widths, alpha, start, hist_b, off, lab, cost, nxt, bon, boc, uni, V,
+                          unk, tab, uni_logp, ctx1, ctx1_gain, dflt, t1_off, t1_lab, t1_hash, t2_off,
+                          t2_lab, t2_val, t2_hash)
+    beam = max(p, 16)
+    cand, scores, n1 = _search(tok, hl, widths, alpha, p, start, -np.inf, beam, H, Gb, R, Gr,
+                               off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
     lower = scores[-1] if scores.shape[0] >= p else -np.inf
-    return _search(tok, hl, widths, alpha, p, start, lower, 0, H, G, order,
-                   off, lab, cost, nxt, bon, boc, uni, V)
+    cand, scores, n2 = _search(tok, hl, widths, alpha, p, start, lower, 0, H, Gb, R, Gr,
+                               off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
+    return cand, scores, n1, n2
 
 
 _EMPTY_I64 = np.zeros(2, np.int64)
-_EMPTY_I32 = np.zeros(1, np.int32)
+_EMPTY_I32 = np.full(1, -1, np.int32)
 _EMPTY_F32 = np.zeros(1, np.float32)
 _EMPTY_F64 = np.zeros(1, np.float64)
 
 
 def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays: LMArrays | None,
-                start: int, alpha: float, p: int) -> tuple[np.ndarray, np.ndarray]:
+                start: int, alpha: float, p: int, hist_last: int = -1, with_counts: bool = False):
     """Exact p best of a sausage (``tokens int64[h,k]``, ``logp float32[h,k]``, ``widths int64[h]``).
 
-    ``arrays=None`` or ``alpha=0`` ranks by head log-probability alone. Returns
-    ``(cand int64[m, h], scores float64[m])``: candidate indices per slot, best first.
+    ``start``: the LM state of the history; ``hist_last``: the history's last token id (-1 for
+    an empty history, i.e. ``<s>``). ``arrays=None`` or ``alpha=0`` ranks by head log-probability
+    alone. Returns ``(cand int64[m, h], scores float64[m])``: candidate indices per slot, best
+    first; with ``with_counts`` also the partial paths kept by the beam and the exact pass.
     """
     hl = logp.astype(np.float64)
     if arrays is None or alpha == 0.0:
-        z64 = np.zeros(1, np.int64)
-        return _pbest(tokens, hl, widths, 0.0, int(p), 0, z64, _EMPTY_I32, _EMPTY_F32, _EMPTY_I32,
-                      _EMPTY_I32, _EMPTY_F32, 0, 0, _EMPTY_I64, _EMPTY_I32, _EMPTY_F64, _EMPTY_F64,
-                      _EMPTY_F64)
-    A = arrays
-    return _pbest(tokens, hl, widths, float(alpha), int(p), int(start), A.offsets, A.labels, A.costs,
-                  A.nexts, A.bo_next, A.bo_cost, A.unigram, A.vocab_size, A.pair_offsets,
-                  A.pair_labels, A.pair_val, A.pair_dflt, A.uni_logp)
+        z64 = np.zeros(2, np.int64)
+        e = (_EMPTY_I64, _EMPTY_F64, _EMPTY_F64, z64, _EMPTY_I32, _EMPTY_I32, z64,
+             _EMPTY_I32, _EMPTY_F64, _EMPTY_I32)
+        r = _pbest(tokens, hl, widths, 0.0, int(p), 0, -1, z64, _EMPTY_I32, _EMPTY_F32, _EMPTY_I32,
+                   _EMPTY_I32, _EMPTY_F32, 0, 0, UNSEEN_COST, _EMPTY_I32, _EMPTY_F64, *e)
+    else:
+        A = arrays
+        hb = A.vocab_size if hist_last < 0 else int(hist_last)
+        r = _pbest(tokens, hl, widths, float(alpha), int(p), int(start), hb, *A.lm_args(), *A.bound_args())
+    return r if with_counts else (r[0], r[1])
 
 
 def lm_step(arrays: LMArrays, state: int, token_id: int) -> tuple[int, float]:
     """(next_state, cost) with exact back-off; the kernels' own lookup, exposed for tests."""
-    A = arrays
-    ns, c = _step(int(state), int(token_id) + 1, A.offsets, A.labels, A.costs, A.nexts, A.bo_next,
-                  A.bo_cost, A.unigram, A.vocab_size)
+    ns, c = _step(int(state), int(token_id) + 1, *arrays.lm_args())
     return int(ns), float(c)
 
 
-def pair_bound(arrays: LMArrays, a_tok: int, c_tok: int) -> float:
-    """Upper bound of ln p(c | any context ending in a) (exposed for tests)."""
+@njit(cache=True)
+def _context_bound(b_tok, a_tok, c_tok, off, lab, cost, uni_logp, ctx1, ctx1_gain, dflt, V, unk, tab,
+                   t1_off, t1_lab, t1_hash, t2_off, t2_lab, t2_val, t2_hash):
+    v = _bound_short(a_tok, c_tok, off, lab, cost, uni_logp, ctx1, ctx1_gain, dflt, V, unk, tab)
+    r = _row2(b_tok, a_tok, t1_off, t1_lab, t1_hash, V)
+    if r >= 0:
+        j = _find(r, c_tok + 1, t2_off, t2_lab, t2_hash)
+        if j >= 0 and t2_val[j] > v:
+            v = t2_val[j]
+    return v
+
+
+def context_bound(arrays: LMArrays, b_tok: int, a_tok: int, c_tok: int) -> float:
+    """Upper bound of ln p(c | any context ending in (b, a)) (``b = -1``: ``<s>``); for tests."""
     A = arrays
-    return float(_pair_bound(int(a_tok), int(c_tok), A.pair_offsets, A.pair_labels, A.pair_val,
-                             A.pair_dflt, A.uni_logp, A.vocab_size))
+    b = A.vocab_size if b_tok < 0 else int(b_tok)
+    return float(_context_bound(b, int(a_tok), int(c_tok), A.offsets, A.labels, A.costs, A.uni_logp,
+                                A.ctx1, A.ctx1_gain, A.dflt, A.vocab_size, A.unk_cost, A.arc_hash,
+                                A.t1_off, A.t1_lab, A.t1_hash, A.t2_off, A.t2_lab, A.t2_val, A.t2_hash))

@@ -2,7 +2,7 @@
 pure-Python reference scorer (dicts of n-grams, back-off by recursion) to test against.
 
 Contexts are tuples of token ids; ``BOS = -2`` stands for ``<s>``. The context set is
-suffix-closed; a state's back-off is its longest proper suffix; an arc ``ctx --c-->``
+suffix- and prefix-closed, and a context's prefix has an arc for its last token (as in ARPA); a state's back-off is its longest proper suffix; an arc ``ctx --c-->``
 leads to the longest suffix of ``ctx + (c,)`` (at most n-1 long) that is a context.
 Probabilities are random and *not* normalised, and some back-off weights exceed 1, which
 is exactly what exactness and admissible bounds must survive.
@@ -127,7 +127,9 @@ def make_toy_lm(V: int = 6, order: int = 3, seed: int = 0, density: float = 0.5,
             costs[unseen] = UNSEEN
             arcs[ctx] = {c: float(np.float32(costs[c])) for c in range(V)}
             continue
-        toks = [c for c in range(V) if rng.random() < density]
+        # an n-gram's prefix is a context with an arc for its last token (as in any ARPA model)
+        toks = sorted({c for c in range(V) if rng.random() < density}
+                      | {x[-1] for x in contexts if len(x) == len(ctx) + 1 and x[:-1] == ctx})
         if undercut:
             arcs[ctx] = {c: float(np.float32(rng.uniform(0.1, 4.0))) for c in toks}
             lo, hi = (-0.7, 2.0) if positive_backoff else (0.05, 2.0)
