@@ -206,16 +206,17 @@ def sample_from(dist: StepDistribution, rng: np.random.Generator) -> np.ndarray:
 def adaptive_keep(J: np.ndarray, blur_kernel: int = 3) -> np.ndarray:
     """Otsu's selection on a joint grid: bool ``J.shape``, True where the (blurred) value is above Otsu's threshold.
 
-    The grid is quantised to uint8 relative to its maximum (OpenCV's Otsu takes 8/16-bit single
-    channel images); a flat grid keeps every non-zero entry; an all-zero grid keeps nothing.
+    The quantisation and the OpenCV call are the lattice's (``lattice.threshold.otsu_keep`` on the
+    flattened grid: uint8 relative to the maximum, ``keep = image > t``, the maximum always kept);
+    a flat grid keeps every entry; an all-zero grid keeps nothing.
     """
+    from latticedraft.lattice.threshold import otsu_keep
+
     B = gaussian_blur(J, blur_kernel) if blur_kernel > 1 else np.asarray(J, dtype=np.float64)
-    top = B.max()
-    if not top > 0:
+    if not B.max() > 0:
         return np.zeros(J.shape, dtype=bool)
-    q = np.clip(np.rint(B / top * 255.0), 0, 255).astype(np.uint8)
-    t, _ = cv2.threshold(q.reshape(-1, 1), 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
-    return q > t
+    _, keep = otsu_keep(B.ravel(), blur=False)
+    return keep.reshape(J.shape)
 
 
 def gaussian_blur(J: np.ndarray, kernel: int = 3) -> np.ndarray:

@@ -330,3 +330,32 @@ def test_top_k_breaks_ties_by_lower_id_like_a_stable_sort():
         ids, p = warp(x, DynamoConfig(top_k=k, temperature=1.0))
         assert ids.tolist() == np.argsort(-x, kind="stable")[:k].tolist()
         assert p.sum() == pytest.approx(1.0) and np.all(np.diff(p) <= 1e-15)
+
+
+def _otsu_reference(q):
+    """Otsu (1979) by hand on a uint8 image: the t maximising the between-class variance of {≤ t} vs {> t}."""
+    hist = np.bincount(q.ravel(), minlength=256).astype(np.float64)
+    p = hist / hist.sum()
+    levels = np.arange(256)
+    best, best_t = -1.0, 0
+    for t in range(256):
+        w0, w1 = p[: t + 1].sum(), p[t + 1:].sum()
+        if w0 == 0 or w1 == 0:
+            continue
+        m0 = (levels[: t + 1] * p[: t + 1]).sum() / w0
+        m1 = (levels[t + 1:] * p[t + 1:]).sum() / w1
+        var = w0 * w1 * (m0 - m1) ** 2
+        if var > best + 1e-12:
+            best, best_t = var, t
+    return best_t
+
+
+@pytest.mark.parametrize("shape", [(6, 6), (5, 4, 3)])
+def test_adaptive_keep_is_otsu_of_the_blurred_quantised_grid(shape):
+    rng = np.random.default_rng(len(shape))
+    for _ in range(20):
+        J = rng.dirichlet(np.full(int(np.prod(shape)), 0.3)).reshape(shape)
+        for kernel in (1, 3):
+            B = gaussian_blur(J, kernel) if kernel > 1 else J
+            q = np.rint(B / B.max() * 255).astype(np.uint8)
+            assert adaptive_keep(J, kernel).tolist() == (q > _otsu_reference(q)).tolist()
