@@ -57,7 +57,7 @@ fi
 #    "trigrams twice, 4-grams four times" (--prune 0 0 1 3) leaves 0.8 M n-grams, 0 0 1 1 leaves 1.1 M.
 #    Rebuilt (--force) when the tokenizer or these arguments change.
 LMDIR=$CACHE/lm/stdlib-4gram
-LM_ARGS="--corpus stdlib:train --tokenizer data/tokenizer/tokenizer.json --order 4 --prune 0"
+LM_ARGS="--corpus stdlib:train --tokenizer data/tokenizer/tokenizer.json --order 4 --prune 0 --cooccurrence"
 if [ -f data/tokenizer/tokenizer.json ]; then
   lm_want="$(sha256sum data/tokenizer/tokenizer.json | cut -d' ' -f1) $LM_ARGS"
   if [ ! -f "$LMDIR/manifest.json" ] || [ "$(cat "$LMDIR.stamp" 2>/dev/null)" != "$lm_want" ]; then
