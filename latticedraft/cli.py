@@ -337,9 +337,95 @@ def _cmd_eval_dynamo(a) -> int:
     return 0
 
 
+# -- decode / eval / tune / demo (parallel BPD) -------------------------------------------------
+
+
+def _drafter_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("drafting (--method bpd)")
+    g.add_argument("--drafter", default="top1",
+                   choices=["top1", "neural", "ngram", "parallel", "parallel-base", "oracle"],
+                   help="top1 = vanilla BPD; ngram/parallel = n-gram rescoring, p = 1 / --nbest; "
+                        "parallel-base = --nbest paths of the un-rescored lattice; neural = Algorithm 2; "
+                        "oracle = best lattice path given the greedy output (default top1)")
+    g.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
+    g.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
+    g.add_argument("--alpha", type=float, default=1.0, help="interpolation weight of the rescoring LM (default 1.0)")
+    g.add_argument("--nbest", type=int, default=16, help="drafts verified per step for parallel drafters (default 16)")
+    g.add_argument("--k", type=int, default=16, help="candidates per head in the lattice (default 16)")
+    g.add_argument("--prune", default="none", choices=["none", "static", "otsu"], help="lattice pruning (default none)")
+    g.add_argument("--eps", type=float, default=0.001, help="static pruning threshold, a probability (default 0.001)")
+    g.add_argument("--backoff", type=float, default=None, metavar="EPS_B",
+                   help="cut the lattice at the first head whose best probability is below EPS_B")
+    g.add_argument("--verify", default="auto", choices=["auto", "tree", "batched"],
+                   help="tree attention or drafts as batch rows (default auto: tree where the model takes 4-D masks)")
+
+
+def _spec(a):
+    from latticedraft.decoding.run import DrafterSpec
+
+    return DrafterSpec(name=a.drafter, k=a.k, prune=a.prune, eps=a.eps, backoff=a.backoff, alpha=a.alpha,
+                       nbest=a.nbest)
+
+
+def _cmd_decode(a) -> int:
+    """``decode``: stream the continuation of each prompt, or one JSON object per prompt."""
+    import json
+
+    from latticedraft.decoding.run import Session, TextStream, encode, read_prompts, records
+    from latticedraft.errors import InputError
+
+    if a.method == "dynamo":
+        return _cmd_decode_dynamo(a)
+    if (a.prompt is None) == (a.prompts is None):
+        raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
+    texts = [a.prompt] if a.prompt is not None else [r["prompt"] for r in read_prompts(a.prompts)]
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device)
+    ids = encode(s.tokenizer, texts)
+    spec = _spec(a)
+    if a.json:
+        res = s.decode(ids, a.method, spec, max_new_tokens=a.max_new_tokens, verify=a.verify, batch_size=a.batch_size)
+        for rec in records(res, s.tokenizer, s.base_dir, texts):
+            print(json.dumps(rec, ensure_ascii=False))
+        return 0
+    for text, p in zip(texts, ids):
+        sys.stdout.write(text)
+        res = s.decode([p], a.method, spec, max_new_tokens=a.max_new_tokens, verify=a.verify,
+                       on_tokens=TextStream(s.tokenizer, sys.stdout))
+        q = res.sequences[0]
+        print()
+        print(f"-- {len(q.tokens)} tokens, {q.calls} calls, block efficiency {q.block_efficiency:.2f}, "
+              f"{len(q.tokens) / max(q.seconds, 1e-9):.1f} tokens/s ({a.method}"
+              f"{'/' + a.drafter if a.method == 'bpd' else ''}, verify {res.verify_mode})", file=sys.stderr)
+    return 0
+
+
+def _common_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, metavar="DIR", help="BPD head checkpoint or HF causal LM (default data/heads-stern)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer.json (default: beside the model, else data/tokenizer)")
+    p.add_argument("--device", default=None, help="torch device (default cpu)")
+
+
+def _add_decode(groups) -> None:
+    p = groups.add_parser("decode", help="generate with parallel BPD (exactly the greedy output, fewer model calls)",
+                          description="Generate with blockwise parallel decoding; the output equals greedy decoding.")
+    p.add_argument("--method", default="bpd", choices=["bpd", "greedy", "dynamo"],
+                   help="bpd (default), greedy (plain autoregressive baseline) or dynamo (sampling with DynaMo heads)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default=None, help="prompt text")
+    src.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="one {\"prompt\": ...} per line")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
+    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together with --json (default 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per prompt instead of streaming text")
+    _common_model_args(p)
+    _drafter_args(p)
+    _dynamo_sampler_args(p)
+    p.set_defaults(func=_cmd_decode)
+
+
 _GROUPS: list = []
 _GROUPS.append(_add_train)
 _GROUPS.append(_add_lm)
+_GROUPS.append(_add_decode)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,12 +42,14 @@ class LatticeOptions:
     """k: candidates per slot (top-k of each head); prune: "none" | "static" (drop arcs with
     probability < ``eps``) | "otsu" (static, then Otsu's per-slot threshold); backoff: cut
     the lattice before the first slot whose best probability is < ``backoff`` (None: keep
-    all h-1 slots). Pruning is ``latticedraft.lattice.threshold.prune`` (DynaMo's order)."""
+    all h-1 slots). Pruning is ``latticedraft.lattice.threshold.prune`` (DynaMo's order).
+    slots: use only the first ``slots`` draft slots (heads 1..slots; Table 10's ablation)."""
 
     k: int = 16
     prune: str = "none"
     eps: float = 0.001
     backoff: float | None = None
+    slots: int | None = None
 
     def __post_init__(self):
         if self.k < 1:
@@ -58,9 +60,13 @@ class LatticeOptions:
             raise InputError(f"--eps {self.eps} is not a probability in [0, 1]")
         if self.backoff is not None and not 0.0 <= self.backoff <= 1.0:
             raise InputError(f"--backoff {self.backoff} is not a probability in [0, 1]")
+        if self.slots is not None and self.slots < 1:
+            raise InputError(f"slots = {self.slots} must be >= 1 (heads used = slots + 1)")
 
     def build(self, head_logp: np.ndarray) -> Sausage:
         """head_logp float32[h-1, V] (log-softmax of heads 1..h-1) -> pruned top-k Sausage."""
+        if self.slots is not None:
+            head_logp = head_logp[: self.slots]
         s = Sausage.from_logits(head_logp, min(self.k, head_logp.shape[-1]))
         if self.prune == "none" and self.backoff is None:
             return s

@@ -1,0 +1,281 @@
+"""Loading the bundled defaults and running a decode method on texts: what ``decode``,
+``eval``, ``tune``, ``demo`` and the benchmark share.
+
+Defaults (``latticedraft.paths``): model ``data/heads-stern`` (Stern heads on ``data/base``),
+tokenizer ``data/tokenizer/tokenizer.json``, n-gram LM ``.cache/lm/stdlib-4gram``, neural
+rescorer ``data/rescorer-small``. Methods: ``bpd`` (blockwise parallel decoding with a
+drafter) and ``greedy`` (plain autoregressive decoding, the baseline).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from latticedraft.errors import InputError
+from latticedraft.paths import data_dir, default_lm_dir
+
+METHODS = ("bpd", "greedy")
+EOS_TEXT = "<|endoftext|>"
+
+
+def default_model_dir() -> Path:
+    return data_dir() / "heads-stern"
+
+
+def default_rescorer_dir() -> Path:
+    return data_dir() / "rescorer-small"
+
+
+def load_model(model_dir=None, device=None, dtype=None):
+    """A ``BlockwiseModel`` from a head checkpoint, or a plain HF causal LM directory (then BPD
+    has no heads and decodes one token per call)."""
+    from latticedraft.gpu import hf
+    from latticedraft.gpu.blockwise import CONFIG_NAME, BlockwiseModel
+
+    path = Path(model_dir) if model_dir is not None else default_model_dir()
+    if not path.exists():
+        hint = " (the bundled heads: run `bash scripts/setup.sh` or `bash data/build.sh heads-stern`)" if model_dir is None else ""
+        raise InputError(f"model directory {path} does not exist{hint}; pass --model DIR")
+    if (path / CONFIG_NAME).is_file():
+        return BlockwiseModel.from_pretrained(path, device=device, dtype=dtype)
+    return hf.load_causal_lm(path, device=device, dtype=dtype)
+
+
+def base_dir_of(model, model_dir=None) -> str:
+    """The directory ``AutoModelForCausalLM.from_pretrained`` loads the base model from."""
+    ref = getattr(model, "base_ref", None)
+    if ref:
+        return str(ref)
+    return str(Path(model_dir) if model_dir is not None else default_model_dir())
+
+
+def load_tokenizer_for(model, model_dir=None, tokenizer_path=None):
+    """The given tokenizer, else one beside the model/base, else the bundled one; checked
+    against the model's vocabulary."""
+    from latticedraft.gpu.hf import check_tokenizer_fits
+    from latticedraft.lm.tokenizer import load_tokenizer
+
+    if tokenizer_path is not None:
+        path = Path(tokenizer_path)
+    else:
+        cands = [Path(model_dir) / "tokenizer.json" if model_dir else None,
+                 Path(model.base_ref) / "tokenizer.json" if getattr(model, "base_ref", None) else None,
+                 data_dir() / "tokenizer" / "tokenizer.json"]
+        path = next((c for c in cands if c is not None and c.is_file()), None)
+        if path is None:
+            raise InputError("no tokenizer beside the model or in data/tokenizer; pass --tokenizer PATH")
+    tok = load_tokenizer(path)
+    check_tokenizer_fits(tok, getattr(model, "base", model), where=str(model_dir or "the model"))
+    return tok
+
+
+def load_lm(lm_dir=None, tokenizer=None):
+    """The n-gram LM build (``NgramLM``); default: the bundled 4-gram that set-up builds."""
+    from latticedraft.lm.ngram import NgramLM
+
+    path = Path(lm_dir) if lm_dir is not None else default_lm_dir()
+    if not path.exists():
+        raise InputError(f"n-gram LM {path} not found; run `bash scripts/setup.sh` (builds the bundled 4-gram) "
+                         "or pass --lm DIR from `latticedraft lm build`")
+    return NgramLM.load(path, tokenizer=tokenizer)
+
+
+def load_rescorer(path=None, device=None, tokenizer=None):
+    """A small causal LM for neural rescoring (default ``data/rescorer-small``)."""
+    from latticedraft.gpu import hf
+
+    p = Path(path) if path is not None else default_rescorer_dir()
+    if not p.exists():
+        raise InputError(f"neural rescorer {p} not found; pass --rescorer DIR (a causal LM with the model's vocabulary)")
+    m = hf.load_causal_lm(p, device=device)
+    if tokenizer is not None:
+        hf.check_tokenizer_fits(tokenizer, m, where=str(p))
+    return m.eval()
+
+
+def read_prompts(path, limit: int | None = None) -> list[dict]:
+    """JSONL records with ``prompt`` (str) and optional ``reference``; InputError names the line."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"prompt file {p} not found; pass --prompts FILE.jsonl with one {{\"prompt\": ...}} per line")
+    out = []
+    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec.get("prompt"), str) or not rec["prompt"]:
+                raise KeyError("prompt")
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise InputError(f"{p} line {i} is not a JSON object with a non-empty string 'prompt' ({e}); fix that line") from e
+        out.append(rec)
+        if limit is not None and len(out) >= limit:
+            break
+    if not out:
+        raise InputError(f"prompt file {p} holds no prompts")
+    return out
+
+
+def encode(tokenizer, texts: list[str]) -> list[np.ndarray]:
+    ids = [np.asarray(tokenizer.encode(t).ids, dtype=np.int64) for t in texts]
+    for t, i in zip(texts, ids):
+        if len(i) == 0:
+            raise InputError(f"prompt {t!r} encodes to no tokens; give a non-empty prompt")
+    return ids
+
+
+def eos_id(tokenizer) -> int | None:
+    return tokenizer.token_to_id(EOS_TEXT)
+
+
+@dataclass
+class DrafterSpec:
+    """What ``make_drafter`` needs, as plain values (CLI flags map 1:1)."""
+
+    name: str = "top1"
+    k: int = 16
+    prune: str = "none"
+    eps: float = 0.001
+    backoff: float | None = None
+    slots: int | None = None
+    alpha: float = 1.0
+    nbest: int = 16
+
+
+def build_drafter(spec: DrafterSpec, lm=None, rescorer=None, references=None):
+    from latticedraft.decoding.drafters import LatticeOptions, make_drafter
+
+    opts = LatticeOptions(k=spec.k, prune=spec.prune, eps=spec.eps, backoff=spec.backoff, slots=spec.slots)
+    return make_drafter(spec.name, options=opts, lm=lm, rescorer=rescorer, alpha=spec.alpha, nbest=spec.nbest,
+                        references=references)
+
+
+def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_tokens=64, eos_token_id=None,
+               verify="auto", batch_size: int = 1, on_tokens=None, record_steps=False):
+    """Decode ``prompt_ids`` with ``method`` in batches; returns one merged ``DecodeResult``."""
+    from latticedraft.decoding.bpd import DecodeResult, bpd_decode, greedy_decode
+
+    if method not in METHODS:
+        raise InputError(f"--method {method!r} is not one of {', '.join(METHODS)} (dynamo: see `decode --method dynamo`)")
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be >= 1, got {batch_size}")
+    parts = []
+    for s in range(0, len(prompt_ids), batch_size):
+        chunk = prompt_ids[s : s + batch_size]
+        cb = None if on_tokens is None else (lambda i, t, s=s: on_tokens(s + i, t))
+        if method == "greedy":
+            r = greedy_decode(model, chunk, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
+            if cb is not None:
+                for i, q in enumerate(r.sequences):
+                    cb(i, q.tokens.tolist())
+        else:
+            r = bpd_decode(model, chunk, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                           verify=verify, on_tokens=cb, record_steps=record_steps)
+            for st in r.steps:
+                st.row += s
+        parts.append(r)
+    timing = {k: sum(p.timing.get(k, 0.0) for p in parts) for k in parts[0].timing}
+    return DecodeResult(
+        [q for p in parts for q in p.sequences], parts[0].verify_mode, parts[0].verify_reason,
+        sum(p.seconds for p in parts), timing, [st for p in parts for st in p.steps],
+    )
+
+
+def records(result, tokenizer, model_dir: str, texts: list[str]) -> list[dict]:
+    """The ``--json`` objects, one per prompt."""
+    out = []
+    for text, s in zip(texts, result.sequences):
+        out.append({
+            "prompt": text,
+            "prompt_ids": s.prompt_ids.tolist(),
+            "tokens": s.tokens.tolist(),
+            "text": tokenizer.decode(s.tokens.tolist()),
+            "calls": s.calls,
+            "block_efficiency": round(s.block_efficiency, 4),
+            "accepted_per_step": s.accepted_drafts,
+            "tokens_per_call": s.tokens_per_call,
+            "seconds": round(s.seconds, 4),
+            "verify": result.verify_mode,
+            "model": model_dir,
+        })
+    return out
+
+
+def write_atomic(path: Path, data: str | bytes) -> Path:
+    """Write to ``path.tmp`` in the same directory, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+class TextStream:
+    """Prints tokens as text while they arrive (byte-level BPE: decode the whole row each
+    time and print the new suffix, so multi-byte characters never split)."""
+
+    def __init__(self, tokenizer, file):
+        self.tok, self.file, self.ids, self.shown = tokenizer, file, [], ""
+
+    def __call__(self, row: int, new: list[int]) -> None:
+        self.ids.extend(int(t) for t in new)
+        text = self.tok.decode(self.ids)
+        if text.startswith(self.shown):
+            self.file.write(text[len(self.shown):])
+            self.file.flush()
+            self.shown = text
+
+
+class Session:
+    """The model, tokenizer and (loaded on first use) LM and rescorer of one command."""
+
+    def __init__(self, model_dir=None, tokenizer_path=None, lm_dir=None, rescorer_dir=None, device=None):
+        self.model_dir = model_dir
+        self.model = load_model(model_dir, device=device)
+        self.tokenizer = load_tokenizer_for(self.model, model_dir, tokenizer_path)
+        self.base_dir = base_dir_of(self.model, model_dir)
+        self.lm_dir, self.rescorer_dir, self.device = lm_dir, rescorer_dir, device
+        self._lm = self._rescorer = None
+        self.eos = eos_id(self.tokenizer)
+
+    @property
+    def lm(self):
+        if self._lm is None:
+            self._lm = load_lm(self.lm_dir, self.tokenizer)
+        return self._lm
+
+    @property
+    def rescorer(self):
+        if self._rescorer is None:
+            self._rescorer = load_rescorer(self.rescorer_dir, self.device, self.tokenizer)
+        return self._rescorer
+
+    def drafter(self, spec: DrafterSpec, references=None):
+        lm = self.lm if spec.name in ("ngram", "parallel") else None
+        rescorer = self.rescorer if spec.name == "neural" else None
+        return build_drafter(spec, lm=lm, rescorer=rescorer, references=references)
+
+    def decode(self, prompt_ids: list, method: str = "bpd", spec: DrafterSpec | None = None, *,
+               max_new_tokens: int = 64, verify: str = "auto", batch_size: int = 1, on_tokens=None,
+               references=None, record_steps: bool = False):
+        """Decode token-id prompts; the oracle drafter gets greedy references computed here
+        unless given."""
+        spec = spec or DrafterSpec()
+        drafter = None
+        if method == "bpd":
+            if spec.name == "oracle" and references is None:
+                g = run_method("greedy", self.model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_id=self.eos)
+                references = [q.tokens for q in g.sequences]
+            drafter = self.drafter(spec, references)
+        return run_method(method, self.model, prompt_ids, drafter, max_new_tokens=max_new_tokens,
+                          eos_token_id=self.eos, verify=verify, batch_size=batch_size, on_tokens=on_tokens,
+                          record_steps=record_steps)
