@@ -19,14 +19,13 @@
 from __future__ import annotations
 
 import struct
-import weakref
 from typing import Sequence
 
 import numpy as np
 
 from latticedraft.errors import InputError, ModelError
 from latticedraft.lattice.sausage import Drafts, Sausage
-from latticedraft.lattice.search import exact_pbest, lm_arrays
+from latticedraft.lattice.search import _fingerprint, exact_pbest, lm_arrays
 
 METHODS = ("exact", "wfst")
 
@@ -118,7 +117,6 @@ def _drafts(s: Sausage, cand: np.ndarray, scores: np.ndarray, nbest: int) -> Dra
 # ---------------------------------------------------------------------------------------------
 # WFST composition (OpenFST through pynini's pywrapfst)
 
-_G_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _MAGIC = 2125659606
 _HEADER_HEAD = struct.pack("<i", _MAGIC) + struct.pack("<i", 6) + b"vector" + struct.pack("<i", 8) + b"standard"
 _ARC = np.dtype([("il", "<i4"), ("ol", "<i4"), ("w", "<f4"), ("next", "<i4")])
@@ -126,12 +124,16 @@ _PROPS = 0x3  # kExpanded | kMutable; OpenFST computes the rest on demand
 
 
 def _lm_fst(fst):
-    try:
-        return _G_CACHE[fst]
-    except KeyError:
-        pass
+    """The LM as a ``pywrapfst`` FST, built once and cached on the ``NgramFst`` object."""
+    key = _fingerprint(fst)
+    cached = getattr(fst, "_lattice_pywrapfst", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
     G = fst.to_pywrapfst()
-    _G_CACHE[fst] = G
+    try:
+        object.__setattr__(fst, "_lattice_pywrapfst", (key, G))
+    except (AttributeError, TypeError):
+        pass
     return G
 
 

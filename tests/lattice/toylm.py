@@ -67,11 +67,47 @@ class ToyLM:
             total -= cost
         return total
 
+    def ref_eps_score(self, hist, ids) -> float:
+        """LM log-probability of ids when back-off arcs are plain epsilons (what composition +
+        shortest path computes): the best over every choice of backing off, before, between
+        and after the tokens."""
+        start = self.ref_state(tuple(hist)) if len(hist) else self.contexts[self.start]
+        frontier = {start: 0.0}
+        for c in ids:
+            closure = {}
+            for ctx, sc in frontier.items():
+                while True:
+                    closure[ctx] = max(closure.get(ctx, -np.inf), sc)
+                    if ctx == ():
+                        break
+                    sc -= self.backoff[ctx]
+                    ctx = ctx[1:]
+            frontier = {}
+            for ctx, sc in closure.items():
+                if c in self.arcs[ctx]:
+                    nxt = self.ref_state(ctx + (c,))
+                    frontier[nxt] = max(frontier.get(nxt, -np.inf), sc - self.arcs[ctx][c])
+        # every state is final, so trailing back-off arcs count too (they gain when a
+        # back-off weight exceeds 1)
+        best = -np.inf
+        for ctx, sc in frontier.items():
+            while True:
+                best = max(best, sc)
+                if ctx == ():
+                    break
+                sc -= self.backoff[ctx]
+                ctx = ctx[1:]
+        return best
+
     # --- the NgramFst interface the rescorer uses ---
     def state_for_history(self, history) -> int:
         if len(history) == 0:
             return self.start
         return self.index[self.ref_state(tuple(int(t) for t in history))]
+
+    def arc_lookup(self, state: int, token_id: int):
+        cost, nxt = self.ref_cost(self.contexts[state], int(token_id))
+        return self.index[nxt], cost
 
     def to_pywrapfst(self):
         import pywrapfst
