@@ -280,6 +280,11 @@ def test_generation_refuses_mismatched_inputs(model):
         generate(model, PROMPTS, DynamoConfig(top_k=8), cooc=stats, tokenizer_fingerprint="y" * 64)
     with pytest.raises(ModelError, match="3 heads"):
         generate(model, PROMPTS, DynamoConfig(top_k=8, max_n=4, cooccurrence=False))
+    two = _tiny_model(h=2)
+    with pytest.raises(ModelError, match="has 2 heads but --max-n is 3"):
+        generate(two, PROMPTS, DynamoConfig(top_k=8, max_n=3, cooccurrence=False))
+    res = generate(two, PROMPTS, DynamoConfig(epsilon_b=0, top_k=8, cooccurrence=False), max_new_tokens=4)
+    assert all(r.ns == [2, 2] for r in res)  # n defaults to the model's 2 heads
     with pytest.raises(InputError, match="larger than the vocabulary"):
         generate(model, PROMPTS, DynamoConfig(top_k=33, cooccurrence=False))
 
@@ -359,3 +364,59 @@ def test_adaptive_keep_is_otsu_of_the_blurred_quantised_grid(shape):
             B = gaussian_blur(J, kernel) if kernel > 1 else J
             q = np.rint(B / B.max() * 255).astype(np.uint8)
             assert adaptive_keep(J, kernel).tolist() == (q > _otsu_reference(q)).tolist()
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny DynaMo checkpoint on disk (base + heads) and a 32-word tokenizer that matches it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    d = tmp_path_factory.mktemp("dynamo")
+    m = _tiny_model().float()
+    m.base.save_pretrained(d / "base")
+    m.save_pretrained(d / "heads", base_ref=str(d / "base"))
+    words = ["<|endoftext|>"] + [f"w{i}" for i in range(31)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(d / "tokenizer.json"))
+    return d
+
+
+def _run(argv, capsys):
+    from latticedraft.cli import main
+
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_decode_dynamo_prints_tokens_per_call_and_n(saved, capsys):
+    import json
+
+    base = ["decode", "--method", "dynamo", "--model", str(saved / "heads"), "--tokenizer", str(saved / "tokenizer.json"),
+            "--prompt", "w1 w2 w3", "--max-new-tokens", "6", "--top-k", "4", "--no-cooccurrence"]
+    rc, out, err = _run(base + ["--json", "--epsilon-b", "0", "--no-adaptive-threshold"], capsys)
+    assert rc == 0, err
+    rec = json.loads(out)
+    assert rec["ns"] == [3, 3] and rec["calls"] == 2 and rec["tokens_per_call"] == 3.0 and len(rec["tokens"]) == 6
+    rc, out, err = _run(base + ["--epsilon-b", "1", "--seed", "4"], capsys)
+    assert rc == 0 and out.startswith("w1 w2 w3")
+    assert "6 tokens in 6 calls: 1.00 tokens/call; n per call: 1 1 1 1 1 1" in err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--epsilon-b", "1.5"], "outside [0, 1]"),
+    (["--top-k", "33", "--no-cooccurrence"], "larger than the vocabulary"),
+    (["--max-n", "4", "--no-cooccurrence"], "at most 3 tokens"),
+    (["--cooccurrence", "WRONG"], "vocabulary size 6"),
+])
+def test_cli_decode_dynamo_bad_input_is_one_line(saved, capsys, extra, message):
+    if "WRONG" in extra:
+        CooccurrenceStats.from_sequences([[1, 2, 3]], vocab_size=6, fingerprint="x").save(saved / "wrong.npz")
+        extra = ["--cooccurrence", str(saved / "wrong.npz")]
+    rc, out, err = _run(["decode", "--method", "dynamo", "--model", str(saved / "heads"), "--tokenizer",
+                         str(saved / "tokenizer.json"), "--prompt", "w1 w2", "--max-new-tokens", "3"] + extra, capsys)
+    assert rc == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
