@@ -289,6 +289,7 @@ def test_generation_refuses_mismatched_inputs(model):
         generate(model, PROMPTS, DynamoConfig(top_k=33, cooccurrence=False))
 
 
+@pytest.mark.slow
 def test_ablation_writes_table_json_and_plot(model, tmp_path):
     import json
 
