@@ -422,10 +422,77 @@ def _add_decode(groups) -> None:
     p.set_defaults(func=_cmd_decode)
 
 
+def _ids(text: str | None) -> list[int] | None:
+    """``"1,2,3"`` or ``"1 2 3"`` -> [1, 2, 3] (None stays None)."""
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        from latticedraft.errors import InputError
+
+        raise InputError(f"token ids {text!r} must be integers separated by commas or spaces, e.g. 12,7,99")
+
+
+def _cmd_rescore(a) -> int:
+    import json
+
+    from latticedraft.lattice.rescore import rescore_file
+
+    res = rescore_file(a.lattice, a.lm, alpha=a.alpha, nbest=a.nbest, history=_ids(a.history), method=a.method)
+    if res["truncated"]:
+        print(f"note: the lattice has only {len(res['paths'])} paths; returning all of them", file=sys.stderr)
+    print(json.dumps(res))
+    return 0
+
+
+def _add_rescore(groups) -> None:
+    p = groups.add_parser("rescore", help="the p best drafts of a lattice under head + alpha * n-gram scores (JSON)",
+                          description="Rescore a sausage lattice (.npz from Sausage.save) with an n-gram LM and "
+                                      "print the p best distinct paths as JSON.")
+    p.add_argument("--lm", required=True, metavar="DIR", help="n-gram build directory (latticedraft lm build)")
+    p.add_argument("--lattice", required=True, metavar="FILE.npz", help="lattice written by Sausage.save")
+    p.add_argument("--alpha", type=float, default=1.0, help="LM weight: score = head_logp + alpha * lm_logp (default 1)")
+    p.add_argument("--nbest", type=int, default=1, help="number of distinct drafts (default 1)")
+    p.add_argument("--history", default=None, metavar="IDS",
+                   help="emitted token ids before the lattice, e.g. 12,7,99 (default: the file's 'history', else <s>)")
+    p.add_argument("--method", default="exact", choices=["exact", "wfst"],
+                   help="exact (back-off semantics, default) or wfst (OpenFST compose + n-shortest, epsilon back-off)")
+    p.set_defaults(func=_cmd_rescore)
+
+
+def _cmd_lattice_draw(a) -> int:
+    from latticedraft.lattice.draw import draw_file
+
+    out = draw_file(a.lattice, a.out, tokenizer=a.tokenizer, reference=_ids(a.reference), lm=a.lm, alpha=a.alpha,
+                    history=_ids(a.history))
+    print(out)
+    return 0
+
+
+def _add_lattice(groups) -> None:
+    p = groups.add_parser("lattice", help="inspect sausage lattices")
+    sub = p.add_subparsers(dest="verb", required=True, metavar="<verb>")
+    d = sub.add_parser("draw", help="draw a lattice like Figure 4 of the BPD paper (PNG)",
+                       description="Draw a lattice: one column per slot, arcs by weight with token text and score; "
+                                   "the chosen path in blue, the reference in green.")
+    d.add_argument("lattice", metavar="LATTICE.npz", help="lattice written by Sausage.save")
+    d.add_argument("-o", "--out", required=True, metavar="OUT.png", help="the picture to write")
+    d.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer.json for token text (default: ids)")
+    d.add_argument("--reference", default=None, metavar="IDS", help="the target's tokens (default: the file's 'reference')")
+    d.add_argument("--lm", default=None, metavar="DIR", help="choose the path by rescoring with this n-gram (default: "
+                                                             "the file's 'chosen', else top-1)")
+    d.add_argument("--alpha", type=float, default=1.0, help="LM weight with --lm (default 1)")
+    d.add_argument("--history", default=None, metavar="IDS", help="history for --lm (default: the file's 'history')")
+    d.set_defaults(func=_cmd_lattice_draw)
+
+
 _GROUPS: list = []
 _GROUPS.append(_add_train)
 _GROUPS.append(_add_lm)
 _GROUPS.append(_add_decode)
+_GROUPS.append(_add_rescore)
+_GROUPS.append(_add_lattice)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
-"""Fixtures for the lattice tests: a small real n-gram LM built with KenLM's lmplz."""
+"""Fixtures for the lattice tests: a small real n-gram LM built with ``latticedraft lm build``
+(KenLM's lmplz underneath) over the bundled tokenizer."""
 
 from __future__ import annotations
 
-import subprocess
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,32 +14,35 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")
-def real_lm(tmp_path_factory):
-    """A 3-gram over the bundled tokenizer's ids, from a few standard-library files:
-    ``(NgramFst, arpa path, token ids of the held-out text)``."""
-    from latticedraft.lm.corpus import read_text, stdlib_split
-    from latticedraft.lm.tokenizer import load_tokenizer
-    from latticedraft.lm.wfst import NgramFst
+def lm_build(tmp_path_factory) -> Path:
+    """A 3-gram build directory over 40 standard-library files."""
+    from latticedraft.cli import main
+    from latticedraft.lm.corpus import stdlib_split
     from latticedraft.paths import data_dir, kenlm_tool
 
     try:
-        lmplz = kenlm_tool("lmplz")
-    except Exception as e:  # pragma: no cover - set-up problem, not a test result
+        kenlm_tool("lmplz")
+    except Exception as e:  # pragma: no cover - a set-up problem, not a test result
         pytest.skip(f"KenLM not built: {e}")
-    tok = load_tokenizer(data_dir() / "tokenizer")
-    d = tmp_path_factory.mktemp("lm3")
-    files = stdlib_split("train")[:40]
-    lines = []
-    for f in files:
-        ids = tok.encode(read_text(f, "replace")).ids
-        for i in range(0, len(ids), 200):
-            lines.append(" ".join(map(str, ids[i:i + 200])))
-    (d / "train.txt").write_text("\n".join(lines) + "\n")
-    arpa = d / "lm.arpa"
-    with open(d / "train.txt") as fin, open(arpa, "w") as fout:
-        subprocess.run([str(lmplz), "-o", "3", "-S", "10%", "-T", str(d), "--discount_fallback"],
-                       stdin=fin, stdout=fout, stderr=subprocess.DEVNULL, check=True)
-    fst = NgramFst.from_arpa(arpa, vocab_size=tok.get_vocab_size())
+    root = tmp_path_factory.mktemp("lm3")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i, f in enumerate(stdlib_split("train")[:40]):
+        shutil.copy(f, corpus / f"{i:03d}_{f.name}")
+    out = root / "build"
+    rc = main(["lm", "build", "--corpus", str(corpus), "--out", str(out), "--order", "3",
+               "--tokenizer", str(data_dir() / "tokenizer"), "--encoding-errors", "replace"])
+    assert rc == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_lm(lm_build):
+    """``(NgramFst, arpa path, token ids of a held-out file)``."""
+    from latticedraft.lm.corpus import read_text, stdlib_split
+    from latticedraft.lm.ngram import NgramLM
+
+    lm = NgramLM.load(lm_build)
     held = stdlib_split("heldout")[0]
-    ids = np.array(tok.encode(read_text(held, "replace")).ids, dtype=np.int64)
-    return fst, arpa, ids
+    ids = np.array(lm.tokenizer.encode(read_text(held, "replace")).ids, dtype=np.int64)
+    return lm.fst, lm_build / "lm.arpa", ids
