@@ -487,10 +487,124 @@ def _add_lattice(groups) -> None:
     d.set_defaults(func=_cmd_lattice_draw)
 
 
+def _cmd_eval(a) -> int:
+    """``eval``: every drafter on a prompt set; results.json, results.md, Figure 6 and 7 PNGs."""
+    if a.method == "dynamo":
+        return _cmd_eval_dynamo(a)
+    from latticedraft.decoding.evaluate import EvalConfig, evaluate
+    from latticedraft.decoding.run import Session, read_prompts
+    from latticedraft.decoding.tune import read_alphas
+    from latticedraft.paths import data_dir
+
+    alphas = read_alphas(a.alphas) if a.alphas else {"ngram": a.alpha, "neural": a.alpha}
+    rescorers = {}
+    for spec in a.rescorers or []:
+        label, _, path = spec.partition("=")
+        rescorers[f"neural-{label}" if path else "neural"] = path or label
+    cfg = EvalConfig(num_prompts=a.num_prompts, skip=a.skip, max_new_tokens=a.max_new_tokens, k=a.k, nbest=a.nbest,
+                     alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers)
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device)
+    prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
+    paths = evaluate(s, prompts, cfg, a.out, notify=lambda m: print(m, file=sys.stderr))
+    print(paths["table"].read_text())
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _add_eval(groups) -> None:
+    p = groups.add_parser("eval", help="every drafter on a prompt set: the paper's Tables 4, 3, 10 and Figures 6, 7",
+                          description="Block efficiency of every drafter (and exactness against greedy) on a prompt set.")
+    p.add_argument("--method", default="bpd", choices=["bpd", "dynamo"], help="bpd (default) or the DynaMo ablation")
+    p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="{\"prompt\", \"reference\"?} per line (default data/prompts.jsonl)")
+    p.add_argument("--num-prompts", type=int, default=20, help="prompts evaluated (default 20)")
+    p.add_argument("--skip", type=int, default=0, help="skip the first N prompts (the tuning split of `tune`)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    p.add_argument("--batch-size", type=int, default=4, help="prompts decoded together (default 4)")
+    p.add_argument("--alphas", default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (else --alpha for all)")
+    p.add_argument("--lm2", default=None, metavar="DIR", help="2-gram build for Table 3 (default: the --lm model)")
+    p.add_argument("--rescorers", nargs="+", default=None, metavar="LABEL=DIR",
+                   help="neural rescorers, one Table 4 column each (default: --rescorer)")
+    p.add_argument("--out", type=Path, default=Path("eval-out"), help="output directory (default ./eval-out)")
+    _common_model_args(p)
+    _drafter_args(p)
+    _dynamo_eval_args(p)
+    p.set_defaults(func=_cmd_eval)
+
+
+def _cmd_tune(a) -> int:
+    from latticedraft.decoding.run import Session, read_prompts
+    from latticedraft.decoding.tune import GRID, tune
+    from latticedraft.paths import data_dir
+
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device)
+    prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
+    out = tune(s, prompts, a.out, families=a.drafters, grid=a.grid or GRID, num_prompts=a.num_prompts,
+               max_new_tokens=a.max_new_tokens, k=a.k, batch_size=a.batch_size)
+    for f, sw in out["sweep"].items():
+        print(f"{f:>7}: " + "  ".join(f"a={al}:{be:.3f}" for al, be in sw.items()) + f"   best a = {out['alphas'][f]}")
+    print(f"wrote {a.out}; evaluate on the other prompts with `latticedraft eval --alphas {a.out} --skip {a.num_prompts}`")
+    return 0
+
+
+def _add_tune(groups) -> None:
+    p = groups.add_parser("tune", help="sweep the interpolation weight alpha on a held-out split (Appendix E)")
+    p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="prompt set (default data/prompts.jsonl)")
+    p.add_argument("--num-prompts", type=int, default=10, help="the first N prompts are the tuning split (default 10)")
+    p.add_argument("--drafters", nargs="+", default=["ngram", "neural"], choices=["ngram", "neural"])
+    p.add_argument("--grid", type=float, nargs="+", default=None, help="alphas (default 0.1 0.5 0.75 0.9 1.0 1.1 1.5 2.0 5.0 10.0)")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt (default 48)")
+    p.add_argument("--batch-size", type=int, default=4, help="prompts decoded together (default 4)")
+    p.add_argument("--k", type=int, default=16, help="candidates per head (default 16)")
+    p.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
+    p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
+    p.add_argument("--out", type=Path, default=Path("tuned.json"), help="output file (default ./tuned.json)")
+    _common_model_args(p)
+    p.set_defaults(func=_cmd_tune)
+
+
+def _cmd_demo(a) -> int:
+    from latticedraft.decoding.demo import run_demo, table
+    from latticedraft.decoding.run import Session
+
+    print(f"latticedraft demo: the bundled BPD model on {a.num_prompts} held-out standard-library prompts, "
+          f"{a.max_new_tokens} new tokens each", file=sys.stderr)
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device)
+    summary = run_demo(s, a.prompts, a.num_prompts, a.max_new_tokens, a.out,
+                       notify=lambda m: print(m, file=sys.stderr))
+    smp = summary["sample"]
+    print("\nexample (held-out prompt, then the model's continuation):")
+    print("  " + smp["prompt"].rstrip("\n").replace("\n", "\n  ") + "\n  >>> " + smp["continuation"].replace("\n", "\n  >>> "))
+    print()
+    print(table(summary))
+    print()
+    ok = summary["all_exact"]
+    print(("every output equals plain greedy decoding, token for token: yes" if ok
+           else "MISMATCH: some output differs from greedy decoding"))
+    if summary["lattice_png"]:
+        print(f"one step's lattice: {summary['lattice_png']}")
+    print(f"details: {Path(a.out) / 'demo.json'}")
+    return 0 if ok else 1
+
+
+def _add_demo(groups) -> None:
+    p = groups.add_parser("demo", help="the bundled model: BPD drafters vs greedy, speed and exactness")
+    p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="prompt set (default data/prompts.jsonl)")
+    p.add_argument("--num-prompts", type=int, default=6, help="prompts (default 6)")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt (default 48)")
+    p.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
+    p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
+    p.add_argument("--out", type=Path, default=Path("demo-out"), help="output directory (default ./demo-out)")
+    _common_model_args(p)
+    p.set_defaults(func=_cmd_demo)
+
+
 _GROUPS: list = []
 _GROUPS.append(_add_train)
 _GROUPS.append(_add_lm)
 _GROUPS.append(_add_decode)
+_GROUPS.append(_add_eval)
+_GROUPS.append(_add_tune)
+_GROUPS.append(_add_demo)
 _GROUPS.append(_add_rescore)
 _GROUPS.append(_add_lattice)
 

@@ -70,7 +70,7 @@ class StepRecord:
     """What one verify step of one row saw: the lattice, the drafts, what was accepted."""
 
     row: int
-    history_len: int
+    history: np.ndarray
     sausage: object
     drafts: np.ndarray
     accepted: np.ndarray
@@ -170,7 +170,7 @@ def bpd_decode(
             timing["draft"] += time.perf_counter() - t1
             drafts.append(_draft_tokens(d))
             if record_steps:
-                steps.append(StepRecord(i, len(history), sausage, drafts[-1], None, -1))
+                steps.append(StepRecord(i, history, sausage, drafts[-1], None, -1))
         t0 = time.perf_counter()
         res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts)
         t1 = time.perf_counter()

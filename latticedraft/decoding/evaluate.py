@@ -1,0 +1,277 @@
+"""``latticedraft eval``: every drafter over one prompt set, the paper's tables and figures.
+
+Writes into ``out_dir``: ``results.json`` (every run: block efficiency, tokens/s, exactness
+against greedy, time split), ``results.md`` (Table 4: block efficiency per drafter with %
+vs Base; Table 3: consecutive repetition of drafts before/after 2-gram rescoring; Table 10:
+block efficiency using the first 3, 6, 9 heads), ``fig6_oracle_vs_k.png`` (oracle block
+efficiency vs k per head count) and ``fig7_parallel_vs_p.png`` (block efficiency vs p for
+Parallel 4-gram BPD and Parallel Base BPD).
+
+Block efficiency = generated tokens / target calls, over all prompts (the prefill call
+counts). Every run is checked token for token against plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from latticedraft.decoding.run import DrafterSpec, Session, encode, write_atomic
+from latticedraft.errors import InputError
+
+
+@dataclass
+class EvalConfig:
+    """num_prompts: prompts evaluated, after skipping the first ``skip`` (the tuning split);
+    alphas: tuned interpolation weight per drafter family ("ngram", "neural")."""
+
+    num_prompts: int = 20
+    skip: int = 0
+    max_new_tokens: int = 64
+    k: int = 16
+    nbest: int = 16
+    ps: tuple = (1, 2, 4, 8, 16)
+    ks: tuple = (1, 2, 4, 8, 16)
+    head_counts: tuple = (3, 6, 9)
+    alphas: dict = field(default_factory=lambda: {"ngram": 1.0, "neural": 1.0})
+    batch_size: int = 4
+    lm2: str | None = None  # 2-gram build for Table 3 (default: the 4-gram, labelled so)
+    rescorers: dict = field(default_factory=dict)  # label -> dir, for neural rows
+
+    def validate(self):
+        if self.num_prompts < 1 or self.skip < 0:
+            raise InputError(f"--num-prompts must be >= 1 and --skip >= 0, got {self.num_prompts}, {self.skip}")
+        if self.max_new_tokens < 1:
+            raise InputError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class Run:
+    name: str
+    spec: dict
+    block_efficiency: float
+    tokens: int
+    calls: int
+    seconds: float
+    tokens_per_s: float
+    exact: bool
+    verify: str
+    timing: dict
+
+
+def machine() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "python": platform.python_version()}
+
+
+def _run(session: Session, name, ids, refs, spec: DrafterSpec | None, cfg: EvalConfig, method="bpd",
+         record_steps=False):
+    res = session.decode(ids, method, spec, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+                         references=refs if spec is not None and spec.name == "oracle" else None,
+                         record_steps=record_steps)
+    exact = refs is None or all(np.array_equal(s.tokens, r) for s, r in zip(res.sequences, refs))
+    run = Run(name, asdict(spec) if spec else {"method": method}, round(res.block_efficiency, 4), res.tokens,
+              res.calls, round(res.seconds, 4), round(res.tokens / max(res.seconds, 1e-9), 2), bool(exact),
+              res.verify_mode, {k: round(v, 4) for k, v in res.timing.items()})
+    return run, res
+
+
+def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, notify=print) -> dict:
+    """Run everything; returns the paths written."""
+    from tqdm import tqdm
+
+    cfg.validate()
+    recs = prompts[cfg.skip : cfg.skip + cfg.num_prompts]
+    if not recs:
+        raise InputError(f"no prompts left after skipping {cfg.skip}; lower --skip or give more prompts")
+    ids = encode(session.tokenizer, [r["prompt"] for r in recs])
+    h = int(getattr(session.model, "num_heads", 1))
+    head_counts = sorted({min(c, h) for c in cfg.head_counts if c >= 2})
+    if h < 2:
+        raise InputError(f"{session.model_dir or 'the model'} has no multi-token heads; eval needs a BPD model")
+    base = DrafterSpec("top1", k=cfg.k, nbest=cfg.nbest)
+    a_ng, a_nn = float(cfg.alphas.get("ngram", 1.0)), float(cfg.alphas.get("neural", 1.0))
+
+    plan: list[tuple[str, DrafterSpec | None, str]] = [("greedy", None, "greedy")]
+    plan.append(("Base", base, "table4"))
+    plan.append(("4-gram", replace(base, name="ngram", alpha=a_ng), "table4"))
+    rescorers = cfg.rescorers or {"neural": None}
+    for label in rescorers:
+        plan.append((label, replace(base, name="neural", alpha=a_nn), "table4"))
+    plan.append(("Parallel Base BPD", replace(base, name="parallel-base", nbest=cfg.nbest), "table4"))
+    plan.append(("Parallel 4-gram BPD", replace(base, name="parallel", alpha=a_ng, nbest=cfg.nbest), "table4"))
+    for k in (2, 16):
+        plan.append((f"Oracle (k={k})", replace(base, name="oracle", k=k), "table4"))
+    for p in cfg.ps:
+        plan.append((f"parallel p={p}", replace(base, name="parallel", alpha=a_ng, nbest=p), "fig7"))
+        plan.append((f"parallel-base p={p}", replace(base, name="parallel-base", nbest=p), "fig7"))
+    for hc in head_counts:
+        plan.append((f"top1 h={hc}", replace(base, slots=hc - 1), "table10"))
+        for k in cfg.ks:
+            plan.append((f"oracle h={hc} k={k}", replace(base, name="oracle", k=k, slots=hc - 1), "fig6"))
+
+    runs: dict[str, Run] = {}
+    done: dict[str, Run] = {}  # identical specs run once
+    refs = None
+    base_steps = None
+    t0 = time.perf_counter()
+    bar = tqdm(plan, desc="eval", unit="run", disable=None)
+    for name, spec, group in bar:
+        bar.set_postfix_str(name)
+        key = json.dumps(asdict(spec) if spec else {"greedy": 1}, sort_keys=True) + (name if spec and spec.name == "neural" else "")
+        if spec is not None and spec.name == "top1" and spec.slots in (None, h - 1):
+            key = "top1-all"
+        if key in done:
+            runs[name] = replace(done[key], name=name)
+            continue
+        if spec is not None and spec.name == "neural":
+            session.rescorer_dir = rescorers[name]
+            session._rescorer = None
+        run, res = _run(session, name, ids, refs, spec, cfg, "greedy" if spec is None else "bpd",
+                        record_steps=(name == "Base"))
+        if spec is None:
+            refs = [s.tokens for s in res.sequences]
+        if name == "Base":
+            base_steps = res.steps
+        runs[name] = done[key] = run
+        if not run.exact:
+            notify(f"warning: {name} differs from greedy decoding")
+    table3 = _repetition(session, base_steps, cfg, a_ng)
+    results = {
+        "config": {**asdict(cfg), "model": session.base_dir, "heads": h, "prompts": len(recs)},
+        "machine": machine(),
+        "seconds": round(time.perf_counter() - t0, 2),
+        "runs": {k: asdict(v) for k, v in runs.items()},
+        "table3": table3,
+        "all_exact": all(r.exact for r in runs.values()),
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": write_atomic(out / "results.json", json.dumps(results, indent=1) + "\n"),
+        "table": write_atomic(out / "results.md", markdown(results, rescorers, head_counts)),
+        "fig6": plot_fig6(results, head_counts, cfg.ks, out / "fig6_oracle_vs_k.png"),
+        "fig7": plot_fig7(results, cfg.ps, out / "fig7_parallel_vs_p.png"),
+    }
+    return paths
+
+
+def _repetition(session: Session, steps, cfg: EvalConfig, alpha: float) -> dict:
+    """Table 3 over the Base run's lattices: the vanilla (top-1) draft vs the 1-best draft of
+    the same top-k lattice rescored with the 2-gram (or, without one, the 4-gram) LM."""
+    from latticedraft.lattice.rescore import rescore
+    from latticedraft.lattice.stats import repetition
+    from latticedraft.decoding.run import load_lm
+
+    if not steps:
+        return {}
+    lm = load_lm(cfg.lm2, session.tokenizer) if cfg.lm2 else session.lm
+    label = f"{lm.order}-gram"
+    vanilla, rescored = [], []
+    for st in steps:
+        if st.sausage is None:
+            continue
+        vanilla.append(st.sausage.top1())
+        rescored.append(rescore(st.sausage, lm, alpha, 1, st.history).tokens[0])
+    v, r = repetition(vanilla), repetition(rescored)
+    return {"lm": label, "drafts": v.drafts,
+            "vanilla": {"pct_consecutive": round(v.pct_consecutive, 2), "max_run": round(v.mean_max_run, 2)},
+            "rescored": {"pct_consecutive": round(r.pct_consecutive, 2), "max_run": round(r.mean_max_run, 2)}}
+
+
+def _rel(x: float, base: float) -> str:
+    return f"{x:.2f} ({100.0 * (x - base) / base:+.2f}%)" if base else f"{x:.2f}"
+
+
+def markdown(results: dict, rescorers: dict, head_counts) -> str:
+    runs = results["runs"]
+    base = runs["Base"]["block_efficiency"]
+    g = runs["greedy"]
+    cols = ["Base", "4-gram", *rescorers.keys(), "Parallel Base BPD", "Parallel 4-gram BPD", "Oracle (k=2)", "Oracle (k=16)"]
+    c = results["config"]
+    L = [f"# Parallel BPD evaluation: {c['prompts']} prompts, {c['max_new_tokens']} new tokens, "
+         f"k = {c['k']}, p = {c['nbest']}, h = {c['heads']} heads",
+         "", f"Model `{c['model']}`; alphas {c['alphas']}; machine: {results['machine']['processor']}, "
+         f"{results['machine']['cpu_count']} CPUs. Every output equals greedy decoding: "
+         f"**{'yes' if results['all_exact'] else 'NO'}**.", "",
+         "## Table 4: block efficiency (relative % vs Base)", "",
+         "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+         "| " + " | ".join(_rel(runs[n]["block_efficiency"], base) if n != "Base" else f"{base:.2f}" for n in cols) + " |",
+         "", "Speed on this machine (greedy = plain autoregressive `generate`):", "",
+         "| run | block efficiency | tokens/s | vs greedy | exact |", "|---|---|---|---|---|",
+         f"| greedy | 1.00 | {g['tokens_per_s']:.1f} | 1.00x | yes |"]
+    for n in cols:
+        r = runs[n]
+        L.append(f"| {n} | {r['block_efficiency']:.2f} | {r['tokens_per_s']:.1f} | "
+                 f"{r['tokens_per_s'] / max(g['tokens_per_s'], 1e-9):.2f}x | {'yes' if r['exact'] else 'NO'} |")
+    t3 = results.get("table3") or {}
+    if t3:
+        L += ["", f"## Table 3: consecutive repetition in drafts before/after {t3['lm']} rescoring "
+              f"of the top-{c['k']} lattice ({t3['drafts']} drafts)", "",
+              f"| % Consec (vanilla) | % Consec ({t3['lm']}) | Max Run (vanilla) | Max Run ({t3['lm']}) |",
+              "|---|---|---|---|",
+              f"| {t3['vanilla']['pct_consecutive']:.1f} | {t3['rescored']['pct_consecutive']:.1f} | "
+              f"{t3['vanilla']['max_run']:.2f} | {t3['rescored']['max_run']:.2f} |"]
+    L += ["", "## Table 10: block efficiency using the first h heads (vanilla BPD)", "",
+          "| " + " | ".join(f"h = {hc}" for hc in head_counts) + " |", "|" + "---|" * len(head_counts),
+          "| " + " | ".join(f"{runs[f'top1 h={hc}']['block_efficiency']:.2f}" for hc in head_counts) + " |", ""]
+    return "\n".join(L) + "\n"
+
+
+def _save_png(fig, path: Path) -> Path:
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    os.replace(tmp, path)
+    return path
+
+
+def plot_fig6(results: dict, head_counts, ks, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = results["runs"]
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for hc in head_counts:
+        ys = [runs[f"oracle h={hc} k={k}"]["block_efficiency"] for k in ks]
+        ax.plot(ks, ys, marker="o", label=f"{hc} heads")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(ks), [str(k) for k in ks])
+    ax.set_xlabel("k (candidates per head in the lattice)")
+    ax.set_ylabel("oracle block efficiency")
+    ax.set_title("Figure 6: oracle top-k block efficiency")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    out = _save_png(fig, path)
+    plt.close(fig)
+    return out
+
+
+def plot_fig7(results: dict, ps, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = results["runs"]
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    ax.plot(ps, [runs[f"parallel p={p}"]["block_efficiency"] for p in ps], marker="o", label="Parallel 4-gram BPD")
+    ax.plot(ps, [runs[f"parallel-base p={p}"]["block_efficiency"] for p in ps], marker="s", label="Parallel Base BPD")
+    ax.axhline(runs["Base"]["block_efficiency"], color="gray", ls=":", label="Base BPD (p = 1)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(ps), [str(p) for p in ps])
+    ax.set_xlabel("p (drafts verified in parallel)")
+    ax.set_ylabel("block efficiency")
+    ax.set_title(f"Figure 7: parallel BPD vs p (top-{results['config']['k']} lattice)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    out = _save_png(fig, path)
+    plt.close(fig)
+    return out
