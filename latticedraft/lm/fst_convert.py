@@ -16,7 +16,9 @@ Construction (``n`` = order, word index ``w``: token id + 1 for tokens, ``V+1..V
 4. Because states are numbered level by level in sorted order, arcs come out grouped by source
    state and label-sorted without a global sort.
 
-Cost is O(N log N) in the number of n-grams (two sorts per order) and about 40 bytes per n-gram.
+Cost: O(N log N) in the number of n-grams (one argsort per order) plus O(N * order) trie
+walks in numba; the input is consumed level by level, so the peak is about twice the written
+``lm.fst`` (``benchmarks/lm_build.py`` measures both).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from latticedraft.lm.arpa import BOS, EOS, UNK, Arpa
 
 LN10 = math.log(10.0)
 
+
 def _kernels():
+    """numba kernels, imported on first use (querying a built LM never loads numba)."""
     from latticedraft.lm._numba_kernels import longest_suffix, walk
 
     return walk, longest_suffix
@@ -42,8 +46,9 @@ def _vocab_size(arpa: Arpa, vocab_size: int | None) -> int:
     V = vocab_size if vocab_size is not None else max(max_code, 1)
     if max_code > V:
         k, row = _locate(arpa, lambda w: w > V)
+        bad_id = int(arpa.orders[k].words[row].max()) - 1
         raise InputError(
-            f"ARPA file {arpa.path}, line {arpa.orders[k].first_line + row}: token id {max_code - 1} is outside "
+            f"ARPA file {arpa.path}, line {arpa.orders[k].first_line + row}: token id {bad_id} is outside "
             f"the vocabulary of {V} ids; build the LM with the same tokenizer you query it with"
         )
     return V
