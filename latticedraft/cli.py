@@ -176,7 +176,7 @@ def _add_lm(groups) -> None:
     s.add_argument("--ids", type=int, nargs="+", metavar="ID", help="token ids")
     s.add_argument("--history", type=int, nargs="*", metavar="ID",
                    help="ids before the scored ones (default: start of sentence)")
-    s.add_argument("--unk-cost", type=float, default=1000.0, help="cost of ids the LM never saw (default 1000)")
+    s.add_argument("--unk-cost", type=float, default=None, help="re-price ids the LM never saw (default: the build's, 1000)")
     s.add_argument("--compact", action="store_true", help="one-line JSON")
     s.set_defaults(func=_cmd_lm_score)
     _add_lm_cooccurrence(sub, b)

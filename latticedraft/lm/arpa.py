@@ -223,3 +223,57 @@ def _read(rd: _Lines, path: Path) -> Arpa:
             break
         raise _fail(path, rd.line - 1, f"expected \\end\\, got {s[:40]!r}")
     return Arpa(path, orders)
+
+
+def set_unk_log10(path: str | Path, log10_prob: float) -> float:
+    """Rewrite the ``<unk>`` unigram of the ARPA at ``path`` to ``log10_prob``; returns the old value.
+
+    Appendix D of the BPD paper gives unseen vocabulary a fixed cost (-ln p = 1000); writing the
+    same value into the ARPA makes KenLM's ``<unk>`` (``lm.bin``) agree with the WFST's arcs for
+    ids the corpus never had. Streams the file (temporary name, renamed when complete).
+    """
+    import shutil
+
+    from latticedraft.lm.atomic import atomic_file
+
+    path = Path(path)
+    old = None
+    with open(path, "rb") as src, atomic_file(path) as tmp, open(tmp, "wb") as dst:
+        in_unigrams = False
+        for lineno, line in enumerate(iter(src.readline, b""), start=1):
+            s = line.strip()
+            if s == b"\\1-grams:":
+                in_unigrams = True
+            elif in_unigrams and (not s or s.startswith(b"\\")):
+                break
+            elif in_unigrams:
+                f = s.split()
+                if len(f) >= 2 and f[1] == b"<unk>":
+                    old = float(f[0])
+                    f[0] = repr(float(log10_prob)).encode()
+                    dst.write(b"\t".join([f[0], f[1], *f[2:]]) + b"\n")
+                    shutil.copyfileobj(src, dst, 1 << 22)
+                    break
+            dst.write(line)
+        if old is None:
+            raise InputError(f"ARPA file {path} has no <unk> unigram (line {lineno}); was it written by lmplz?")
+    return old
+
+
+def float32_exact_unk(cost: float, window: int = 400, tol: float = 1e-6) -> tuple[float, float]:
+    """(log10, cost) with ``-ln(10) * log10 == cost`` to ``tol`` where both are float32 numbers.
+
+    KenLM keeps log10 values as float32 and our arcs keep costs as float32; an unseen-id cost
+    of exactly 1000 would disagree by up to 3.5e-5 nats between the two. Searching the float32
+    grid around ``-cost / ln 10`` finds a pair that agrees (1000 becomes 1000.00073).
+    """
+    x0 = np.float32(-cost / np.log(10.0))
+    grid = (np.array([x0]).view(np.int32) + np.arange(-window, window + 1, dtype=np.int32)).view(np.float32)
+    log10 = grid.astype(np.float64)
+    c = -log10 * np.log(10.0)
+    c32 = c.astype(np.float32).astype(np.float64)
+    ok = np.flatnonzero(np.abs(c - c32) < tol)
+    if not ok.size:
+        return float(x0), float(np.float32(-float(x0) * np.log(10.0)))
+    j = ok[np.argmin(np.abs(c[ok] - cost))]
+    return float(log10[j]), float(c32[j])

@@ -124,6 +124,7 @@ def _install(work: Path, out: Path) -> None:
 def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
     from latticedraft.lm.corpus_ids import write_token_ids
     from latticedraft.lm.kenlm_tools import run_build_binary, run_lmplz
+    from latticedraft.lm.arpa import float32_exact_unk, set_unk_log10
     from latticedraft.lm.wfst import arpa_to_fst
 
     t = opts.timings
@@ -159,6 +160,10 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
         lr = run_lmplz(ids_path, arpa, opts.order, opts.prune, opts.memory, tmp_dir)
         t["lmplz_s"] = time.perf_counter() - t0
         ids_path.unlink()
+        # Appendix D: unseen ids cost unk_cost; KenLM's <unk> gets the same so lm.bin agrees with lm.fst
+        # (snapped to a float32 pair, see float32_exact_unk)
+        unk_log10, unk_cost = float32_exact_unk(opts.unk_cost)
+        lmplz_unk_log10 = set_unk_log10(arpa, unk_log10)
 
         # 4. KenLM trie
         t0 = time.perf_counter()
@@ -169,7 +174,7 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
 
     # 5. ARPA → WFST (+ CSR cache)
     t0 = time.perf_counter()
-    fst = arpa_to_fst(arpa, work / "lm.fst", vocab_size=vocab_size, unk_cost=opts.unk_cost)
+    fst = arpa_to_fst(arpa, work / "lm.fst", vocab_size=vocab_size, unk_cost=unk_cost)
     t["arpa_to_fst_s"] = time.perf_counter() - t0
     counts = _arpa_counts(arpa)
     t["total_s"] = time.perf_counter() - t_all
@@ -189,10 +194,13 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
         },
         "tokenizer": {"file": "tokenizer.json", "fingerprint": fingerprint(tok), "vocab_size": vocab_size, **tok_src},
         "lmplz": {"prune": opts.prune, "memory": opts.memory, "discount_fallback": lr.discount_fallback,
-                  "smoothing": "modified Kneser-Ney (lmplz)"},
+                  "smoothing": "interpolated modified Kneser-Ney (lmplz)", "unk_log10_from_lmplz": lmplz_unk_log10},
+        "unk": {"requested_cost": opts.unk_cost, "cost": unk_cost, "log10": unk_log10,
+                "note": "ids absent from the corpus, and KenLM's <unk> in lm.arpa/lm.bin, cost `cost` nats "
+                        "(the requested cost snapped so float32 log10 and float32 cost agree)"},
         "fst": {"file": "lm.fst", "npz": "lm.npz", "states": fst.num_states, "arcs": fst.num_arcs,
                 "bytes": (work / "lm.fst").stat().st_size, "start": fst.start, "unigram": fst.unigram,
-                "unk_cost": opts.unk_cost, "final_weights": "zero (prefix scores)"},
+                "unk_cost": unk_cost, "final_weights": "zero (prefix scores)"},
         "files": {"arpa": "lm.arpa", "kenlm_binary": "lm.bin", "fst": "lm.fst", "npz": "lm.npz",
                   "tokenizer": "tokenizer.json"},
         "tools": _versions(),

@@ -1,9 +1,11 @@
 """``NgramLM``: query a build directory of ``latticedraft lm build`` over token ids (natural log).
 
-Scores equal KenLM's (``kenlm.Model(D/lm.bin)``) times ln 10, for every id the training data
-contains; ids it never saw (unseen byte tokens, special tokens) cost ``unk_cost`` (1000 by
-default, the BPD paper's Appendix D) where KenLM would charge ``<unk>``; pass
-``unk_cost="kenlm"`` to get KenLM's ``<unk>`` probability instead.
+Scores equal KenLM's (``kenlm.Model(D/lm.bin)``) times ln 10 for every id. Ids the corpus never
+had (unseen byte tokens, special tokens) cost the build's ``unk_cost`` (1000 nats unless built
+with ``--unk-cost``; the BPD paper's Appendix D), and ``lm build`` writes the same value into
+the ARPA's ``<unk>``, so KenLM charges them identically. ``NgramLM.load(..., unk_cost=x)``
+re-prices them for this query object only (then KenLM differs on those ids); ``"kenlm"`` takes
+the ARPA's ``<unk>`` (useful for ARPA files from elsewhere).
 
 The state API follows KenLM's in/out convention: ``begin(history)`` gives the state after a
 history (``<s>`` is prepended to one shorter than n-1 tokens), ``advance(state, token)`` returns
@@ -39,7 +41,7 @@ class LMState:
 class NgramLM:
     """An n-gram LM over token ids, loaded from a build directory (see module docstring)."""
 
-    def __init__(self, build_dir: Path, manifest: dict, unk_cost: float | str = 1000.0):
+    def __init__(self, build_dir: Path, manifest: dict, unk_cost: float | str | None = None):
         self.build_dir = Path(build_dir)
         self.manifest = manifest
         self.order = int(manifest["order"])
@@ -49,9 +51,12 @@ class NgramLM:
         self._tokenizer = None
 
     @classmethod
-    def load(cls, build_dir: str | Path, tokenizer=None, unk_cost: float | str = 1000.0) -> "NgramLM":
-        """Open ``build_dir``; if ``tokenizer`` (a ``tokenizers.Tokenizer`` or a path) is given, its
-        vocabulary must be the one the LM was built with (``ModelError`` otherwise)."""
+    def load(cls, build_dir: str | Path, tokenizer=None, unk_cost: float | str | None = None) -> "NgramLM":
+        """Open ``build_dir`` (reads only the manifest; the automaton loads on first use).
+
+        tokenizer: a ``tokenizers.Tokenizer`` or a path; its vocabulary must be the one the LM was
+        built with (``ModelError`` otherwise). unk_cost: None = the build's (1000 by default).
+        """
         d = Path(build_dir)
         m = read_manifest(d)
         if m.get("format") != "latticedraft-ngram":
@@ -84,7 +89,7 @@ class NgramLM:
                 if math.isnan(fst.unk_arpa_cost):
                     raise ModelError(f"the ARPA of {self.build_dir} has no <unk>; pass a numeric unk_cost")
                 fst.set_unk_cost(fst.unk_arpa_cost)
-            elif float(self._unk_cost) != fst.unk_cost:
+            elif self._unk_cost is not None and float(self._unk_cost) != fst.unk_cost:
                 fst.set_unk_cost(float(self._unk_cost))
             if fst.vocab_size != self.vocab_size:
                 raise ModelError(f"{self.build_dir}/lm.npz has {fst.vocab_size} labels but the manifest says "

@@ -35,20 +35,30 @@ def test_kenlm_binary_agrees_with_ngramlm(tiny_build):
     assert m["order"] == 3 and m["vocab_size"] == 300 and m["lmplz"]["prune"] == [0, 0, 1]
     assert len(m["ngram_counts"]) == 3 and m["corpus"]["tokens"] > 10000
     assert m["corpus"]["files"][0]["sha256"] and m["tools"]["kenlm"] and m["timings_s"]["lmplz_s"] > 0
+    assert m["unk"]["requested_cost"] == 1000.0 and abs(m["unk"]["cost"] - 1000.0) < 1e-3
+    assert m["lmplz"]["unk_log10_from_lmplz"] < 0
     model = kenlm.Model(str(tiny_build / "lm.bin"))
     lm = NgramLM.load(tiny_build)
-    lm_k = NgramLM.load(tiny_build, unk_cost="kenlm")
     arpa_vocab = {int(l.split("\t")[1]) for l in open(tiny_build / "lm.arpa") if l.count("\t") >= 1
                   and l.split("\t")[1].strip().isdigit()}
     rng = np.random.default_rng(0)
+    n_unseen = 0
     for i in range(50):
         ids = rng.integers(0, 300, size=int(rng.integers(1, 40))).tolist()
         ken = np.array([p for p, _, _ in model.full_scores(" ".join(map(str, ids)), bos=True, eos=False)]) * LN10
-        np.testing.assert_allclose(lm_k.score(ids), ken, atol=1e-4)
-        seen = np.array([t in arpa_vocab for t in ids])
         ours = lm.score(ids)
-        np.testing.assert_allclose(ours[seen], ken[seen], atol=1e-4)  # seen ids: identical
-        assert np.all(ours[~seen] < -999)  # unseen ids: Appendix D's 1000 (plus back-offs)
+        np.testing.assert_allclose(ours, ken, atol=1e-4, rtol=0)  # every id, seen or not
+        unseen = np.array([t not in arpa_vocab for t in ids])
+        n_unseen += int(unseen.sum())
+        assert np.all(ours[unseen] <= -1000 + 1e-2)  # Appendix D: 1000 nats (plus back-offs)
+    assert n_unseen > 0  # the byte alphabet has tokens the corpus never uses
+    # re-pricing unseen ids affects only them
+    lm50 = NgramLM.load(tiny_build, unk_cost=50.0)
+    ids = rng.integers(0, 300, size=200).tolist()
+    seen = np.array([t in arpa_vocab for t in ids])
+    a, b = lm.score(ids), lm50.score(ids)
+    np.testing.assert_array_equal(a[seen], b[seen])
+    np.testing.assert_allclose(a[~seen] - b[~seen], -(m["unk"]["cost"] - 50.0), atol=1e-3)
     # history and incremental state API agree with whole-sentence scoring
     ids = rng.integers(0, 300, size=20).tolist()
     whole = lm.score(ids)

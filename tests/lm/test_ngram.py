@@ -38,13 +38,14 @@ def test_score_is_float32_natural_log_and_normalised(lm):
     ids = lm.tokenizer.encode("for item in data:\n").ids
     sc = lm.score(ids)
     assert sc.dtype == np.float32 and sc.shape == (len(ids),) and np.all(sc < 0)
-    # a proper distribution: p(x | state) over the tokens KenLM knows, plus </s>, sums to 1
-    fst = NgramLM.load(lm.build_dir, unk_cost=1e9).fst
+    # a proper distribution: p(x | state) over the tokens the corpus had, plus </s>, plus lmplz's
+    # original <unk> mass (which the build replaced by Appendix D's 1000 nats) sums to 1
+    fst = lm.fst
     s = fst.state_for_history(ids)
-    seen = [t for t in range(lm.vocab_size) if fst.arc_lookup(0, t)[1] < 1e8]
+    seen = [t for t in range(lm.vocab_size) if fst.arc_lookup(0, t)[1] < 999]
     total = sum(math.exp(-fst.arc_lookup(s, t)[1]) for t in seen) + math.exp(-fst.end_cost(s))
-    unk = math.exp(-(fst.unk_arpa_cost))
-    assert total == pytest.approx(1.0 - unk * math.exp(-_backoff_to_null(fst, s)), abs=1e-3)
+    unk = 10 ** lm.manifest["lmplz"]["unk_log10_from_lmplz"]
+    assert total + unk * math.exp(-_backoff_to_null(fst, s)) == pytest.approx(1.0, abs=1e-4)
 
 
 def _backoff_to_null(fst, s):
