@@ -148,6 +148,23 @@ def _cmd_lm_score(a) -> int:
     return 0
 
 
+def _cmd_lm_convert(a) -> int:
+    import time
+
+    from latticedraft.errors import InputError
+    from latticedraft.lm.wfst import arpa_to_fst
+
+    if a.out.exists() and not a.force:
+        raise InputError(f"--out {a.out} exists; pass --force to replace it")
+    if not a.out.parent.is_dir():
+        raise InputError(f"the directory of --out {a.out} does not exist; create it first")
+    t0 = time.perf_counter()
+    f = arpa_to_fst(a.arpa, a.out, vocab_size=a.vocab_size, unk_cost=a.unk_cost)
+    print(f"wrote {a.out} (+ {a.out.with_suffix('.npz').name}): order {f.order}, {f.vocab_size} labels, "
+          f"{f.num_states} states, {f.num_arcs} arcs in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
 def _add_lm(groups) -> None:
     from latticedraft.paths import default_lm_dir
 
@@ -179,6 +196,13 @@ def _add_lm(groups) -> None:
     s.add_argument("--unk-cost", type=float, default=None, help="re-price ids the LM never saw (default: the build's, 1000)")
     s.add_argument("--compact", action="store_true", help="one-line JSON")
     s.set_defaults(func=_cmd_lm_score)
+    c = sub.add_parser("convert", help="an ARPA file over token ids → OpenFst binary lm.fst (+ lm.npz beside it)")
+    c.add_argument("arpa", type=Path, help="ARPA file (.gz too) whose words are token ids, as lmplz writes them here")
+    c.add_argument("--out", type=Path, required=True, metavar="LM.FST", help="output path of the OpenFst binary")
+    c.add_argument("--vocab-size", type=int, help="V, the tokenizer's vocabulary size (default: largest id + 1)")
+    c.add_argument("--unk-cost", type=float, default=1000.0, help="cost of ids absent from the ARPA (default 1000)")
+    c.add_argument("--force", action="store_true", help="replace an existing --out")
+    c.set_defaults(func=_cmd_lm_convert)
     _add_lm_cooccurrence(sub, b)
 
 

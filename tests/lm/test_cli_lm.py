@@ -51,3 +51,18 @@ def test_errors_are_one_line(tmp_path, corpus_file, args, msg):
     assert r.returncode == 2
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1 and msg in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_convert_and_its_errors(tmp_path, tiny_arpa):
+    out = tmp_path / "lm.fst"
+    r = _cli("convert", tiny_arpa, "--out", out, "--vocab-size", 5)
+    assert r.returncode == 0, r.stderr
+    assert "7 states" in r.stdout and out.is_file() and out.with_suffix(".npz").is_file()
+    r = _cli("convert", tiny_arpa, "--out", out)
+    assert r.returncode == 2 and "exists; pass --force" in r.stderr
+    bad = tmp_path / "bad.arpa"
+    bad.write_text(tiny_arpa.read_text().replace("-0.9\t0 1\t-0.15", "-0.9\t0 x\t-0.15"))
+    r = _cli("convert", bad, "--out", tmp_path / "bad.fst")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "bad.arpa, line 18: a word that is neither a token id" in r.stderr
+    assert not (tmp_path / "bad.fst").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
