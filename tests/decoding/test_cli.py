@@ -1,0 +1,120 @@
+"""The decode / eval / tune / demo commands end to end on a tiny random BPD model saved the
+way the bundled one is (heads checkpoint + HF base directory), with the bundled tokenizer."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+from latticedraft.cli import main
+from latticedraft.gpu.blockwise import BlockwiseModel
+from latticedraft.paths import data_dir, default_lm_dir
+
+TOKENIZER = data_dir() / "tokenizer" / "tokenizer.json"
+pytestmark = pytest.mark.skipif(not TOKENIZER.is_file(), reason="bundled tokenizer missing (run scripts/setup.sh)")
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bundle")
+    torch.manual_seed(0)
+    base = GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_positions=256, n_embd=16, n_layer=1, n_head=2)).eval()
+    base.save_pretrained(d / "base")
+    bm = BlockwiseModel.from_base(base, 4, seed=0)
+    with torch.no_grad():
+        for p in bm.heads.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    bm.save_pretrained(d / "heads", base_ref="../base")
+    GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_positions=256, n_embd=8, n_layer=1, n_head=2)).save_pretrained(d / "resc")
+    prompts = d / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in
+                                 ["def f(x):\n    return", "import os\n", "class A:\n    def __init__(self):\n"]) + "\n")
+    return d
+
+
+def _greedy(model_dir, ids, n):
+    m = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    x = torch.tensor([ids])
+    return m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n, pad_token_id=0)[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("drafter", ["top1", "parallel-base", "oracle"])
+def test_decode_json_matches_generate_of_the_named_base(bundle, capsys, drafter):
+    rc = main(["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"),
+               "--drafter", drafter, "--max-new-tokens", "12", "--json", "--batch-size", "3"])
+    assert rc == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3
+    for line in lines:
+        r = json.loads(line)
+        assert set(r) >= {"prompt_ids", "tokens", "text", "calls", "block_efficiency", "accepted_per_step", "seconds", "model"}
+        assert r["tokens"] == _greedy(r["model"], r["prompt_ids"], 12)
+        assert r["block_efficiency"] == pytest.approx(len(r["tokens"]) / r["calls"], abs=1e-3)
+
+
+def test_decode_streams_text_and_greedy_method(bundle, capsys):
+    assert main(["decode", "--model", str(bundle / "heads"), "--prompt", "def f(x):", "--max-new-tokens", "6"]) == 0
+    bpd = capsys.readouterr()
+    assert bpd.out.startswith("def f(x):") and "block efficiency" in bpd.err
+    assert main(["decode", "--model", str(bundle / "heads"), "--prompt", "def f(x):", "--max-new-tokens", "6",
+                 "--method", "greedy"]) == 0
+    assert capsys.readouterr().out == bpd.out
+
+
+@pytest.mark.skipif(not default_lm_dir().exists(), reason="bundled 4-gram missing (run scripts/setup.sh)")
+def test_decode_ngram_with_the_bundled_lm(bundle, capsys):
+    rc = main(["decode", "--model", str(bundle / "heads"), "--prompt", "import os\n", "--drafter", "parallel",
+               "--nbest", "4", "--prune", "otsu", "--max-new-tokens", "10", "--json"])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["tokens"] == _greedy(r["model"], r["prompt_ids"], 10)
+
+
+def test_user_errors_are_one_line(bundle, capsys, tmp_path):
+    assert main(["decode", "--model", str(tmp_path / "nope"), "--prompt", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "nope" in err and "\n" not in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n{"text": "no prompt"}\n')
+    assert main(["decode", "--model", str(bundle / "heads"), "--prompts", str(bad)]) == 2
+    assert "line 2" in capsys.readouterr().err
+    assert main(["decode", "--model", str(bundle / "heads"), "--prompt", "x", "--drafter", "neural",
+                 "--rescorer", str(tmp_path / "none")]) == 2
+    assert "--rescorer" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not default_lm_dir().exists(), reason="bundled 4-gram missing (run scripts/setup.sh)")
+def test_tune_then_eval_write_tables_and_figures(bundle, tmp_path, capsys):
+    tuned = tmp_path / "tuned.json"
+    assert main(["tune", "--model", str(bundle / "heads"), "--rescorer", str(bundle / "resc"),
+                 "--prompts", str(bundle / "prompts.jsonl"), "--num-prompts", "1", "--grid", "0.5", "2.0",
+                 "--max-new-tokens", "6", "--out", str(tuned)]) == 0
+    t = json.loads(tuned.read_text())
+    assert set(t["alphas"]) == {"ngram", "neural"} and t["alphas"]["ngram"] in (0.5, 2.0)
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(bundle / "heads"), "--rescorer", str(bundle / "resc"),
+                 "--prompts", str(bundle / "prompts.jsonl"), "--skip", "1", "--num-prompts", "2",
+                 "--max-new-tokens", "8", "--alphas", str(tuned), "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["all_exact"] and res["runs"]["Base"]["block_efficiency"] >= 1.0
+    md = (out / "results.md").read_text()
+    for needle in ("Table 4", "Parallel 4-gram BPD", "Oracle (k=16)", "Table 3", "Table 10"):
+        assert needle in md
+    for png in ("fig6_oracle_vs_k.png", "fig7_parallel_vs_p.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.glob("*.tmp*"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not default_lm_dir().exists(), reason="bundled 4-gram missing (run scripts/setup.sh)")
+def test_demo_confirms_exactness(bundle, tmp_path, capsys):
+    rc = main(["demo", "--model", str(bundle / "heads"), "--rescorer", str(bundle / "resc"),
+               "--prompts", str(bundle / "prompts.jsonl"), "--num-prompts", "2", "--max-new-tokens", "8",
+               "--out", str(tmp_path / "demo")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "every output equals plain greedy decoding, token for token: yes" in out
+    assert (tmp_path / "demo" / "lattice_step.png").is_file()
