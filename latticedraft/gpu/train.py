@@ -206,6 +206,13 @@ def run_training(
     )
 
 
+def _check_resume(out_dir: str | Path, resume: bool) -> None:
+    """Fail before any expensive work when ``--resume`` has nothing to resume from."""
+    ck = Path(out_dir) / CHECKPOINT
+    if resume and not ck.is_file():
+        raise InputError(f"--resume given but {ck} does not exist; drop --resume to start afresh")
+
+
 def _write_json_atomic(path: Path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
@@ -269,6 +276,7 @@ def train_lm(
     from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
 
     cfg.validate()
+    _check_resume(out_dir, resume)
     if cfg.seq_len > arch.n_positions:
         raise InputError(f"--seq-len {cfg.seq_len} exceeds the model's context --n-positions {arch.n_positions}")
     if arch.n_embd % arch.n_head:
@@ -376,6 +384,7 @@ def train_heads(
 
     cfg.validate()
     _check_num_heads(num_heads)
+    _check_resume(out_dir, resume)
     if num_heads >= cfg.seq_len:
         raise InputError(f"--heads {num_heads} must be smaller than --seq-len {cfg.seq_len} (each head needs a target token)")
     lambdas = [1.0] * num_heads if lambdas is None else [float(x) for x in lambdas]
