@@ -2,6 +2,8 @@
 on tiny random BlockwiseModels (float32 and float64, GPT-2 / LLaMA / Mistral), for batch 1
 and 4 with prompts of different lengths; per-row stopping; call accounting."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,14 @@ from tests.decoding.tiny import blockwise, prompts, reference, tiny_model
 from tests.lattice.toylm import make_toy_lm
 
 MAX_NEW = 16
+
+
+@functools.lru_cache(maxsize=None)
+def _case(arch, dtype, num_heads, seed, batch=4, lengths=(3, 9, 5, 14)):
+    """(model, prompts, greedy references): built once per module, shared by the drafters."""
+    model = blockwise(arch, dtype, num_heads=num_heads)
+    ps = prompts(batch, seed=seed, lengths=lengths)
+    return model, ps, [reference(model, p, MAX_NEW) for p in ps]
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +43,7 @@ def _drafter(name, refs, lm, rescorer, k=16, prune="none", nbest=16):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("name", ["top1", "neural", "ngram", "parallel", "parallel-base", "oracle"])
 def test_every_drafter_equals_generate_batch_4(name, dtype, toy_lm, rescorer):
-    model = blockwise("gpt2", dtype, num_heads=5)
-    ps = prompts(4, seed=1)
-    refs = [reference(model, p, MAX_NEW) for p in ps]
+    model, ps, refs = _case("gpt2", dtype, 5, 1)
     r = bpd_decode(model, ps, _drafter(name, refs, toy_lm, rescorer.to(dtype)), max_new_tokens=MAX_NEW)
     assert [s.tokens.tolist() for s in r.sequences] == refs
     assert r.verify_mode == "tree"
@@ -45,12 +53,9 @@ def test_every_drafter_equals_generate_batch_4(name, dtype, toy_lm, rescorer):
         assert all(1 <= n <= 5 for n in s.tokens_per_call)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral"])
-@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("arch,batch", [("llama", 1), ("mistral", 4)])
 def test_parallel_16_on_otsu_pruned_lattices(arch, batch, toy_lm):
-    model = blockwise(arch, torch.float32, num_heads=4)
-    ps = prompts(batch, seed=2, lengths=(11, 4, 8, 2))
-    refs = [reference(model, p, MAX_NEW) for p in ps]
+    model, ps, refs = _case(arch, torch.float32, 4, 2, batch, (11, 4, 8, 2))
     d = _drafter("parallel", refs, toy_lm, None, k=8, prune="otsu", nbest=16)
     r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW)
     assert [s.tokens.tolist() for s in r.sequences] == refs
