@@ -1,10 +1,7 @@
-"""Training loops: a small causal LM from scratch (``train_lm``) and multi-token heads (``train_heads``).
+"""Training: a small causal LM from scratch (``train_lm``) and multi-token heads (``train_heads``).
 
-Both share one loop (``run_training``): AdamW with β = (0.9, 0.95), ε = 1e-8, a cosine schedule
-with linear warm-up over ``warmup_frac`` (1%) of the steps, gradient accumulation, gradient
-clipping, a checkpoint every ``checkpoint_every`` steps (written atomically), exact ``resume``
-(batch ``i`` depends only on the seed and ``i``), a tqdm bar with the loss of every head, and a
-stop on a non-finite loss that keeps the last good checkpoint and says so.
+Both run the loop in ``trainloop.py`` (AdamW β = (0.9, 0.95), ε = 1e-8, cosine schedule with
+1% warm-up, gradient accumulation, atomic checkpoints, exact ``--resume``, a stop on NaN).
 
 Heads (Stern et al., Appendix C.1): loss ``Σ_h λ_h L_h`` where ``L_h`` is the mean cross-entropy of
 head ``h`` predicting token ``t+h`` from position ``t``. By default the base model is frozen and
@@ -18,221 +15,18 @@ shared output embedding, DynaMo's shared final norm), so the base's update is
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import shutil
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
-import numpy as np
 import torch
-from tqdm import tqdm
 
-from latticedraft.errors import BuildError, InputError, ModelError
-from latticedraft.gpu.data import TokenWindows, encode_files, progress_enabled
+from latticedraft.errors import InputError
+from latticedraft.gpu.data import TokenWindows, encode_files
 from latticedraft.gpu.heads import scale_grad
-
-CHECKPOINT = "checkpoint.pt"
-
-
-@dataclass
-class OptimConfig:
-    """Optimisation settings shared by LM and head training. ``steps`` counts optimizer updates;
-    each update sees ``batch_size * grad_accum`` windows of ``seq_len`` tokens."""
-
-    steps: int
-    lr: float = 1e-3
-    batch_size: int = 16
-    seq_len: int = 256
-    grad_accum: int = 1
-    warmup_frac: float = 0.01
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    checkpoint_every: int = 100
-    seed: int = 0
-
-    def validate(self) -> None:
-        if self.steps < 1:
-            raise InputError(f"--steps {self.steps} must be at least 1")
-        if self.batch_size < 1 or self.grad_accum < 1:
-            raise InputError(f"--batch-size {self.batch_size} and --grad-accum {self.grad_accum} must be at least 1")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise InputError(f"--lr {self.lr} must be a positive number")
-        if self.checkpoint_every < 1:
-            raise InputError(f"--checkpoint-every {self.checkpoint_every} must be at least 1")
-
-
-@dataclass
-class TrainResult:
-    """What a training run did. ``losses`` maps a loss name (``"loss"``, ``"h1"``, ``"h2"`` …) to its
-    mean over the last 10% of steps (nats/token); ``history`` holds one dict per step."""
-
-    out_dir: str
-    steps: int
-    tokens: int
-    seconds: float
-    resumed_from: int
-    losses: dict[str, float]
-    history: list[dict] = field(default_factory=list, repr=False)
-    finished: bool = True  # False when ``stop_after`` ended the run early (only the checkpoint was written)
-
-
-def cosine_lr_lambda(steps: int, warmup_frac: float) -> Callable[[int], float]:
-    """Multiplier for step ``s``: linear warm-up over ``max(1, round(warmup_frac*steps))`` steps, cosine to 0."""
-    warm = max(1, round(warmup_frac * steps))
-
-    def f(s: int) -> float:
-        if s < warm:
-            return (s + 1) / warm
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (s - warm) / max(1, steps - warm))))
-
-    return f
-
-
-def _atomic_torch_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def run_training(
-    module: torch.nn.Module,
-    param_groups: list[dict],
-    loss_fn: Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, float]]],
-    windows: TokenWindows,
-    cfg: OptimConfig,
-    out_dir: Path,
-    config_key: dict,
-    resume: bool = False,
-    desc: str = "train",
-    device=None,
-    stop_after: int | None = None,
-) -> TrainResult:
-    """The shared loop. ``loss_fn(batch int64[b, s]) -> (scalar loss, {name: float})``.
-
-    ``module``'s trainable state (``requires_grad`` parameters) goes into the checkpoint
-    ``out_dir/checkpoint.pt`` with the optimizer, the schedule and ``config_key``; resuming from a
-    checkpoint whose ``config_key`` differs raises ``ModelError``. ``stop_after`` ends this run after
-    that many steps with a checkpoint to ``resume`` from (time-sliced training on a shared machine).
-    """
-    cfg.validate()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out_dir / CHECKPOINT
-    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
-    opt = torch.optim.AdamW(param_groups, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_lr_lambda(cfg.steps, cfg.warmup_frac))
-    start, history = 0, []
-    if resume:
-        if not ckpt_path.is_file():
-            raise InputError(f"--resume given but {ckpt_path} does not exist; drop --resume to start afresh")
-        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if ck["config_key"] != config_key:
-            diff = sorted(k for k in set(ck["config_key"]) | set(config_key) if ck["config_key"].get(k) != config_key.get(k))
-            raise ModelError(
-                f"checkpoint {ckpt_path} was made with another configuration (differs in: {', '.join(diff)}); "
-                "use the same settings as that run or drop --resume and choose another --out"
-            )
-        own = {n: p for n, p in module.named_parameters() if n in trainable}
-        with torch.no_grad():
-            for n, t in ck["trainable"].items():
-                own[n].copy_(t)
-        opt.load_state_dict(ck["optimizer"])
-        sched.load_state_dict(ck["scheduler"])
-        torch.set_rng_state(ck["rng"])
-        start, history = int(ck["step"]), list(ck["history"])
-        if start >= cfg.steps:
-            raise InputError(f"checkpoint {ckpt_path} already finished all {cfg.steps} steps; nothing to resume")
-
-    def save(step: int) -> None:
-        state = {n: p.detach().cpu().clone() for n, p in module.named_parameters() if n in trainable}
-        _atomic_torch_save(
-            {"step": step, "trainable": state, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-             "rng": torch.get_rng_state(), "config_key": config_key, "history": history},
-            ckpt_path,
-        )
-
-    params = [p for g in param_groups for p in g["params"]]
-    last_good = start if resume else None
-    t0 = time.time()
-    module.train()
-    bar = tqdm(range(start, cfg.steps), desc=desc, unit="step", initial=start, total=cfg.steps,
-               disable=not progress_enabled())
-    for step in bar:
-        sums: dict[str, float] = {}
-        for micro in range(cfg.grad_accum):
-            batch = torch.from_numpy(windows.batch(step * cfg.grad_accum + micro))
-            if device is not None:
-                batch = batch.to(device)
-            loss, parts = loss_fn(batch)
-            if not torch.isfinite(loss):
-                bar.close()
-                kept = (f"the last good checkpoint (step {last_good}) is kept in {ckpt_path}"
-                        if last_good is not None else "no checkpoint had been written yet")
-                raise BuildError(
-                    f"training loss became {loss.item()} at step {step}; stopped, {kept}; "
-                    "lower --lr or check the data, then --resume"
-                )
-            (loss / cfg.grad_accum).backward()
-            for k, v in parts.items():
-                sums[k] = sums.get(k, 0.0) + v / cfg.grad_accum
-        if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        history.append({"step": step + 1, **{k: round(v, 5) for k, v in sums.items()}})
-        bar.set_postfix({k: f"{v:.3f}" for k, v in sums.items()}, refresh=False)
-        stopping = stop_after is not None and step + 1 - start >= stop_after
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or stopping:
-            save(step + 1)
-            last_good = step + 1
-        if stopping:
-            break
-    bar.close()
-    module.eval()
-    tail = history[-max(1, len(history) // 10):]
-    losses = {k: float(np.mean([h[k] for h in tail])) for k in tail[0] if k != "step"} if tail else {}
-    done = history[-1]["step"] if history else start
-    return TrainResult(
-        out_dir=str(out_dir), steps=done, tokens=(done - start) * cfg.batch_size * cfg.grad_accum * cfg.seq_len,
-        seconds=round(time.time() - t0, 1), resumed_from=start, losses=losses, history=history,
-        finished=done == cfg.steps,
-    )
-
-
-def _check_resume(out_dir: str | Path, resume: bool) -> None:
-    """Fail before any expensive work when ``--resume`` has nothing to resume from."""
-    ck = Path(out_dir) / CHECKPOINT
-    if resume and not ck.is_file():
-        raise InputError(f"--resume given but {ck} does not exist; drop --resume to start afresh")
-
-
-def _write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _finish_dir(out_dir: Path, write: Callable[[Path], None], keep_checkpoint: bool) -> None:
-    """Write the final artefacts into a hidden staging dir, then move each file into ``out_dir``."""
-    stage = out_dir / ".partial"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
-    write(stage)
-    for f in sorted(stage.iterdir()):
-        target = out_dir / f.name
-        if target.is_dir():
-            shutil.rmtree(target)
-        os.replace(f, target)
-    stage.rmdir()
-    if not keep_checkpoint:
-        (out_dir / CHECKPOINT).unlink(missing_ok=True)
+from latticedraft.gpu.trainloop import (CHECKPOINT, OptimConfig, TrainResult, check_resume,  # noqa: F401
+                                        cosine_lr_lambda, finish_dir, run_training, write_json_atomic)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,7 +70,7 @@ def train_lm(
     from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
 
     cfg.validate()
-    _check_resume(out_dir, resume)
+    check_resume(out_dir, resume)
     if cfg.seq_len > arch.n_positions:
         raise InputError(f"--seq-len {cfg.seq_len} exceeds the model's context --n-positions {arch.n_positions}")
     if arch.n_embd % arch.n_head:
@@ -306,14 +100,14 @@ def train_lm(
         model.to(resolve_dtype(save_dtype)).save_pretrained(stage)
         model.float()
         tok.save(str(stage / "tokenizer.json"))
-        _write_json_atomic(stage / "training.json", {
+        write_json_atomic(stage / "training.json", {
             "arch": asdict(arch), "optim": asdict(cfg), "parameters": sum(p.numel() for p in model.parameters()),
             "corpus_files": len(corpus), "corpus_tokens": int(len(tokens)), "steps": res.steps, "tokens_seen": res.tokens,
             "seconds": res.seconds, "final_loss": res.losses, "resumed_from": res.resumed_from,
             "loss_every_10": [h["loss"] for h in res.history[::10]],
         })
 
-    _finish_dir(out, write, keep_checkpoint)
+    finish_dir(out, write, keep_checkpoint)
     return res
 
 
@@ -384,7 +178,7 @@ def train_heads(
 
     cfg.validate()
     _check_num_heads(num_heads)
-    _check_resume(out_dir, resume)
+    check_resume(out_dir, resume)
     if num_heads >= cfg.seq_len:
         raise InputError(f"--heads {num_heads} must be smaller than --seq-len {cfg.seq_len} (each head needs a target token)")
     lambdas = [1.0] * num_heads if lambdas is None else [float(x) for x in lambdas]
@@ -438,7 +232,7 @@ def train_heads(
         else:
             bm.save_pretrained(stage, base_ref=os.path.relpath(base_dir.resolve(), out.resolve()))
         bm.float()
-        _write_json_atomic(stage / "training.json", {
+        write_json_atomic(stage / "training.json", {
             "kind": kind, "num_heads": num_heads, "lambdas": lambdas, "unfreeze": unfreeze,
             "lr_heads": cfg.lr, "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None,
             "optim": asdict(cfg), "head_parameters": sum(p.numel() for p in head_params),
@@ -446,5 +240,5 @@ def train_heads(
             "seconds": res.seconds, "final_loss": res.losses, "resumed_from": res.resumed_from,
         })
 
-    _finish_dir(out, write, keep_checkpoint)
+    finish_dir(out, write, keep_checkpoint)
     return res
