@@ -182,3 +182,24 @@ def test_unfrozen_three_learning_rates(tiny_base, corpus, tmp_path, kind):
         same = all(torch.equal(ref[k], new[k]) for k in ref)
         assert same != moved
         assert json.loads((out / "heads_config.json").read_text())["base"] == "base"
+
+
+def test_gradient_accumulation_averages_micro_batches(tmp_path):
+    """grad_accum=2 over micro-batches i, i+1 gives the same update as one batch made of both."""
+    w = _windows(n=64, s=8, b=2)
+    w4 = _windows(n=64, s=8, b=4)
+
+    def run(windows, accum, out):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(8, 1)
+        loss_fn = lambda b: ((lin(b.float() / 100.0) ** 2).mean(), {"loss": 0.0})  # noqa: E731
+        cfg = OptimConfig(steps=1, lr=1e-2, batch_size=windows.batch_size, seq_len=8, grad_accum=accum)
+        res = run_training(lin, [{"params": list(lin.parameters())}], loss_fn, windows, cfg, out, {})
+        return lin, res
+
+    a, ra = run(w, 2, tmp_path / "a")
+    b, rb = run(w4, 1, tmp_path / "b")
+    assert ra.tokens == rb.tokens == 4 * 8
+    # the 2+2 windows of micro-batches 0 and 1 are the 4 windows of batch 0 of the same epoch order
+    assert np.array_equal(np.concatenate([w.batch(0), w.batch(1)]), w4.batch(0))
+    torch.testing.assert_close(a.weight, b.weight)
