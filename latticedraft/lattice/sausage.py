@@ -107,10 +107,11 @@ class Sausage:
             raise InputError("padding (token -1) must follow the live arcs of a slot, not precede them")
         if (~live & np.isfinite(lp)).any():
             raise InputError("padding cells (token -1) must have logp -inf")
-        for i in range(t.shape[0]):
-            row = t[i][live[i]]
-            if len(np.unique(row)) != len(row):
-                raise InputError(f"slot {i} of the sausage lists a token twice: {row.tolist()}")
+        srt = np.sort(np.where(live, t, -1 - np.arange(t.shape[1])), axis=1)
+        dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
+        if dup.any():
+            i = int(np.argmax(dup))
+            raise InputError(f"slot {i} of the sausage lists a token twice: {t[i][live[i]].tolist()}")
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -264,7 +265,12 @@ def _sausage_arrays(x: np.ndarray, k: int, what: str) -> tuple[np.ndarray, np.nd
     if not isinstance(k, (int, np.integer)) or k < 1 or k > V:
         raise InputError(f"k = {k} is outside 1..{V} (the vocabulary size of the {what}); choose k <= {V}")
     _check_finite(x, what)
-    return _topk_sorted(_log_softmax(x), int(k))
+    x = x.astype(np.float32, copy=False) if x.dtype != np.float64 else x
+    tok, top = _topk_sorted(x, int(k))
+    # log-softmax only where needed: top-k logits minus the row's log-sum-exp (float64 sum)
+    m = x.max(axis=-1, keepdims=True)
+    lse = m.astype(np.float64) + np.log(np.exp(x - m).sum(axis=-1, keepdims=True, dtype=np.float64))
+    return tok, (top.astype(np.float64) - lse).astype(np.float32)
 
 
 @dataclass

@@ -267,6 +267,40 @@ def _step(s, label, off, lab, cost, nxt, bon, boc, uni, V, unk, tab):
 
 
 @njit(cache=True, inline="always")
+def _step_memo(s, label, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, mk, mn, mc):
+    """``_step`` with the back-off tail memoised: after a miss at ``s`` the result for
+    (back-off state, label) comes from a small per-search table (keys ``mk``, -1 empty),
+    since many nodes of a slot back off to the same shorter contexts."""
+    if s != uni:
+        a = _find(s, label, off, lab, tab)
+        if a >= 0:
+            return nxt[a], np.float64(cost[a])
+        b = bon[s]
+        if b < 0:
+            return uni, np.float64(unk)
+        acc = np.float64(boc[s])
+        s = b
+    else:
+        acc = 0.0
+    key = s * (V + 2) + label
+    mask = mk.shape[0] - 1
+    slot = _hash(s, label, mask)
+    for _ in range(8):
+        kk = mk[slot]
+        if kk == key:
+            return mn[slot], acc + mc[slot]
+        if kk < 0:
+            break
+        slot = (slot + 1) & mask
+    ns, c = _step(s, label, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
+    if mk[slot] < 0 or mk[slot] != key:
+        mk[slot] = key
+        mn[slot] = ns
+        mc[slot] = c
+    return ns, acc + c
+
+
+@njit(cache=True, inline="always")
 def _bound_short(a_tok, c_tok, off, lab, cost, uni_logp, ctx1, ctx1_gain, dflt, V, unk, tab):
     """Upper bound of ln p(c | context ending in a) when c is found at (a) or the null state."""
     if 0 <= c_tok < V:
@@ -294,6 +328,30 @@ def _row2(b_tok, a_tok, t1_off, t1_lab, t1_hash, V):
     return _find(b_tok, a_tok + 1, t1_off, t1_lab, t1_hash)
 
 
+@njit(cache=True, inline="always")
+def _match_sorted(lo, hi, lab, labels, order, w, out):
+    """For each of ``labels[:w]`` (visited in ascending order ``order``), its index in the
+    ascending CSR row ``lab[lo:hi]`` or -1, into ``out``; one narrowing binary search each."""
+    pos = lo
+    for q in range(w):
+        c = order[q]
+        x = labels[c]
+        a = pos
+        b = hi
+        while a < b:
+            mid = (a + b) >> 1
+            if lab[mid] < x:
+                a = mid + 1
+            else:
+                b = mid
+        if a < hi and lab[a] == x:
+            out[c] = a
+            pos = a + 1
+        else:
+            out[c] = -1
+            pos = a
+
+
 @njit(cache=True)
 def _suffix_bounds(tok, hl, widths, alpha, start, hist_b, off, lab, cost, nxt, bon, boc, uni, V, unk,
                    tab, uni_logp, ctx1, ctx1_gain, dflt, t1_off, t1_lab, t1_hash, t2_off, t2_lab,
@@ -306,6 +364,7 @@ def _suffix_bounds(tok, hl, widths, alpha, start, hist_b, off, lab, cost, nxt, b
     ``Gr[R[i, b, a], c]`` when the model has contexts ending in (b, a) (``R >= 0``), else
     ``Gb[i, a, c]``, which uses only the one-token context (a) and the null state. Slot 0 uses
     its exact LM step from ``start``. ``hist_b``: the last history token (``V``: ``<s>``).
+    All table look-ups are sorted merges of a CSR row with the slot's sorted labels.
     """
     h, k = tok.shape
     H = np.zeros((h + 1, k, k))
@@ -314,18 +373,42 @@ def _suffix_bounds(tok, hl, widths, alpha, start, hist_b, off, lab, cost, nxt, b
     Gr = np.empty((16, k))
     n_rows = 0
     use_lm = alpha != 0.0
-    srt = np.empty(k, np.int64)
+    labels = tok + 1
+    order = np.empty((h, k), np.int64)
+    for i in range(h):
+        o = np.argsort(labels[i, :widths[i]])
+        for j in range(widths[i]):
+            order[i, j] = o[j]
+    idx = np.empty(k, np.int64)
+    ridx = np.empty(k, np.int64)
+    uni_c = np.empty(k)
     for i in range(h - 1, 0, -1):
         w = widths[i]
         wa = widths[i - 1]
         wb = widths[i - 2] if i >= 2 else 1
         best0 = np.empty(wa)
+        if use_lm:
+            for c in range(w):
+                t = tok[i, c]
+                uni_c[c] = uni_logp[t] if 0 <= t < V else -unk
         for a in range(wa):
+            a_tok = tok[i - 1, a]
+            s1 = -1
+            if use_lm and 0 <= a_tok < V:
+                s1 = ctx1[a_tok]
+                if s1 >= 0:
+                    _match_sorted(off[s1], off[s1 + 1], lab, labels[i], order[i], w, idx)
             bst = -np.inf
             for c in range(w):
                 if use_lm:
-                    v = _bound_short(tok[i - 1, a], tok[i, c], off, lab, cost, uni_logp, ctx1, ctx1_gain,
-                                     dflt, V, unk, tab)
+                    if 0 <= a_tok < V:
+                        v = dflt[a_tok] + uni_c[c]
+                        if s1 >= 0 and idx[c] >= 0:
+                            v2 = -cost[idx[c]] + ctx1_gain[a_tok]
+                            if v2 > v:
+                                v = v2
+                    else:
+                        v = uni_c[c]
                     g = hl[i, c] + alpha * v + H[i + 1, a, c]
                 else:
                     g = hl[i, c] + H[i + 1, a, c]
@@ -333,18 +416,13 @@ def _suffix_bounds(tok, hl, widths, alpha, start, hist_b, off, lab, cost, nxt, b
                 if g > bst:
                     bst = g
             best0[a] = bst
-        if not use_lm:
-            for b in range(wb):
-                for a in range(wa):
-                    H[i, b, a] = best0[a]
-            continue
-        o = np.argsort(tok[i, :w])
-        for j in range(w):
-            srt[j] = o[j]
         for b in range(wb):
             b_tok = tok[i - 2, b] if i >= 2 else hist_b
+            has_row = use_lm and 0 <= b_tok <= V
+            if has_row:
+                _match_sorted(t1_off[b_tok], t1_off[b_tok + 1], t1_lab, labels[i - 1], order[i - 1], wa, ridx)
             for a in range(wa):
-                r = _row2(b_tok, tok[i - 1, a], t1_off, t1_lab, t1_hash, V)
+                r = ridx[a] if has_row and tok[i - 1, a] >= 0 and tok[i - 1, a] < V else -1
                 if r < 0:
                     H[i, b, a] = best0[a]
                     continue
@@ -355,38 +433,17 @@ def _suffix_bounds(tok, hl, widths, alpha, start, hist_b, off, lab, cost, nxt, b
                 row = n_rows
                 n_rows += 1
                 R[i, b, a] = row
-                for c in range(w):
-                    Gr[row, c] = Gb[i, a, c]
-                lo = t2_off[r]
-                hi = t2_off[r + 1]
-                if hi - lo <= 4 * w:
-                    # merge the row's labels with the slot's labels, both ascending
-                    q = 0
-                    x = lo
-                    while x < hi and q < w:
-                        c = srt[q]
-                        lbl = tok[i, c] + 1
-                        if t2_lab[x] < lbl:
-                            x += 1
-                        elif t2_lab[x] > lbl:
-                            q += 1
-                        else:
-                            g = hl[i, c] + alpha * t2_val[x] + H[i + 1, a, c]
-                            if g > Gr[row, c]:
-                                Gr[row, c] = g
-                            x += 1
-                            q += 1
-                else:
-                    for c in range(w):
-                        jj = _find(r, tok[i, c] + 1, t2_off, t2_lab, t2_hash)
-                        if jj >= 0:
-                            g = hl[i, c] + alpha * t2_val[jj] + H[i + 1, a, c]
-                            if g > Gr[row, c]:
-                                Gr[row, c] = g
+                _match_sorted(t2_off[r], t2_off[r + 1], t2_lab, labels[i], order[i], w, idx)
                 bst = -np.inf
                 for c in range(w):
-                    if Gr[row, c] > bst:
-                        bst = Gr[row, c]
+                    g = Gb[i, a, c]
+                    if idx[c] >= 0:
+                        g2 = hl[i, c] + alpha * t2_val[idx[c]] + H[i + 1, a, c]
+                        if g2 > g:
+                            g = g2
+                    Gr[row, c] = g
+                    if g > bst:
+                        bst = g
                 H[i, b, a] = bst
     bst = -np.inf
     for c in range(widths[0]):
@@ -404,7 +461,7 @@ def _suffix_bounds(tok, hl, widths, alpha, start, hist_b, off, lab, cost, nxt, b
 
 @njit(cache=True)
 def _search(tok, hl, widths, alpha, p, start, lower, cap, H, Gb, R, Gr,
-            off, lab, cost, nxt, bon, boc, uni, V, unk, tab):
+            off, lab, cost, nxt, bon, boc, uni, V, unk, tab, mk, mn, mc):
     """Layered DP over nodes (LM state, previous candidate, candidate), each with its p best
     partial paths (sorted best first); the LM step from a node is looked up once for all.
 
@@ -454,7 +511,8 @@ def _search(tok, hl, widths, alpha, p, start, lower, cap, H, Gb, R, Gr,
                 if gtop + (Gr[row, c] if row >= 0 else Gb[i, a, c]) < thr:
                     continue
                 if use_lm:
-                    ns, lc = _step(s, tok[i, c] + 1, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
+                    ns, lc = _step_memo(s, tok[i, c] + 1, off, lab, cost, nxt, bon, boc, uni, V, unk, tab,
+                                        mk, mn, mc)
                     stepv = hl[i, c] - alpha * lc
                 else:
                     ns = s
@@ -553,19 +611,22 @@ def _search(tok, hl, widths, alpha, p, start, lower, cap, H, Gb, R, Gr,
     return out, scores, n_ent
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _pbest(tok, hl, widths, alpha, p, start, hist_b, off, lab, cost, nxt, bon, boc, uni, V, unk, tab,
            uni_logp, ctx1, ctx1_gain, dflt, t1_off, t1_lab, t1_hash, t2_off, t2_lab, t2_val, t2_hash):
     """Exact p best: bounds, a beam pass for the lower bound, then the pruned exact pass."""
     H, Gb, R, Gr = _suffix_bounds(tok, hl, widths, alpha, start, hist_b, off, lab, cost, nxt, bon, boc, uni, V,
                           unk, tab, uni_logp, ctx1, ctx1_gain, dflt, t1_off, t1_lab, t1_hash, t2_off,
                           t2_lab, t2_val, t2_hash)
-    beam = max(p, 16)
+    beam = max(p, 6)
+    mk = np.full(1 << 12, -1, np.int64)
+    mn = np.empty(1 << 12, np.int64)
+    mc = np.empty(1 << 12)
     cand, scores, n1 = _search(tok, hl, widths, alpha, p, start, -np.inf, beam, H, Gb, R, Gr,
-                               off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
+                               off, lab, cost, nxt, bon, boc, uni, V, unk, tab, mk, mn, mc)
     lower = scores[-1] if scores.shape[0] >= p else -np.inf
     cand, scores, n2 = _search(tok, hl, widths, alpha, p, start, lower, 0, H, Gb, R, Gr,
-                               off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
+                               off, lab, cost, nxt, bon, boc, uni, V, unk, tab, mk, mn, mc)
     return cand, scores, n1, n2
 
 
@@ -596,6 +657,23 @@ def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays
         hb = A.vocab_size if hist_last < 0 else int(hist_last)
         r = _pbest(tokens, hl, widths, float(alpha), int(p), int(start), hb, *A.lm_args(), *A.bound_args())
     return r if with_counts else (r[0], r[1])
+
+
+@njit(cache=True)
+def _walk(s, ids, off, lab, cost, nxt, bon, boc, uni, V, unk, tab):
+    for t in ids:
+        s = _step(s, t + 1, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)[0]
+    return s
+
+
+def history_state(arrays: LMArrays, order: int, history: list[int]) -> int:
+    """``NgramFst.state_for_history`` in compiled code: the state after the last n-1 ids, from
+    ``<s>`` when the history is shorter than n-1 (ids must be in the vocabulary)."""
+    if order == 1:
+        return arrays.unigram
+    h = history[-(order - 1):]
+    s = arrays.start if len(h) < order - 1 else arrays.unigram
+    return int(_walk(s, np.asarray(h, dtype=np.int64), *arrays.lm_args()))
 
 
 def lm_step(arrays: LMArrays, state: int, token_id: int) -> tuple[int, float]:
