@@ -245,17 +245,18 @@ def _repetition_weights(ids: list[np.ndarray], ctx: set[int], penalty: float) ->
     shape = tuple(a.size for a in ids)
     if penalty == 1.0:
         return np.ones(shape)
-    ctx_arr = np.fromiter(ctx, dtype=np.int64, count=len(ctx)) if ctx else np.zeros(0, np.int64)
-    r = np.zeros(shape, dtype=np.int64)
+
+    def along(v: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        return v.reshape([v.shape[axes.index(a)] if a in axes else 1 for a in range(n)])
+
+    r = np.zeros([1] * n, dtype=np.int64)
     for i in range(n):
-        rep = np.isin(ids[i], ctx_arr).reshape([-1 if a == i else 1 for a in range(n)])
-        rep = np.broadcast_to(rep, shape).copy()
+        rep = along(np.fromiter((int(t) in ctx for t in ids[i]), dtype=bool, count=ids[i].size), (i,))
         for j in range(i):
-            eq = ids[j][:, None] == ids[i][None, :]  # [k_j, k_i]
-            rep |= np.broadcast_to(eq.reshape([eq.shape[0] if a == j else (eq.shape[1] if a == i else 1)
-                                               for a in range(n)]), shape)
-        r += rep
-    return penalty ** (-r.astype(np.float64))
+            rep = rep | along(ids[j][:, None] == ids[i][None, :], (j, i))
+        r = r + rep
+    table = penalty ** -np.arange(n + 1, dtype=np.float64)
+    return table[np.broadcast_to(r, shape)]
 
 
 def _as_numpy(x) -> np.ndarray:

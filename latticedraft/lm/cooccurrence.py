@@ -188,15 +188,19 @@ class CooccurrenceStats:
         shape = tuple(np.asarray(t).size for t in tokens)
         if alpha_c == 0:
             return np.ones(shape, dtype=np.float64)
-        joint = np.maximum(self.counts(tokens).astype(np.float64), unseen_count) / max(self.n_tokens[n - 1], 1)
-        denom = np.ones(shape, dtype=np.float64)
-        for i, t in enumerate(tokens):
-            m = np.maximum(self.unigram[np.asarray(t, dtype=np.int64).ravel()].astype(np.float64), unseen_count)
-            m = m / max(self.n_tokens[0], 1)
-            denom = denom * m.reshape([-1 if j == i else 1 for j in range(n)])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(denom > 0, joint / np.where(denom > 0, denom, 1.0), 0.0)
-        return ratio ** alpha_c
+        joint = self.counts(tokens).astype(np.float64)
+        np.maximum(joint, unseen_count, out=joint)
+        joint *= 1.0 / max(self.n_tokens[n - 1], 1)
+        margs = [np.maximum(self.unigram[np.asarray(t, dtype=np.int64).ravel()].astype(np.float64), unseen_count)
+                 / max(self.n_tokens[0], 1) for t in tokens]
+        denom = margs[0]
+        for m in margs[1:]:
+            denom = np.multiply.outer(denom, m)
+        ratio = np.zeros(shape, dtype=np.float64)
+        np.divide(joint, denom, out=ratio, where=denom > 0)  # an unseen marginal (δ = 0): 0/0 taken as 0
+        if alpha_c != 1.0:
+            ratio **= alpha_c
+        return ratio
 
     # ------------------------------------------------------------------ storage
     def save(self, path: str | Path) -> Path:
