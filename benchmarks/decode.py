@@ -69,11 +69,12 @@ def main(argv=None) -> int:
     ap.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens (default 10)")
     ap.add_argument("--only", nargs="+", default=None, help="run only these rows")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--out", default="benchmarks/results/decode.json")
     a = ap.parse_args(argv)
 
     torch.set_grad_enabled(False)
-    s = Session(a.model, None, a.lm, a.rescorer, a.device)
+    s = Session(a.model, None, a.lm, a.rescorer, a.device, a.threads)
     recs = read_prompts(a.prompts, limit=a.num_prompts)
     ids = encode(s.tokenizer, [r["prompt"] for r in recs])
     rows = ["greedy", *DRAFTERS, "prompt-lookup (HF)"]

@@ -403,7 +403,7 @@ def _cmd_decode(a) -> int:
     if (a.prompt is None) == (a.prompts is None):
         raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
     texts = [a.prompt] if a.prompt is not None else [r["prompt"] for r in read_prompts(a.prompts)]
-    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device)
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     ids = encode(s.tokenizer, texts)
     spec = _spec(a)
     if a.json:
@@ -427,6 +427,8 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="DIR", help="BPD head checkpoint or HF causal LM (default data/heads-stern)")
     p.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer.json (default: beside the model, else data/tokenizer)")
     p.add_argument("--device", default=None, help="torch device (default cpu)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; 1 is fastest for tiny models on a busy CPU)")
 
 
 def _add_decode(groups) -> None:
@@ -527,7 +529,7 @@ def _cmd_eval(a) -> int:
         rescorers[f"neural-{label}" if path else "neural"] = path or label
     cfg = EvalConfig(num_prompts=a.num_prompts, skip=a.skip, max_new_tokens=a.max_new_tokens, k=a.k, nbest=a.nbest,
                      alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers)
-    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device)
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     paths = evaluate(s, prompts, cfg, a.out, notify=lambda m: print(m, file=sys.stderr))
     print(paths["table"].read_text())
@@ -560,7 +562,7 @@ def _cmd_tune(a) -> int:
     from latticedraft.decoding.tune import GRID, tune
     from latticedraft.paths import data_dir
 
-    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device)
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     out = tune(s, prompts, a.out, families=a.drafters, grid=a.grid or GRID, num_prompts=a.num_prompts,
                max_new_tokens=a.max_new_tokens, k=a.k, batch_size=a.batch_size)
@@ -592,7 +594,7 @@ def _cmd_demo(a) -> int:
 
     print(f"latticedraft demo: the bundled BPD model on {a.num_prompts} held-out standard-library prompts, "
           f"{a.max_new_tokens} new tokens each", file=sys.stderr)
-    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device)
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     summary = run_demo(s, a.prompts, a.num_prompts, a.max_new_tokens, a.out,
                        notify=lambda m: print(m, file=sys.stderr))
     smp = summary["sample"]
@@ -619,6 +621,7 @@ def _add_demo(groups) -> None:
     p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="output directory (default ./demo-out)")
     _common_model_args(p)
+    p.set_defaults(threads=1)
     p.set_defaults(func=_cmd_demo)
 
 

@@ -85,11 +85,6 @@ def _eos_set(eos_token_id) -> set[int]:
     return {int(eos_token_id)}
 
 
-def _head_logp(heads: torch.Tensor) -> np.ndarray:
-    """[h, V] head logits -> float32 log-probs of heads 1..h-1 (the draft slots), [h-1, V]."""
-    return torch.log_softmax(heads[1:].float(), dim=-1).cpu().numpy()
-
-
 @torch.no_grad()
 def bpd_decode(
     model,
@@ -163,7 +158,7 @@ def bpd_decode(
         for j, i in enumerate(active):
             history = np.concatenate([prompts[i], np.asarray(out[i], dtype=np.int64)])
             t0 = time.perf_counter()
-            sausage = drafters[i].lattice(_head_logp(heads[j])) if heads.shape[1] > 1 else None
+            sausage = drafters[i].lattice(heads[j, 1:]) if heads.shape[1] > 1 else None
             t1 = time.perf_counter()
             d = drafters[i].draft(sausage, history) if sausage is not None else np.zeros((1, 0), np.int64)
             timing["lattice"] += t1 - t0

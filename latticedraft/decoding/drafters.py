@@ -63,11 +63,23 @@ class LatticeOptions:
         if self.slots is not None and self.slots < 1:
             raise InputError(f"slots = {self.slots} must be >= 1 (heads used = slots + 1)")
 
-    def build(self, head_logp: np.ndarray) -> Sausage:
-        """head_logp float32[h-1, V] (log-softmax of heads 1..h-1) -> pruned top-k Sausage."""
+    def build(self, head_logits) -> Sausage:
+        """Logits of heads 1..h-1, ``[h-1, V]`` (torch tensor or numpy) -> pruned top-k Sausage.
+
+        For a torch tensor the log-softmax and top-k run in torch (one fused call, no copy of
+        the full vocabulary to numpy): the per-step lattice cost stays far below a model call.
+        """
         if self.slots is not None:
-            head_logp = head_logp[: self.slots]
-        s = Sausage.from_logits(head_logp, min(self.k, head_logp.shape[-1]))
+            head_logits = head_logits[: self.slots]
+        k = min(self.k, head_logits.shape[-1])
+        if isinstance(head_logits, torch.Tensor):
+            lp = torch.log_softmax(head_logits.float(), dim=-1)
+            if not bool(torch.isfinite(lp).all()):
+                return Sausage.from_logits(head_logits, k)  # raises, naming the slot
+            val, idx = torch.topk(lp, k, dim=-1)
+            s = Sausage(idx.cpu().numpy(), val.cpu().numpy())
+        else:
+            s = Sausage.from_logits(head_logits, k)
         if self.prune == "none" and self.backoff is None:
             return s
         return prune(
@@ -86,8 +98,9 @@ class Drafter:
     def __init__(self, options: LatticeOptions | None = None):
         self.options = options or LatticeOptions()
 
-    def lattice(self, head_logp: np.ndarray) -> Sausage:
-        return self.options.build(head_logp)
+    def lattice(self, head_logits) -> Sausage:
+        """head_logits ``[h-1, V]``: heads 1..h-1 at the root (slot j = token j + 1 after it)."""
+        return self.options.build(head_logits)
 
     def draft(self, sausage: Sausage, history: np.ndarray) -> Drafts:
         raise NotImplementedError

@@ -238,7 +238,14 @@ class TextStream:
 class Session:
     """The model, tokenizer and (loaded on first use) LM and rescorer of one command."""
 
-    def __init__(self, model_dir=None, tokenizer_path=None, lm_dir=None, rescorer_dir=None, device=None):
+    def __init__(self, model_dir=None, tokenizer_path=None, lm_dir=None, rescorer_dir=None, device=None,
+                 threads: int | None = None):
+        if threads is not None:
+            if threads < 1:
+                raise InputError(f"--threads must be >= 1, got {threads}")
+            import torch
+
+            torch.set_num_threads(threads)  # tiny models: per-op thread sync costs more than it saves
         self.model_dir = model_dir
         self.model = load_model(model_dir, device=device)
         self.tokenizer = load_tokenizer_for(self.model, model_dir, tokenizer_path)
