@@ -144,12 +144,16 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
         if not run.exact:
             notify(f"warning: {name} differs from greedy decoding")
     table3 = _repetition(session, base_steps, cfg, a_ng)
+    first = next(iter(rescorers))
+    session.rescorer_dir, session._rescorer = rescorers[first], None
+    table5 = _wins(session, base_steps, ids, refs, a_nn, first)
     results = {
         "config": {**asdict(cfg), "model": session.base_dir, "heads": h, "prompts": len(recs)},
         "machine": machine(),
         "seconds": round(time.perf_counter() - t0, 2),
         "runs": {k: asdict(v) for k, v in runs.items()},
         "table3": table3,
+        "table5": table5,
         "all_exact": all(r.exact for r in runs.values()),
     }
     out = Path(out_dir)
@@ -199,6 +203,50 @@ def _repetition(session: Session, steps, cfg: EvalConfig, alpha: float) -> dict:
             "rescored": {"pct_consecutive": round(r.pct_consecutive, 2), "max_run": round(r.mean_max_run, 2)}}
 
 
+def _has_repeat(d) -> bool:
+    d = np.asarray(d)
+    return bool(len(d) > 1 and (d[1:] == d[:-1]).any())
+
+
+def _wins(session: Session, steps, ids, refs, alpha: float, label: str) -> dict:
+    """Table 5 over the Base run's steps: the neural draft vs the vanilla draft of the same
+    lattice and history, compared by accepted length against the greedy continuation;
+    % Repair = the rescored draft removes a consecutive repetition, % Regress = adds one."""
+    from latticedraft.decoding.drafters import NeuralDrafter
+    from latticedraft.lattice.oracle import accepted_length
+
+    if not steps or refs is None:
+        return {}
+    proto = NeuralDrafter(session.rescorer, alpha)
+    drafters = {}
+    tally = {"ties": 0, "win": [0, 0, 0], "loss": [0, 0, 0]}  # total, repair, regress
+    for st in steps:
+        if st.sausage is None:
+            continue
+        d = drafters.setdefault(st.row, proto.spawn(st.row))
+        pos = len(st.history) - len(ids[st.row])
+        ref = refs[st.row][pos : pos + st.sausage.h]
+        if len(ref) == 0:
+            continue
+        van = st.sausage.top1()
+        neu = d.draft(st.sausage, st.history).tokens[0]
+        a, b = accepted_length(van, ref), accepted_length(neu, ref)
+        if a == b:
+            tally["ties"] += 1
+            continue
+        t = tally["win" if b > a else "loss"]
+        t[0] += 1
+        t[1] += int(_has_repeat(van) and not _has_repeat(neu))
+        t[2] += int(_has_repeat(neu) and not _has_repeat(van))
+
+    def pct(x, n):
+        return round(100.0 * x / n, 2) if n else 0.0
+
+    return {"rescorer": label, "alpha": alpha, "ties": tally["ties"],
+            **{k: {"total": v[0], "pct_repair": pct(v[1], v[0]), "pct_regress": pct(v[2], v[0])}
+               for k, v in (("win", tally["win"]), ("loss", tally["loss"]))}}
+
+
 def _rel(x: float, base: float) -> str:
     return f"{x:.2f} ({100.0 * (x - base) / base:+.2f}%)" if base else f"{x:.2f}"
 
@@ -232,6 +280,14 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
               "|---|---|---|---|",
               f"| {t3['vanilla']['pct_consecutive']:.1f} | {t3['rescored']['pct_consecutive']:.1f} | "
               f"{t3['vanilla']['max_run']:.2f} | {t3['rescored']['max_run']:.2f} |"]
+    t5 = results.get("table5") or {}
+    if t5:
+        w, lo = t5["win"], t5["loss"]
+        L += ["", f"## Table 5: {t5['rescorer']} rescored drafts vs vanilla BPD drafts, step by step "
+              f"(alpha = {t5['alpha']})", "",
+              "| Ties | Win | % Repair | % Regress | Loss | % Repair | % Regress |", "|---|---|---|---|---|---|---|",
+              f"| {t5['ties']} | {w['total']} | {w['pct_repair']:.2f} | {w['pct_regress']:.2f} | {lo['total']} | "
+              f"{lo['pct_repair']:.2f} | {lo['pct_regress']:.2f} |"]
     L += ["", "## Table 10: block efficiency using the first h heads (vanilla BPD)", "",
           "| " + " | ".join(f"h = {hc}" for hc in head_counts) + " |", "|" + "---|" * len(head_counts),
           "| " + " | ".join(f"{runs[f'top1 h={hc}']['block_efficiency']:.2f}" for hc in head_counts) + " |", ""]

@@ -111,7 +111,7 @@ def test_tune_then_eval_write_tables_and_figures(bundle, tmp_path, capsys):
     res = json.loads((out / "results.json").read_text())
     assert res["all_exact"] and res["runs"]["Base"]["block_efficiency"] >= 1.0
     md = (out / "results.md").read_text()
-    for needle in ("Table 4", "Parallel 4-gram BPD", "Oracle (k=16)", "Table 3", "Table 10"):
+    for needle in ("Table 4", "Parallel 4-gram BPD", "Oracle (k=16)", "Table 3", "Table 5", "Table 10"):
         assert needle in md
     for png in ("fig6_oracle_vs_k.png", "fig7_parallel_vs_p.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,43 @@
+"""Every drafter on the bundled BPD model (data/heads-stern, the 4-gram, data/rescorer-small)
+emits exactly greedy decoding's tokens on held-out prompts, batch 1 and 4 (prompts of
+different lengths). Skipped until the bundled models are built (scripts/setup.sh)."""
+
+import numpy as np
+import pytest
+import torch
+
+from latticedraft.decoding.run import DrafterSpec, Session, default_model_dir, default_rescorer_dir, encode, read_prompts
+from latticedraft.paths import data_dir, default_lm_dir
+
+READY = all(p.exists() for p in (default_model_dir() / "heads_config.json", default_lm_dir(), default_rescorer_dir()))
+pytestmark = [pytest.mark.skipif(not READY, reason="bundled models not built (bash scripts/setup.sh)"), pytest.mark.slow]
+NEW = 32
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    s = Session()
+    recs = read_prompts(data_dir() / "prompts.jsonl", limit=4)
+    ids = encode(s.tokenizer, [r["prompt"] for r in recs])
+    greedy = s.decode(ids, "greedy", max_new_tokens=NEW)
+    return s, ids, [q.tokens for q in greedy.sequences]
+
+
+@pytest.mark.parametrize("spec", [
+    DrafterSpec("top1"), DrafterSpec("ngram"), DrafterSpec("parallel", nbest=16, prune="otsu"),
+    DrafterSpec("parallel-base", nbest=16), DrafterSpec("neural"), DrafterSpec("oracle", k=16),
+], ids=lambda s: s.name)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_bundled_every_drafter_is_greedy(setup, spec, batch):
+    s, ids, greedy = setup
+    res = s.decode(ids, "bpd", spec, max_new_tokens=NEW, batch_size=batch, references=greedy)
+    assert all(np.array_equal(q.tokens, g) for q, g in zip(res.sequences, greedy))
+    assert res.verify_mode == "tree"
