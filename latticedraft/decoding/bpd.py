@@ -107,6 +107,7 @@ def bpd_decode(
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
+    _check_length(model, prompts, max_new_tokens)
     eos = _eos_set(eos_token_id)
     timing = {"model": 0.0, "lattice": 0.0, "draft": 0.0, "accept": 0.0}
     t_start = time.perf_counter()
@@ -163,7 +164,8 @@ def bpd_decode(
             d = drafters[i].draft(sausage, history) if sausage is not None else np.zeros((1, 0), np.int64)
             timing["lattice"] += t1 - t0
             timing["draft"] += time.perf_counter() - t1
-            drafts.append(_draft_tokens(d))
+            room = max_new_tokens - len(out[i]) - 1  # the bonus token takes the last place
+            drafts.append(_draft_tokens(d)[:, : max(room, 0)])
             if record_steps:
                 steps.append(StepRecord(i, history, sausage, drafts[-1], None, -1))
         t0 = time.perf_counter()
@@ -201,6 +203,16 @@ def bpd_decode(
         for i in range(b)
     ]
     return DecodeResult(seqs, verifier.mode, verifier.mode_reason, time.perf_counter() - t_start, timing, steps)
+
+
+def _check_length(model, prompts, max_new_tokens) -> None:
+    """Prompt + new tokens must fit the model's positions (GPT-2's n_positions and the like)."""
+    cfg = getattr(getattr(model, "base", model), "config", None)
+    limit = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+    longest = max(len(p) for p in prompts)
+    if limit and longest + max_new_tokens > int(limit):
+        raise InputError(f"a prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
+                         f"{limit} positions; shorten the prompt or lower --max-new-tokens")
 
 
 def _draft_tokens(drafts) -> np.ndarray:

@@ -129,6 +129,8 @@ def test_bad_arguments():
     model = blockwise("gpt2", num_heads=3)
     with pytest.raises(InputError, match="max_new_tokens"):
         bpd_decode(model, [[1, 2]], make_drafter("top1"), max_new_tokens=0)
+    with pytest.raises(InputError, match="256 positions"):
+        bpd_decode(model, [list(range(1, 60)) * 4], make_drafter("top1"), max_new_tokens=30)
     with pytest.raises(InputError, match="--lm"):
         make_drafter("ngram")
     with pytest.raises(InputError, match="unknown drafter"):
