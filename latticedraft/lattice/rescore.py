@@ -187,7 +187,13 @@ def lattice_fst_bytes(s: Sausage, weight_scale: float = 1.0) -> bytes:
     return b"".join(parts)
 
 
+_MAX_NSHORTEST = 4096
+
+
 def _wfst_pbest(s: Sausage, fst, start: int, alpha: float, p: int) -> Drafts:
+    """n-shortest on lattice ∘ G, asking for 4x more paths until ``p`` distinct strings appear
+    (epsilon back-off makes one string appear many times); at most 4096 paths are read, so in
+    a pathological case fewer than ``p`` distinct drafts come back."""
     import pywrapfst
 
     G = _lm_fst(fst)
@@ -199,9 +205,9 @@ def _wfst_pbest(s: Sausage, fst, start: int, alpha: float, p: int) -> Drafts:
     n = want
     while True:
         best = _distinct_paths(pywrapfst.shortestpath(C, nshortest=n), alpha)
-        if len(best) >= want or n >= 64 * want + 64:
+        if len(best) >= want or n >= _MAX_NSHORTEST:
             break
-        n *= 4
+        n = min(4 * n, _MAX_NSHORTEST)
     items = sorted(best.items(), key=lambda kv: (-kv[1], kv[0]))[:want]
     toks = np.array([list(t) for t, _ in items], dtype=np.int64).reshape(len(items), s.h)
     scores = np.array([v for _, v in items], dtype=np.float32)
