@@ -81,6 +81,10 @@ def test_mode_choice_is_reported():
         choose_mode(m, "tree")
     with pytest.raises(InputError, match="auto"):
         choose_mode(m, "sideways")
+    mixed = tiny_model("mistral")
+    mixed.config.layer_types = ["full_attention", "sliding_attention"]
+    mode, why = choose_mode(mixed)
+    assert mode == "batched" and "mixed layer types" in why
 
 
 def test_eager_attention_also_takes_the_tree_mask():
