@@ -595,8 +595,11 @@ def _cmd_demo(a) -> int:
     print(f"latticedraft demo: the bundled BPD model on {a.num_prompts} held-out standard-library prompts, "
           f"{a.max_new_tokens} new tokens each", file=sys.stderr)
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    from latticedraft.decoding.tune import read_alphas
+
     summary = run_demo(s, a.prompts, a.num_prompts, a.max_new_tokens, a.out,
-                       notify=lambda m: print(m, file=sys.stderr))
+                       notify=lambda m: print(m, file=sys.stderr),
+                       alphas=read_alphas(a.alphas) if a.alphas else None)
     smp = summary["sample"]
     print("\nexample (held-out prompt, then the model's continuation):")
     print("  " + smp["prompt"].rstrip("\n").replace("\n", "\n  ") + "\n  >>> " + smp["continuation"].replace("\n", "\n  >>> "))
@@ -619,6 +622,7 @@ def _add_demo(groups) -> None:
     p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt (default 48)")
     p.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
     p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
+    p.add_argument("--alphas", default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (default 1.0)")
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="output directory (default ./demo-out)")
     _common_model_args(p)
     p.set_defaults(threads=1)
