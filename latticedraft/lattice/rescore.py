@@ -42,25 +42,25 @@ def _fst_of(lm):
     return fst
 
 
-def _history_state(fst, history) -> tuple[int, int]:
-    """(LM state after the last n-1 history ids, last history id or -1 when empty)."""
+def _history_state(fst, history) -> tuple[int, int, list[int]]:
+    """(LM state after the last n-1 history ids, last history id or -1 when empty, those ids)."""
     hist = [int(t) for t in (history if history is not None else ())]
     keep = max(int(fst.order) - 1, 0)
     hist = hist[-keep:] if keep else []
     if any(t < 0 for t in hist):
         raise InputError(f"history ids must be >= 0, got {hist}")
     V = int(fst.vocab_size)
+    last = hist[-1] if hist else -1
     if any(t >= V for t in hist):
         # unknown to the LM: the context restarts at the null state, like KenLM's <unk>
         cut = max(i for i, t in enumerate(hist) if t >= V)
-        rest = hist[cut + 1:]
         state = int(fst.unigram)
-        for t in rest:
+        for t in hist[cut + 1:]:
             state = int(fst.arc_lookup(state, t)[0])
-        return state, (hist[-1] if hist[-1] < V else V + 1)
+        return state, (last if last < V else V + 1), hist
     if isinstance(fst, NgramFst):  # the same walk as NgramFst.state_for_history, compiled
-        return history_state(lm_arrays(fst), int(fst.order), hist), (hist[-1] if hist else -1)
-    return int(fst.state_for_history(hist)), (hist[-1] if hist else -1)
+        return history_state(lm_arrays(fst), int(fst.order), hist), last, hist
+    return int(fst.state_for_history(hist)), last, hist
 
 
 def _check(sausage: Sausage, alpha: float, nbest: int, method: str) -> None:
@@ -87,10 +87,11 @@ def rescore(sausage: Sausage, lm, alpha: float = 1.0, nbest: int = 1, history: S
     fst = _fst_of(lm)
     if fst is None or alpha == 0.0:
         return base_drafts(sausage, nbest)
-    start, last = _history_state(fst, history)
+    start, last, hist = _history_state(fst, history)
     if method == "exact":
         cand, scores = exact_pbest(sausage.tokens, sausage.logp, sausage.widths, lm_arrays(fst),
-                                   start, float(alpha), int(nbest), hist_last=last)
+                                   start, float(alpha), int(nbest), hist_last=last,
+                                   history=hist)
         return _drafts(sausage, cand, scores, nbest)
     return _wfst_pbest(sausage, fst, start, float(alpha), int(nbest))
 

@@ -4,7 +4,18 @@ The score of a path ``y`` is ``sum_i head_logp[i, y_i] + alpha * ln p_LM(y_i | h
 with true back-off semantics (a lookup that misses a state adds the state's back-off cost
 and retries at its back-off state, exactly like KenLM's ``BaseScore``).
 
-Algorithm (exact, not a beam):
+Two exact algorithms (neither is a beam):
+
+A. *Order <= 4 (``_triple_pbest``, the bundled 4-gram).* The LM state is fixed by the last
+   three tokens, so a backward dynamic program over the lattice's candidate triples gives the
+   exact best score of every suffix, ``V[j, x, b, a]``. Triples whose three-token context the
+   model does not keep share their (b, a) value, so a slot costs ~k^3 additions plus CSR
+   merges for the contexts that exist (not k^4 look-ups). A best-first search over prefixes
+   with ``V`` as its heuristic (exact, hence admissible) then pops complete paths in order:
+   the p best distinct strings after about p * h pops, each expanding one slot with exact
+   back-off look-ups from the prefix's LM state.
+
+B. *Any order (``_pbest``), used above order 4:*
 
 1. *Suffix bounds.* For a token ``c`` after any context ending in ``(b, a)`` an upper bound on
    ``ln p(c | context)`` comes from tables built once per LM (``LMArrays``): the best arc for
@@ -78,6 +89,8 @@ class LMArrays:
     t2_lab: np.ndarray
     t2_val: np.ndarray
     t2_hash: np.ndarray
+    order: int = 0
+    triple: tuple | None = None  # exact (x, b, a) context tables when order <= 4, see _triple_tables
 
     def bound_args(self) -> tuple:
         return (self.uni_logp, self.ctx1, self.ctx1_gain, self.dflt, self.t1_off, self.t1_lab,
@@ -190,10 +203,55 @@ def _build_arrays(fst) -> LMArrays:
     dflt = np.zeros(V, dtype=np.float64)
     to_uni = np.nonzero((bon == uni) & (last >= 0) & (last < V))[0]
     np.maximum.at(dflt, last[to_uni], gain[to_uni] - boc[to_uni].astype(np.float64))
-    return LMArrays(V, off, lab, cost, nxt, bon, boc, uni, int(fst.start),
+    arrays = LMArrays(V, off, lab, cost, nxt, bon, boc, uni, int(fst.start),
                     float(getattr(fst, "unk_cost", UNSEEN_COST)), _build_hash(off, lab, uni), uni_logp,
                     ctx1, ctx1_gain, dflt, t1_off, t1_lab, _build_hash(t1_off, t1_lab, -1),
-                    t2_off, t2_lab, a_val.astype(np.float64), _build_hash(t2_off, t2_lab, -1))
+                    t2_off, t2_lab, a_val.astype(np.float64), _build_hash(t2_off, t2_lab, -1),
+                    int(fst.order))
+    if int(fst.order) <= 4:
+        arrays.triple = _triple_tables(V, int(fst.start), uni, nxt, bon, last, long_state, prev, ctx1, arc_state)
+    return arrays
+
+
+def _triple_tables(V, start, uni, nxt, bon, last, long_state, prev, ctx1, arc_state) -> tuple:
+    """The states of two and three tokens, addressable by their tokens (order <= 4 only).
+
+    Returns ``(ctx1x, p2_off, p2_lab, p2_state, x_off, x_lab, x_state)``: ``ctx1x[a]`` the
+    one-token state of ``a`` (``a = V``: ``<s>``, the start state); CSR over ``b`` (0..V) with
+    labels ``a+1`` giving the state of ``(b, a)``; per such entry, a CSR of labels ``x+1``
+    (``x = V``: ``<s>``) giving the state of ``(x, b, a)``.
+    """
+    S = len(bon)
+    ctx1x = np.concatenate([ctx1, [start]]).astype(np.int64)
+    three = long_state & (bon >= 0)
+    three &= long_state[np.maximum(bon, 0)]
+    two = long_state & ~three & (prev >= 0)
+    # third-to-last token of a three-token state = second-to-last of a state with an arc into it
+    third = np.full(S, -1, dtype=np.int64)
+    into3 = three[nxt]
+    src = arc_state[into3]
+    third[nxt[into3]] = np.where(long_state[src], prev[src], -1)
+    three &= third >= 0
+    s2 = np.nonzero(two)[0]
+    key2 = prev[s2] * (V + 1) + last[s2]
+    o = np.argsort(key2, kind="stable")
+    s2, key2 = s2[o], key2[o]
+    p2_off = np.searchsorted(key2 // (V + 1), np.arange(V + 2)).astype(np.int64)
+    p2_lab = (key2 % (V + 1) + 1).astype(np.int32)
+    p2_state = s2.astype(np.int64)
+    s3 = np.nonzero(three)[0]
+    # parent two-token entry of each three-token state: its back-off state
+    pos = np.full(S, -1, dtype=np.int64)
+    pos[s2] = np.arange(len(s2))
+    par = pos[bon[s3]]
+    ok = par >= 0
+    s3, par = s3[ok], par[ok]
+    o = np.lexsort((third[s3], par))
+    s3, par = s3[o], par[o]
+    x_off = np.searchsorted(par, np.arange(len(s2) + 1)).astype(np.int64)
+    x_lab = (third[s3] + 1).astype(np.int32)
+    x_state = s3.astype(np.int64)
+    return (ctx1x, p2_off, p2_lab, p2_state, x_off, x_lab, x_state)
 
 
 # --------------------------------------------------------------------------------------------
@@ -638,6 +696,231 @@ def _pbest(tok, hl, widths, alpha, p, start, hist_b, off, lab, cost, nxt, bon, b
     return cand, scores, n1, n2
 
 
+@njit(cache=True)
+def _grow_to(x, n):
+    y = np.empty(n, dtype=x.dtype)
+    y[: x.shape[0]] = x
+    return y
+
+
+@njit(cache=True, inline="always")
+def _heap_push(hf, hi, n, f, v):
+    i = n
+    hf[i] = f
+    hi[i] = v
+    while i > 0:
+        par = (i - 1) >> 1
+        if hf[par] >= hf[i]:
+            break
+        hf[par], hf[i] = hf[i], hf[par]
+        hi[par], hi[i] = hi[i], hi[par]
+        i = par
+
+
+@njit(cache=True, inline="always")
+def _heap_pop(hf, hi, n):
+    """Remove the max of a heap of ``n`` entries (returns f, id); the heap then has n - 1."""
+    f = hf[0]
+    v = hi[0]
+    n -= 1
+    hf[0] = hf[n]
+    hi[0] = hi[n]
+    i = 0
+    while True:
+        l = 2 * i + 1
+        if l >= n:
+            break
+        m = l
+        if l + 1 < n and hf[l + 1] > hf[l]:
+            m = l + 1
+        if hf[i] >= hf[m]:
+            break
+        hf[m], hf[i] = hf[i], hf[m]
+        hi[m], hi[i] = hi[i], hi[m]
+        i = m
+    return f, v
+
+
+@njit(cache=True, nogil=True)
+def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, uni, V, unk, tab,
+                  uni_logp, ctx1x, p2_off, p2_lab, p2_state, x_off, x_lab, x_state):
+    """Exact p best for LMs of order <= 4, whose state is fixed by the last three tokens.
+
+    ``T int64[E, k]``: the lattice after ``hp`` pseudo-slots holding the history's last tokens
+    (width 1; code -1: none, ``V``: ``<s>``), ``W int64[E]``, ``hl float64[E, k]`` (0 on
+    pseudo-slots). A backward dynamic program over candidate triples computes
+    ``Vv[j, x, b, a]``, the exact best score of slots j.. given the candidates (x, b, a) at
+    slots j-3..j-1; all the (x, b, a) whose three-token context the model does not keep share
+    the (b, a) value, so the work per slot is ~k^3 additions plus CSR merges for the contexts
+    that exist. Then a best-first search over prefixes with ``Vv`` as its (exact) heuristic
+    pops the complete paths best first: p distinct strings after about p * h pops.
+    Returns (cand int64[m, h], scores float64[m], prefixes pushed, 0).
+    """
+    E, k = T.shape
+    h = E - hp
+    Vv = np.empty((E + 1, k, k, k))
+    Vv[E] = 0.0
+    labels = T + 1
+    order = np.zeros((E, k), np.int64)
+    for j in range(E):
+        o = np.argsort(labels[j, :W[j]])
+        for q in range(W[j]):
+            order[j, q] = o[q]
+    lp1 = np.empty((k, k))
+    lp2 = np.empty(k)
+    idx = np.empty(k, np.int64)
+    ridx = np.full(k, -1, np.int64)
+    xidx = np.empty(k, np.int64)
+    uni_c = np.empty(k)
+    for j in range(E - 1, hp - 1, -1):
+        w = W[j]
+        wa = W[j - 1] if j >= 1 else 1
+        wb = W[j - 2] if j >= 2 else 1
+        wx = W[j - 3] if j >= 3 else 1
+        for c in range(w):
+            t = T[j, c]
+            uni_c[c] = uni_logp[t] if 0 <= t < V else -unk
+        for a in range(wa):
+            at = T[j - 1, a] if j >= 1 else -1
+            s1 = ctx1x[at] if 0 <= at <= V else -1
+            if s1 >= 0:
+                _match_sorted(off[s1], off[s1 + 1], lab, labels[j], order[j], w, idx)
+                bo = bon[s1]
+                for c in range(w):
+                    if idx[c] >= 0:
+                        lp1[a, c] = -cost[idx[c]]
+                    elif bo == uni:
+                        lp1[a, c] = -boc[s1] + uni_c[c]
+                    else:
+                        lp1[a, c] = -boc[s1] - _step(bo, T[j, c] + 1, off, lab, cost, nxt, bon, boc, uni, V,
+                                                     unk, tab)[1]
+            else:
+                for c in range(w):
+                    lp1[a, c] = uni_c[c]
+        for b in range(wb):
+            bt = T[j - 2, b] if j >= 2 else -1
+            has = 0 <= bt <= V
+            if has:
+                _match_sorted(p2_off[bt], p2_off[bt + 1], p2_lab, labels[j - 1], order[j - 1], wa, ridx)
+            for a in range(wa):
+                at = T[j - 1, a]
+                r = ridx[a] if has and 0 <= at < V else -1
+                if r >= 0:
+                    s2 = p2_state[r]
+                    _match_sorted(off[s2], off[s2 + 1], lab, labels[j], order[j], w, idx)
+                    bo = bon[s2]
+                    s1 = ctx1x[at]
+                    for c in range(w):
+                        if idx[c] >= 0:
+                            lp2[c] = -cost[idx[c]]
+                        elif bo == s1 and s1 >= 0:
+                            lp2[c] = -boc[s2] + lp1[a, c]
+                        elif bo == uni:
+                            lp2[c] = -boc[s2] + uni_c[c]
+                        else:
+                            lp2[c] = -boc[s2] - _step(bo, T[j, c] + 1, off, lab, cost, nxt, bon, boc, uni, V,
+                                                      unk, tab)[1]
+                else:
+                    for c in range(w):
+                        lp2[c] = lp1[a, c]
+                gen = -np.inf
+                for c in range(w):
+                    v = hl[j, c] + alpha * lp2[c] + Vv[j + 1, b, a, c]
+                    if v > gen:
+                        gen = v
+                for x in range(wx):
+                    Vv[j, x, b, a] = gen
+                if r >= 0 and j >= 3 and x_off[r + 1] > x_off[r]:
+                    _match_sorted(x_off[r], x_off[r + 1], x_lab, labels[j - 3], order[j - 3], wx, xidx)
+                    for x in range(wx):
+                        q = xidx[x]
+                        if q < 0:
+                            continue
+                        s3 = x_state[q]
+                        _match_sorted(off[s3], off[s3 + 1], lab, labels[j], order[j], w, idx)
+                        best = -np.inf
+                        for c in range(w):
+                            l3 = -cost[idx[c]] if idx[c] >= 0 else -boc[s3] + lp2[c]
+                            v = hl[j, c] + alpha * l3 + Vv[j + 1, b, a, c]
+                            if v > best:
+                                best = v
+                        Vv[j, x, b, a] = best
+    # best-first over prefixes; node arrays grow by doubling
+    cap = 64 + 4 * p * h * k
+    n_par = np.empty(cap, np.int64)
+    n_c = np.empty(cap, np.int64)
+    n_state = np.empty(cap, np.int64)
+    n_g = np.empty(cap)
+    n_i = np.empty(cap, np.int64)
+    n_b = np.empty(cap, np.int64)
+    n_a = np.empty(cap, np.int64)
+    hf = np.empty(cap)
+    hi = np.empty(cap, np.int64)
+    mk = np.full(1 << 12, -1, np.int64)
+    mn = np.empty(1 << 12, np.int64)
+    mc = np.empty(1 << 12)
+    n_par[0] = -1
+    n_c[0] = 0
+    n_state[0] = start
+    n_g[0] = 0.0
+    n_i[0] = 0
+    n_b[0] = 0
+    n_a[0] = 0
+    nn = 1
+    hn = 0
+    _heap_push(hf, hi, hn, Vv[hp, 0, 0, 0], 0)
+    hn += 1
+    out = np.empty((p, h), np.int64)
+    scores = np.empty(p)
+    found = 0
+    while hn > 0 and found < p:
+        f, u = _heap_pop(hf, hi, hn)
+        hn -= 1
+        i = n_i[u]
+        if i == h:
+            scores[found] = n_g[u]
+            e = u
+            for q in range(h - 1, -1, -1):
+                out[found, q] = n_c[e]
+                e = n_par[e]
+            found += 1
+            continue
+        j = hp + i
+        w = W[j]
+        if nn + w > n_par.shape[0]:
+            size = 2 * (nn + w)
+            n_par = _grow_to(n_par, size)
+            n_c = _grow_to(n_c, size)
+            n_state = _grow_to(n_state, size)
+            n_g = _grow_to(n_g, size)
+            n_i = _grow_to(n_i, size)
+            n_b = _grow_to(n_b, size)
+            n_a = _grow_to(n_a, size)
+        if hn + w > hf.shape[0]:
+            hf = _grow_to(hf, 2 * (hn + w))
+            hi = _grow_to(hi, 2 * (hn + w))
+        s = n_state[u]
+        for c in range(w):
+            if alpha != 0.0:
+                ns, lc = _step_memo(s, T[j, c] + 1, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, mk, mn, mc)
+                g = n_g[u] + hl[j, c] - alpha * lc
+            else:
+                ns = s
+                g = n_g[u] + hl[j, c]
+            v = nn
+            nn += 1
+            n_par[v] = u
+            n_c[v] = c
+            n_state[v] = ns
+            n_g[v] = g
+            n_i[v] = i + 1
+            n_b[v] = n_a[u]
+            n_a[v] = c
+            _heap_push(hf, hi, hn, g + Vv[j + 1, n_b[u], n_a[u], c], v)
+            hn += 1
+    return out[:found], scores[:found], nn, 0
+
+
 _EMPTY_I64 = np.zeros(2, np.int64)
 _EMPTY_I32 = np.full(1, -1, np.int32)
 _EMPTY_F32 = np.zeros(1, np.float32)
@@ -645,13 +928,15 @@ _EMPTY_F64 = np.zeros(1, np.float64)
 
 
 def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays: LMArrays | None,
-                start: int, alpha: float, p: int, hist_last: int = -1, with_counts: bool = False):
+                start: int, alpha: float, p: int, hist_last: int = -1, with_counts: bool = False,
+                history=None):
     """Exact p best of a sausage (``tokens int64[h,k]``, ``logp float32[h,k]``, ``widths int64[h]``).
 
-    ``start``: the LM state of the history; ``hist_last``: the history's last token id (-1 for
-    an empty history, i.e. ``<s>``). ``arrays=None`` or ``alpha=0`` ranks by head log-probability
+    ``start``: the LM state of the history; ``history``: its last ``order - 1`` ids (enables the
+    triple dynamic program for LMs of order <= 4); ``hist_last``: the history's last id (-1: an
+    empty history, i.e. ``<s>``). ``arrays=None`` or ``alpha=0`` ranks by head log-probability
     alone. Returns ``(cand int64[m, h], scores float64[m])``: candidate indices per slot, best
-    first; with ``with_counts`` also the partial paths kept by the beam and the exact pass.
+    first; with ``with_counts`` also two work counters (nodes of the two passes).
     """
     hl = logp.astype(np.float64)
     if arrays is None or alpha == 0.0:
@@ -660,11 +945,40 @@ def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays
              _EMPTY_I32, _EMPTY_F64, _EMPTY_I32)
         r = _pbest(tokens, hl, widths, 0.0, int(p), 0, -1, z64, _EMPTY_I32, _EMPTY_F32, _EMPTY_I32,
                    _EMPTY_I32, _EMPTY_F32, 0, 0, UNSEEN_COST, _EMPTY_I32, _EMPTY_F64, *e)
+    elif arrays.triple is not None and history is not None:
+        T, W, H, hp = _extend(tokens, hl, widths, arrays.vocab_size, arrays.order, history)
+        r = _triple_pbest(T, W, H, hp, float(alpha), int(p), int(start), *arrays.lm_args(), arrays.uni_logp,
+                          *arrays.triple)
     else:
         A = arrays
         hb = A.vocab_size if hist_last < 0 else int(hist_last)
         r = _pbest(tokens, hl, widths, float(alpha), int(p), int(start), hb, *A.lm_args(), *A.bound_args())
     return r if with_counts else (r[0], r[1])
+
+
+def _extend(tokens, hl, widths, V, order, history):
+    """The lattice with the history's context tokens as width-1 pseudo-slots in front.
+
+    The context is the last ``order - 1`` ids, preceded by ``<s>`` (code ``V``) when the
+    history is shorter, as ``NgramFst.state_for_history`` does; at most three are kept (the
+    state of an order <= 4 model depends on no more). Ids outside the vocabulary become
+    ``V + 1`` (all unknown ids behave alike).
+    """
+    n = order - 1
+    hist = [int(t) for t in history]
+    ctx = ([V] + hist) if len(hist) < n else hist[len(hist) - n:]
+    ctx = [t if t < V or t == V and i == 0 and len(hist) < n else V + 1 for i, t in enumerate(ctx)] if n > 0 else []
+    pseudo = ctx[-3:]
+    hp = len(pseudo)
+    h, k = tokens.shape
+    T = np.full((hp + h, k), -1, dtype=np.int64)
+    T[hp:] = np.where(tokens >= V, V + 1, tokens)
+    if hp:
+        T[:hp, 0] = pseudo
+    W = np.concatenate([np.ones(hp, dtype=np.int64), widths.astype(np.int64)])
+    H = np.zeros((hp + h, k))
+    H[hp:] = np.where(np.isfinite(hl), hl, -np.inf)
+    return T, W, H, hp
 
 
 @njit(cache=True)

@@ -46,9 +46,10 @@ def random_case(rng, V, n_paths_max=256):
     return Sausage.from_logits(logits, k)
 
 
-@pytest.mark.parametrize("order", [2, 3, 4])
+@pytest.mark.parametrize("order", [2, 3, 4, 5])
 def test_exact_matches_brute_force_on_random_backoff_lms(order):
-    """Random unnormalised LMs with back-off weights above 1: the exact p best, always."""
+    """Random unnormalised LMs with back-off weights above 1: the exact p best, always.
+    Orders <= 4 use the triple dynamic program, order 5 the bounded state search."""
     rng = np.random.default_rng(order)
     for trial in range(60):
         lm = make_toy_lm(V=7, order=order, seed=100 * order + trial, undercut=True)
@@ -58,6 +59,24 @@ def test_exact_matches_brute_force_on_random_backoff_lms(order):
         p = int(rng.integers(1, 12))
         d = rescore(s, lm, alpha, p, hist)
         assert_same(d, brute(s, lambda ids: lm.ref_score(hist[-(order - 1):], ids), alpha), p)
+
+
+def test_triple_program_and_bounded_search_agree():
+    """The two exact algorithms (``history`` given: triple DP; not given: bounded search)."""
+    from latticedraft.lattice.search import exact_pbest
+
+    rng = np.random.default_rng(9)
+    for trial in range(30):
+        lm = make_toy_lm(V=12, order=int(rng.integers(2, 5)), seed=500 + trial, density=0.7)
+        A = lm_arrays(lm)
+        s = Sausage.from_logits(rng.normal(size=(int(rng.integers(1, 7)), 12)), int(rng.integers(1, 6)))
+        hist = rng.integers(0, 12, size=int(rng.integers(0, 4))).tolist()[-(lm.order - 1):]
+        st = lm.state_for_history(hist)
+        p = int(rng.integers(1, 9))
+        a = exact_pbest(s.tokens, s.logp, s.widths, A, st, 1.3, p, hist_last=hist[-1] if hist else -1,
+                        history=hist)
+        b = exact_pbest(s.tokens, s.logp, s.widths, A, st, 1.3, p, hist_last=hist[-1] if hist else -1)
+        np.testing.assert_allclose(a[1], b[1], atol=1e-6)
 
 
 def test_exact_with_long_states_uses_hashed_rows():

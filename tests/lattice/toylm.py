@@ -46,6 +46,14 @@ class ToyLM:
                 return hist[j:]
         return ()
 
+    def ref_start(self, hist) -> tuple:
+        """The context after a history, as ``NgramFst.state_for_history``: ``<s>`` first when the
+        history is shorter than n-1 tokens."""
+        hist = tuple(int(t) for t in hist)
+        n = self.order - 1
+        full = ((BOS,) + hist) if len(hist) < n else hist[len(hist) - n:]
+        return self.ref_state(full)
+
     def ref_cost(self, ctx: tuple, c: int) -> tuple[float, tuple]:
         """(cost, next ctx) of token c after context ctx, following back-off."""
         acc = 0.0
@@ -60,7 +68,7 @@ class ToyLM:
 
     def ref_score(self, hist, ids) -> float:
         """Total LM log-probability (natural log, float64) of ids after hist."""
-        ctx = self.ref_state(tuple(hist)) if len(hist) else self.contexts[self.start]
+        ctx = self.ref_start(hist)
         total = 0.0
         for c in ids:
             cost, ctx = self.ref_cost(ctx, int(c))
@@ -71,8 +79,7 @@ class ToyLM:
         """LM log-probability of ids when back-off arcs are plain epsilons (what composition +
         shortest path computes): the best over every choice of backing off, before, between
         and after the tokens."""
-        start = self.ref_state(tuple(hist)) if len(hist) else self.contexts[self.start]
-        frontier = {start: 0.0}
+        frontier = {self.ref_start(hist): 0.0}
         for c in ids:
             closure = {}
             for ctx, sc in frontier.items():
@@ -101,9 +108,7 @@ class ToyLM:
 
     # --- the NgramFst interface the rescorer uses ---
     def state_for_history(self, history) -> int:
-        if len(history) == 0:
-            return self.start
-        return self.index[self.ref_state(tuple(int(t) for t in history))]
+        return self.index[self.ref_start(history)]
 
     def arc_lookup(self, state: int, token_id: int):
         cost, nxt = self.ref_cost(self.contexts[state], int(token_id))
