@@ -696,6 +696,21 @@ def _pbest(tok, hl, widths, alpha, p, start, hist_b, off, lab, cost, nxt, bon, b
     return cand, scores, n1, n2
 
 
+@njit(cache=True, inline="always")
+def _match_row(lo, hi, lab, labels, order, w, out, posmap):
+    """``_match_sorted`` for the current slot; a short row is scanned through ``posmap``
+    (label -> candidate index, -1 elsewhere) instead of searched."""
+    if hi - lo <= 4 * w:
+        for c in range(w):
+            out[c] = -1
+        for x in range(lo, hi):
+            q = posmap[lab[x]]
+            if q >= 0:
+                out[q] = x
+    else:
+        _match_sorted(lo, hi, lab, labels, order, w, out)
+
+
 @njit(cache=True)
 def _grow_to(x, n):
     y = np.empty(n, dtype=x.dtype)
@@ -772,6 +787,7 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
     ridx = np.full(k, -1, np.int64)
     xidx = np.empty(k, np.int64)
     uni_c = np.empty(k)
+    posmap = np.full(V + 3, -1, np.int64)
     for j in range(E - 1, hp - 1, -1):
         w = W[j]
         wa = W[j - 1] if j >= 1 else 1
@@ -780,11 +796,12 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
         for c in range(w):
             t = T[j, c]
             uni_c[c] = uni_logp[t] if 0 <= t < V else -unk
+            posmap[labels[j, c]] = c
         for a in range(wa):
             at = T[j - 1, a] if j >= 1 else -1
             s1 = ctx1x[at] if 0 <= at <= V else -1
             if s1 >= 0:
-                _match_sorted(off[s1], off[s1 + 1], lab, labels[j], order[j], w, idx)
+                _match_row(off[s1], off[s1 + 1], lab, labels[j], order[j], w, idx, posmap)
                 bo = bon[s1]
                 for c in range(w):
                     if idx[c] >= 0:
@@ -807,7 +824,7 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
                 r = ridx[a] if has and 0 <= at < V else -1
                 if r >= 0:
                     s2 = p2_state[r]
-                    _match_sorted(off[s2], off[s2 + 1], lab, labels[j], order[j], w, idx)
+                    _match_row(off[s2], off[s2 + 1], lab, labels[j], order[j], w, idx, posmap)
                     bo = bon[s2]
                     s1 = ctx1x[at]
                     for c in range(w):
@@ -837,7 +854,7 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
                         if q < 0:
                             continue
                         s3 = x_state[q]
-                        _match_sorted(off[s3], off[s3 + 1], lab, labels[j], order[j], w, idx)
+                        _match_row(off[s3], off[s3 + 1], lab, labels[j], order[j], w, idx, posmap)
                         best = -np.inf
                         for c in range(w):
                             l3 = -cost[idx[c]] if idx[c] >= 0 else -boc[s3] + lp2[c]
@@ -845,6 +862,8 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
                             if v > best:
                                 best = v
                         Vv[j, x, b, a] = best
+        for c in range(w):
+            posmap[labels[j, c]] = -1
     # best-first over prefixes; node arrays grow by doubling
     cap = 64 + 4 * p * h * k
     n_par = np.empty(cap, np.int64)
