@@ -20,6 +20,7 @@ drive the next step's lattice, so predicting and verifying share one call (Stern
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ import torch
 
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu.kvcache import SlotCache
-from latticedraft.gpu.tree import accept_path, build_tree, pack_trees
+from latticedraft.gpu.tree import build_tree, pack_trees
 
 MODES = ("auto", "tree", "batched")
 
@@ -93,6 +94,15 @@ class Forward:
     logits: torch.Tensor
     out: object
     model: object
+    lazy: bool = False
+
+    def argmax_at(self, rows, nodes) -> np.ndarray:
+        """The base model's greedy token after node ``nodes[j]`` of row ``rows[j]``: int64[m]."""
+        r = torch.as_tensor(rows, dtype=torch.long, device=self.logits.device)
+        n = torch.as_tensor(nodes, dtype=torch.long, device=self.logits.device)
+        if self.lazy:
+            return self.model.unembed(self.out.hidden[r, n]).argmax(dim=-1).cpu().numpy()
+        return self.logits[r, n].argmax(dim=-1).cpu().numpy()
 
     def heads_at(self, nodes: torch.Tensor) -> torch.Tensor:
         b = self.logits.shape[0]
@@ -101,19 +111,63 @@ class Forward:
         if not hasattr(self.model, "head_logits_from"):
             return self.logits[rows, nodes][:, None, :]
         uniq, inv = torch.unique(nodes, return_inverse=True)
-        hl = self.model.head_logits_from(self.out, uniq)  # [b, u, h, V]: heads only where needed
+        if self.lazy:  # the forward kept no logits: give the heads the selected states only
+            hid = self.out.hidden[:, uniq]
+            sub = dataclasses.replace(self.out, logits=self.model.unembed(hid), hidden=hid, head_hidden=None)
+            hl = self.model.head_logits_from(sub, torch.arange(len(uniq), device=hid.device))
+        else:
+            hl = self.model.head_logits_from(self.out, uniq)  # [b, u, h, V]: heads only where needed
         return hl[rows, inv]
 
 
-def forward(model, input_ids, attention_mask, position_ids, cache) -> Forward:
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def lazy_logits_ok(model) -> bool:
+    """True when logits may be computed later from the final hidden states with the output
+    embedding alone (``model.unembed``): a BlockwiseModel whose base applies no soft-capping
+    or scaling to its logits."""
+    if not (hasattr(model, "unembed") and hasattr(model, "head_logits_from")):
+        return False
+    cfg = base_config(model)
+    return all(getattr(cfg, a, None) in (None, 1.0) for a in _LOGIT_TRANSFORMS)
+
+
+def forward(model, input_ids, attention_mask, position_ids, cache, lazy: bool = False) -> Forward:
     """One target call; works for a BlockwiseModel (Stern heads) and for a plain HF causal LM.
-    Heads are computed afterwards only at the nodes asked for (``Forward.heads_at``)."""
+    Heads are computed afterwards only at the nodes asked for (``Forward.heads_at``); with
+    ``lazy`` the base logits too (``Forward.argmax_at``), so a tree of N nodes pays the
+    output projection only for the nodes the accept walk visits."""
     kw = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
               past_key_values=cache, use_cache=True)
     if hasattr(model, "head_logits_from"):
         kw["heads"] = False
+    if lazy:
+        kw["logits_to_keep"] = 1
     out = model(**kw)
-    return Forward(out.logits, out, model)
+    return Forward(out.logits, out, model, lazy)
+
+
+def _walk(trees, argmax_at) -> tuple[list[list[int]], np.ndarray]:
+    """Accept walk over all rows at once, level by level: at each level one ``argmax_at``
+    call for the rows still matching (at most depth + 1 calls). Same result as
+    ``tree.accept_path`` per row. Returns (node paths from the root, bonus tokens)."""
+    b = len(trees)
+    paths = [[0] for _ in range(b)]
+    bonus = np.zeros(b, dtype=np.int64)
+    live = list(range(b))
+    while live:
+        am = argmax_at(live, [paths[i][-1] for i in live])
+        nxt = []
+        for i, a in zip(live, am.tolist()):
+            child = trees[i].children[paths[i][-1]].get(a)
+            if child is None:
+                bonus[i] = a
+            else:
+                paths[i].append(child)
+                nxt.append(i)
+        live = nxt
+    return paths, bonus
 
 
 @dataclass
@@ -140,6 +194,7 @@ class Verifier:
         self.model = model
         self.mode, self.mode_reason = choose_mode(model, mode)
         self.window = sliding_window(model)
+        self.lazy = lazy_logits_ok(model)
         self.dtype = model_dtype(model)
         self.device = model_device(model)
 
@@ -198,13 +253,9 @@ class Verifier:
         allowed = self._window(allowed, q_pos, torch.cat([state.pos, q_pos], dim=1))
         out = forward(
             self.model, torch.as_tensor(packed.tokens, device=dev),
-            attention_bias(allowed, self.dtype), q_pos, state.cache,
+            attention_bias(allowed, self.dtype), q_pos, state.cache, lazy=self.lazy,
         )
-        argmax = out.logits.argmax(dim=-1).cpu().numpy()
-        paths, bonus = [], np.zeros(b, dtype=np.int64)
-        for i, t in enumerate(trees):
-            path, bonus[i] = accept_path(t, argmax[i])
-            paths.append(path)
+        paths, bonus = _walk(trees, out.argmax_at)
         m = max(len(p) for p in paths)
         keep = torch.zeros(b, m, dtype=torch.long, device=dev)
         keep_valid = torch.zeros(b, m, dtype=torch.bool, device=dev)
