@@ -940,10 +940,70 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
     return out[:found], scores[:found], nn, 0
 
 
-_EMPTY_I64 = np.zeros(2, np.int64)
-_EMPTY_I32 = np.full(1, -1, np.int32)
-_EMPTY_F32 = np.zeros(1, np.float32)
-_EMPTY_F64 = np.zeros(1, np.float64)
+@njit(cache=True, nogil=True)
+def _base_pbest(hl, widths, p):
+    """p best paths by head score alone (no LM): best-first over prefixes with the exact
+    heuristic "sum of the remaining slots' maxima". Returns (cand int64[m, h], scores)."""
+    h, k = hl.shape
+    suf = np.zeros(h + 1)
+    for i in range(h - 1, -1, -1):
+        m = -np.inf
+        for c in range(widths[i]):
+            if hl[i, c] > m:
+                m = hl[i, c]
+        suf[i] = suf[i + 1] + m
+    cap = 64 + 2 * p * h * k
+    n_par = np.empty(cap, np.int64)
+    n_c = np.empty(cap, np.int64)
+    n_i = np.empty(cap, np.int64)
+    n_g = np.empty(cap)
+    hf = np.empty(cap)
+    hi = np.empty(cap, np.int64)
+    n_par[0] = -1
+    n_c[0] = 0
+    n_i[0] = 0
+    n_g[0] = 0.0
+    nn = 1
+    hn = 0
+    _heap_push(hf, hi, hn, suf[0], 0)
+    hn += 1
+    out = np.empty((p, h), np.int64)
+    scores = np.empty(p)
+    found = 0
+    while hn > 0 and found < p:
+        f, u = _heap_pop(hf, hi, hn)
+        hn -= 1
+        i = n_i[u]
+        if i == h:
+            scores[found] = n_g[u]
+            e = u
+            for q in range(h - 1, -1, -1):
+                out[found, q] = n_c[e]
+                e = n_par[e]
+            found += 1
+            continue
+        w = widths[i]
+        if nn + w > n_par.shape[0]:
+            size = 2 * (nn + w)
+            n_par = _grow_to(n_par, size)
+            n_c = _grow_to(n_c, size)
+            n_i = _grow_to(n_i, size)
+            n_g = _grow_to(n_g, size)
+        if hn + w > hf.shape[0]:
+            hf = _grow_to(hf, 2 * (hn + w))
+            hi = _grow_to(hi, 2 * (hn + w))
+        for c in range(w):
+            v = nn
+            nn += 1
+            n_par[v] = u
+            n_c[v] = c
+            n_i[v] = i + 1
+            n_g[v] = n_g[u] + hl[i, c]
+            _heap_push(hf, hi, hn, n_g[v] + suf[i + 1], v)
+            hn += 1
+    return out[:found], scores[:found], nn, 0
+
+
 
 
 def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays: LMArrays | None,
@@ -959,11 +1019,7 @@ def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays
     """
     hl = logp.astype(np.float64)
     if arrays is None or alpha == 0.0:
-        z64 = np.zeros(2, np.int64)
-        e = (_EMPTY_I64, _EMPTY_F64, _EMPTY_F64, z64, _EMPTY_I32, _EMPTY_I32, z64,
-             _EMPTY_I32, _EMPTY_F64, _EMPTY_I32)
-        r = _pbest(tokens, hl, widths, 0.0, int(p), 0, -1, z64, _EMPTY_I32, _EMPTY_F32, _EMPTY_I32,
-                   _EMPTY_I32, _EMPTY_F32, 0, 0, UNSEEN_COST, _EMPTY_I32, _EMPTY_F64, *e)
+        r = _base_pbest(hl, widths, int(p))
     elif arrays.triple is not None and history is not None:
         T, W, H, hp = _extend(tokens, hl, widths, arrays.vocab_size, arrays.order, history)
         r = _triple_pbest(T, W, H, hp, float(alpha), int(p), int(start), *arrays.lm_args(), arrays.uni_logp,
