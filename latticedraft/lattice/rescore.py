@@ -3,9 +3,11 @@
 ``score = head_logp + alpha * lm_logp`` (natural log), the LM conditioned on the last
 ``n-1`` emitted tokens (``history``). Two methods:
 
-- ``"exact"`` (default): the exact p best under true back-off semantics (``search.py``: a
-  numba dynamic program over (slot, LM state) with states merged and admissible
-  branch-and-bound). Ties are broken deterministically.
+- ``"exact"`` (default): the exact p best under true back-off semantics (``search.py``,
+  compiled with numba: for n-gram orders <= 4 an exact backward dynamic program over the
+  lattice's candidate triples, then best-first enumeration of distinct paths; above order 4
+  a dynamic program over (slot, LM state) with merged states and admissible
+  branch-and-bound). Equal scores are ordered deterministically.
 - ``"wfst"``: as the paper does with OpenFST: lattice acceptor ∘ n-gram WFST (from the
   history's state) then ``shortestpath(nshortest=…)``, read until ``p`` distinct strings.
   The WFST's back-off arcs are epsilons, so a string's WFST score is the best over all its
