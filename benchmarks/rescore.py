@@ -12,7 +12,8 @@ held-out standard-library text: head j's distribution is an n-gram LM's next-tok
 given the true prefix up to position t+j (the 2-gram build when present, else the 4-gram),
 flattened with a per-head temperature 1 + 0.25 j and Gaussian logit noise (sd 1), then top-k.
 So the true continuation is usually, not always, in the lattice, and heads grow less sure.
-Latency = median over lattices of the median of ``--repeats`` calls (after a warm-up call; numba
+Latency = median over lattices of the median of ``--repeats`` calls of
+``rescore(Sausage(tokens, logp), ...)`` (validation included; after a warm-up call; numba
 compile and LM table building excluded). ``os.getloadavg()`` is recorded: the 2-core machine is
 shared, and a loaded machine inflates every number.
 
@@ -113,7 +114,8 @@ def main(argv=None) -> int:
             ts = []
             for _ in range(a.lattices):
                 s, hist, _ = maker.make(h, k)
-                ts.append(_time(lambda: rescore(s, lm, a.alpha, p, hist, m), a.repeats))
+                tok, lp = s.tokens, s.logp  # numpy arrays in (validated into a Sausage), Drafts out
+                ts.append(_time(lambda: rescore(Sausage(tok, lp), lm, a.alpha, p, hist, m), a.repeats))
             res[m] = {"median_ms": 1e3 * statistics.median(ts), "p90_ms": 1e3 * float(np.percentile(ts, 90)),
                       "max_ms": 1e3 * max(ts)}
         return res
@@ -141,8 +143,8 @@ def main(argv=None) -> int:
     sets = [[maker.make(8, 16) for _ in range(batch)] for _ in range(5)]
     rates = []
     for group in sets:
-        ss, hs = [g[0] for g in group], [g[1] for g in group]
-        dt = _time(lambda: rescore_batch(ss, lm, a.alpha, 4, hs), a.repeats)
+        arrs, hs = [(g[0].tokens, g[0].logp) for g in group], [g[1] for g in group]
+        dt = _time(lambda: rescore_batch([Sausage(t, lp) for t, lp in arrs], lm, a.alpha, 4, hs), a.repeats)
         rates.append(batch / dt)
     batched = {"batch": batch, "h": 8, "k": 16, "nbest": 4, "lattices_per_s": statistics.median(rates)}
 
