@@ -1,7 +1,8 @@
 """Decoding speed: greedy, BPD with each drafter, and transformers' prompt-lookup decoding.
 
-Same model and prompts for every method; each method runs ``--repeats`` times after one
-untimed warm-up, prompts one at a time (batch 1) unless ``--batch-size``; reported:
+Same model and prompts for every method; the methods run round-robin ``--repeats`` times
+after one untimed warm-up round, prompts one at a time (batch 1) unless ``--batch-size``;
+the load average is recorded (other processes on a shared CPU skew absolute numbers); reported:
 median seconds, tokens/s, block efficiency (tokens per target call), speed-up over greedy,
 whether the output equals greedy's, and the time per BPD step split into model (target
 forward), lattice (top-k + pruning), drafting (rescoring) and accept (bookkeeping).
@@ -80,27 +81,34 @@ def main(argv=None) -> int:
     rows = ["greedy", *DRAFTERS, "prompt-lookup (HF)"]
     if a.only:
         rows = [r for r in rows if r in a.only or r == "greedy"]
-    results, greedy_tokens = [], None
-    for name in rows:
-        times, res, toks = [], None, None
-        for rep in range(a.repeats + 1):  # the first repeat is the untimed warm-up
-            if name == "prompt-lookup (HF)":
-                toks, dt = prompt_lookup(s, ids, a.max_new_tokens, a.pld_tokens)
-                calls = None
-            else:
-                spec = None if name == "greedy" else DrafterSpec(**{**DRAFTERS[name].__dict__, "alpha": a.alpha})
-                t0 = time.perf_counter()
-                res = s.decode(ids, "greedy" if spec is None else "bpd", spec, max_new_tokens=a.max_new_tokens,
-                               batch_size=a.batch_size)
-                dt = time.perf_counter() - t0
-                toks = [q.tokens for q in res.sequences]
+    def run_once(name):
+        """(token lists, seconds, DecodeResult or None) of one pass over the prompts."""
+        if name == "prompt-lookup (HF)":
+            toks, dt = prompt_lookup(s, ids, a.max_new_tokens, a.pld_tokens)
+            return toks, dt, None
+        spec = None if name == "greedy" else DrafterSpec(**{**DRAFTERS[name].__dict__, "alpha": a.alpha})
+        t0 = time.perf_counter()
+        res = s.decode(ids, "greedy" if spec is None else "bpd", spec, max_new_tokens=a.max_new_tokens,
+                       batch_size=a.batch_size)
+        return [q.tokens for q in res.sequences], time.perf_counter() - t0, res
+
+    # Round-robin over the methods, so that load from other processes hits every method alike;
+    # the first round is the untimed warm-up (numba compilation, first calls).
+    times = {n: [] for n in rows}
+    last = {}
+    for rep in range(a.repeats + 1):
+        for name in rows:
+            toks, dt, res = run_once(name)
             if rep:
-                times.append(dt)
-        if greedy_tokens is None:
-            greedy_tokens = toks
+                times[name].append(dt)
+            last[name] = (toks, res)
+        print(f"round {rep}/{a.repeats} done", file=sys.stderr)
+    results, greedy_tokens = [], last["greedy"][0]
+    for name in rows:
+        toks, res = last[name]
         n_tok = sum(len(t) for t in toks)
-        med = statistics.median(times)
-        row = {"name": name, "seconds_median": round(med, 4), "seconds": [round(t, 4) for t in times],
+        med = statistics.median(times[name])
+        row = {"name": name, "seconds_median": round(med, 4), "seconds": [round(t, 4) for t in times[name]],
                "tokens": n_tok, "tokens_per_s": round(n_tok / med, 2),
                "exact": all(np.array_equal(x, y) for x, y in zip(toks, greedy_tokens))}
         if res is not None and name != "greedy":
@@ -108,13 +116,12 @@ def main(argv=None) -> int:
             row.update(block_efficiency=round(res.block_efficiency, 4), calls=res.calls, verify=res.verify_mode,
                        ms_per_step={k: round(1000 * v / max(steps, 1), 3) for k, v in res.timing.items()})
         elif name == "greedy":
-            row.update(block_efficiency=1.0, calls=n_tok)
+            row.update(block_efficiency=1.0, calls=n_tok, ms_per_token=round(1000 * med / n_tok, 3))
         results.append(row)
-        print(f"{name}: {row['tokens_per_s']} tokens/s", file=sys.stderr)
     g = results[0]["tokens_per_s"]
     for r in results:
         r["speedup_vs_greedy"] = round(r["tokens_per_s"] / g, 3)
-    out = {"benchmark": "decode", "model": s.base_dir, "prompts": len(ids), "max_new_tokens": a.max_new_tokens,
+    out = {"benchmark": "decode", "model": s.base_dir, "load_average": os.getloadavg(), "prompts": len(ids), "max_new_tokens": a.max_new_tokens,
            "repeats": a.repeats, "batch_size": a.batch_size, "alpha": a.alpha,
            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                        "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
