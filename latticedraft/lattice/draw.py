@@ -62,7 +62,7 @@ def draw_lattice(s: Sausage, out: str | Path, text: Callable[[int], str] | None 
     ref = None if reference is None else np.asarray(reference, dtype=np.int64).ravel()
     h, k = s.h, int(s.widths.max())
 
-    col_w, row_h = 2.2, 0.52
+    col_w, row_h = 2.5, 0.52
     fig_w = 0.9 + col_w * h
     fig_h = 1.35 + row_h * k
     fig, ax = plt.subplots(figsize=(fig_w, fig_h))
@@ -70,7 +70,7 @@ def draw_lattice(s: Sausage, out: str | Path, text: Callable[[int], str] | None 
     ax.set_ylim(-k * row_h - 0.25, 0.85)
     ax.axis("off")
     y_state = -(k - 1) * row_h / 2
-    box_w, box_h = col_w * 0.62, row_h * 0.78
+    box_w, box_h = col_w * 0.68, row_h * 0.78
 
     for i in range(h):
         x0, x1 = i * col_w, (i + 1) * col_w
@@ -90,7 +90,7 @@ def draw_lattice(s: Sausage, out: str | Path, text: Callable[[int], str] | None 
             ax.add_patch(FancyBboxPatch((xc - box_w / 2, y - box_h / 2), box_w, box_h,
                                         boxstyle="round,pad=0.02,rounding_size=0.08", fc=face, ec=edge, lw=lw,
                                         zorder=4))
-            ax.text(xc - box_w / 2 + 0.07, y, visible(text(tok)), ha="left", va="center", fontsize=8.5,
+            ax.text(xc - box_w / 2 + 0.07, y, visible(text(tok), 12), ha="left", va="center", fontsize=8.5,
                     family="DejaVu Sans Mono", fontweight="bold" if is_ref else "normal", zorder=5)
             ax.text(xc + box_w / 2 - 0.06, y, f"{float(s.logp[i, r]):.2f}", ha="right", va="center",
                     fontsize=7.5, color="#444444", zorder=5)
@@ -100,7 +100,10 @@ def draw_lattice(s: Sausage, out: str | Path, text: Callable[[int], str] | None 
         ax.text(i * col_w, y_state, str(i), ha="center", va="center", fontsize=8, zorder=7)
     draft = "".join(text(int(t)) for t in chosen)
     head = title or f"sausage lattice h={h}, k={k}"
-    legend = "blue: chosen path" + ("   green: reference" if ref is not None else "")
+    legend = "blue: chosen path"
+    if ref is not None:
+        hits = sum(1 for i in range(min(h, len(ref))) if (s.tokens[i] == ref[i]).any())
+        legend += f"   green: reference, in {hits} of {h} slots"
     ax.set_title(f"{head}\nchosen: {visible(draft, 90)}   ({legend})", fontsize=9, loc="left")
 
     out.parent.mkdir(parents=True, exist_ok=True)
