@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from typing import Sequence
@@ -70,7 +71,7 @@ def _check(sausage: Sausage, alpha: float, nbest: int, method: str) -> None:
         raise InputError(f"rescore expects a Sausage, got {type(sausage).__name__}; build one with Sausage.from_logits")
     if method not in METHODS:
         raise InputError(f"method {method!r} is unknown; use one of {', '.join(METHODS)}")
-    if not np.isfinite(alpha) or alpha < 0:
+    if not math.isfinite(alpha) or alpha < 0:
         raise InputError(f"alpha = {alpha} must be a finite weight >= 0 (the paper sweeps 0.1..10)")
     if int(nbest) < 1:
         raise InputError(f"nbest = {nbest} must be >= 1")
@@ -140,7 +141,7 @@ def base_drafts(sausage: Sausage, nbest: int = 1) -> Drafts:
 
 
 def _drafts(s: Sausage, cand: np.ndarray, scores: np.ndarray, nbest: int) -> Drafts:
-    toks = np.take_along_axis(s.tokens, cand.T, axis=1).T if len(cand) else np.zeros((0, s.h), np.int64)
+    toks = s.tokens[np.arange(s.h)[None, :], cand] if len(cand) else np.zeros((0, s.h), np.int64)
     return Drafts(np.ascontiguousarray(toks, dtype=np.int64), scores.astype(np.float32), int(nbest))
 
 

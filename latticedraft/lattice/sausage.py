@@ -95,23 +95,26 @@ class Sausage:
         if t.shape[1] == 0:
             raise InputError("a sausage needs at least one candidate per slot (k = 0 given); use k >= 1")
         live = t != PAD_TOKEN
-        if (t[live] < 0).any():
-            raise InputError(f"token ids must be >= 0 (or {PAD_TOKEN} for padding), got {int(t[live].min())}")
-        if np.isnan(lp).any() or np.isposinf(lp).any():
+        if (t < PAD_TOKEN).any():
+            raise InputError(f"token ids must be >= 0 (or {PAD_TOKEN} for padding), got {int(t.min())}")
+        if not (lp < np.inf).all():  # NaN and +inf both fail
             raise InputError("sausage logp holds NaN or +inf; logp must be log-probabilities <= 0")
         if not live[:, 0].all():
             slot = int(np.argmin(live[:, 0]))
             raise InputError(f"slot {slot} of the sausage is empty; every slot must keep at least one arc")
-        # live arcs must come first in each slot (padding at the end)
-        if (live[:, 1:] & ~live[:, :-1]).any():
-            raise InputError("padding (token -1) must follow the live arcs of a slot, not precede them")
-        if (~live & np.isfinite(lp)).any():
-            raise InputError("padding cells (token -1) must have logp -inf")
-        srt = np.sort(np.where(live, t, -1 - np.arange(t.shape[1])), axis=1)
-        dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
-        if dup.any():
-            i = int(np.argmax(dup))
-            raise InputError(f"slot {i} of the sausage lists a token twice: {t[i][live[i]].tolist()}")
+        widths = live.sum(axis=1)
+        if t.shape[1] > 1:
+            # live arcs first in each slot (padding at the end), padding has logp -inf
+            if (live[:, 1:] > live[:, :-1]).any():
+                raise InputError("padding (token -1) must follow the live arcs of a slot, not precede them")
+            if (~live & (lp > -np.inf)).any():
+                raise InputError("padding cells (token -1) must have logp -inf")
+            srt = np.sort(np.where(live, t, -2 - np.arange(t.shape[1])), axis=1)
+            dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
+            if dup.any():
+                i = int(np.argmax(dup))
+                raise InputError(f"slot {i} of the sausage lists a token twice: {t[i][live[i]].tolist()}")
+        self._widths = (t, widths.astype(np.int64))
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -168,7 +171,10 @@ class Sausage:
 
     @property
     def widths(self) -> np.ndarray:
-        """int64[h]: live arcs per slot."""
+        """int64[h]: live arcs per slot (computed at validation; recomputed if tokens were replaced)."""
+        cached = getattr(self, "_widths", None)
+        if cached is not None and cached[0] is self.tokens:
+            return cached[1]
         return (self.tokens != PAD_TOKEN).sum(axis=1).astype(np.int64)
 
     def top1(self) -> np.ndarray:
