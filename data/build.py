@@ -229,9 +229,12 @@ STAGES = {"tokenizer": stage_tokenizer, "heldout": stage_heldout, "prompts": sta
 
 
 def main(argv=None) -> int:
+    global DATA
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("stages", nargs="*", help=f"stages to run (default all): {' '.join(STAGES)}")
+    ap.add_argument("--data", default=str(DATA), help="build into this directory instead of data/ (needs tokenizer/ there)")
     args = ap.parse_args(argv)
+    DATA = Path(args.data).resolve()
     for name in args.stages or list(STAGES):
         if name not in STAGES:
             ap.error(f"unknown stage {name!r}; choose from {', '.join(STAGES)}")
