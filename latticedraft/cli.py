@@ -601,8 +601,10 @@ def _cmd_demo(a) -> int:
                        notify=lambda m: print(m, file=sys.stderr),
                        alphas=read_alphas(a.alphas) if a.alphas else None)
     smp = summary["sample"]
-    print("\nexample (held-out prompt, then the model's continuation):")
-    print("  " + smp["prompt"].rstrip("\n").replace("\n", "\n  ") + "\n  >>> " + smp["continuation"].replace("\n", "\n  >>> "))
+    cont = smp["continuation"]
+    shown = cont.replace("\n", "\u23ce")[:160] + ("…" if len(cont) > 160 else "")
+    print("\nexample: the end of a held-out prompt, then the model's greedy continuation (\u23ce = newline):")
+    print("  " + smp["prompt"].rstrip("\n").splitlines()[-1][-100:] + "\n  >>> " + shown)
     print()
     print(table(summary))
     print()

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from latticedraft.decoding.run import DrafterSpec, Session, encode, read_prompts, write_atomic
+from latticedraft.errors import InputError
 from latticedraft.paths import data_dir
 
 ROWS = [
@@ -35,9 +36,16 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
         if spec is not None and spec.name in alphas:
             spec = DrafterSpec(spec.name, alpha=alphas[spec.name], nbest=spec.nbest)
         rows.append((name, what, spec))
-    # warm-up (JIT compilation, allocator, first-call costs): one short prompt per method, untimed
-    for _, _, spec in rows:
-        session.decode(ids[:1], "greedy" if spec is None else "bpd", spec, max_new_tokens=8)
+    # warm-up (JIT compilation, allocator, first-call costs): one short prompt per method, untimed;
+    # a drafter whose LM or rescorer is missing is left out with a note, not a failure
+    usable = []
+    for row in rows:
+        try:
+            session.decode(ids[:1], "greedy" if row[2] is None else "bpd", row[2], max_new_tokens=8)
+            usable.append(row)
+        except InputError as e:
+            notify(f"  skipping {row[0]}: {e}")
+    rows = usable
     results, greedy, step_pic = [], None, None
     for name, what, spec in rows:
         method = "greedy" if spec is None else "bpd"
