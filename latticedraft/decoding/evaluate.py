@@ -203,15 +203,17 @@ def _repetition(session: Session, steps, cfg: EvalConfig, alpha: float) -> dict:
             "rescored": {"pct_consecutive": round(r.pct_consecutive, 2), "max_run": round(r.mean_max_run, 2)}}
 
 
-def _has_repeat(d) -> bool:
+def _repeats(d) -> int:
+    """Number of adjacent identical token pairs in a draft."""
     d = np.asarray(d)
-    return bool(len(d) > 1 and (d[1:] == d[:-1]).any())
+    return int((d[1:] == d[:-1]).sum()) if len(d) > 1 else 0
 
 
 def _wins(session: Session, steps, ids, refs, alpha: float, label: str) -> dict:
     """Table 5 over the Base run's steps: the neural draft vs the vanilla draft of the same
     lattice and history, compared by accepted length against the greedy continuation;
-    % Repair = the rescored draft removes a consecutive repetition, % Regress = adds one."""
+    % Repair = the rescored draft has fewer adjacent repeated tokens than the vanilla one,
+    % Regress = more (per step, among the wins and among the losses)."""
     from latticedraft.decoding.drafters import NeuralDrafter
     from latticedraft.lattice.oracle import accepted_length
 
@@ -236,8 +238,8 @@ def _wins(session: Session, steps, ids, refs, alpha: float, label: str) -> dict:
             continue
         t = tally["win" if b > a else "loss"]
         t[0] += 1
-        t[1] += int(_has_repeat(van) and not _has_repeat(neu))
-        t[2] += int(_has_repeat(neu) and not _has_repeat(van))
+        t[1] += int(_repeats(neu) < _repeats(van))
+        t[2] += int(_repeats(neu) > _repeats(van))
 
     def pct(x, n):
         return round(100.0 * x / n, 2) if n else 0.0
