@@ -33,6 +33,7 @@ from latticedraft.paths import data_dir  # noqa: E402
 DRAFTERS = {
     "bpd top1": DrafterSpec("top1"),
     "bpd parallel-base p=4": DrafterSpec("parallel-base", nbest=4),
+    "bpd parallel-base p=16": DrafterSpec("parallel-base", nbest=16),
     "bpd ngram": DrafterSpec("ngram"),
     "bpd parallel p=4": DrafterSpec("parallel", nbest=4),
     "bpd parallel p=16": DrafterSpec("parallel", nbest=16),
