@@ -1073,6 +1073,29 @@ def history_state(arrays: LMArrays, order: int, history: list[int]) -> int:
     return int(_walk(s, np.asarray(h, dtype=np.int64), *arrays.lm_args()))
 
 
+def warm_up(bounded: bool = True) -> None:
+    """Compile (or load from numba's on-disk cache) every kernel on a tiny hand-made LM, so the
+    first real call does not pay for compilation (~20-40 s on a cold cache, 2 cores)."""
+    from types import SimpleNamespace
+
+    V = 3
+    # states: 0 null (arcs 1..3), 1 <s> (arc 1 -> 2), 2 the context "0" (arc 2 -> 0)
+    fst = SimpleNamespace(
+        order=3, vocab_size=V, start=1, unigram=0, unk_cost=UNSEEN_COST,
+        state_offsets=np.array([0, 3, 4, 5], np.int64), arc_label=np.array([1, 2, 3, 1, 2], np.int32),
+        arc_cost=np.array([1.0, 1.5, 2.0, 0.5, 0.7], np.float32), arc_next=np.array([2, 0, 0, 2, 0], np.int32),
+        backoff_next=np.array([-1, 0, 0], np.int32), backoff_cost=np.array([0.0, 0.3, 0.4], np.float32))
+    A = _build_arrays(fst)
+    tok = np.array([[0, 1], [1, 2]], np.int64)
+    lp = np.log(np.array([[0.6, 0.4], [0.7, 0.3]], np.float32))
+    w = np.array([2, 2], np.int64)
+    exact_pbest(tok, lp, w, A, 1, 1.0, 2, history=[])
+    exact_pbest(tok, lp, w, None, 0, 0.0, 2)
+    history_state(A, 3, [0, 1])
+    if bounded:
+        exact_pbest(tok, lp, w, A, 1, 1.0, 2)
+
+
 def lm_step(arrays: LMArrays, state: int, token_id: int) -> tuple[int, float]:
     """(next_state, cost) with exact back-off; the kernels' own lookup, exposed for tests."""
     ns, c = _step(int(state), int(token_id) + 1, *arrays.lm_args())

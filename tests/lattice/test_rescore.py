@@ -46,7 +46,7 @@ def random_case(rng, V, n_paths_max=256):
     return Sausage.from_logits(logits, k)
 
 
-@pytest.mark.parametrize("order", [2, 3, 4, 5])
+@pytest.mark.parametrize("order", [2, 3, 4, pytest.param(5, marks=pytest.mark.slow)])
 def test_exact_matches_brute_force_on_random_backoff_lms(order):
     """Random unnormalised LMs with back-off weights above 1: the exact p best, always.
     Orders <= 4 use the triple dynamic program, order 5 the bounded state search."""
@@ -61,6 +61,7 @@ def test_exact_matches_brute_force_on_random_backoff_lms(order):
         assert_same(d, brute(s, lambda ids: lm.ref_score(hist[-(order - 1):], ids), alpha), p)
 
 
+@pytest.mark.slow  # compiles the second (bounded) search kernel: ~20 s on a cold numba cache
 def test_triple_program_and_bounded_search_agree():
     """The two exact algorithms (``history`` given: triple DP; not given: bounded search)."""
     from latticedraft.lattice.search import exact_pbest
