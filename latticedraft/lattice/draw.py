@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from latticedraft.errors import InputError
-from latticedraft.lattice.sausage import PAD_TOKEN, Sausage
+from latticedraft.lattice.sausage import Sausage
 
 _VISIBLE = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5", "\r": "\u240d"}
 

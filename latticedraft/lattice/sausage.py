@@ -37,14 +37,6 @@ def _as_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    """float32 log-softmax over the last axis (computed in float64)."""
-    x = x.astype(np.float64, copy=False)
-    m = x.max(axis=-1, keepdims=True)
-    z = x - m
-    return (z - np.log(np.exp(z).sum(axis=-1, keepdims=True))).astype(np.float32)
-
-
 def _check_finite(logits: np.ndarray, what: str) -> None:
     bad = ~np.isfinite(logits)
     if bad.any():
