@@ -550,7 +550,7 @@ def _add_eval(groups) -> None:
     p.add_argument("--lm2", default=None, metavar="DIR", help="2-gram build for Table 3 (default: the --lm model)")
     p.add_argument("--rescorers", nargs="+", default=None, metavar="LABEL=DIR",
                    help="neural rescorers, one Table 4 column each (default: --rescorer)")
-    p.add_argument("--out", type=Path, default=Path("eval-out"), help="output directory (default ./eval-out)")
+    p.add_argument("--out", type=Path, default=Path("out/eval"), help="output directory (default ./out/eval)")
     _common_model_args(p)
     _drafter_args(p)
     _dynamo_eval_args(p)
@@ -565,17 +565,18 @@ def _cmd_tune(a) -> int:
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     out = tune(s, prompts, a.out, families=a.drafters, grid=a.grid or GRID, num_prompts=a.num_prompts,
-               max_new_tokens=a.max_new_tokens, k=a.k, batch_size=a.batch_size)
+               max_new_tokens=a.max_new_tokens, k=a.k, batch_size=a.batch_size, skip=a.skip)
     for f, sw in out["sweep"].items():
         print(f"{f:>7}: " + "  ".join(f"a={al}:{be:.3f}" for al, be in sw.items()) + f"   best a = {out['alphas'][f]}")
-    print(f"wrote {a.out}; evaluate on the other prompts with `latticedraft eval --alphas {a.out} --skip {a.num_prompts}`")
+    print(f"wrote {a.out}; evaluate on other prompts, e.g. `latticedraft eval --alphas {a.out} --skip {a.skip + a.num_prompts}`")
     return 0
 
 
 def _add_tune(groups) -> None:
     p = groups.add_parser("tune", help="sweep the interpolation weight alpha on a held-out split (Appendix E)")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="prompt set (default data/prompts.jsonl)")
-    p.add_argument("--num-prompts", type=int, default=10, help="the first N prompts are the tuning split (default 10)")
+    p.add_argument("--num-prompts", type=int, default=10, help="prompts in the tuning split (default 10)")
+    p.add_argument("--skip", type=int, default=0, help="the split starts after the first N prompts (default 0)")
     p.add_argument("--drafters", nargs="+", default=["ngram", "neural"], choices=["ngram", "neural"])
     p.add_argument("--grid", type=float, nargs="+", default=None, help="alphas (default 0.1 0.5 0.75 0.9 1.0 1.1 1.5 2.0 5.0 10.0)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt (default 48)")
@@ -591,15 +592,20 @@ def _add_tune(groups) -> None:
 def _cmd_demo(a) -> int:
     from latticedraft.decoding.demo import run_demo, table
     from latticedraft.decoding.run import Session
+    from latticedraft.decoding.tune import default_alphas_file, read_alphas
 
     print(f"latticedraft demo: the bundled BPD model on {a.num_prompts} held-out standard-library prompts, "
           f"{a.max_new_tokens} new tokens each", file=sys.stderr)
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
-    from latticedraft.decoding.tune import read_alphas
-
+    alphas_file = a.alphas or default_alphas_file(s.model_dir)
+    if alphas_file:
+        print(f"interpolation weights from {alphas_file}", file=sys.stderr)
+    else:
+        print("untuned interpolation weight alpha = 1.0 (write tuned ones with `latticedraft tune --out "
+              "data/heads-stern/tuned.json`)", file=sys.stderr)
     summary = run_demo(s, a.prompts, a.num_prompts, a.max_new_tokens, a.out,
                        notify=lambda m: print(m, file=sys.stderr),
-                       alphas=read_alphas(a.alphas) if a.alphas else None)
+                       alphas=read_alphas(alphas_file) if alphas_file else None)
     smp = summary["sample"]
     cont = smp["continuation"]
     shown = cont.replace("\n", "\u23ce")[:160] + ("…" if len(cont) > 160 else "")
@@ -625,7 +631,7 @@ def _add_demo(groups) -> None:
     p.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
     p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
     p.add_argument("--alphas", default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (default 1.0)")
-    p.add_argument("--out", type=Path, default=Path("demo-out"), help="output directory (default ./demo-out)")
+    p.add_argument("--out", type=Path, default=Path("out/demo"), help="output directory (default ./out/demo)")
     _common_model_args(p)
     p.set_defaults(threads=1)
     p.set_defaults(func=_cmd_demo)

@@ -21,20 +21,21 @@ ROWS = [
     ("greedy", "plain autoregressive (HF generate)", None),
     ("base BPD", "top-1 of every head", DrafterSpec("top1")),
     ("4-gram BPD", "lattice rescored by the 4-gram, p = 1", DrafterSpec("ngram", alpha=1.0)),
-    ("parallel 4-gram BPD", "4 best rescored drafts, one tree", DrafterSpec("parallel", alpha=1.0, nbest=4)),
+    ("parallel 4-gram BPD", "16 best rescored drafts, one tree", DrafterSpec("parallel", alpha=1.0, nbest=16)),
     ("neural BPD", "Algorithm 2, small GPT-2 rescorer", DrafterSpec("neural", alpha=1.0)),
 ]
 
 
 def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_tokens: int = 48,
-             out_dir="demo-out", notify=print, alphas: dict | None = None) -> dict:
+             out_dir="out/demo", notify=print, alphas: dict | None = None) -> dict:
     recs = read_prompts(prompts_file or data_dir() / "prompts.jsonl", limit=num_prompts)
     ids = encode(session.tokenizer, [r["prompt"] for r in recs])
     alphas = alphas or {}
     rows = []
     for name, what, spec in ROWS:
-        if spec is not None and spec.name in alphas:
-            spec = DrafterSpec(spec.name, alpha=alphas[spec.name], nbest=spec.nbest)
+        family = {"parallel": "ngram"}.get(spec.name, spec.name) if spec is not None else None
+        if family in alphas:
+            spec = DrafterSpec(spec.name, alpha=alphas[family], nbest=spec.nbest)
         rows.append((name, what, spec))
     # warm-up (JIT compilation, allocator, first-call costs): one short prompt per method, untimed;
     # a drafter whose LM or rescorer is missing is left out with a note, not a failure
@@ -75,7 +76,8 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
 
 
 def _pick_step(steps, greedy, ids):
-    """A step with a non-trivial accept (≥ 2 tokens) that shows rescoring at work."""
+    """The step that accepted the most draft tokens (ties: more drafts), and the greedy
+    continuation at that point (to colour the lattice)."""
     best = max(steps, key=lambda st: (len(st.accepted), st.drafts.shape[0]))
     row = best.row
     pos = len(best.history) - len(ids[row])  # tokens emitted before this step (root included)
@@ -104,8 +106,10 @@ def draw_step(tokenizer, step, truth, path: Path, rows: int = 8) -> Path:
             p = float(np.exp(s.logp[j, r]))
             hit = j < len(truth) and t == int(truth[j])
             face = (0.55, 0.85, 0.55) if hit else (1 - 0.55 * p, 1 - 0.35 * p, 1.0)
-            lw = 2.6 if (hit and j < acc) else 0.6
-            ax.add_patch(Rectangle((j, -r - 1), 0.94, 0.9, facecolor=face, edgecolor="black", lw=lw))
+            drafted = bool((step.drafts[:, j] == t).any()) if j < step.drafts.shape[1] else False
+            lw = 2.6 if (hit and j < acc) else (1.6 if drafted else 0.5)
+            edge = "black" if (hit and j < acc) else ("tab:blue" if drafted else "gray")
+            ax.add_patch(Rectangle((j, -r - 1), 0.94, 0.9, facecolor=face, edgecolor=edge, lw=lw))
             label = tokenizer.decode([t]).replace("\n", "\\n").replace(" ", "·")[:10]
             ax.text(j + 0.47, -r - 0.42, label, ha="center", va="center", fontsize=8, family="monospace")
             ax.text(j + 0.9, -r - 0.85, f"{p:.2f}", ha="right", va="bottom", fontsize=5.5, color="dimgray")
@@ -114,9 +118,9 @@ def draw_step(tokenizer, step, truth, path: Path, rows: int = 8) -> Path:
     for j in range(h):
         ax.text(j + 0.47, 0.35, f"head {j + 2}", ha="center", fontsize=8)
     ctx = tokenizer.decode([int(x) for x in step.history[-12:]]).replace("\n", "\\n")
-    ax.set_title(f"One BPD step: …{ctx!s:.60}\n{step.drafts.shape[0]} drafts verified in one tree; "
-                 f"{acc} draft tokens accepted + 1 bonus (green = greedy continuation, bold = accepted)",
-                 fontsize=8.5)
+    ax.set_title(f"One BPD step after …{ctx!s:.60}\n{step.drafts.shape[0]} drafts verified in one tree "
+                 f"(blue = in a draft); {acc} draft token{'s' if acc != 1 else ''} accepted + 1 bonus "
+                 f"(green = greedy continuation, bold = accepted); number = head probability", fontsize=8.5)
     ax.axis("off")
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=130, bbox_inches="tight")

@@ -19,8 +19,9 @@ FAMILIES = ("ngram", "neural")
 
 
 def tune(session: Session, prompts: list[dict], out_path, families=FAMILIES, grid=GRID, num_prompts: int = 10,
-         max_new_tokens: int = 48, k: int = 16, batch_size: int = 4) -> dict:
-    """Sweep alpha for each family on the first ``num_prompts`` prompts; write ``out_path``."""
+         max_new_tokens: int = 48, k: int = 16, batch_size: int = 4, skip: int = 0) -> dict:
+    """Sweep alpha for each family on ``num_prompts`` prompts after the first ``skip``; write
+    ``out_path``."""
     from tqdm import tqdm
 
     for f in families:
@@ -28,7 +29,10 @@ def tune(session: Session, prompts: list[dict], out_path, families=FAMILIES, gri
             raise InputError(f"cannot tune {f!r}; choose from {', '.join(FAMILIES)}")
     if not grid or any(a < 0 for a in grid):
         raise InputError(f"alpha grid {list(grid)} must be non-empty and >= 0")
-    ids = encode(session.tokenizer, [r["prompt"] for r in prompts[:num_prompts]])
+    split = prompts[skip : skip + num_prompts]
+    if not split:
+        raise InputError(f"no tuning prompts after skipping {skip}; lower --skip")
+    ids = encode(session.tokenizer, [r["prompt"] for r in split])
     sweep: dict = {}
     jobs = [(f, a) for f in families for a in grid]
     for f, a in tqdm(jobs, desc="tune", unit="run", disable=None):
@@ -36,7 +40,7 @@ def tune(session: Session, prompts: list[dict], out_path, families=FAMILIES, gri
                              batch_size=batch_size)
         sweep.setdefault(f, {})[str(a)] = round(res.block_efficiency, 4)
     best = {f: float(max(sweep[f], key=lambda a: (sweep[f][a], -abs(float(a) - 1.0)))) for f in families}
-    out = {"alphas": best, "sweep": sweep, "prompts": len(ids), "max_new_tokens": max_new_tokens, "k": k,
+    out = {"alphas": best, "sweep": sweep, "prompts": len(ids), "skip": skip, "max_new_tokens": max_new_tokens, "k": k,
            "model": session.base_dir}
     write_atomic(Path(out_path), json.dumps(out, indent=1) + "\n")
     return out
@@ -51,3 +55,11 @@ def read_alphas(path) -> dict:
         raise InputError(f"{p} not found; write it with `latticedraft tune --out {p}`") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise InputError(f"{p} is not a tune result with an 'alphas' object ({e}); rerun `latticedraft tune`") from e
+
+
+def default_alphas_file(model_dir=None) -> Path | None:
+    """``tuned.json`` beside the model (default: the bundled heads), if one was written."""
+    from latticedraft.decoding.run import default_model_dir
+
+    p = Path(model_dir if model_dir is not None else default_model_dir()) / "tuned.json"
+    return p if p.is_file() else None
