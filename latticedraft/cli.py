@@ -406,6 +406,8 @@ def _cmd_decode(a) -> int:
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     ids = encode(s.tokenizer, texts)
     spec = _spec(a)
+    if a.method == "bpd":
+        s.prepare(spec)
     if a.json:
         res = s.decode(ids, a.method, spec, max_new_tokens=a.max_new_tokens, verify=a.verify, batch_size=a.batch_size)
         for rec in records(res, s.tokenizer, s.base_dir, texts):

@@ -266,6 +266,13 @@ class Session:
             self._rescorer = load_rescorer(self.rescorer_dir, self.device, self.tokenizer)
         return self._rescorer
 
+    def prepare(self, spec: DrafterSpec) -> None:
+        """Load what ``spec`` needs now, so that a missing LM or rescorer fails before any output."""
+        if spec.name in ("ngram", "parallel"):
+            _ = self.lm
+        if spec.name == "neural":
+            _ = self.rescorer
+
     def drafter(self, spec: DrafterSpec, references=None):
         lm = self.lm if spec.name in ("ngram", "parallel") else None
         rescorer = self.rescorer if spec.name == "neural" else None

@@ -92,7 +92,12 @@ def test_user_errors_are_one_line(bundle, capsys, tmp_path):
     assert "line 2" in capsys.readouterr().err
     assert main(["decode", "--model", str(bundle / "heads"), "--prompt", "x", "--drafter", "neural",
                  "--rescorer", str(tmp_path / "none")]) == 2
-    assert "--rescorer" in capsys.readouterr().err
+    cap = capsys.readouterr()
+    assert "--rescorer" in cap.err and cap.out == ""  # fails before streaming anything
+    assert main(["decode", "--model", str(bundle / "heads"), "--prompt", "x", "--drafter", "ngram",
+                 "--lm", str(tmp_path / "nolm")]) == 2
+    cap = capsys.readouterr()
+    assert "nolm" in cap.err and cap.out == ""
 
 
 @pytest.mark.slow
