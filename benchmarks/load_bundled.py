@@ -1,9 +1,13 @@
 """Time loading the bundled models (``data/``) the way the demo and tests do, in fresh processes.
 
-For each of ``data/heads-stern`` and ``data/heads-dynamo``: ``BlockwiseModel.from_pretrained``
-(base + heads, float32, CPU) and the first forward over a 64-token prompt, in a new Python
-process each repeat (the import of torch/transformers is reported separately). Medians of
-``--repeats`` runs.
+For each of ``data/heads-stern`` and ``data/heads-dynamo``, in a new Python process each repeat:
+importing torch + latticedraft (``import_s``), the first ``BlockwiseModel.from_pretrained`` (base +
+heads, float32, CPU; includes transformers' lazy imports, ``load_s``), their sum (``cold_total_s``),
+the CPU seconds of the same (``cold_total_cpu_s``: what the load costs when the machine is not
+shared, up to thread parallelism), the first forward over a 64-token prompt, and a second load
+in the same process (``warm_load_s``).
+Medians of ``--repeats`` runs; the 1-minute load average before and after is recorded because
+the machine is shared.
 
     .venv/bin/python benchmarks/load_bundled.py [--repeats 5] [--out benchmarks/results/load_bundled.json]
 """
@@ -23,16 +27,21 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
 import json, sys, time
+c0 = time.process_time()
 t0 = time.perf_counter()
 import torch
 from latticedraft.gpu.blockwise import BlockwiseModel
 t1 = time.perf_counter()
 bm = BlockwiseModel.from_pretrained(sys.argv[1])
 t2 = time.perf_counter()
+c2 = time.process_time()
 with torch.no_grad():
     bm(torch.arange(64)[None] % 8192)
 t3 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_forward_s": t3 - t2}))
+bm2 = BlockwiseModel.from_pretrained(sys.argv[1])
+t4 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "cold_total_s": t2 - t0, "cold_total_cpu_s": c2 - c0, "warm_load_s": t4 - t3,
+                  "first_forward_s": t3 - t2}))
 """
 
 
@@ -42,7 +51,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "load_bundled.json"))
     a = ap.parse_args()
     res = {"machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version()},
-           "repeats": a.repeats, "models": {}}
+           "repeats": a.repeats, "loadavg_before": os.getloadavg()[0], "models": {}}
     for name in ["heads-stern", "heads-dynamo"]:
         runs = []
         for _ in range(a.repeats):
@@ -50,13 +59,16 @@ def main() -> int:
                                cwd=ROOT, check=True)
             runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
         res["models"][name] = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
+    res["loadavg_after"] = os.getloadavg()[0]
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"{'model':<14} {'import s':>9} {'load s':>8} {'1st fwd s':>10}   (median of {a.repeats}, "
-          f"{res['machine']['cpu_count']} CPUs)")
+    print(f"{'model':<14} {'import s':>9} {'load s':>8} {'cold total s':>13} {'cold CPU s':>11} {'warm load s':>12} {'1st fwd s':>10}"
+          f"   (median of {a.repeats}, {res['machine']['cpu_count']} CPUs, load avg "
+          f"{res['loadavg_before']:.1f} → {res['loadavg_after']:.1f})")
     for name, r in res["models"].items():
-        print(f"{name:<14} {r['import_s']:>9.2f} {r['load_s']:>8.2f} {r['first_forward_s']:>10.2f}")
+        print(f"{name:<14} {r['import_s']:>9.2f} {r['load_s']:>8.2f} {r['cold_total_s']:>13.2f} {r['cold_total_cpu_s']:>11.2f} {r['warm_load_s']:>12.2f}"
+              f" {r['first_forward_s']:>10.2f}")
     print(f"wrote {out}")
     return 0
 
