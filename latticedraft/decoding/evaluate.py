@@ -267,7 +267,9 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
          "## Table 4: block efficiency (relative % vs Base)", "",
          "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
          "| " + " | ".join(_rel(runs[n]["block_efficiency"], base) if n != "Base" else f"{base:.2f}" for n in cols) + " |",
-         "", "Speed on this machine (greedy = plain autoregressive `generate`):", "",
+         "", "Speed, one pass each (indicative only: other processes share this CPU; "
+         "`benchmarks/decode.py` measures medians of interleaved repeats). Greedy = plain autoregressive "
+         "`generate`:", "",
          "| run | block efficiency | tokens/s | vs greedy | exact |", "|---|---|---|---|---|",
          f"| greedy | 1.00 | {g['tokens_per_s']:.1f} | 1.00x | yes |"]
     for n in cols:
