@@ -189,3 +189,18 @@ def test_new_cache_is_filled_in_place(kind, ids):
     if kind == "dynamo":
         assert o1.past_key_values.base is cache.base and len(cache.layers) == 2 + 2 * 1
     torch.testing.assert_close(o2.head_logits, full.head_logits[:, 5:], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch_name", ["gpt2", "llama"])
+def test_left_padding_with_2d_mask(arch_name, kind, ids):
+    """A left-padded row (2-D mask, explicit positions) gets the same head logits as the row alone."""
+    bm = BlockwiseModel.from_base(make_tiny(arch_name), 3, kind).eval()
+    perturb_heads(bm)
+    short = ids[1, :7]
+    batch = torch.stack([ids[0, :10], torch.cat([torch.zeros(3, dtype=torch.long), short])])
+    mask = torch.tensor([[1] * 10, [0] * 3 + [1] * 7])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        padded = bm(batch, attention_mask=mask, position_ids=pos)
+        alone = bm(short[None])
+    torch.testing.assert_close(padded.head_logits[1, 3:], alone.head_logits[0], rtol=1e-4, atol=1e-5)
