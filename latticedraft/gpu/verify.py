@@ -111,7 +111,14 @@ class Forward:
         if not hasattr(self.model, "head_logits_from"):
             return self.logits[rows, nodes][:, None, :]
         uniq, inv = torch.unique(nodes, return_inverse=True)
-        if self.lazy:  # the forward kept no logits: give the heads the selected states only
+        if self.lazy and getattr(self.model, "kind", None) == "stern":
+            # Stern heads are FFNs on the final hidden state: run them on the u selected states
+            # and unembed all h heads in one 2-D projection (4x cheaper than per-head 4-D calls)
+            hid = self.out.hidden[:, uniq]  # [b, u, H]
+            bb, u, H = hid.shape
+            states = torch.cat([hid.unsqueeze(-2), self.model.heads(hid)], dim=-2)  # [b, u, h, H]
+            hl = self.model.unembed(states.reshape(-1, H)).view(bb, u, states.shape[-2], -1)
+        elif self.lazy:  # the forward kept no logits: give the heads the selected states only
             hid = self.out.hidden[:, uniq]
             sub = dataclasses.replace(self.out, logits=self.model.unembed(hid), hidden=hid, head_hidden=None)
             hl = self.model.head_logits_from(sub, torch.arange(len(uniq), device=hid.device))
