@@ -264,7 +264,7 @@ def _dynamo_sampler_args(p: argparse.ArgumentParser) -> None:
     addg("--temperature", type=float, default=0.7, help="softmax temperature (default 0.7)")
     addg("--repetition-penalty", type=float, default=1.1, help="divides the probability of repeated tokens (default 1.1)")
     addg("--alpha-c", type=float, default=1.0, help="co-occurrence mask exponent α_c (default 1.0)")
-    addg("--unseen-count", type=float, default=0.5, help="count given to unseen pairs/triples in the mask (default 0.5; 0 = hard)")
+    addg("--unseen-weight", type=float, default=0.5, help="co-occurrence mask of pairs/triples the corpus lacks (default 0.5; 0 = hard)")
     addg("--max-n", type=int, default=None, help="most tokens per call (default: the model's heads, at most 3)")
     addg("--no-cooccurrence", action="store_true", help="turn co-occurrence masking off")
     addg("--no-adaptive-threshold", action="store_true", help="turn Otsu adaptive thresholding off")
@@ -282,7 +282,7 @@ def _dynamo_config(a):
 
     cfg = DynamoConfig(epsilon_b=a.epsilon_b, top_k=a.top_k, temperature=a.temperature,
                        repetition_penalty=a.repetition_penalty, cooccurrence=not a.no_cooccurrence, alpha_c=a.alpha_c,
-                       unseen_count=a.unseen_count, adaptive_threshold=not a.no_adaptive_threshold,
+                       unseen_weight=a.unseen_weight, adaptive_threshold=not a.no_adaptive_threshold,
                        blur=not a.no_blur, max_n=a.max_n)
     if getattr(a, "variant", None):
         cfg = variant(a.variant, a.epsilon_b, cfg)

@@ -56,7 +56,7 @@ class DynamoConfig:
     repetition_penalty: float = 1.1
     cooccurrence: bool = True
     alpha_c: float = 1.0
-    unseen_count: float = 0.5
+    unseen_weight: float = 0.5
     adaptive_threshold: bool = True
     blur: bool = True
     blur_kernel: int = 3
@@ -76,6 +76,8 @@ class DynamoConfig:
             raise InputError(f"--repetition-penalty {self.repetition_penalty} must be > 0 (1.0 turns it off)")
         if self.alpha_c < 0:
             raise InputError(f"--alpha-c {self.alpha_c} must be ≥ 0")
+        if not 0.0 <= self.unseen_weight <= 1.0:
+            raise InputError(f"--unseen-weight {self.unseen_weight} must be in [0, 1] (0: unseen pairs masked out)")
         if self.blur_kernel < 1 or self.blur_kernel % 2 == 0:
             raise InputError(f"--blur-kernel {self.blur_kernel} must be odd and ≥ 1")
         if self.max_n is not None:
@@ -169,7 +171,7 @@ def step_distribution(head_logits, context: Sequence[int], config: DynamoConfig,
             continue
         J = _outer([warped[i][1] for i in range(m)])
         if use_co:
-            J = J * cooc.mask(ids, alpha_c=config.alpha_c, unseen_count=config.unseen_count)
+            J = J * cooc.mask(ids, alpha_c=config.alpha_c, unseen_weight=config.unseen_weight)
         total = J.sum()
         if not total > 0:
             backed.append((m, "empty"))

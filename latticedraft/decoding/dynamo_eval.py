@@ -133,7 +133,7 @@ def run_ablation(model, prompts: Sequence[Sequence[int]], cooc=None, variants: S
     calls = sum(len(g) for g in gens)  # one call per token
     baseline = quality_row("base top-k", None, base_model, all_prompts, gens, calls, time.perf_counter() - t0)
     settings = {"top_k": base.top_k, "temperature": base.temperature, "repetition_penalty": base.repetition_penalty,
-                "unseen_count": base.unseen_count, "blur_kernel": base.blur_kernel, "max_new_tokens": max_new_tokens,
+                "unseen_weight": base.unseen_weight, "blur_kernel": base.blur_kernel, "max_new_tokens": max_new_tokens,
                 "prompts": len(prompts), "seeds": list(seeds), "variants": list(variants), "epsilons": list(epsilons),
                 "num_heads": getattr(model, "num_heads", None)}
     machine = {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version()}

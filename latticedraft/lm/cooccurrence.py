@@ -13,12 +13,14 @@ with the history ignored (the paper's Eq. 3): ``p̂(x_i)`` are unigram frequenci
   for offsets ``d = 1, 2`` (``d = 1`` is the bigram used by the two-token mask);
 - triples: sorted unique int64 keys ``(a * V + b) * V + c`` with int64 counts (``V ≤ 2**21``).
 
-Smoothing (a query-time parameter, ``unseen_count`` δ ≥ 0): an n-gram or token with count
-``c`` is given ``max(c, δ)``, i.e. an unseen event counts as δ occurrences, without
-renormalising (the sampler renormalises the masked joint anyway). ``δ = 0`` is hard masking:
-unseen pairs/triples get mask 0 (and a 0/0 for an unseen marginal is taken as 0). The
-default δ = 0.5 makes an unseen n-gram half as plausible as one seen once, so a grid is
-never masked out only because the corpus is small.
+Unseen n-grams (a query-time parameter, ``unseen_weight`` δ ∈ [0, 1]): the ratio above is
+used only for n-grams the corpus contains. An n-gram of seen tokens that never occurs gets the
+mask ``δ ** alpha_c`` ("δ times as likely as independence"; δ = 0 is the paper's literal hard
+masking, since p̂ = 0); an n-gram with a token the corpus never contains (e.g. ``<|endoftext|>``
+when documents carry no end marker) gets 1: no evidence, no reweighting. A pseudo-count floor on
+the joint (``max(c, δ)``) would not do: for rare tokens the floor exceeds the expected count
+``N Π p̂(x_i)`` and rewards exactly the combinations never seen, by factors up to ``N / δ``.
+Default δ = 0.5.
 
 The statistics remember the tokenizer's ``fingerprint`` and vocabulary size; ``check``
 refuses a model or tokenizer from another vocabulary.
@@ -40,7 +42,7 @@ from latticedraft.errors import InputError, ModelError
 
 FORMAT_VERSION = 1
 FILE_NAME = "cooccurrence.npz"
-DEFAULT_UNSEEN_COUNT = 0.5
+DEFAULT_UNSEEN_WEIGHT = 0.5
 MAX_ORDER = 3
 _MAX_VOCAB = 2**21  # (a * V + b) * V + c must fit in int64
 
@@ -172,32 +174,34 @@ class CooccurrenceStats:
         raise InputError(f"co-occurrence order {n} is not stored; use n between 1 and {MAX_ORDER}")
 
     def mask(self, tokens: Sequence[np.ndarray], alpha_c: float = 1.0,
-             unseen_count: float = DEFAULT_UNSEEN_COUNT) -> np.ndarray:
+             unseen_weight: float = DEFAULT_UNSEEN_WEIGHT) -> np.ndarray:
         """The co-occurrence weights ``(p̂(joint) / Π p̂(marginal)) ** alpha_c`` on a top-k grid.
 
         ``tokens``: n ≥ 2 id arrays (the top-k ids of heads 1..n). Returns float64 ``[k_1, ..., k_n]``.
-        ``alpha_c = 0`` gives all ones (no masking); smoothing: see the module docstring.
+        ``alpha_c = 0`` gives all ones (no masking); unseen n-grams: see the module docstring.
         """
         n = len(tokens)
         if not 2 <= n <= MAX_ORDER:
             raise InputError(f"co-occurrence masks cover 2..{MAX_ORDER} tokens, not {n}")
         if alpha_c < 0:
             raise InputError(f"alpha_c {alpha_c} must be ≥ 0")
-        if unseen_count < 0:
-            raise InputError(f"unseen_count {unseen_count} must be ≥ 0")
-        shape = tuple(np.asarray(t).size for t in tokens)
+        if not 0.0 <= unseen_weight <= 1.0:
+            raise InputError(f"unseen_weight {unseen_weight} must be in [0, 1] (0: unseen n-grams masked out, 1: no penalty)")
+        toks = [np.asarray(t, dtype=np.int64).ravel() for t in tokens]
+        shape = tuple(t.size for t in toks)
         if alpha_c == 0:
             return np.ones(shape, dtype=np.float64)
-        joint = self.counts(tokens).astype(np.float64)
-        np.maximum(joint, unseen_count, out=joint)
-        joint *= 1.0 / max(self.n_tokens[n - 1], 1)
-        margs = [np.maximum(self.unigram[np.asarray(t, dtype=np.int64).ravel()].astype(np.float64), unseen_count)
-                 / max(self.n_tokens[0], 1) for t in tokens]
-        denom = margs[0]
-        for m in margs[1:]:
-            denom = np.multiply.outer(denom, m)
-        ratio = np.zeros(shape, dtype=np.float64)
-        np.divide(joint, denom, out=ratio, where=denom > 0)  # an unseen marginal (δ = 0): 0/0 taken as 0
+        joint = self.counts(toks).astype(np.float64)
+        margs = [self.unigram[t].astype(np.float64) for t in toks]
+        seen_tok = np.ones([1] * n, dtype=bool)
+        denom = np.ones([1] * n, dtype=np.float64)
+        for i, m in enumerate(margs):
+            axis_shape = [-1 if a == i else 1 for a in range(n)]
+            seen_tok = seen_tok & (m > 0).reshape(axis_shape)
+            denom = denom * (m / max(self.n_tokens[0], 1)).reshape(axis_shape)
+        ratio = np.where(seen_tok, unseen_weight, 1.0) * np.ones(shape)
+        seen = joint > 0
+        ratio[seen] = (joint[seen] / max(self.n_tokens[n - 1], 1)) / np.broadcast_to(denom, shape)[seen]
         if alpha_c != 1.0:
             ratio **= alpha_c
         return ratio

@@ -91,15 +91,18 @@ def test_epsilon_zero_without_thresholds_emits_n_tokens_with_exact_joint(seed):
     context = [0, 3]
     stats = CooccurrenceStats.from_sequences([rng.integers(0, V, 60)], vocab_size=V, fingerprint="x")
     cfg = DynamoConfig(epsilon_b=0.0, top_k=3, adaptive_threshold=False, repetition_penalty=1.5,
-                       alpha_c=0.8, unseen_count=0.5)
+                       alpha_c=0.8, unseen_weight=0.5)
     dist = step_distribution(logits, context, cfg, stats)
     assert dist.n == 3 and dist.backed_off == []
     heads = [_head_warped(logits[i], 3, 0.7) for i in range(3)]
     uni = stats.unigram
     want = {}
     for a, b, c in itertools.product(*[h.keys() for h in heads]):
-        co = (max(stats.counts([np.array([a]), np.array([b]), np.array([c])])[0, 0, 0], 0.5) / stats.n_tokens[2]) / \
-            np.prod([max(uni[t], 0.5) / stats.n_tokens[0] for t in (a, b, c)])
+        count = stats.counts([np.array([a]), np.array([b]), np.array([c])])[0, 0, 0]
+        if count:
+            co = (count / stats.n_tokens[2]) / np.prod([uni[t] / stats.n_tokens[0] for t in (a, b, c)])
+        else:
+            co = 0.5 if all(uni[t] for t in (a, b, c)) else 1.0
         reps = (a in context) + (b in context or b == a) + (c in context or c in (a, b))
         want[(a, b, c)] = heads[0][a] * heads[1][b] * heads[2][c] * co**0.8 / 1.5**reps
     z = sum(want.values())
@@ -138,15 +141,15 @@ def replace_cfg(cfg, **kw):
 
 
 def test_all_zero_joint_backs_off_without_dividing_by_zero():
-    # hard co-occurrence masking (δ = 0) of a grid made only of pairs the corpus never saw
+    # hard co-occurrence masking (δ = 0) of a grid made only of a pair the corpus never saw, (1, 1)
     stats = CooccurrenceStats.from_sequences([[0, 1, 0, 1, 0, 1]], vocab_size=4, fingerprint="x")
     lg = np.full((2, 4), -30.0)
-    lg[0, 2] = lg[1, 3] = 0.0
-    cfg = DynamoConfig(epsilon_b=0.0, top_k=1, unseen_count=0.0, adaptive_threshold=True)
+    lg[0, 1] = lg[1, 1] = 0.0
+    cfg = DynamoConfig(epsilon_b=0.0, top_k=1, unseen_weight=0.0, adaptive_threshold=True)
     with np.errstate(all="raise"):
         dist = step_distribution(lg, [], cfg, stats)
     assert dist.n == 1 and dist.backed_off == [(2, "empty")]
-    assert _as_dict(dist) == {2: 1.0}
+    assert _as_dict(dist) == {1: 1.0}
 
 
 def test_otsu_keeps_the_peaks_flat_keeps_all_zero_keeps_none():

@@ -36,14 +36,15 @@ def test_counts_equal_hand_counts(stats):
 
 def test_mask_equals_hand_values(stats):
     # (p̂(0,1) / p̂(0) p̂(1)) = (5/19) / (6/20 * 6/20)
-    m = stats.mask([np.array([0, 1]), np.array([1, 0])], alpha_c=1.0, unseen_count=0.5)
+    m = stats.mask([np.array([0, 1]), np.array([1, 0])], alpha_c=1.0, unseen_weight=0.5)
     assert m[0, 0] == pytest.approx((5 / 19) / (0.3 * 0.3))
-    assert m[1, 1] == pytest.approx((0.5 / 19) / (0.3 * 0.3))  # (1,0) unseen: counts as 0.5
-    m3 = stats.mask([np.array([0]), np.array([1]), np.array([2, 5])], alpha_c=1.0, unseen_count=0.0)
+    assert m[1, 1] == 0.5  # (1,0) never seen, both tokens seen: δ
+    m3 = stats.mask([np.array([0]), np.array([1]), np.array([2, 5])], alpha_c=1.0, unseen_weight=0.0)
     assert m3[0, 0, 0] == pytest.approx((3 / 18) / (0.3 * 0.3 * 0.2))
     assert m3[0, 0, 1] == 0.0  # (0,1,5) never seen: hard masking with δ = 0
     half = stats.mask([np.array([4]), np.array([5])], alpha_c=0.5)
     assert half[0, 0] == pytest.approx(((1 / 19) / (0.05 * 0.05)) ** 0.5)
+    assert stats.mask([np.array([1]), np.array([0])], alpha_c=0.5, unseen_weight=0.25)[0, 0] == 0.5
     assert np.all(stats.mask([np.arange(V)] * 2, alpha_c=0.0) == 1.0)
 
 
@@ -51,20 +52,29 @@ def test_mask_matches_brute_force_on_every_grid_cell(stats):
     from collections import Counter
 
     big = Counter(zip(CORPUS, CORPUS[1:]))
+    tri = Counter(zip(CORPUS, CORPUS[1:], CORPUS[2:]))
     uni = Counter(CORPUS)
     ids = np.arange(V)
-    m = stats.mask([ids, ids], alpha_c=0.7, unseen_count=0.25)
+    m = stats.mask([ids, ids], alpha_c=0.7, unseen_weight=0.25)
+    m3 = stats.mask([ids, ids, ids], alpha_c=1.0, unseen_weight=0.1)
     for a in range(V):
         for b in range(V):
-            want = (max(big[(a, b)], 0.25) / 19) / ((max(uni[a], 0.25) / 20) * (max(uni[b], 0.25) / 20))
+            want = (big[(a, b)] / 19) / ((uni[a] / 20) * (uni[b] / 20)) if big[(a, b)] else 0.25
             assert m[a, b] == pytest.approx(want**0.7)
+            for c in range(V):
+                want = (tri[(a, b, c)] / 18) / (uni[a] * uni[b] * uni[c] / 20**3) if tri[(a, b, c)] else 0.1
+                assert m3[a, b, c] == pytest.approx(want)
 
 
-def test_unseen_marginal_with_zero_smoothing_gives_zero_not_nan():
+def test_tokens_the_corpus_never_contains_are_not_reweighted():
+    # a floor on the joint count (0.5) would give (0.5/3) / (0.5/4)² ≈ 10.7 to the never-seen pair (3,2): no
     s = CooccurrenceStats.from_sequences([[0, 1, 0, 1]], vocab_size=4, fingerprint="x")
     with np.errstate(all="raise"):
-        m = s.mask([np.array([0, 3]), np.array([1, 2])], unseen_count=0.0)
-    assert np.isfinite(m).all() and m[1, 1] == 0.0 and m[0, 0] > 0
+        m = s.mask([np.array([0, 3]), np.array([1, 2])], unseen_weight=0.0)
+    assert m[0, 0] == pytest.approx((2 / 3) / (0.5 * 0.5))  # (0,1): 2 of the 3 bigrams
+    assert m[0, 1] == 1.0 and m[1, 0] == 1.0 and m[1, 1] == 1.0
+    with pytest.raises(InputError, match="unseen_weight"):
+        s.mask([np.array([0]), np.array([1])], unseen_weight=2.0)
 
 
 def test_ngrams_do_not_cross_sequence_boundaries():
