@@ -57,6 +57,28 @@ def prompt_lookup(session: Session, ids, max_new_tokens: int, num_tokens: int):
     return out, time.perf_counter() - t0
 
 
+def greedy_batched(session: Session, ids, max_new_tokens: int, batch_size: int):
+    """transformers' greedy ``generate`` on left-padded batches (the batched baseline)."""
+    base = getattr(session.model, "base", session.model)
+    out, t0 = [], time.perf_counter()
+    for s in range(0, len(ids), batch_size):
+        chunk = ids[s : s + batch_size]
+        n = max(len(p) for p in chunk)
+        x = torch.zeros(len(chunk), n, dtype=torch.long)
+        mask = torch.zeros_like(x)
+        for i, p in enumerate(chunk):
+            x[i, n - len(p):] = torch.as_tensor(p)
+            mask[i, n - len(p):] = 1
+        g = base.generate(x, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                          eos_token_id=session.eos, pad_token_id=0, temperature=None, top_p=None, top_k=None)
+        for i in range(len(chunk)):
+            toks = g[i, n:].tolist()
+            if session.eos in toks:
+                toks = toks[: toks.index(session.eos) + 1]
+            out.append(np.asarray(toks, dtype=np.int64))
+    return out, time.perf_counter() - t0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -80,12 +102,17 @@ def main(argv=None) -> int:
     recs = read_prompts(a.prompts, limit=a.num_prompts)
     ids = encode(s.tokenizer, [r["prompt"] for r in recs])
     rows = ["greedy", *DRAFTERS, "prompt-lookup (HF)"]
+    if a.batch_size > 1:  # BPD rows then decode batches; compare with HF's batched greedy too
+        rows.insert(1, f"greedy batch={a.batch_size} (HF, left-padded)")
     if a.only:
-        rows = [r for r in rows if r in a.only or r == "greedy"]
+        rows = [r for r in rows if r in a.only or r.startswith("greedy")]
     def run_once(name):
         """(token lists, seconds, DecodeResult or None) of one pass over the prompts."""
         if name == "prompt-lookup (HF)":
             toks, dt = prompt_lookup(s, ids, a.max_new_tokens, a.pld_tokens)
+            return toks, dt, None
+        if name.startswith("greedy batch="):
+            toks, dt = greedy_batched(s, ids, a.max_new_tokens, a.batch_size)
             return toks, dt, None
         spec = None if name == "greedy" else DrafterSpec(**{**DRAFTERS[name].__dict__, "alpha": a.alpha})
         t0 = time.perf_counter()
