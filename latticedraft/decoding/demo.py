@@ -85,6 +85,11 @@ def _pick_step(steps, greedy, ids):
     return best, truth
 
 
+def _visible(text: str, space: str = "·") -> str:
+    """A token's text with spaces shown as ``space`` and control characters escaped."""
+    return "".join(space if c == " " else (c if c.isprintable() else repr(c)[1:-1]) for c in text)
+
+
 def draw_step(tokenizer, step, truth, path: Path, rows: int = 8) -> Path:
     """The step's sausage: one column per head (slot), candidates best first, shaded by the
     head's probability; green = the greedy continuation, bold outline = accepted."""
@@ -110,14 +115,14 @@ def draw_step(tokenizer, step, truth, path: Path, rows: int = 8) -> Path:
             lw = 2.6 if (hit and j < acc) else (1.6 if drafted else 0.5)
             edge = "black" if (hit and j < acc) else ("tab:blue" if drafted else "gray")
             ax.add_patch(Rectangle((j, -r - 1), 0.94, 0.9, facecolor=face, edgecolor=edge, lw=lw))
-            label = tokenizer.decode([t]).replace("\n", "\\n").replace(" ", "·")[:10]
+            label = _visible(tokenizer.decode([t]))[:10]
             ax.text(j + 0.47, -r - 0.42, label, ha="center", va="center", fontsize=8, family="monospace")
             ax.text(j + 0.9, -r - 0.85, f"{p:.2f}", ha="right", va="bottom", fontsize=5.5, color="dimgray")
     ax.set_xlim(-0.1, h + 0.05)
     ax.set_ylim(-k - 0.2, 0.9)
     for j in range(h):
         ax.text(j + 0.47, 0.35, f"head {j + 2}", ha="center", fontsize=8)
-    ctx = tokenizer.decode([int(x) for x in step.history[-12:]]).replace("\n", "\\n")
+    ctx = _visible(tokenizer.decode([int(x) for x in step.history[-12:]]), space=" ")
     ax.set_title(f"One BPD step after …{ctx!s:.60}\n{step.drafts.shape[0]} drafts verified in one tree "
                  f"(blue = in a draft); {acc} draft token{'s' if acc != 1 else ''} accepted + 1 bonus "
                  f"(green = greedy continuation, bold = accepted); number = head probability", fontsize=8.5)
