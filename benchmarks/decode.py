@@ -27,7 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from latticedraft.decoding.run import DrafterSpec, Session, encode, read_prompts, write_atomic  # noqa: E402
+from latticedraft.atomic import write_atomic  # noqa: E402
+from latticedraft.decoding.run import DrafterSpec, Session, encode, read_prompts  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 DRAFTERS = {

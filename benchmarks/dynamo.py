@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from latticedraft.atomic import write_atomic
 from latticedraft.decoding.dynamo import (VARIANTS, DynamoConfig, generate, load_model, load_tokenizer_for,
                                           step_distribution, variant)
 from latticedraft.decoding.dynamo_eval import read_prompts, sample_base
@@ -98,10 +99,7 @@ def main(argv=None) -> int:
               "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "sampler_steps": steps, "generation": gens,
               "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                           "torch_threads": torch.get_num_threads(), "python": platform.python_version()}}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_name(f".{a.out.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, a.out)
+    write_atomic(a.out, json.dumps(result, indent=2))
 
     print(f"machine: {result['machine']['platform']}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}")
     print("\nsampler step (one row, V=%d, k=50), median ms and mean n:" % logits[0].shape[-1])

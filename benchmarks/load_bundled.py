@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from latticedraft.atomic import write_atomic
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
@@ -60,9 +62,7 @@ def main() -> int:
             runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
         res["models"][name] = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
     res["loadavg_after"] = os.getloadavg()[0]
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
+    out = write_atomic(Path(a.out), json.dumps(res, indent=1) + "\n")
     print(f"{'model':<14} {'import s':>9} {'load s':>8} {'cold total s':>13} {'cold CPU s':>11} {'warm load s':>12} {'1st fwd s':>10}"
           f"   (median of {a.repeats}, {res['machine']['cpu_count']} CPUs, load avg "
           f"{res['loadavg_before']:.1f} → {res['loadavg_after']:.1f})")

@@ -43,6 +43,7 @@ from latticedraft.lattice.sausage import Sausage  # noqa: E402
 from latticedraft.lattice.search import _step, lm_arrays  # noqa: E402
 from latticedraft.lm.corpus import read_text, stdlib_split  # noqa: E402
 from latticedraft.lm.ngram import NgramLM  # noqa: E402
+from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.paths import cache_dir, default_lm_dir  # noqa: E402
 
 
@@ -225,11 +226,7 @@ def main(argv=None) -> int:
         "batched": batched,
         "paper_ms": {"8x16_1best": 1.63, "8x16_16best": 1.98, "16x16_1best": 2.17},
     }
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, out)
+    write_atomic(Path(a.out), json.dumps(result, indent=2))
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()}")
     print("latency, ms: median over lattices; fresh = first call on a new lattice (wall / CPU),"

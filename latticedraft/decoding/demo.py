@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from latticedraft.decoding.run import DrafterSpec, Session, encode, read_prompts, write_atomic
+from latticedraft.atomic import write_atomic
+from latticedraft.decoding.run import DrafterSpec, Session, encode, read_prompts
 from latticedraft.errors import InputError
 from latticedraft.paths import data_dir
 

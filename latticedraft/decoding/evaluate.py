@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from latticedraft.decoding.run import DrafterSpec, Session, encode, write_atomic
+from latticedraft.atomic import atomic_file, write_atomic
+from latticedraft.decoding.run import DrafterSpec, Session, encode
 from latticedraft.errors import InputError
 
 
@@ -299,9 +300,8 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
 
 
 def _save_png(fig, path: Path) -> Path:
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_file(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
     return path
 
 

@@ -10,7 +10,6 @@ drafter) and ``greedy`` (plain autoregressive decoding, the baseline).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,19 +203,6 @@ def records(result, tokenizer, model_dir: str, texts: list[str]) -> list[dict]:
             "model": model_dir,
         })
     return out
-
-
-def write_atomic(path: Path, data: str | bytes) -> Path:
-    """Write to ``path.tmp`` in the same directory, then rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
 
 
 class TextStream:

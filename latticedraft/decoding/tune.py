@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from latticedraft.decoding.run import DrafterSpec, Session, encode, write_atomic
+from latticedraft.atomic import write_atomic
+from latticedraft.decoding.run import DrafterSpec, Session, encode
 from latticedraft.errors import InputError
 
 GRID = (0.1, 0.5, 0.75, 0.9, 1.0, 1.1, 1.5, 2.0, 5.0, 10.0)

@@ -33,6 +33,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from latticedraft.atomic import atomic_file, write_atomic
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu import hf
 from latticedraft.gpu.heads import DynamoHeads, SternHeads, check_weight_transfer, scale_grad
@@ -212,12 +213,9 @@ class BlockwiseModel(nn.Module):
         if self.kind == "stern":
             cfg.update(ffn_dim=self.heads.ffn, act=self.heads.act_name)
         state = {k: v.detach().contiguous().cpu() for k, v in self.heads.head_state_dict().items()}
-        tmp = path / (WEIGHTS_NAME + ".tmp")
-        save_file(state, str(tmp), metadata={"format": "pt"})
-        os.replace(tmp, path / WEIGHTS_NAME)
-        tmp = path / (CONFIG_NAME + ".tmp")
-        tmp.write_text(json.dumps(cfg, indent=1) + "\n")
-        os.replace(tmp, path / CONFIG_NAME)
+        with atomic_file(path / WEIGHTS_NAME) as tmp:
+            save_file(state, str(tmp), metadata={"format": "pt"})
+        write_atomic(path / CONFIG_NAME, json.dumps(cfg, indent=1) + "\n")
 
     # -- computation -------------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ together without a separator. ``TokenWindows`` cuts the stream into non-overlapp
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
+from latticedraft.atomic import atomic_file
 from latticedraft.errors import InputError
 from latticedraft.lm.corpus import read_text
 from latticedraft.lm.tokenizer import EOS_TOKEN
@@ -57,9 +57,8 @@ def encode_files(files: Sequence[Path], tokenizer, encoding_errors: str = "stric
     out = _encode(files, tokenizer, eos, encoding_errors, batch)
     if cfile is not None:
         cfile.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cfile.with_name(cfile.stem + f".{os.getpid()}.tmp.npy")
-        np.save(tmp, out)
-        os.replace(tmp, cfile)
+        with atomic_file(cfile, suffix=".npy") as tmp:
+            np.save(tmp, out)
     return out
 
 

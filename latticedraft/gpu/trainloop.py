@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from latticedraft.atomic import atomic_file, write_atomic
 from latticedraft.errors import BuildError, InputError, ModelError
 from latticedraft.gpu.data import TokenWindows, progress_enabled
 
@@ -85,9 +86,8 @@ def cosine_lr_lambda(steps: int, warmup_frac: float) -> Callable[[int], float]:
 
 
 def _atomic_torch_save(obj, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def run_training(
@@ -204,9 +204,7 @@ def check_resume(out_dir: str | Path, resume: bool) -> None:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=1) + "\n")
 
 
 def finish_dir(out_dir: Path, write: Callable[[Path], None], keep_checkpoint: bool) -> None:

@@ -8,13 +8,12 @@ continuation) are filled green and bold.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+from latticedraft.atomic import atomic_file
 from latticedraft.errors import InputError
 from latticedraft.lattice.sausage import Sausage
 
@@ -107,14 +106,9 @@ def draw_lattice(s: Sausage, out: str | Path, text: Callable[[int], str] | None 
     ax.set_title(f"{head}\nchosen: {visible(draft, 90)}   ({legend})", fontsize=9, loc="left")
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".png", dir=out.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with atomic_file(out, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
     finally:
         plt.close(fig)
     return out

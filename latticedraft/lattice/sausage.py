@@ -15,13 +15,12 @@ Example::
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from latticedraft.atomic import atomic_file
 from latticedraft.errors import InputError
 
 PAD_TOKEN = -1
@@ -205,14 +204,8 @@ class Sausage:
         arrays = {"tokens": self.tokens, "logp": self.logp}
         arrays.update({k: np.asarray(v) for k, v in extra.items()})
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".npz", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(path, suffix=".npz") as tmp:
+            np.savez(tmp, **arrays)
         return path
 
     @classmethod

@@ -234,7 +234,7 @@ def set_unk_log10(path: str | Path, log10_prob: float) -> float:
     """
     import shutil
 
-    from latticedraft.lm.atomic import atomic_file
+    from latticedraft.atomic import atomic_file
 
     path = Path(path)
     old = None

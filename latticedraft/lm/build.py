@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 from latticedraft.errors import BuildError, InputError
-from latticedraft.lm.atomic import atomic_file, publish_mode
+from latticedraft.atomic import atomic_file, publish_mode
 from latticedraft.lm.corpus import resolve_corpus
 from latticedraft.lm.tokenizer import fingerprint, load_tokenizer, train_tokenizer
 

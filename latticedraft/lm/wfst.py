@@ -43,7 +43,7 @@ import numpy as np
 
 from latticedraft.errors import BuildError, InputError, ModelError
 from latticedraft.lm import openfst_binary as ob
-from latticedraft.lm.atomic import atomic_file
+from latticedraft.atomic import atomic_file
 
 NPZ_VERSION = 1
 

@@ -34,3 +34,15 @@ def atomic_file(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     except BaseException:
         tmp_p.unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` via ``atomic_file``, creating the parent directory; returns ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as tmp:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
+    return path
