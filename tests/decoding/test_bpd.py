@@ -16,13 +16,7 @@ from tests.lattice.toylm import make_toy_lm
 
 MAX_NEW = 24
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models on a shared 2-core CPU: one intra-op thread is ~10x faster than two."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,22 +4,14 @@ different lengths). Skipped until the bundled models are built (scripts/setup.sh
 
 import numpy as np
 import pytest
-import torch
 
 from latticedraft.decoding.run import DrafterSpec, Session, default_model_dir, default_rescorer_dir, encode, read_prompts
 from latticedraft.paths import data_dir, default_lm_dir
 
 READY = all(p.exists() for p in (default_model_dir() / "heads_config.json", default_lm_dir(), default_rescorer_dir()))
-pytestmark = [pytest.mark.skipif(not READY, reason="bundled models not built (bash scripts/setup.sh)"), pytest.mark.slow]
+pytestmark = [pytest.mark.skipif(not READY, reason="bundled models not built (bash scripts/setup.sh)"), pytest.mark.slow,
+              pytest.mark.usefixtures("one_torch_thread")]
 NEW = 32
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

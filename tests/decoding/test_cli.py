@@ -14,16 +14,8 @@ from latticedraft.gpu.blockwise import BlockwiseModel
 from latticedraft.paths import data_dir, default_lm_dir
 
 TOKENIZER = data_dir() / "tokenizer" / "tokenizer.json"
-pytestmark = pytest.mark.skipif(not TOKENIZER.is_file(), reason="bundled tokenizer missing (run scripts/setup.sh)")
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models on a shared 2-core CPU: one intra-op thread is ~10x faster than two."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.skipif(not TOKENIZER.is_file(), reason="bundled tokenizer missing (run scripts/setup.sh)"),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")

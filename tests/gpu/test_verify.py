@@ -11,13 +11,7 @@ from tests.decoding.tiny import ToyHeads, prompts, reference, tiny_model
 
 ARCHS = ["gpt2", "llama", "mistral"]
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny models on a shared 2-core CPU: one intra-op thread is ~10x faster than two."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _drafts_with_errors(rng, cont, at, p, d, vocab):
