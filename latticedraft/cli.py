@@ -48,6 +48,16 @@ def _optim_config(a):
                        seed=a.seed)
 
 
+def _print_trained(res, loss_label: str) -> int:
+    """One line on a ``TrainResult``: where a ``--stop-after`` run stopped, or the final losses and output."""
+    if not res.finished:
+        print(f"stopped at step {res.steps}; continue with --resume")
+        return 0
+    print(f"trained {res.steps} steps ({res.tokens} tokens, {res.seconds} s); {loss_label} "
+          + " ".join(f"{k}={v:.4f}" for k, v in res.losses.items()) + f"; saved to {res.out_dir}")
+    return 0
+
+
 def _cmd_train_lm(a) -> int:
     from latticedraft.gpu.train import LMArch, train_lm
     from latticedraft.lm.corpus import resolve_corpus
@@ -56,12 +66,7 @@ def _cmd_train_lm(a) -> int:
                    LMArch(n_embd=a.n_embd, n_layer=a.n_layer, n_head=a.n_head, n_positions=a.n_positions),
                    _optim_config(a), resume=a.resume, save_dtype=a.save_dtype, device=a.device,
                    encoding_errors=a.encoding_errors, stop_after=a.stop_after)
-    if not res.finished:
-        print(f"stopped at step {res.steps}; continue with --resume")
-        return 0
-    print(f"trained {res.steps} steps ({res.tokens} tokens, {res.seconds} s); final loss "
-          + " ".join(f"{k}={v:.4f}" for k, v in res.losses.items()) + f"; saved to {res.out_dir}")
-    return 0
+    return _print_trained(res, "final loss")
 
 
 def _cmd_train_heads(a) -> int:
@@ -72,12 +77,7 @@ def _cmd_train_heads(a) -> int:
                       unfreeze=a.unfreeze, lr_base=a.lr_base, lr_stem=a.lr_stem, ffn_dim=a.ffn_dim,
                       tokenizer_path=a.tokenizer, resume=a.resume, save_dtype=a.save_dtype, device=a.device,
                       encoding_errors=a.encoding_errors, stop_after=a.stop_after)
-    if not res.finished:
-        print(f"stopped at step {res.steps}; continue with --resume")
-        return 0
-    print(f"trained {res.steps} steps ({res.tokens} tokens, {res.seconds} s); final loss per head "
-          + " ".join(f"{k}={v:.4f}" for k, v in res.losses.items()) + f"; saved to {res.out_dir}")
-    return 0
+    return _print_trained(res, "final loss per head")
 
 
 def _add_train(groups) -> None:
