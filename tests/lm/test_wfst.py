@@ -136,6 +136,22 @@ def test_unk_cost_is_configurable(tiny_arpa):
         f.arc_lookup(0, 5)
 
 
+def _segment_gaps(fst: NgramFst, ids, first: int) -> tuple[int, list[float]]:
+    """Compare epsilon and exact back-off cost on the 8-token segments of ``ids`` from ``first`` on
+    (each after its full history); asserts epsilon <= exact on every one. Returns the number of
+    segments and the gaps (nats) of those where epsilon is cheaper."""
+    n_seg, gaps = 0, []
+    for i in range(first, len(ids) - 8, 8):
+        s = fst.state_for_history(ids[:i])
+        c, _ = fst.exact_cost(s, ids[i : i + 8])
+        e = fst.epsilon_cost(s, ids[i : i + 8])
+        assert e <= c + 1e-4
+        n_seg += 1
+        if e < c - 1e-4:
+            gaps.append(c - e)
+    return n_seg, gaps
+
+
 def test_lmplz_model_exact_vs_reference_and_epsilon_gap(tiny_build):
     """A pruned lmplz 3-gram: exact scores equal the brute-force ARPA reading on held-out text.
     Measured: per token (from the exact state) epsilon never undercuts exact back-off for
@@ -162,15 +178,10 @@ def test_lmplz_model_exact_vs_reference_and_epsilon_gap(tiny_build):
             n_tok += 1
             n_diff += eps < c - 1e-4
         np.testing.assert_allclose(got, ref, atol=1e-4)
-        for i in range(0, len(ids) - 8, 8):
-            s = fst.state_for_history(ids[:i])
-            c, _ = fst.exact_cost(s, ids[i : i + 8])
-            e = fst.epsilon_cost(s, ids[i : i + 8])
-            assert e <= c + 1e-4
-            n_seg += 1
-            if e < c - 1e-4:
-                n_seg_diff += 1
-                gap = max(gap, c - e)
+        seg, seg_gaps = _segment_gaps(fst, ids, first=0)
+        n_seg += seg
+        n_seg_diff += len(seg_gaps)
+        gap = max([gap, *seg_gaps])
     print(f"\nepsilon vs exact back-off: {n_diff}/{n_tok} tokens, {n_seg_diff}/{n_seg} 8-token segments "
           f"cheaper by epsilon (largest gap {gap:.3f} nats)")
     assert n_tok > 1000 and n_diff == 0  # interpolated KN: explicit p >= bo * p(lower order)
@@ -189,22 +200,14 @@ def test_epsilon_gap_on_real_code(tmp_path):
     build(BuildOptions(corpus=[str(p) for p in train], out=out, order=3, train_tokenizer=500, memory="64M", progress=False))
     fst = NgramFst.load(out / "lm.fst")
     ids = load_tokenizer(out).encode(read_text(root / "string.py")).ids[:4000]
-    n_seg = n_seg_diff = n_tok_diff = 0
-    gaps = []
+    n_tok_diff = 0
     s = fst.start
     for t in ids:
         e = fst.epsilon_cost(s, [t])
         s, c = fst.arc_lookup(s, t)
         n_tok_diff += e < c - 1e-4
-    for i in range(8, len(ids) - 8, 8):
-        s = fst.state_for_history(ids[:i])
-        c, _ = fst.exact_cost(s, ids[i : i + 8])
-        e = fst.epsilon_cost(s, ids[i : i + 8])
-        assert e <= c + 1e-4
-        n_seg += 1
-        if e < c - 1e-4:
-            n_seg_diff += 1
-            gaps.append(c - e)
+    n_seg, gaps = _segment_gaps(fst, ids, first=8)
+    n_seg_diff = len(gaps)
     print(f"\nepsilon vs exact on string.py: {n_tok_diff}/{len(ids)} tokens, {n_seg_diff}/{n_seg} 8-token segments "
           f"cheaper by epsilon; gap mean {np.mean(gaps) if gaps else 0:.3f}, max {max(gaps, default=0):.3f} nats")
     assert n_tok_diff == 0
