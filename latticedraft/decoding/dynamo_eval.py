@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from latticedraft.atomic import atomic_file, write_atomic
 from latticedraft.decoding.dynamo import VARIANTS, DynamoConfig, generate, variant
 from latticedraft.decoding.metrics import continuation_perplexity, distinct_n, repetition_rate
 from latticedraft.errors import InputError
@@ -216,10 +217,9 @@ def plot(result: AblationResult, path: str | Path) -> Path:
                  f"{s['max_new_tokens']} new tokens", fontsize=9)
     fig.tight_layout()
     p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    with atomic_file(p, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
-    os.replace(tmp, p)
     return p
 
 
@@ -231,8 +231,8 @@ def write_report(result: AblationResult, out_dir: str | Path) -> dict[str, Path]
                "flatness": flatness(result), "settings": result.settings, "machine": result.machine,
                "perplexity": result.perplexity}
     paths = {"json": d / "results.json", "table": d / "dynamo_ablation.md", "plot": d / "dynamo_ablation.png"}
-    _atomic_write(paths["json"], json.dumps(payload, indent=2, default=_json_default))
-    _atomic_write(paths["table"], markdown_table(result))
+    write_atomic(paths["json"], json.dumps(payload, indent=2, default=_json_default))
+    write_atomic(paths["table"], markdown_table(result))
     plot(result, paths["plot"])
     return paths
 
@@ -245,31 +245,11 @@ def _json_default(o):
     raise TypeError(type(o))
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def read_prompts(path: str | Path, limit: int | None = None) -> list[str]:
-    """The ``prompt`` field of each line of a JSONL file (the first ``limit`` lines)."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"prompt file {p} not found; pass --prompts FILE.jsonl with one {{\"prompt\": ...}} per line")
-    out = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            out.append(str(rec["prompt"]))
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise InputError(f"{p} line {i} is not a JSON object with a 'prompt' ({e}); fix that line") from e
-        if limit is not None and len(out) >= limit:
-            break
-    if not out:
-        raise InputError(f"prompt file {p} holds no prompts")
-    return out
+    """The ``prompt`` texts of a JSONL prompt file (see ``decoding.run.read_prompts``)."""
+    from latticedraft.decoding.run import read_prompts as read_records
+
+    return [r["prompt"] for r in read_records(path, limit)]
 
 
 def heldout_perplexity(model, tokenizer, corpus: Sequence[str] = ("stdlib:heldout",), tokens: int = 16384,

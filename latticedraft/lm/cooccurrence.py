@@ -29,8 +29,6 @@ refuses a model or tokenizer from another vocabulary.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -38,6 +36,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from latticedraft.atomic import atomic_file
 from latticedraft.errors import InputError, ModelError
 
 FORMAT_VERSION = 1
@@ -226,15 +225,8 @@ class CooccurrenceStats:
             arrays[f"pair{d}_indices"] = m.indices.astype(np.int64)
             arrays[f"pair{d}_indptr"] = m.indptr.astype(np.int64)
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".cooccurrence-", suffix=".npz.tmp", dir=p.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez_compressed(f, **arrays)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(p, suffix=".npz") as tmp:
+            np.savez_compressed(tmp, **arrays)
         return p
 
     @classmethod
