@@ -38,7 +38,7 @@ from numba import njit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from latticedraft.lattice.rescore import rescore, rescore_batch  # noqa: E402
+from latticedraft.lattice.rescoring import rescore, rescore_batch  # noqa: E402
 from latticedraft.lattice.sausage import Sausage  # noqa: E402
 from latticedraft.lattice.search import _step, lm_arrays  # noqa: E402
 from latticedraft.lm.corpus import read_text, stdlib_split  # noqa: E402

@@ -465,7 +465,7 @@ def _ids(text: str | None) -> list[int] | None:
 def _cmd_rescore(a) -> int:
     import json
 
-    from latticedraft.lattice.rescore import rescore_file
+    from latticedraft.lattice.rescoring import rescore_file
 
     res = rescore_file(a.lattice, a.lm, alpha=a.alpha, nbest=a.nbest, history=_ids(a.history), method=a.method)
     if res["truncated"]:

@@ -29,7 +29,7 @@ import torch
 from latticedraft.errors import InputError
 from latticedraft.gpu.kvcache import cache_length, crop_to
 from latticedraft.lattice.oracle import oracle_path
-from latticedraft.lattice.rescore import base_drafts, rescore
+from latticedraft.lattice.rescoring import base_drafts, rescore
 from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage
 from latticedraft.lattice.threshold import prune
 

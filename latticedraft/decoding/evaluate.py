@@ -184,7 +184,7 @@ def _warm_up(session: Session, ids, plan, rescorers) -> None:
 def _repetition(session: Session, steps, cfg: EvalConfig, alpha: float) -> dict:
     """Table 3 over the Base run's lattices: the vanilla (top-1) draft vs the 1-best draft of
     the same top-k lattice rescored with the 2-gram (or, without one, the 4-gram) LM."""
-    from latticedraft.lattice.rescore import rescore
+    from latticedraft.lattice.rescoring import rescore
     from latticedraft.lattice.stats import repetition
     from latticedraft.decoding.run import load_lm
 

@@ -2,7 +2,7 @@
 
 - ``sausage``: ``Sausage`` (tokens int64[h,k], logp float32[h,k]) and ``Drafts``;
 - ``threshold``: static / Otsu (OpenCV) thresholds and back-off depth (DynaMo §3.2);
-- ``rescore``: ``rescore``, ``rescore_batch``, ``base_drafts`` (``exact`` or ``wfst``);
+- ``rescoring``: ``rescore``, ``rescore_batch``, ``base_drafts`` (``exact`` or ``wfst``);
 - ``search``: the compiled exact p-best search over ``NgramFst`` arrays;
 - ``oracle``, ``stats``: oracle paths, repetition and entropy statistics (BPD paper §6);
 - ``draw``: Figure-4 style pictures.
@@ -14,7 +14,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "Sausage": "sausage", "Drafts": "sausage", "load_npz": "sausage",
-    "rescore": "rescore", "rescore_batch": "rescore", "base_drafts": "rescore",
+    "rescore": "rescoring", "rescore_batch": "rescoring", "base_drafts": "rescoring",
     "prune": "threshold", "static_threshold": "threshold", "otsu_threshold": "threshold", "backoff": "threshold",
     "oracle_path": "oracle", "oracle_accepted_by_k": "oracle", "accepted_length": "oracle",
     "repetition": "stats", "slot_entropy": "stats", "h_max": "stats",

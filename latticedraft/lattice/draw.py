@@ -134,7 +134,7 @@ def draw_file(lattice_path, out, tokenizer=None, reference=None, lm=None, alpha:
     chosen = extra.get("chosen")
     title = None
     if lm is not None:
-        from latticedraft.lattice.rescore import load_lm, rescore
+        from latticedraft.lattice.rescoring import load_lm, rescore
 
         chosen = rescore(s, load_lm(lm), alpha, 1, history).tokens[0]
         title = f"sausage lattice h={s.h}, k={int(s.widths.max())}, rescored with {Path(lm).name} (alpha={alpha:g})"

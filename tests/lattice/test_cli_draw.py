@@ -10,7 +10,7 @@ import pytest
 from latticedraft.cli import main
 from latticedraft.errors import InputError
 from latticedraft.lattice.draw import draw_lattice, visible
-from latticedraft.lattice.rescore import rescore
+from latticedraft.lattice.rescoring import rescore
 from latticedraft.lattice.sausage import Sausage
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from latticedraft.errors import InputError
-from latticedraft.lattice.rescore import base_drafts, lattice_fst_bytes, rescore, rescore_batch
+from latticedraft.lattice.rescoring import base_drafts, lattice_fst_bytes, rescore, rescore_batch
 from latticedraft.lattice.sausage import Sausage
 from latticedraft.lattice.search import context_bound, lm_arrays, lm_step
 from toylm import BOS, make_toy_lm
@@ -282,3 +282,11 @@ def test_wfst_on_a_real_model_never_beats_exact_unless_it_undercuts(real_lm):
 
 def _cand(s, toks):
     return np.array([int(np.nonzero(s.tokens[i] == t)[0][0]) for i, t in enumerate(toks)])
+
+
+def test_package_exports_the_functions_not_modules():
+    import latticedraft.lattice as lattice
+    import latticedraft.lattice.rescoring  # noqa: F401  (importing the module must not shadow the function)
+
+    assert callable(lattice.rescore) and lattice.rescore is latticedraft.lattice.rescoring.rescore
+    assert lattice.Sausage.__name__ == "Sausage"
