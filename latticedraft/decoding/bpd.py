@@ -96,12 +96,15 @@ def bpd_decode(
     verify: str = "auto",
     record_steps: bool = False,
     on_tokens=None,
+    first_row: int = 0,
 ) -> DecodeResult:
     """Decode every prompt with blockwise parallel decoding.
 
     model: a BlockwiseModel (or any causal LM; without heads every draft is empty).
     prompts: list of int sequences (each >= 1 token). drafter: see ``drafters.Drafter``;
-    one copy per row is made with ``drafter.spawn()``. on_tokens(row, new_ids): called as
+    one copy per row is made with ``drafter.spawn(first_row + row)`` (first_row: the index of
+    prompts[0] in the whole prompt set, so per-prompt state such as the oracle's references
+    follows the prompt when a caller decodes in chunks). on_tokens(row, new_ids): called as
     tokens are emitted (for streaming). Returns a ``DecodeResult``.
     """
     if max_new_tokens < 1:
@@ -119,7 +122,7 @@ def bpd_decode(
     per_call: list[list[int]] = [[] for _ in range(b)]
     acc_drafts: list[list[int]] = [[] for _ in range(b)]
     done_at = [0.0] * b
-    drafters = [drafter.spawn(i) for i in range(b)]
+    drafters = [drafter.spawn(first_row + i) for i in range(b)]
     steps: list[StepRecord] = []
 
     def emit(i: int, new: list[int]) -> bool:

@@ -174,7 +174,7 @@ def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_to
                     cb(i, q.tokens.tolist())
         else:
             r = bpd_decode(model, chunk, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                           verify=verify, on_tokens=cb, record_steps=record_steps)
+                           verify=verify, on_tokens=cb, record_steps=record_steps, first_row=s)
             for st in r.steps:
                 st.row += s
         parts.append(r)
