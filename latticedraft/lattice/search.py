@@ -711,6 +711,15 @@ def _match_row(lo, hi, lab, labels, order, w, out, posmap):
         _match_sorted(lo, hi, lab, labels, order, w, out)
 
 
+@njit(cache=True, inline="always")
+def _read_path(n_c, n_par, u, row):
+    """Write the candidate indices on the path from the root to node ``u`` into ``row`` (int64[h])."""
+    e = u
+    for q in range(row.shape[0] - 1, -1, -1):
+        row[q] = n_c[e]
+        e = n_par[e]
+
+
 @njit(cache=True)
 def _grow_to(x, n):
     y = np.empty(n, dtype=x.dtype)
@@ -898,10 +907,7 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
         i = n_i[u]
         if i == h:
             scores[found] = n_g[u]
-            e = u
-            for q in range(h - 1, -1, -1):
-                out[found, q] = n_c[e]
-                e = n_par[e]
+            _read_path(n_c, n_par, u, out[found])
             found += 1
             continue
         j = hp + i
@@ -976,10 +982,7 @@ def _base_pbest(hl, widths, p):
         i = n_i[u]
         if i == h:
             scores[found] = n_g[u]
-            e = u
-            for q in range(h - 1, -1, -1):
-                out[found, q] = n_c[e]
-                e = n_par[e]
+            _read_path(n_c, n_par, u, out[found])
             found += 1
             continue
         w = widths[i]
