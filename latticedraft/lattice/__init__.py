@@ -1,9 +1,9 @@
 """Sausage lattices from multi-token heads: thresholding, rescoring, p-best drafts (numpy only).
 
-- ``sausage``: ``Sausage`` (tokens int64[h,k], logp float32[h,k]) and ``Drafts``;
+- ``sausage``: ``Sausage`` (tokens int64[h,k], logp float32[h,k]), ``SausageBatch`` ([B,h,k]) and ``Drafts``;
 - ``threshold``: static / Otsu (OpenCV) thresholds and back-off depth (DynaMo §3.2);
 - ``rescoring``: ``rescore``, ``rescore_batch``, ``base_drafts`` (``exact`` or ``wfst``);
-- ``search``: the compiled exact p-best search over ``NgramFst`` arrays;
+- ``search``: the compiled exact p-best search over ``NgramFst`` arrays; ``batched``: many lattices per call;
 - ``oracle``, ``stats``: oracle paths, repetition and entropy statistics (BPD paper §6);
 - ``draw``: Figure-4 style pictures.
 
@@ -13,7 +13,7 @@ Attributes are imported lazily, so ``import latticedraft.lattice`` stays cheap.
 from importlib import import_module
 
 _EXPORTS = {
-    "Sausage": "sausage", "Drafts": "sausage", "load_npz": "sausage",
+    "Sausage": "sausage", "SausageBatch": "sausage", "Drafts": "sausage", "load_npz": "sausage",
     "rescore": "rescoring", "rescore_batch": "rescoring", "base_drafts": "rescoring",
     "prune": "threshold", "static_threshold": "threshold", "otsu_threshold": "threshold", "backoff": "threshold",
     "oracle_path": "oracle", "oracle_accepted_by_k": "oracle", "accepted_length": "oracle",

@@ -29,7 +29,8 @@ import numpy as np
 
 from latticedraft.errors import InputError, ModelError
 from latticedraft.lm.wfst import NgramFst
-from latticedraft.lattice.sausage import Drafts, Sausage
+from latticedraft.lattice.batched import pbest_batch
+from latticedraft.lattice.sausage import Drafts, Sausage, SausageBatch
 from latticedraft.lattice.search import _fingerprint, exact_pbest, history_state, lm_arrays
 
 METHODS = ("exact", "wfst")
@@ -66,15 +67,19 @@ def _history_state(fst, history) -> tuple[int, int, list[int]]:
     return int(fst.state_for_history(hist)), last, hist
 
 
-def _check(sausage: Sausage, alpha: float, nbest: int, method: str) -> None:
-    if not isinstance(sausage, Sausage):
-        raise InputError(f"rescore expects a Sausage, got {type(sausage).__name__}; build one with Sausage.from_logits")
+def _check_args(alpha: float, nbest: int, method: str) -> None:
     if method not in METHODS:
         raise InputError(f"method {method!r} is unknown; use one of {', '.join(METHODS)}")
     if not math.isfinite(alpha) or alpha < 0:
         raise InputError(f"alpha = {alpha} must be a finite weight >= 0 (the paper sweeps 0.1..10)")
     if int(nbest) < 1:
         raise InputError(f"nbest = {nbest} must be >= 1")
+
+
+def _check(sausage: Sausage, alpha: float, nbest: int, method: str) -> None:
+    if not isinstance(sausage, Sausage):
+        raise InputError(f"rescore expects a Sausage, got {type(sausage).__name__}; build one with Sausage.from_logits")
+    _check_args(alpha, nbest, method)
 
 
 def rescore(sausage: Sausage, lm, alpha: float = 1.0, nbest: int = 1, history: Sequence[int] = (),
@@ -90,6 +95,9 @@ def rescore(sausage: Sausage, lm, alpha: float = 1.0, nbest: int = 1, history: S
     fst = _fst_of(lm)
     if fst is None or alpha == 0.0:
         return base_drafts(sausage, nbest)
+    if method == "exact" and lm_arrays(fst).triple is not None:  # order <= 4: the batch kernel, B = 1
+        return _exact_batch(sausage.tokens[None], sausage.logp[None], sausage.widths[None], [history],
+                            lm_arrays(fst), float(alpha), int(nbest), 1)[0]
     start, last, hist = _history_state(fst, history)
     if method == "exact":
         cand, scores = exact_pbest(sausage.tokens, sausage.logp, sausage.widths, lm_arrays(fst),
@@ -99,26 +107,96 @@ def rescore(sausage: Sausage, lm, alpha: float = 1.0, nbest: int = 1, history: S
     return _wfst_pbest(sausage, fst, start, float(alpha), int(nbest))
 
 
-def rescore_batch(sausages: Sequence[Sausage], lm, alpha: float = 1.0, nbest: int = 1,
-                  histories: Sequence[Sequence[int]] | None = None, method: str = "exact",
-                  workers: int | None = None) -> list[Drafts]:
+def rescore_batch(lattices: SausageBatch | Sequence[Sausage], lm, alpha: float = 1.0, nbest: int = 1,
+                  histories=None, method: str = "exact", workers: int | None = None) -> list[Drafts]:
     """``rescore`` for many lattices (one per prompt of a batch); ``histories[b]`` for lattice b.
 
-    ``method="exact"`` spreads the lattices over ``workers`` threads (default: the CPU count;
-    the compiled search releases the GIL); results are in input order and equal ``rescore``'s.
+    ``lattices``: a ``SausageBatch`` (``tokens int64[B,h,k]``, ``logp float32[B,h,k]``: what a
+    decoder with a batch of prompts has) or a list of ``Sausage`` (any shapes). ``histories``:
+    one id sequence per lattice, or an int array ``[B, L]``; ``None``: all empty (``<s>``).
+    Results are in input order and equal ``rescore``'s lattice by lattice. ``method="exact"``
+    with an LM of order <= 4 runs one compiled call per thread over parts of the batch
+    (``workers``, default: the CPU count); above order 4 a thread pool maps ``rescore``.
     """
+    _check_args(alpha, nbest, method)
+    batch = isinstance(lattices, SausageBatch)
+    if not batch:
+        lattices = list(lattices)
+        for s in lattices:
+            if not isinstance(s, Sausage):
+                raise InputError(f"rescore_batch expects a SausageBatch or Sausages, got {type(s).__name__}; "
+                                 "build them with SausageBatch.from_logits")
+    B = len(lattices)
     if histories is None:
-        histories = [()] * len(sausages)
-    if len(histories) != len(sausages):
-        raise InputError(f"{len(sausages)} lattices but {len(histories)} histories; give one history per lattice")
-    workers = min(len(sausages), workers or os.cpu_count() or 1)
-    if method != "exact" or workers <= 1 or len(sausages) < 4:
-        return [rescore(s, lm, alpha, nbest, h, method) for s, h in zip(sausages, histories)]
+        histories = [()] * B
+    if len(histories) != B:
+        raise InputError(f"{B} lattices but {len(histories)} histories; give one history per lattice")
+    workers = max(1, min(B, workers or os.cpu_count() or 1))
     fst = _fst_of(lm)
-    if fst is not None:
-        lm_arrays(fst)  # build the tables once, before the threads
+    if method == "exact" and fst is not None and alpha != 0.0 and lm_arrays(fst).triple is not None and B:
+        if batch:
+            tok, lp, wid = lattices.tokens, lattices.logp, lattices.widths
+        else:
+            tok, lp, wid = _stack(lattices)
+        return _exact_batch(tok, lp, wid, histories, lm_arrays(fst), float(alpha), int(nbest), workers)
+    if batch:
+        lattices = list(lattices)
+    if method != "exact" or fst is None or alpha == 0.0 or workers <= 1 or B < 4:
+        return [rescore(s, lm, alpha, nbest, h, method) for s, h in zip(lattices, histories)]
     pool = _pool(workers)
-    return list(pool.map(lambda sh: rescore(sh[0], lm, alpha, nbest, sh[1], method), zip(sausages, histories)))
+    return list(pool.map(lambda sh: rescore(sh[0], lm, alpha, nbest, sh[1], method), zip(lattices, histories)))
+
+
+def _stack(sausages: list[Sausage]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Padded ``tokens [B, h, k]``, ``logp``, ``widths [B, h]`` (0 in slots past a lattice's depth)."""
+    shapes = {s.tokens.shape for s in sausages}
+    if len(shapes) == 1:
+        return (np.stack([s.tokens for s in sausages]), np.stack([s.logp for s in sausages]),
+                np.stack([s.widths for s in sausages]))
+    H = max(s.h for s in sausages)
+    K = max(s.k for s in sausages)
+    tok = np.full((len(sausages), H, K), -1, np.int64)
+    lp = np.full((len(sausages), H, K), -np.inf, np.float32)
+    wid = np.zeros((len(sausages), H), np.int64)
+    for b, s in enumerate(sausages):
+        tok[b, :s.h, :s.k] = s.tokens
+        lp[b, :s.h, :s.k] = s.logp
+        wid[b, :s.h] = s.widths
+    return tok, lp, wid
+
+
+def _pack_histories(histories, B: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The last ``n`` ids of each history: ``(int64[B, n], lengths int64[B])``."""
+    if isinstance(histories, np.ndarray) and histories.ndim == 2:
+        m = min(n, histories.shape[1])
+        hist = np.zeros((B, n), np.int64)
+        hist[:, :m] = histories[:, histories.shape[1] - m:]
+        lens = np.full(B, m, np.int64)
+    else:
+        hist = np.zeros((B, n), np.int64)
+        lens = np.zeros(B, np.int64)
+        for b, h in enumerate(histories):
+            h = np.asarray(h if h is not None else (), dtype=np.int64).ravel()
+            m = min(n, h.shape[0])
+            if m:
+                hist[b, :m] = h[h.shape[0] - m:]
+            lens[b] = m
+    if (hist < 0).any():
+        b = int(np.argwhere(hist < 0)[0][0])
+        raise InputError(f"history ids must be >= 0, got {hist[b, :lens[b]].tolist()} (lattice {b})")
+    return hist, lens
+
+
+def _exact_batch(tok, lp, wid, histories, arrays, alpha: float, nbest: int, workers: int) -> list[Drafts]:
+    B = tok.shape[0]
+    hist, lens = _pack_histories(histories, B, max(int(arrays.order) - 1, 0))
+    depth = (wid > 0).sum(axis=1)
+    pool = _pool(workers) if workers > 1 and B >= 4 else None
+    chunks = min(B // 2, 2 * workers) if pool is not None else 1
+    out, scores, found = pbest_batch(tok, lp, wid, depth, hist, lens, arrays, alpha, nbest, pool, chunks)
+    full = bool((depth == tok.shape[1]).all())
+    return [Drafts(out[b, :found[b]] if full else np.ascontiguousarray(out[b, :found[b], :depth[b]]),
+                   scores[b, :found[b]], nbest) for b in range(B)]
 
 
 _POOLS: dict = {}

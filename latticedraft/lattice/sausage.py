@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +62,47 @@ def _topk_sorted(logp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return tok, np.take_along_axis(vals, order, axis=-1).astype(np.float32)
 
 
+def _where(idx) -> str:
+    """'slot i of the sausage' (one lattice) or 'slot i of lattice b' (a batch)."""
+    idx = [int(i) for i in idx]
+    return f"slot {idx[-1]} of the sausage" if len(idx) == 1 else f"slot {idx[-1]} of lattice {idx[0]}"
+
+
+def _validated(tokens, logp, ndim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(tokens int64, logp float32, widths int64[..., h])`` of a sausage (``ndim`` 2: ``[h, k]``)
+    or a batch of them (``ndim`` 3: ``[B, h, k]``), checked with whole-array operations."""
+    t = np.ascontiguousarray(_as_numpy(tokens), dtype=np.int64)
+    lp = np.ascontiguousarray(_as_numpy(logp), dtype=np.float32)
+    if t.ndim != ndim or lp.shape != t.shape:
+        want = "[h,k]" if ndim == 2 else "[B,h,k]"
+        raise InputError(f"a sausage{'' if ndim == 2 else ' batch'} needs tokens{want} and logp{want} of the same "
+                         f"shape, got {t.shape} and {lp.shape}")
+    if t.shape[-2] == 0:
+        raise InputError("a sausage needs at least one slot (h = 0 given); ask the heads for h >= 1")
+    if t.shape[-1] == 0:
+        raise InputError("a sausage needs at least one candidate per slot (k = 0 given); use k >= 1")
+    live = t != PAD_TOKEN
+    if (t < PAD_TOKEN).any():
+        raise InputError(f"token ids must be >= 0 (or {PAD_TOKEN} for padding), got {int(t.min())}")
+    if not (lp < np.inf).all():  # NaN and +inf both fail
+        raise InputError("sausage logp holds NaN or +inf; logp must be log-probabilities <= 0")
+    if not live[..., 0].all():
+        raise InputError(f"{_where(np.argwhere(~live[..., 0])[0])} is empty; every slot must keep at least one arc")
+    k = t.shape[-1]
+    if k > 1:
+        # live arcs first in each slot (padding at the end), padding has logp -inf
+        if (live[..., 1:] > live[..., :-1]).any():
+            raise InputError("padding (token -1) must follow the live arcs of a slot, not precede them")
+        if (~live & (lp > -np.inf)).any():
+            raise InputError("padding cells (token -1) must have logp -inf")
+        srt = np.sort(np.where(live, t, -2 - np.arange(k)), axis=-1)
+        dup = (srt[..., 1:] == srt[..., :-1]).any(axis=-1)
+        if dup.any():
+            i = tuple(np.argwhere(dup)[0])
+            raise InputError(f"{_where(i)} lists a token twice: {t[i][live[i]].tolist()}")
+    return t, lp, live.sum(axis=-1).astype(np.int64)
+
+
 @dataclass
 class Sausage:
     """A sausage lattice: ``tokens int64[h,k]`` and ``logp float32[h,k]`` (natural log).
@@ -74,38 +115,8 @@ class Sausage:
     logp: np.ndarray
 
     def __post_init__(self) -> None:
-        self.tokens = np.ascontiguousarray(_as_numpy(self.tokens), dtype=np.int64)
-        self.logp = np.ascontiguousarray(_as_numpy(self.logp), dtype=np.float32)
-        t, lp = self.tokens, self.logp
-        if t.ndim != 2 or lp.shape != t.shape:
-            raise InputError(
-                f"a sausage needs tokens[h,k] and logp[h,k] of the same shape, got {t.shape} and {lp.shape}"
-            )
-        if t.shape[0] == 0:
-            raise InputError("a sausage needs at least one slot (h = 0 given); ask the heads for h >= 1")
-        if t.shape[1] == 0:
-            raise InputError("a sausage needs at least one candidate per slot (k = 0 given); use k >= 1")
-        live = t != PAD_TOKEN
-        if (t < PAD_TOKEN).any():
-            raise InputError(f"token ids must be >= 0 (or {PAD_TOKEN} for padding), got {int(t.min())}")
-        if not (lp < np.inf).all():  # NaN and +inf both fail
-            raise InputError("sausage logp holds NaN or +inf; logp must be log-probabilities <= 0")
-        if not live[:, 0].all():
-            slot = int(np.argmin(live[:, 0]))
-            raise InputError(f"slot {slot} of the sausage is empty; every slot must keep at least one arc")
-        widths = live.sum(axis=1)
-        if t.shape[1] > 1:
-            # live arcs first in each slot (padding at the end), padding has logp -inf
-            if (live[:, 1:] > live[:, :-1]).any():
-                raise InputError("padding (token -1) must follow the live arcs of a slot, not precede them")
-            if (~live & (lp > -np.inf)).any():
-                raise InputError("padding cells (token -1) must have logp -inf")
-            srt = np.sort(np.where(live, t, -2 - np.arange(t.shape[1])), axis=1)
-            dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
-            if dup.any():
-                i = int(np.argmax(dup))
-                raise InputError(f"slot {i} of the sausage lists a token twice: {t[i][live[i]].tolist()}")
-        self._widths = (t, widths.astype(np.int64))
+        self.tokens, self.logp, widths = _validated(self.tokens, self.logp, 2)
+        self._widths = (self.tokens, widths)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -228,6 +239,39 @@ class Sausage:
                 lines.append(f"{i}\t{i + 1}\t{int(t) + 1}\t{repr(float(-lp * weight_scale) + 0.0)}")
         lines.append(f"{self.h}")
         return "\n".join(lines) + "\n"
+
+
+@dataclass
+class SausageBatch:
+    """``B`` sausages of one shape (one per prompt of a batch): ``tokens int64[B,h,k]``,
+    ``logp float32[B,h,k]``, each row following ``Sausage``'s conventions (padding -1 / -inf
+    after a slot's live arcs, so widths may be ragged). Validated with whole-array operations
+    (no per-lattice Python work); ``rescore_batch`` takes it as is. ``widths``: int64[B, h].
+    """
+
+    tokens: np.ndarray
+    logp: np.ndarray
+    widths: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.tokens, self.logp, self.widths = _validated(self.tokens, self.logp, 3)
+
+    @classmethod
+    def from_logits(cls, logits, k: int) -> "SausageBatch":
+        """Top-``k`` sausages from head logits ``[B, h, V]`` (numpy or torch): one vectorised top-k."""
+        x = _as_numpy(logits)
+        if x.ndim != 3:
+            raise InputError(f"SausageBatch.from_logits expects logits of shape [B, h, V], got {x.shape}")
+        return cls(*_sausage_arrays(x, k, "logits"))
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def __getitem__(self, b: int) -> Sausage:
+        return Sausage(self.tokens[b], self.logp[b])
+
+    def __iter__(self):
+        return (self[b] for b in range(len(self)))
 
 
 def load_npz(path: str | Path) -> tuple[Sausage, dict]:

@@ -781,8 +781,23 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
     Returns (cand int64[m, h], scores float64[m], prefixes pushed, 0).
     """
     E, k = T.shape
-    h = E - hp
     Vv = np.empty((E + 1, k, k, k))
+    posmap = np.full(V + 3, -1, np.int64)
+    _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, uni_logp, ctx1x,
+                   p2_off, p2_lab, p2_state, x_off, x_lab, x_state, Vv, posmap)
+    out = np.empty((p, E - hp), np.int64)
+    scores = np.empty(p)
+    found, nn = _triple_best_first(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, uni, V, unk,
+                                   tab, Vv, out, scores)
+    return out[:found], scores[:found], nn, 0
+
+
+@njit(cache=True, nogil=True)
+def _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, uni_logp, ctx1x,
+                   p2_off, p2_lab, p2_state, x_off, x_lab, x_state, Vv, posmap):
+    """The backward dynamic program of ``_triple_pbest``: fills ``Vv[:E+1]`` (float64[>=E+1, k, k, k]).
+    ``posmap`` (int64[V+3]) must hold -1 everywhere and is left so."""
+    E, k = T.shape
     Vv[E] = 0.0
     labels = T + 1
     order = np.zeros((E, k), np.int64)
@@ -796,7 +811,6 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
     ridx = np.full(k, -1, np.int64)
     xidx = np.empty(k, np.int64)
     uni_c = np.empty(k)
-    posmap = np.full(V + 3, -1, np.int64)
     for j in range(E - 1, hp - 1, -1):
         w = W[j]
         wa = W[j - 1] if j >= 1 else 1
@@ -873,7 +887,17 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
                         Vv[j, x, b, a] = best
         for c in range(w):
             posmap[labels[j, c]] = -1
-    # best-first over prefixes; node arrays grow by doubling
+
+
+@njit(cache=True, nogil=True)
+def _triple_best_first(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, Vv,
+                       out, scores):
+    """Best-first over prefixes with ``Vv`` (from ``_triple_values``) as the exact heuristic: the
+    p best paths into ``out`` (int64[>=p, h], candidate indices) and ``scores`` (float64[>=p]).
+    Returns (paths found, prefixes pushed)."""
+    E, k = T.shape
+    h = E - hp
+    # node arrays grow by doubling
     cap = 64 + 4 * p * h * k
     n_par = np.empty(cap, np.int64)
     n_c = np.empty(cap, np.int64)
@@ -898,8 +922,6 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
     hn = 0
     _heap_push(hf, hi, hn, Vv[hp, 0, 0, 0], 0)
     hn += 1
-    out = np.empty((p, h), np.int64)
-    scores = np.empty(p)
     found = 0
     while hn > 0 and found < p:
         f, u = _heap_pop(hf, hi, hn)
@@ -943,7 +965,7 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
             n_a[v] = c
             _heap_push(hf, hi, hn, g + Vv[j + 1, n_b[u], n_a[u], c], v)
             hn += 1
-    return out[:found], scores[:found], nn, 0
+    return found, nn
 
 
 @njit(cache=True, nogil=True)
