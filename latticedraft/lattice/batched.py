@@ -33,7 +33,7 @@ def _batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, order, sta
     W = np.ones(H + 3, np.int64)
     hl = np.zeros((H + 3, K))
     Vv = np.empty((H + 4, K, K, K))
-    posmap = np.full(V + 3, -1, np.int64)
+    posmap = np.full((2, V + 3), -1, np.int64)
     ctx = np.empty(n + 1, np.int64)
     for b in range(B):
         L = hist_len[b]

@@ -782,7 +782,7 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
     """
     E, k = T.shape
     Vv = np.empty((E + 1, k, k, k))
-    posmap = np.full(V + 3, -1, np.int64)
+    posmap = np.full((2, V + 3), -1, np.int64)
     _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, uni_logp, ctx1x,
                    p2_off, p2_lab, p2_state, x_off, x_lab, x_state, Vv, posmap)
     out = np.empty((p, E - hp), np.int64)
@@ -794,9 +794,10 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
 
 @njit(cache=True, nogil=True)
 def _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, uni_logp, ctx1x,
-                   p2_off, p2_lab, p2_state, x_off, x_lab, x_state, Vv, posmap):
+                   p2_off, p2_lab, p2_state, x_off, x_lab, x_state, Vv, pos2):
     """The backward dynamic program of ``_triple_pbest``: fills ``Vv[:E+1]`` (float64[>=E+1, k, k, k]).
-    ``posmap`` (int64[V+3]) must hold -1 everywhere and is left so."""
+    ``pos2`` (int64[2, V+3], label -> candidate index of slot j and of slot j-3) must hold -1
+    everywhere and is left so."""
     E, k = T.shape
     Vv[E] = 0.0
     labels = T + 1
@@ -809,10 +810,14 @@ def _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, u
     lp2 = np.empty(k)
     idx = np.empty(k, np.int64)
     ridx = np.full(k, -1, np.int64)
-    xidx = np.empty(k, np.int64)
     uni_c = np.empty(k)
+    posmap = pos2[0]
+    posx = pos2[1]
     for j in range(E - 1, hp - 1, -1):
         w = W[j]
+        if j >= 3:
+            for x in range(W[j - 3]):
+                posx[labels[j - 3, x]] = x
         wa = W[j - 1] if j >= 1 else 1
         wb = W[j - 2] if j >= 2 else 1
         wx = W[j - 3] if j >= 3 else 1
@@ -870,11 +875,10 @@ def _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, u
                         gen = v
                 for x in range(wx):
                     Vv[j, x, b, a] = gen
-                if r >= 0 and j >= 3 and x_off[r + 1] > x_off[r]:
-                    _match_sorted(x_off[r], x_off[r + 1], x_lab, labels[j - 3], order[j - 3], wx, xidx)
-                    for x in range(wx):
-                        q = xidx[x]
-                        if q < 0:
+                if r >= 0 and j >= 3:
+                    for q in range(x_off[r], x_off[r + 1]):  # the (x, b, a) the model keeps
+                        x = posx[x_lab[q]]
+                        if x < 0:
                             continue
                         s3 = x_state[q]
                         _match_row(off[s3], off[s3 + 1], lab, labels[j], order[j], w, idx, posmap)
@@ -887,6 +891,9 @@ def _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, u
                         Vv[j, x, b, a] = best
         for c in range(w):
             posmap[labels[j, c]] = -1
+        if j >= 3:
+            for x in range(W[j - 3]):
+                posx[labels[j - 3, x]] = -1
 
 
 @njit(cache=True, nogil=True)
