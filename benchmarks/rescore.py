@@ -5,7 +5,7 @@ From numpy arrays in to ``Drafts`` out (distinct paths), both methods:
 - 1-best latency for h in {4, 8, 16} x k in {2, 4, 8, 16} (Table 13);
 - N-best latency, N in {1, 2, 4, 8, 16}, for 8 x 16 (Table 12);
 - how often ``wfst``'s best path is worse than ``exact``'s (true back-off semantics), by how much;
-- batched rescoring: 8 x 16 lattices, 4-best, batches of 32 (lattices per second).
+- batched rescoring: 8 x 16 lattices, 4-best, batches of 32 as arrays [B,h,k] (lattices per second).
 
 The LM is the bundled 4-gram (``.cache/lm/stdlib-4gram``, or ``--lm``). Lattices come from
 held-out standard-library text: head j's distribution is an n-gram LM's next-token distribution
@@ -19,6 +19,7 @@ calls of the same lattice. ``os.getloadavg()`` is recorded: the 2-core machine i
 shared, and a loaded machine inflates every number.
 
     .venv/bin/python benchmarks/rescore.py [--lattices 40] [--repeats 5] [--out benchmarks/results/rescore.json]
+    .venv/bin/python benchmarks/rescore.py --batch-only   # the batched rows only, printed
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from latticedraft.lattice.rescoring import rescore, rescore_batch  # noqa: E402
-from latticedraft.lattice.sausage import Sausage  # noqa: E402
+from latticedraft.lattice.sausage import Sausage, SausageBatch  # noqa: E402
 from latticedraft.lattice.search import _step, lm_arrays  # noqa: E402
 from latticedraft.lm.corpus import read_text, stdlib_split  # noqa: E402
 from latticedraft.lm.ngram import NgramLM  # noqa: E402
@@ -117,6 +118,46 @@ def _time(fn, repeats: int) -> tuple[float, float]:
     return statistics.median(wall), statistics.median(cpu)
 
 
+def bench_batch(maker, lm, alpha: float, repeats: int, batch: int = 32, groups: int = 5) -> dict:
+    """Lattices per second of ``rescore_batch`` on batches of ``batch`` 8x16 lattices, 4-best.
+
+    The input is what a decoder with a batch of prompts has: ``tokens int64[B,8,16]``,
+    ``logp float32[B,8,16]`` (top-k of the heads' logits) and one history per prompt; the timed
+    call validates them (``SausageBatch``) and returns a list of ``Drafts``. Each batch is timed
+    ``repeats`` times after one warm-up call; rates are medians over ``groups`` batches, per
+    wall second and per CPU second (all threads: ``process_time``), with all threads and with
+    one. The list-of-``Sausage`` input form is measured too. ``os.getloadavg()`` before and after.
+    """
+    load0 = os.getloadavg()
+    sets = [[maker.make(8, 16) for _ in range(batch)] for _ in range(groups)]
+    forms = {"arrays": lambda T, L, hs, w: rescore_batch(SausageBatch(T, L), lm, alpha, 4, hs, workers=w),
+             "sausages": lambda T, L, hs, w: rescore_batch([Sausage(t, lp) for t, lp in zip(T, L)], lm, alpha, 4, hs,
+                                                           workers=w)}
+    rates = {}
+    for form, call in forms.items():
+        for w in (os.cpu_count(), 1):
+            wall, cpu = [], []
+            for group in sets:
+                T = np.stack([g[0].tokens for g in group])
+                L = np.stack([g[0].logp for g in group])
+                hs = [g[1] for g in group]
+                c0 = time.process_time()
+                dt, _ = _time(lambda: call(T, L, hs, w), repeats)
+                wall.append(batch / dt)
+                cpu.append(batch * (repeats + 1) / (time.process_time() - c0))  # warm-up call included
+            rates[(form, w)] = (statistics.median(wall), statistics.median(cpu))
+    n = os.cpu_count()
+    return {"batch": batch, "h": 8, "k": 16, "nbest": 4, "threads": n, "input": "SausageBatch(tokens, logp)",
+            "lattices_per_s": rates[("arrays", n)][0], "lattices_per_cpu_s": rates[("arrays", n)][1],
+            "one_thread_lattices_per_s": rates[("arrays", 1)][0],
+            "one_thread_lattices_per_cpu_s": rates[("arrays", 1)][1],
+            "sausage_list": {"lattices_per_s": rates[("sausages", n)][0],
+                             "lattices_per_cpu_s": rates[("sausages", n)][1],
+                             "one_thread_lattices_per_s": rates[("sausages", 1)][0],
+                             "one_thread_lattices_per_cpu_s": rates[("sausages", 1)][1]},
+            "loadavg_before": load0, "loadavg_after": os.getloadavg()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lm", default=str(default_lm_dir()), help="rescoring LM build (default: the bundled 4-gram)")
@@ -128,6 +169,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=str(ROOT / "data" / "heads-stern"),
                     help="multi-token head model for real 8-slot lattices (skipped if absent)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rescore.json"))
+    ap.add_argument("--batch-only", action="store_true", help="only the batched measurement, printed (no JSON)")
     a = ap.parse_args(argv)
 
     lm = NgramLM.load(a.lm)
@@ -143,6 +185,10 @@ def main(argv=None) -> int:
     warm = maker.make(4, 4)
     for m in ("exact", "wfst"):
         rescore(warm[0], lm, a.alpha, 2, warm[1], m)
+
+    if a.batch_only:
+        print(json.dumps(bench_batch(maker, lm, a.alpha, a.repeats), indent=2))
+        return 0
 
     def bench(h, k, p):
         """Per lattice: the first call (fresh: the LM rows it needs are not yet in cache, as for
@@ -197,24 +243,7 @@ def main(argv=None) -> int:
                 "wfst_vs_exact_8x16": wfst_gap(real_maker.make, a.gap_lattices)}
         maker.make = saved
 
-    batch = 32
-    sets = [[maker.make(8, 16) for _ in range(batch)] for _ in range(5)]
-    rates, cpu_rates, serial = [], [], []
-    for group in sets:
-        arrs, hs = [(g[0].tokens, g[0].logp) for g in group], [g[1] for g in group]
-        c0 = time.process_time()
-        dt, _ = _time(lambda: rescore_batch([Sausage(t, lp) for t, lp in arrs], lm, a.alpha, 4, hs), a.repeats)
-        cpu = (time.process_time() - c0) / (a.repeats + 1)  # all threads, warm-up included
-        rates.append(batch / dt)
-        cpu_rates.append(batch / cpu)
-        dt1, c1 = _time(lambda: rescore_batch([Sausage(t, lp) for t, lp in arrs], lm, a.alpha, 4, hs, workers=1),
-                        a.repeats)
-        serial.append((batch / dt1, batch / c1))
-    batched = {"batch": batch, "h": 8, "k": 16, "nbest": 4, "threads": os.cpu_count(),
-               "lattices_per_s": statistics.median(rates),
-               "lattices_per_cpu_s": statistics.median(cpu_rates),
-               "one_thread_lattices_per_s": statistics.median(x[0] for x in serial),
-               "one_thread_lattices_per_cpu_s": statistics.median(x[1] for x in serial)}
+    batched = bench_batch(maker, lm, a.alpha, a.repeats)
 
     result = {
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
@@ -252,10 +281,12 @@ def main(argv=None) -> int:
         g = real["wfst_vs_exact_8x16"]
         print(f"  wfst best worse than exact: {g['wfst_worse']}/{g['lattices']} ({100 * g['fraction']:.1f}%), "
               f"median gap {g['median_gap_nats']:.3f} nats, max {g['max_gap_nats']:.3f}")
-    print(f"batched 8x16 4-best, batch {batch}: {batched['lattices_per_s']:.0f} lattices/s wall "
-          f"({batched['lattices_per_cpu_s']:.0f} per CPU-second); one thread: "
-          f"{batched['one_thread_lattices_per_s']:.0f}/s wall, {batched['one_thread_lattices_per_cpu_s']:.0f} per CPU-second")
-    print(f"wrote {out}")
+    b = batched
+    print(f"batched 8x16 4-best, batch {b['batch']} (SausageBatch in): {b['lattices_per_s']:.0f} lattices/s wall "
+          f"({b['lattices_per_cpu_s']:.0f} per CPU-second) on {b['threads']} threads; one thread: "
+          f"{b['one_thread_lattices_per_s']:.0f}/s wall, {b['one_thread_lattices_per_cpu_s']:.0f} per CPU-second; "
+          f"load {b['loadavg_before'][0]:.2f} -> {b['loadavg_after'][0]:.2f}")
+    print(f"wrote {a.out}")
     return 0
 
 

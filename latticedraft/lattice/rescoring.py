@@ -14,6 +14,10 @@
   derivations, which can exceed its true score when backing off "undercuts" the proper
   n-gram; then ``wfst`` may rank differently from ``exact``. ``scores`` are the WFST's.
 
+``rescore_batch`` rescores one lattice per prompt of a batch (a ``SausageBatch`` [B,h,k] or a
+list of ``Sausage``); for ``exact`` with order <= 4 both it and ``rescore`` run the compiled
+batch kernel (``batched.py``), so the drafts of a lattice do not depend on its batch.
+
 ``lm`` may be an ``NgramLM`` (uses ``lm.fst``) or an ``NgramFst``; ``lm=None`` or
 ``alpha=0`` ranks by the head scores alone (the "parallel-base" drafter: ``base_drafts``).
 """
