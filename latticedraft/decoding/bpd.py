@@ -114,7 +114,8 @@ def bpd_decode(
     eos = _eos_set(eos_token_id)
     timing = {"model": 0.0, "lattice": 0.0, "draft": 0.0, "accept": 0.0}
     t_start = time.perf_counter()
-    verifier = Verifier(model, verify)
+    slots = getattr(getattr(drafter, "options", None), "slots", None)
+    verifier = Verifier(model, verify, num_heads=None if slots is None else slots + 1)  # only the heads drafted from
 
     b = len(prompts)
     out: list[list[int]] = [[] for _ in range(b)]

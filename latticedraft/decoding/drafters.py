@@ -73,10 +73,9 @@ class LatticeOptions:
             head_logits = head_logits[: self.slots]
         k = min(self.k, head_logits.shape[-1])
         if isinstance(head_logits, torch.Tensor):
-            lp = torch.log_softmax(head_logits.float(), dim=-1)
-            if not bool(torch.isfinite(lp).all()):
+            val, idx = torch.topk(torch.log_softmax(head_logits.float(), dim=-1), k, dim=-1)
+            if not bool(torch.isfinite(val).all()):  # NaN/inf logits make the whole row NaN
                 return Sausage.from_logits(head_logits, k)  # raises, naming the slot
-            val, idx = torch.topk(lp, k, dim=-1)
             s = Sausage(idx.cpu().numpy(), val.cpu().numpy())
         else:
             s = Sausage.from_logits(head_logits, k)

@@ -54,9 +54,14 @@ class SlotCache:
         Positions of kept valid slots continue ``next_pos``; ``next_pos`` advances by the
         number of valid entries per row.
         """
+        m = keep.shape[1]
+        prefix = bool(keep_valid.all()) and bool((keep == torch.arange(m, device=keep.device)).all())
         for layer in self._layers():
             for name in ("keys", "values"):
                 t = getattr(layer, name)
+                if prefix:  # the first m appended slots in order (a chain, or the first draft): a view
+                    setattr(layer, name, t[:, :, : start + m, :])
+                    continue
                 new = t[:, :, start:, :]
                 idx = keep[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
                 setattr(layer, name, torch.cat([t[:, :, :start, :], torch.take_along_dim(new, idx, dim=2)], dim=2))

@@ -20,13 +20,13 @@ drive the next step's lattice, so predicting and verifying share one call (Stern
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from latticedraft.errors import InputError, ModelError
+from latticedraft.gpu import hf
 from latticedraft.gpu.kvcache import SlotCache
 from latticedraft.gpu.tree import build_tree, pack_trees
 
@@ -86,45 +86,55 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-@dataclass
-class Forward:
-    """logits: [b, s, V]; ``heads_at(nodes)`` -> [b, h, V], every head's logits at node
-    ``nodes[i]`` of row i (h = 1, the base model alone, for a plain causal LM)."""
+ALL_AT_ONCE = 16  # nodes per call up to which a lazy forward projects the whole tree at once
 
-    logits: torch.Tensor
-    out: object
-    model: object
-    lazy: bool = False
+
+class Forward:
+    """One target call. Either ``logits`` [b, s, V] (a plain causal LM, or a base whose logits
+    are not the plain output projection) or, for a lazy call, ``hidden`` [b, s, H], the final
+    hidden states, from which the output projection and the heads run only where asked for."""
+
+    def __init__(self, model, out=None, hidden=None, num_heads: int | None = None):
+        self.model, self.out, self.hidden = model, out, hidden
+        self.lazy = hidden is not None
+        self.logits = None if self.lazy else out.logits
+        self.num_heads = num_heads
 
     def argmax_at(self, rows, nodes) -> np.ndarray:
-        """The base model's greedy token after node ``nodes[j]`` of row ``rows[j]``: int64[m]."""
-        r = torch.as_tensor(rows, dtype=torch.long, device=self.logits.device)
-        n = torch.as_tensor(nodes, dtype=torch.long, device=self.logits.device)
-        if self.lazy:
-            return self.model.unembed(self.out.hidden[r, n]).argmax(dim=-1).cpu().numpy()
+        """The base model's greedy token after node ``nodes[j]`` of row ``rows[j]``: int64[m].
+
+        Lazy calls project small trees (b * N <= ``ALL_AT_ONCE`` nodes) in one matmul at the
+        first call, since one pass over the output embedding costs about what the 1-2 smaller
+        per-level passes of the accept walk cost; bigger trees project only the visited nodes."""
+        if self.lazy and self.logits is None and self.hidden.shape[0] * self.hidden.shape[1] <= ALL_AT_ONCE:
+            b, n, H = self.hidden.shape
+            self.logits = self.model.unembed(self.hidden.reshape(-1, H)).view(b, n, -1)
+        src = self.logits if self.logits is not None else self.hidden
+        r = torch.as_tensor(rows, dtype=torch.long, device=src.device)
+        n = torch.as_tensor(nodes, dtype=torch.long, device=src.device)
+        if self.logits is None:
+            return self.model.unembed(self.hidden[r, n]).argmax(dim=-1).cpu().numpy()
         return self.logits[r, n].argmax(dim=-1).cpu().numpy()
 
     def heads_at(self, nodes: torch.Tensor) -> torch.Tensor:
+        """Heads 1..num_heads' logits at node ``nodes[i]`` of row i: [b, h, V] (h = 1, the base
+        model alone, for a plain causal LM)."""
+        if self.lazy:
+            # Stern heads are FFNs on the final hidden state: run them on the b selected states
+            # and unembed all h heads in one 2-D projection
+            hid = self.hidden[torch.arange(len(nodes), device=self.hidden.device), nodes.to(self.hidden.device)]
+            extra = None if self.num_heads is None else self.num_heads - 1
+            states = torch.cat([hid.unsqueeze(-2), self.model.heads(hid, extra)], dim=-2)  # [b, h, H]
+            b, h, H = states.shape
+            return self.model.unembed(states.reshape(-1, H)).view(b, h, -1)
         b = self.logits.shape[0]
         rows = torch.arange(b, device=self.logits.device)
         nodes = nodes.to(self.logits.device)
         if not hasattr(self.model, "head_logits_from"):
             return self.logits[rows, nodes][:, None, :]
         uniq, inv = torch.unique(nodes, return_inverse=True)
-        if self.lazy and getattr(self.model, "kind", None) == "stern":
-            # Stern heads are FFNs on the final hidden state: run them on the u selected states
-            # and unembed all h heads in one 2-D projection (4x cheaper than per-head 4-D calls)
-            hid = self.out.hidden[:, uniq]  # [b, u, H]
-            bb, u, H = hid.shape
-            states = torch.cat([hid.unsqueeze(-2), self.model.heads(hid)], dim=-2)  # [b, u, h, H]
-            hl = self.model.unembed(states.reshape(-1, H)).view(bb, u, states.shape[-2], -1)
-        elif self.lazy:  # the forward kept no logits: give the heads the selected states only
-            hid = self.out.hidden[:, uniq]
-            sub = dataclasses.replace(self.out, logits=self.model.unembed(hid), hidden=hid, head_hidden=None)
-            hl = self.model.head_logits_from(sub, torch.arange(len(uniq), device=hid.device))
-        else:
-            hl = self.model.head_logits_from(self.out, uniq)  # [b, u, h, V]: heads only where needed
-        return hl[rows, inv]
+        hl = self.model.head_logits_from(self.out, uniq)  # [b, u, h, V]: heads only where needed
+        return hl[rows, inv][:, : self.num_heads]
 
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -132,27 +142,29 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling",
 
 def lazy_logits_ok(model) -> bool:
     """True when logits may be computed later from the final hidden states with the output
-    embedding alone (``model.unembed``): a BlockwiseModel whose base applies no soft-capping
-    or scaling to its logits."""
-    if not (hasattr(model, "unembed") and hasattr(model, "head_logits_from")):
+    embedding alone (``model.unembed``): a Stern ``BlockwiseModel`` whose base applies no
+    soft-capping or scaling to its logits."""
+    if getattr(model, "kind", None) != "stern" or not hasattr(model, "unembed"):
         return False
     cfg = base_config(model)
     return all(getattr(cfg, a, None) in (None, 1.0) for a in _LOGIT_TRANSFORMS)
 
 
-def forward(model, input_ids, attention_mask, position_ids, cache, lazy: bool = False) -> Forward:
+def forward(model, input_ids, attention_mask, position_ids, cache, lazy: bool = False,
+            num_heads: int | None = None) -> Forward:
     """One target call; works for a BlockwiseModel (Stern heads) and for a plain HF causal LM.
-    Heads are computed afterwards only at the nodes asked for (``Forward.heads_at``); with
-    ``lazy`` the base logits too (``Forward.argmax_at``), so a tree of N nodes pays the
-    output projection only for the nodes the accept walk visits."""
+    Heads are computed afterwards only at the nodes asked for (``Forward.heads_at``; the first
+    ``num_heads``, default all). With ``lazy`` only the decoder backbone runs (no output
+    projection, no hidden-state recording): a tree of N nodes pays the projection only for the
+    nodes the accept walk visits, and the call costs what a plain decoder call costs."""
     kw = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
               past_key_values=cache, use_cache=True)
+    if lazy:
+        out = hf.backbone(model.base)(**kw)
+        return Forward(model, hidden=out.last_hidden_state, num_heads=num_heads)
     if hasattr(model, "head_logits_from"):
         kw["heads"] = False
-    if lazy:
-        kw["logits_to_keep"] = 1
-    out = model(**kw)
-    return Forward(out.logits, out, model, lazy)
+    return Forward(model, out=model(**kw), num_heads=num_heads)
 
 
 def _walk(trees, argmax_at) -> tuple[list[list[int]], np.ndarray]:
@@ -188,20 +200,25 @@ class StepResult:
 
 
 class Verifier:
-    """Prefill and verify for one target model; owns no state beyond the mode.
+    """Prefill and verify for one target model; owns no state beyond the mode and the number of
+    heads computed (``num_heads``: the base model's head plus ``num_heads - 1`` extra; default all).
 
     >>> v = Verifier(model)          # doctest: +SKIP
     >>> state, heads = v.prefill([np.array([5, 6, 7]), np.array([8])])
     >>> res = v.verify(state, roots, [drafts_row0, drafts_row1])
     """
 
-    def __init__(self, model, mode: str = "auto"):
+    def __init__(self, model, mode: str = "auto", num_heads: int | None = None):
         if getattr(model, "kind", None) == "dynamo":
             raise ModelError("BPD verification runs Stern heads; a DynaMo model decodes with --method dynamo")
         self.model = model
         self.mode, self.mode_reason = choose_mode(model, mode)
         self.window = sliding_window(model)
-        self.lazy = lazy_logits_ok(model)
+        self.lazy = self.mode == "tree" and lazy_logits_ok(model)
+        total = int(getattr(model, "num_heads", 1))
+        if num_heads is not None and not 1 <= num_heads:
+            raise InputError(f"num_heads = {num_heads}: verification needs at least the base model's head")
+        self.num_heads = None if num_heads is None or num_heads >= total else int(num_heads)
         self.dtype = model_dtype(model)
         self.device = model_device(model)
 
@@ -228,7 +245,7 @@ class Verifier:
             mask = attention_bias(allowed, self.dtype)
         else:
             mask = valid.long()
-        out = forward(self.model, ids, mask, pos, state.cache)
+        out = forward(self.model, ids, mask, pos, state.cache, lazy=self.lazy, num_heads=self.num_heads)
         state.append_valid(valid, pos)
         return state, out.heads_at(torch.full((b,), n - 1, dtype=torch.long))
 
@@ -260,7 +277,7 @@ class Verifier:
         allowed = self._window(allowed, q_pos, torch.cat([state.pos, q_pos], dim=1))
         out = forward(
             self.model, torch.as_tensor(packed.tokens, device=dev),
-            attention_bias(allowed, self.dtype), q_pos, state.cache, lazy=self.lazy,
+            attention_bias(allowed, self.dtype), q_pos, state.cache, lazy=self.lazy, num_heads=self.num_heads,
         )
         paths, bonus = _walk(trees, out.argmax_at)
         m = max(len(p) for p in paths)
@@ -297,7 +314,7 @@ class Verifier:
         live = flat >= 0
         mask = torch.cat([state.valid, torch.ones_like(live)], dim=1).long()
         q_pos = state.next_pos[:, None] + torch.arange(1 + d, device=dev)[None]
-        out = forward(self.model, flat.clamp(min=0), mask, q_pos, state.cache)
+        out = forward(self.model, flat.clamp(min=0), mask, q_pos, state.cache, num_heads=self.num_heads)
         argmax = out.logits.argmax(dim=-1).view(b, p, 1 + d).cpu().numpy()
         best = np.zeros(b, dtype=np.int64)
         nacc = np.zeros(b, dtype=np.int64)

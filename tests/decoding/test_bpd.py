@@ -151,3 +151,13 @@ def test_oracle_references_follow_the_prompt_across_batches():
     for r in runs.values():
         assert [s.tokens.tolist() for s in r.sequences] == refs
     assert [s.calls for s in runs[1].sequences] == [s.calls for s in runs[4].sequences]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "mistral"])
+def test_fewer_slots_compute_fewer_heads_and_stay_exact(arch, toy_lm):
+    model, ps, refs = _case(arch, torch.float32, 5, 4)
+    d = make_drafter("parallel", options=LatticeOptions(k=8, slots=2), lm=toy_lm, alpha=1.0, nbest=4)
+    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, record_steps=True)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert all(st.sausage.h == 2 for st in r.steps)  # heads 1..2 only
+    assert all(n <= 3 for s in r.sequences for n in s.tokens_per_call)

@@ -60,3 +60,13 @@ def test_crop_to():
     s, _ = _filled()
     crop_to(s.cache, 2)
     assert cache_length(s.cache) == 2
+
+
+def test_commit_of_a_leading_run_is_a_view_with_the_same_result():
+    s, _ = _filled(L=5)
+    new = torch.randn(2, 2, 4, 3)
+    s.cache.update(new, -new, 0)
+    s.commit(5, torch.tensor([[0, 1], [0, 1]]), torch.ones(2, 2, dtype=torch.bool))
+    layer = s.cache.layers[0]
+    assert layer.keys.shape[2] == 7 and torch.equal(layer.keys[:, :, 5:], new[:, :, :2])
+    assert s.pos[:, 5:].tolist() == [[5, 6], [3, 4]] and s.next_pos.tolist() == [7, 5]

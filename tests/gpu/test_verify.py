@@ -95,3 +95,25 @@ def test_empty_prompt_is_an_input_error():
     v = Verifier(tiny_model("gpt2"))
     with pytest.raises(InputError, match="at least one token"):
         v.prefill([np.array([1, 2]), np.array([], dtype=np.int64)])
+
+
+def test_lazy_verification_computes_only_the_heads_asked_for():
+    from tests.decoding.tiny import blockwise
+
+    model = blockwise("gpt2", torch.float64, num_heads=5)
+    ps = prompts(2, seed=5)
+    refs = [reference(model, p, 12) for p in ps]
+    full, part = Verifier(model), Verifier(model, num_heads=3)
+    assert full.lazy and part.lazy
+    (s1, h1), (s2, h2) = full.prefill(ps), part.prefill(ps)
+    assert h1.shape[1] == 5 and h2.shape[1] == 3 and torch.allclose(h1[:, :3], h2, atol=1e-10)
+    roots = np.array([r[0] for r in refs])
+    drafts = [np.array([r[1:5], r[1:3] + [0, 0]]) for r in refs]
+    a, b = full.verify(s1, roots, drafts), part.verify(s2, roots, drafts)
+    assert [x.tolist() for x in a.accepted] == [x.tolist() for x in b.accepted] == [r[1:5] for r in refs]
+    assert a.bonus.tolist() == b.bonus.tolist() == [r[5] for r in refs]
+    assert torch.allclose(a.head_logits[:, :3], b.head_logits, atol=1e-10)
+    # the lazily projected heads equal the model's own full forward at the last accepted token
+    for i, (p, r) in enumerate(zip(ps, refs)):
+        want = model(torch.as_tensor(np.concatenate([p, r[:5]])[None])).head_logits[0, -1]
+        assert torch.allclose(a.head_logits[i], want, atol=1e-8)
