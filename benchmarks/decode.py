@@ -39,6 +39,8 @@ DRAFTERS = {
     "bpd parallel p=4": DrafterSpec("parallel", nbest=4),
     "bpd parallel p=16": DrafterSpec("parallel", nbest=16),
     "bpd neural": DrafterSpec("neural"),
+    "bpd top1 slots=3": DrafterSpec("top1", slots=3),
+    "bpd parallel p=4 slots=3": DrafterSpec("parallel", nbest=4, slots=3),
 }
 
 

@@ -380,6 +380,8 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eps", type=float, default=0.001, help="static pruning threshold, a probability (default 0.001)")
     g.add_argument("--backoff", type=float, default=None, metavar="EPS_B",
                    help="cut the lattice at the first head whose best probability is below EPS_B")
+    g.add_argument("--slots", type=int, default=None, metavar="D",
+                   help="draft from the first D extra heads only; the others are not computed (default: all)")
     g.add_argument("--verify", default="auto", choices=["auto", "tree", "batched"],
                    help="tree attention or drafts as batch rows (default auto: tree where the model takes 4-D masks)")
 
@@ -387,8 +389,8 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
 def _spec(a):
     from latticedraft.decoding.run import DrafterSpec
 
-    return DrafterSpec(name=a.drafter, k=a.k, prune=a.prune, eps=a.eps, backoff=a.backoff, alpha=a.alpha,
-                       nbest=a.nbest)
+    return DrafterSpec(name=a.drafter, k=a.k, prune=a.prune, eps=a.eps, backoff=a.backoff, slots=a.slots,
+                       alpha=a.alpha, nbest=a.nbest)
 
 
 def _cmd_decode(a) -> int:

@@ -61,7 +61,7 @@ class LatticeOptions:
         if self.backoff is not None and not 0.0 <= self.backoff <= 1.0:
             raise InputError(f"--backoff {self.backoff} is not a probability in [0, 1]")
         if self.slots is not None and self.slots < 1:
-            raise InputError(f"slots = {self.slots} must be >= 1 (heads used = slots + 1)")
+            raise InputError(f"--slots {self.slots}: draft from at least 1 extra head (heads used = slots + 1)")
 
     def build(self, head_logits) -> Sausage:
         """Logits of heads 1..h-1, ``[h-1, V]`` (torch tensor or numpy) -> pruned top-k Sausage.

@@ -74,6 +74,18 @@ def test_decode_ngram_with_the_bundled_lm(bundle, capsys):
     assert r["tokens"] == _greedy(r["model"], r["prompt_ids"], 10)
 
 
+def test_decode_with_fewer_slots(bundle, capsys):
+    rc = main(["decode", "--model", str(bundle / "heads"), "--prompt", "import os\n", "--drafter", "parallel-base",
+               "--nbest", "4", "--slots", "1", "--max-new-tokens", "10", "--json"])
+    assert rc == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["tokens"] == _greedy(r["model"], r["prompt_ids"], 10)
+    assert max(r["accepted_per_step"]) <= 1
+    assert main(["decode", "--model", str(bundle / "heads"), "--prompt", "x", "--slots", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--slots 0" in err and "\n" not in err
+
+
 def test_user_errors_are_one_line(bundle, capsys, tmp_path):
     assert main(["decode", "--model", str(tmp_path / "nope"), "--prompt", "x"]) == 2
     err = capsys.readouterr().err.strip()
