@@ -524,14 +524,20 @@ def _cmd_eval(a) -> int:
     from latticedraft.decoding.evaluate import EvalConfig, evaluate
     from latticedraft.decoding.run import Session, read_prompts
     from latticedraft.decoding.tune import read_alphas
+    from latticedraft.errors import InputError
     from latticedraft.paths import data_dir
 
+    for flag, value, default in (("--drafter", a.drafter, "top1"), ("--slots", a.slots, None)):
+        if value != default:
+            raise InputError(f"{flag} {value}: eval runs every drafter (and Table 10's head counts) itself; "
+                             f"drop {flag}, or use `latticedraft decode` for one drafter")
     alphas = read_alphas(a.alphas) if a.alphas else {"ngram": a.alpha, "neural": a.alpha}
     rescorers = {}
     for spec in a.rescorers or []:
         label, _, path = spec.partition("=")
         rescorers[f"neural-{label}" if path else "neural"] = path or label
     cfg = EvalConfig(num_prompts=a.num_prompts, skip=a.skip, max_new_tokens=a.max_new_tokens, k=a.k, nbest=a.nbest,
+                     prune=a.prune, eps=a.eps, backoff=a.backoff, verify=a.verify,
                      alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers)
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")

@@ -37,6 +37,10 @@ class EvalConfig:
     max_new_tokens: int = 64
     k: int = 16
     nbest: int = 16
+    prune: str = "none"  # lattice pruning of every BPD row (``LatticeOptions``)
+    eps: float = 0.001
+    backoff: float | None = None
+    verify: str = "auto"
     ps: tuple = (1, 2, 4, 8, 16)
     ks: tuple = (1, 2, 4, 8, 16)
     head_counts: tuple = (3, 6, 9)
@@ -73,7 +77,7 @@ def machine() -> dict:
 
 def _run(session: Session, name, ids, refs, spec: DrafterSpec | None, cfg: EvalConfig, method="bpd",
          record_steps=False):
-    res = session.decode(ids, method, spec, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+    res = session.decode(ids, method, spec, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, verify=cfg.verify,
                          references=refs if spec is not None and spec.name == "oracle" else None,
                          record_steps=record_steps)
     exact = refs is None or all(np.array_equal(s.tokens, r) for s, r in zip(res.sequences, refs))
@@ -96,7 +100,7 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
     head_counts = sorted({min(c, h) for c in cfg.head_counts if c >= 2})
     if h < 2:
         raise InputError(f"{session.model_dir or 'the model'} has no multi-token heads; eval needs a BPD model")
-    base = DrafterSpec("top1", k=cfg.k, nbest=cfg.nbest)
+    base = DrafterSpec("top1", k=cfg.k, nbest=cfg.nbest, prune=cfg.prune, eps=cfg.eps, backoff=cfg.backoff)
     a_ng, a_nn = float(cfg.alphas.get("ngram", 1.0)), float(cfg.alphas.get("neural", 1.0))
 
     plan: list[tuple[str, DrafterSpec | None, str]] = [("greedy", None, "greedy")]
@@ -254,6 +258,16 @@ def _rel(x: float, base: float) -> str:
     return f"{x:.2f} ({100.0 * (x - base) / base:+.2f}%)" if base else f"{x:.2f}"
 
 
+def _pruning(c: dict) -> str:
+    """", Otsu pruning (eps 0.001), back-off 0.1" for a config that prunes; "" otherwise."""
+    parts = []
+    if c.get("prune", "none") != "none":
+        parts.append(f"{'Otsu' if c['prune'] == 'otsu' else 'static'} pruning (eps {c['eps']})")
+    if c.get("backoff") is not None:
+        parts.append(f"back-off {c['backoff']}")
+    return "".join(", " + p for p in parts)
+
+
 def markdown(results: dict, rescorers: dict, head_counts) -> str:
     runs = results["runs"]
     base = runs["Base"]["block_efficiency"]
@@ -261,7 +275,7 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
     cols = ["Base", "4-gram", *rescorers.keys(), "Parallel Base BPD", "Parallel 4-gram BPD", "Oracle (k=2)", "Oracle (k=16)"]
     c = results["config"]
     L = [f"# Parallel BPD evaluation: {c['prompts']} prompts, {c['max_new_tokens']} new tokens, "
-         f"k = {c['k']}, p = {c['nbest']}, h = {c['heads']} heads",
+         f"k = {c['k']}, p = {c['nbest']}, h = {c['heads']} heads" + _pruning(c),
          "", f"Model `{c['model']}`; alphas {c['alphas']}; machine: {results['machine']['processor']}, "
          f"{results['machine']['cpu_count']} CPUs. Every output equals greedy decoding: "
          f"**{'yes' if results['all_exact'] else 'NO'}**.", "",

@@ -86,6 +86,14 @@ def test_decode_with_fewer_slots(bundle, capsys):
     assert "--slots 0" in err and "\n" not in err
 
 
+def test_eval_refuses_flags_that_name_one_drafter(bundle, capsys, tmp_path):
+    for flags in (["--drafter", "parallel"], ["--slots", "2"]):
+        assert main(["eval", "--model", str(bundle / "heads"), *flags, "--out", str(tmp_path / "e")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert flags[0] in err and "eval runs every drafter" in err and "\n" not in err
+    assert not (tmp_path / "e").exists()
+
+
 def test_user_errors_are_one_line(bundle, capsys, tmp_path):
     assert main(["decode", "--model", str(tmp_path / "nope"), "--prompt", "x"]) == 2
     err = capsys.readouterr().err.strip()
@@ -116,10 +124,12 @@ def test_tune_then_eval_write_tables_and_figures(bundle, tmp_path, capsys):
     out = tmp_path / "eval"
     assert main(["eval", "--model", str(bundle / "heads"), "--rescorer", str(bundle / "resc"),
                  "--prompts", str(bundle / "prompts.jsonl"), "--skip", "1", "--num-prompts", "2",
-                 "--max-new-tokens", "8", "--alphas", str(tuned), "--out", str(out)]) == 0
+                 "--max-new-tokens", "8", "--alphas", str(tuned), "--prune", "otsu", "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["all_exact"] and res["runs"]["Base"]["block_efficiency"] >= 1.0
+    assert res["config"]["prune"] == "otsu" and res["runs"]["Parallel 4-gram BPD"]["spec"]["prune"] == "otsu"
     md = (out / "results.md").read_text()
+    assert "Otsu pruning (eps 0.001)" in md.splitlines()[0]
     for needle in ("Table 4", "Parallel 4-gram BPD", "Oracle (k=16)", "Table 3", "Table 5", "Table 10"):
         assert needle in md
     for png in ("fig6_oracle_vs_k.png", "fig7_parallel_vs_p.png"):
