@@ -1122,6 +1122,10 @@ def warm_up(bounded: bool = True) -> None:
     lp = np.log(np.array([[0.6, 0.4], [0.7, 0.3]], np.float32))
     w = np.array([2, 2], np.int64)
     exact_pbest(tok, lp, w, A, 1, 1.0, 2, history=[])
+    from latticedraft.lattice.batched import pbest_batch  # the kernel rescore uses (order <= 4)
+
+    pbest_batch(tok[None], lp[None], w[None], np.array([2]), np.zeros((1, 2), np.int64), np.zeros(1, np.int64),
+                A, 1.0, 2)
     exact_pbest(tok, lp, w, None, 0, 0.0, 2)
     history_state(A, 3, [0, 1])
     if bounded:
