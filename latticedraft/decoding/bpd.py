@@ -85,7 +85,7 @@ def _eos_set(eos_token_id) -> set[int]:
     return {int(eos_token_id)}
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def bpd_decode(
     model,
     prompts: list,

@@ -211,7 +211,7 @@ class NeuralDrafter(Drafter):
         d._cache, d._fed, d.small_calls = None, np.zeros(0, dtype=np.int64), 0
         return d
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _step(self, ids: np.ndarray) -> np.ndarray:
         from transformers import DynamicCache
 

@@ -223,7 +223,7 @@ class Verifier:
         self.device = model_device(model)
 
     # -- prefill -------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def prefill(self, prompts: list[np.ndarray]) -> tuple[SlotCache, torch.Tensor]:
         """Run the left-padded prompts; returns the cache and head logits [b, h, V] at each
         prompt's last token (head 0 = the base model's next-token logits)."""
@@ -255,7 +255,7 @@ class Verifier:
         return allowed & (k_pos[:, None, :] > q_pos[:, :, None] - self.window)
 
     # -- verify --------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def verify(self, state: SlotCache, roots: np.ndarray, drafts: list[np.ndarray]) -> StepResult:
         """Verify ``drafts[i]`` (int64[p_i, d_i]; negative = end of draft) after ``roots[i]``
         (the token already chosen, not yet in the cache) for every row i of ``state``."""
