@@ -253,9 +253,13 @@ class Session:
         return self._rescorer
 
     def prepare(self, spec: DrafterSpec) -> None:
-        """Load what ``spec`` needs now, so that a missing LM or rescorer fails before any output."""
+        """Load what ``spec`` needs now, so that a missing LM or rescorer fails before any output
+        and the first decode step does not pay for building search tables or loading kernels."""
         if spec.name in ("ngram", "parallel"):
-            _ = self.lm
+            from latticedraft.lattice.search import lm_arrays, warm_up
+
+            lm_arrays(self.lm.fst)
+            warm_up()
         if spec.name == "neural":
             _ = self.rescorer
 
