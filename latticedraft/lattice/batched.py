@@ -23,7 +23,7 @@ from latticedraft.lattice.search import LMArrays, _step, _triple_best_first, _tr
 
 @njit(cache=True, nogil=True)
 def _batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, order, start, off, lab, cost, nxt, bon,
-                  boc, uni, V, unk, tab, uni_logp, ctx1x, p2_off, p2_lab, p2_state, x_off, x_lab, x_state,
+                  boc, uni, V, unk, tab, uni_logp, ctx1x, p2_off, p2_lab, p2, x_lab, x3,
                   out_tok, out_score, out_n):
     """Fills ``out_tok int64[B, p, h]`` (token ids), ``out_score float32[B, p]`` and
     ``out_n int64[B]`` (paths found: ``min(p, number of paths)``), best first per lattice."""
@@ -72,7 +72,7 @@ def _batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, order, sta
                 hl[hp + i, c] = logp[b, i, c]
         E = hp + h
         _triple_values(T[:E], W[:E], hl[:E], hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, unk, tab,
-                       uni_logp, ctx1x, p2_off, p2_lab, p2_state, x_off, x_lab, x_state, Vv, posmap)
+                       uni_logp, ctx1x, p2_off, p2_lab, p2, x_lab, x3, Vv, posmap)
         cand = np.empty((p, h), np.int64)
         scores = np.empty(p)
         found, _ = _triple_best_first(T[:E], W[:E], hl[:E], hp, alpha, p, s, off, lab, cost, nxt, bon, boc, uni,

@@ -13,7 +13,9 @@ A. *Order <= 4 (``_triple_pbest``, the bundled 4-gram).* The LM state is fixed b
    merges for the contexts that exist (not k^4 look-ups). A best-first search over prefixes
    with ``V`` as its heuristic (exact, hence admissible) then pops complete paths in order:
    the p best distinct strings after about p * h pops, each expanding one slot with exact
-   back-off look-ups from the prefix's LM state.
+   back-off look-ups from the prefix's LM state (one row at a time for all the slot's labels).
+   A fresh lattice is bound by cache misses, so each slot's table reads are issued together
+   (prefetch) and the tables keep a context's arc range and back-off next to its label.
 
 B. *Any order (``_pbest``), used above order 4:*
 
@@ -50,8 +52,13 @@ import numpy as np
 from numba import njit
 
 from latticedraft.errors import ModelError
+from latticedraft.lattice._prefetch import prefetch
 
 UNSEEN_COST = 1000.0  # -ln p of an id the LM has never seen (the paper's Appendix D convention)
+# packed context entries of the order <= 4 tables (see _triple_tables); arc indices are int32
+P2_ENTRY = np.dtype([("lo", "i4"), ("hi", "i4"), ("xlo", "i4"), ("xhi", "i4"), ("bo", "i4"), ("boc", "f4")],
+                    align=True)
+X3_ENTRY = np.dtype([("lo", "i4"), ("hi", "i4"), ("boc", "f4")], align=True)
 
 
 @dataclass
@@ -209,19 +216,26 @@ def _build_arrays(fst) -> LMArrays:
                     t2_off, t2_lab, a_val.astype(np.float64), _build_hash(t2_off, t2_lab, -1),
                     int(fst.order))
     if int(fst.order) <= 4:
-        arrays.triple = _triple_tables(V, int(fst.start), uni, nxt, bon, last, long_state, prev, ctx1, arc_state)
+        arrays.triple = _triple_tables(V, int(fst.start), uni, off, nxt, bon, boc, last, long_state, prev, ctx1,
+                                       arc_state)
     return arrays
 
 
-def _triple_tables(V, start, uni, nxt, bon, last, long_state, prev, ctx1, arc_state) -> tuple:
+def _triple_tables(V, start, uni, off, nxt, bon, boc, last, long_state, prev, ctx1, arc_state) -> tuple | None:
     """The states of two and three tokens, addressable by their tokens (order <= 4 only).
 
-    Returns ``(ctx1x, p2_off, p2_lab, p2_state, x_off, x_lab, x_state)``: ``ctx1x[a]`` the
-    one-token state of ``a`` (``a = V``: ``<s>``, the start state); CSR over ``b`` (0..V) with
-    labels ``a+1`` giving the state of ``(b, a)``; per such entry, a CSR of labels ``x+1``
-    (``x = V``: ``<s>``) giving the state of ``(x, b, a)``.
+    Returns ``(ctx1x, p2_off, p2_lab, p2, x_lab, x3)``: ``ctx1x[a]`` the one-token state of
+    ``a`` (``a = V``: ``<s>``, the start state); a CSR over ``b`` (0..V) with labels ``a+1``
+    whose entry ``r`` is the context ``(b, a)``: ``p2[r]`` (``P2_ENTRY``) holds its state's arc
+    range ``lo:hi``, its back-off state and cost, and the range ``xlo:xhi`` of its three-token
+    contexts ``(x, b, a)`` in ``x_lab`` (labels ``x+1``, ascending; ``x = V``: ``<s>``) and
+    ``x3`` (``X3_ENTRY``: arc range and back-off cost; they back off to ``(b, a)``). The packing
+    saves the chained look-ups state -> offsets -> back-off (~16 bytes per context, ~20 MB for
+    the bundled 4-gram). ``None`` when arc indices exceed int32 (the bounded search is used).
     """
     S = len(bon)
+    if off[-1] >= 2 ** 31:
+        return None
     ctx1x = np.concatenate([ctx1, [start]]).astype(np.int64)
     three = long_state & (bon >= 0)
     three &= long_state[np.maximum(bon, 0)]
@@ -238,7 +252,6 @@ def _triple_tables(V, start, uni, nxt, bon, last, long_state, prev, ctx1, arc_st
     s2, key2 = s2[o], key2[o]
     p2_off = np.searchsorted(key2 // (V + 1), np.arange(V + 2)).astype(np.int64)
     p2_lab = (key2 % (V + 1) + 1).astype(np.int32)
-    p2_state = s2.astype(np.int64)
     s3 = np.nonzero(three)[0]
     # parent two-token entry of each three-token state: its back-off state
     pos = np.full(S, -1, dtype=np.int64)
@@ -250,8 +263,14 @@ def _triple_tables(V, start, uni, nxt, bon, last, long_state, prev, ctx1, arc_st
     s3, par = s3[o], par[o]
     x_off = np.searchsorted(par, np.arange(len(s2) + 1)).astype(np.int64)
     x_lab = (third[s3] + 1).astype(np.int32)
-    x_state = s3.astype(np.int64)
-    return (ctx1x, p2_off, p2_lab, p2_state, x_off, x_lab, x_state)
+    # packed entries: a context's arc range and back-off next to each other (one cache line)
+    p2 = np.empty(len(s2), P2_ENTRY)
+    p2["lo"], p2["hi"] = off[s2], off[s2 + 1]
+    p2["xlo"], p2["xhi"] = x_off[:-1], x_off[1:]
+    p2["bo"], p2["boc"] = bon[s2], boc[s2]
+    x3 = np.empty(len(s3), X3_ENTRY)
+    x3["lo"], x3["hi"], x3["boc"] = off[s3], off[s3 + 1], boc[s3]
+    return (ctx1x, p2_off, p2_lab, p2, x_lab, x3)
 
 
 # --------------------------------------------------------------------------------------------
@@ -697,21 +716,6 @@ def _pbest(tok, hl, widths, alpha, p, start, hist_b, off, lab, cost, nxt, bon, b
 
 
 @njit(cache=True, inline="always")
-def _match_row(lo, hi, lab, labels, order, w, out, posmap):
-    """``_match_sorted`` for the current slot; a short row is scanned through ``posmap``
-    (label -> candidate index, -1 elsewhere) instead of searched."""
-    if hi - lo <= 4 * w:
-        for c in range(w):
-            out[c] = -1
-        for x in range(lo, hi):
-            q = posmap[lab[x]]
-            if q >= 0:
-                out[q] = x
-    else:
-        _match_sorted(lo, hi, lab, labels, order, w, out)
-
-
-@njit(cache=True, inline="always")
 def _read_path(n_c, n_par, u, row):
     """Write the candidate indices on the path from the root to node ``u`` into ``row`` (int64[h])."""
     e = u
@@ -767,7 +771,7 @@ def _heap_pop(hf, hi, n):
 
 @njit(cache=True, nogil=True)
 def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, uni, V, unk, tab,
-                  uni_logp, ctx1x, p2_off, p2_lab, p2_state, x_off, x_lab, x_state):
+                  uni_logp, ctx1x, p2_off, p2_lab, p2, x_lab, x3):
     """Exact p best for LMs of order <= 4, whose state is fixed by the last three tokens.
 
     ``T int64[E, k]``: the lattice after ``hp`` pseudo-slots holding the history's last tokens
@@ -784,7 +788,7 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
     Vv = np.empty((E + 1, k, k, k))
     posmap = np.full((2, V + 3), -1, np.int64)
     _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, uni_logp, ctx1x,
-                   p2_off, p2_lab, p2_state, x_off, x_lab, x_state, Vv, posmap)
+                   p2_off, p2_lab, p2, x_lab, x3, Vv, posmap)
     out = np.empty((p, E - hp), np.int64)
     scores = np.empty(p)
     found, nn = _triple_best_first(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, uni, V, unk,
@@ -792,25 +796,145 @@ def _triple_pbest(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, boc, 
     return out[:found], scores[:found], nn, 0
 
 
+@njit(cache=True, inline="always")
+def _pf_span(arr, lo, hi, lines):
+    """Prefetch up to ``lines`` cache lines (16 x 4-byte items) of arr[lo:hi]."""
+    e = min(hi, lo + 16 * lines)
+    i = lo
+    while i < e:
+        prefetch(arr, i)
+        i += 16
+
+
+@njit(cache=True, inline="always")
+def _match_ls(lo, hi, lab, labels, w, out, base):
+    """For each of ``labels[:w]``, its index in the ascending row ``lab[lo:hi]`` or -1, into
+    ``out``: branchless binary searches run in lockstep (their loads overlap)."""
+    n = hi - lo
+    if n <= 0:
+        for c in range(w):
+            out[c] = -1
+        return
+    for c in range(w):
+        base[c] = lo
+    while n > 1:
+        half = n >> 1
+        for c in range(w):
+            b = base[c]
+            base[c] = b + half if lab[b + half] < labels[c] else b
+        n -= half
+    for c in range(w):
+        b = base[c]
+        x = labels[c]
+        m = lab[b]
+        if m < x:
+            b += 1
+            m = lab[b] if b < hi else -1
+        out[c] = b if m == x else -1
+
+
+@njit(cache=True, inline="always")
+def _match_row(lo, hi, lab, labels, w, out, posmap, base):
+    """``_match_ls`` for the current slot; a short row is scanned through ``posmap`` (label ->
+    candidate index, -1 elsewhere) instead of searched."""
+    if hi - lo <= 4 * w:
+        for c in range(w):
+            out[c] = -1
+        for x in range(lo, hi):
+            q = posmap[lab[x]]
+            if q >= 0:
+                out[q] = x
+    else:
+        _match_ls(lo, hi, lab, labels, w, out, base)
+
+
+@njit(cache=True, inline="always")
+def _expand(s, labels, w, off, lab, cost, nxt, bon, boc, uni, V, unk, idx, base, ns, lc):
+    """``_step_memo(s, labels[c])`` for every c < w (same values, same float association),
+    walking the back-off chain one row at a time: into ``ns`` (int64[>=w]) and ``lc`` (float64)."""
+    if s != uni:
+        _match_ls(off[s], off[s + 1], lab, labels, w, idx, base)
+        pend = 0
+        for c in range(w):
+            a = idx[c]
+            if a >= 0:
+                ns[c] = nxt[a]
+                lc[c] = cost[a]
+            else:
+                ns[c] = -1
+                pend += 1
+        if pend == 0:
+            return
+        cur = bon[s]
+        if cur < 0:
+            for c in range(w):
+                if ns[c] < 0:
+                    ns[c] = uni
+                    lc[c] = unk
+            return
+        outer = np.float64(boc[s])
+    else:
+        for c in range(w):
+            ns[c] = -1
+        pend = w
+        cur = uni
+        outer = 0.0
+    acc = 0.0
+    while True:
+        if cur == uni:
+            for c in range(w):
+                if ns[c] < 0:
+                    label = labels[c]
+                    if 1 <= label <= V:
+                        a = off[uni] + label - 1
+                        ns[c] = nxt[a]
+                        lc[c] = outer + (acc + cost[a])
+                    else:
+                        ns[c] = uni
+                        lc[c] = outer + (acc + unk)
+            return
+        _match_ls(off[cur], off[cur + 1], lab, labels, w, idx, base)
+        for c in range(w):
+            if ns[c] < 0 and idx[c] >= 0:
+                a = idx[c]
+                ns[c] = nxt[a]
+                lc[c] = outer + (acc + cost[a])
+                pend -= 1
+        if pend == 0:
+            return
+        nb = bon[cur]
+        if nb < 0:
+            for c in range(w):
+                if ns[c] < 0:
+                    ns[c] = uni
+                    lc[c] = outer + (acc + unk)
+            return
+        acc += boc[cur]
+        cur = nb
+
+
 @njit(cache=True, nogil=True)
 def _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, uni_logp, ctx1x,
-                   p2_off, p2_lab, p2_state, x_off, x_lab, x_state, Vv, pos2):
+                   p2_off, p2_lab, p2, x_lab, x3, Vv, pos2):
     """The backward dynamic program of ``_triple_pbest``: fills ``Vv[:E+1]`` (float64[>=E+1, k, k, k]).
     ``pos2`` (int64[2, V+3], label -> candidate index of slot j and of slot j-3) must hold -1
-    everywhere and is left so."""
+    everywhere and is left so. Per slot, a gather phase first finds the slot's contexts and
+    prefetches their table rows level by level (the misses overlap instead of forming one
+    chain per context); the compute phase then reads them from cache."""
     E, k = T.shape
     Vv[E] = 0.0
     labels = T + 1
-    order = np.zeros((E, k), np.int64)
-    for j in range(E):
-        o = np.argsort(labels[j, :W[j]])
-        for q in range(W[j]):
-            order[j, q] = o[q]
     lp1 = np.empty((k, k))
     lp2 = np.empty(k)
     idx = np.empty(k, np.int64)
     ridx = np.full(k, -1, np.int64)
+    base = np.empty(k, np.int64)
+    xidx = np.empty(k, np.int64)
     uni_c = np.empty(k)
+    R = np.full((k, k), -1, np.int64)
+    mst = np.zeros((k, k + 1), np.int64)
+    mq = np.empty(k * k * k, np.int64)
+    mx = np.empty(k * k * k, np.int64)
     posmap = pos2[0]
     posx = pos2[1]
     for j in range(E - 1, hp - 1, -1):
@@ -821,6 +945,95 @@ def _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, u
         wa = W[j - 1] if j >= 1 else 1
         wb = W[j - 2] if j >= 2 else 1
         wx = W[j - 3] if j >= 3 else 1
+        # ---- gather: issue the slot's memory reads level by level (many misses in flight)
+        for a in range(wa):
+            at = T[j - 1, a] if j >= 1 else -1
+            s1 = ctx1x[at] if 0 <= at <= V else -1
+            if s1 >= 0:
+                prefetch(off, s1)
+                prefetch(bon, s1)
+                prefetch(boc, s1)
+        for b in range(wb):
+            bt = T[j - 2, b] if j >= 2 else -1
+            if 0 <= bt <= V:
+                lo = p2_off[bt]
+                hi = p2_off[bt + 1]
+                prefetch(p2_lab, lo)
+                if hi - lo > 16:
+                    prefetch(p2_lab, (lo + hi) >> 1)
+                    prefetch(p2_lab, (3 * lo + hi) >> 2)
+                    prefetch(p2_lab, (lo + 3 * hi) >> 2)
+        for a in range(wa):
+            at = T[j - 1, a] if j >= 1 else -1
+            s1 = ctx1x[at] if 0 <= at <= V else -1
+            if s1 >= 0:
+                lo = off[s1]
+                hi = off[s1 + 1]
+                if hi - lo <= 4 * w:
+                    _pf_span(lab, lo, hi, 4)
+                else:
+                    prefetch(lab, (lo + hi) >> 1)
+                    prefetch(lab, (3 * lo + hi) >> 2)
+                    prefetch(lab, (lo + 3 * hi) >> 2)
+        for b in range(wb):
+            bt = T[j - 2, b] if j >= 2 else -1
+            if 0 <= bt <= V:
+                _match_ls(p2_off[bt], p2_off[bt + 1], p2_lab, labels[j - 1], wa, ridx, base)
+                for a in range(wa):
+                    at = T[j - 1, a]
+                    r = ridx[a] if 0 <= at < V else -1
+                    R[b, a] = r
+                    if r >= 0:
+                        prefetch(p2, r)
+            else:
+                for a in range(wa):
+                    R[b, a] = -1
+        for b in range(wb):
+            for a in range(wa):
+                r = R[b, a]
+                if r >= 0:
+                    e = p2[r]
+                    if j >= 3:
+                        _pf_span(x_lab, e.xlo, e.xhi, 4)
+                    lo = e.lo
+                    hi = e.hi
+                    if hi - lo <= 4 * w:
+                        _pf_span(lab, lo, hi, 4)
+                        _pf_span(cost, lo, hi, 4)
+                    else:
+                        prefetch(lab, (lo + hi) >> 1)
+        n = 0
+        if j >= 3:
+            for b in range(wb):
+                for a in range(wa):
+                    mst[b, a] = n
+                    r = R[b, a]
+                    if r >= 0:
+                        xlo = p2[r].xlo
+                        xhi = p2[r].xhi
+                        if xhi - xlo <= 4 * wx:
+                            for q in range(xlo, xhi):
+                                x = posx[x_lab[q]]
+                                if x >= 0:
+                                    mq[n] = q
+                                    mx[n] = x
+                                    prefetch(x3, q)
+                                    n += 1
+                        else:
+                            _match_ls(xlo, xhi, x_lab, labels[j - 3], wx, xidx, base)
+                            for x in range(wx):
+                                q = xidx[x]
+                                if q >= 0:
+                                    mq[n] = q
+                                    mx[n] = x
+                                    prefetch(x3, q)
+                                    n += 1
+                mst[b, wa] = n
+            for m in range(n):
+                e3 = x3[mq[m]]
+                _pf_span(lab, e3.lo, e3.hi, 2)
+                _pf_span(cost, e3.lo, e3.hi, 2)
+        # ---- compute
         for c in range(w):
             t = T[j, c]
             uni_c[c] = uni_logp[t] if 0 <= t < V else -unk
@@ -829,7 +1042,7 @@ def _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, u
             at = T[j - 1, a] if j >= 1 else -1
             s1 = ctx1x[at] if 0 <= at <= V else -1
             if s1 >= 0:
-                _match_row(off[s1], off[s1 + 1], lab, labels[j], order[j], w, idx, posmap)
+                _match_row(off[s1], off[s1 + 1], lab, labels[j], w, idx, posmap, base)
                 bo = bon[s1]
                 for c in range(w):
                     if idx[c] >= 0:
@@ -843,27 +1056,24 @@ def _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, u
                 for c in range(w):
                     lp1[a, c] = uni_c[c]
         for b in range(wb):
-            bt = T[j - 2, b] if j >= 2 else -1
-            has = 0 <= bt <= V
-            if has:
-                _match_sorted(p2_off[bt], p2_off[bt + 1], p2_lab, labels[j - 1], order[j - 1], wa, ridx)
             for a in range(wa):
-                at = T[j - 1, a]
-                r = ridx[a] if has and 0 <= at < V else -1
+                r = R[b, a]
                 if r >= 0:
-                    s2 = p2_state[r]
-                    _match_row(off[s2], off[s2 + 1], lab, labels[j], order[j], w, idx, posmap)
-                    bo = bon[s2]
+                    at = T[j - 1, a]
+                    e = p2[r]
+                    _match_row(e.lo, e.hi, lab, labels[j], w, idx, posmap, base)
+                    bo = e.bo
+                    bc = e.boc
                     s1 = ctx1x[at]
                     for c in range(w):
                         if idx[c] >= 0:
                             lp2[c] = -cost[idx[c]]
                         elif bo == s1 and s1 >= 0:
-                            lp2[c] = -boc[s2] + lp1[a, c]
+                            lp2[c] = -bc + lp1[a, c]
                         elif bo == uni:
-                            lp2[c] = -boc[s2] + uni_c[c]
+                            lp2[c] = -bc + uni_c[c]
                         else:
-                            lp2[c] = -boc[s2] - _step(bo, T[j, c] + 1, off, lab, cost, nxt, bon, boc, uni, V,
+                            lp2[c] = -bc - _step(bo, T[j, c] + 1, off, lab, cost, nxt, bon, boc, uni, V,
                                                       unk, tab)[1]
                 else:
                     for c in range(w):
@@ -876,19 +1086,17 @@ def _triple_values(T, W, hl, hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, u
                 for x in range(wx):
                     Vv[j, x, b, a] = gen
                 if r >= 0 and j >= 3:
-                    for q in range(x_off[r], x_off[r + 1]):  # the (x, b, a) the model keeps
-                        x = posx[x_lab[q]]
-                        if x < 0:
-                            continue
-                        s3 = x_state[q]
-                        _match_row(off[s3], off[s3 + 1], lab, labels[j], order[j], w, idx, posmap)
+                    for m in range(mst[b, a], mst[b, a + 1]):  # the (x, b, a) the model keeps
+                        e3 = x3[mq[m]]
+                        bc3 = e3.boc
+                        _match_row(e3.lo, e3.hi, lab, labels[j], w, idx, posmap, base)
                         best = -np.inf
                         for c in range(w):
-                            l3 = -cost[idx[c]] if idx[c] >= 0 else -boc[s3] + lp2[c]
+                            l3 = -cost[idx[c]] if idx[c] >= 0 else -bc3 + lp2[c]
                             v = hl[j, c] + alpha * l3 + Vv[j + 1, b, a, c]
                             if v > best:
                                 best = v
-                        Vv[j, x, b, a] = best
+                        Vv[j, mx[m], b, a] = best
         for c in range(w):
             posmap[labels[j, c]] = -1
         if j >= 3:
@@ -915,9 +1123,11 @@ def _triple_best_first(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, 
     n_a = np.empty(cap, np.int64)
     hf = np.empty(cap)
     hi = np.empty(cap, np.int64)
-    mk = np.full(1 << 12, -1, np.int64)
-    mn = np.empty(1 << 12, np.int64)
-    mc = np.empty(1 << 12)
+    labels = T + 1
+    ns_c = np.empty(k, np.int64)
+    lc_c = np.empty(k)
+    idx = np.empty(k, np.int64)
+    base = np.empty(k, np.int64)
     n_par[0] = -1
     n_c[0] = 0
     n_state[0] = start
@@ -954,10 +1164,12 @@ def _triple_best_first(T, W, hl, hp, alpha, p, start, off, lab, cost, nxt, bon, 
             hf = _grow_to(hf, 2 * (hn + w))
             hi = _grow_to(hi, 2 * (hn + w))
         s = n_state[u]
+        if alpha != 0.0:
+            _expand(s, labels[j], w, off, lab, cost, nxt, bon, boc, uni, V, unk, idx, base, ns_c, lc_c)
         for c in range(w):
             if alpha != 0.0:
-                ns, lc = _step_memo(s, T[j, c] + 1, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, mk, mn, mc)
-                g = n_g[u] + hl[j, c] - alpha * lc
+                ns = ns_c[c]
+                g = n_g[u] + hl[j, c] - alpha * lc_c[c]
             else:
                 ns = s
                 g = n_g[u] + hl[j, c]
