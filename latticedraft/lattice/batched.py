@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from latticedraft.lattice.search import LMArrays, _step, _triple_best_first, _triple_values
+from latticedraft.lattice.lm_tables import LMArrays, _step
+from latticedraft.lattice.triple_dp import _triple_best_first, _triple_values
 
 
 @njit(cache=True, nogil=True)

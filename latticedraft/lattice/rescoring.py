@@ -5,8 +5,8 @@
 
 - ``"exact"`` (default): the exact p best under true back-off semantics (``search.py``,
   compiled with numba: for n-gram orders <= 4 an exact backward dynamic program over the
-  lattice's candidate triples, then best-first enumeration of distinct paths; above order 4
-  a dynamic program over (slot, LM state) with merged states and admissible
+  lattice's candidate triples, then best-first enumeration of distinct paths (``triple_dp``);
+  above order 4 (``bounded_search``) a dynamic program over (slot, LM state) with merged states and admissible
   branch-and-bound). Equal scores are ordered deterministically.
 - ``"wfst"``: as the paper does with OpenFST: lattice acceptor ∘ n-gram WFST (from the
   history's state) then ``shortestpath(nshortest=…)``, read until ``p`` distinct strings.
@@ -34,8 +34,9 @@ import numpy as np
 from latticedraft.errors import InputError, ModelError
 from latticedraft.lm.wfst import NgramFst
 from latticedraft.lattice.batched import pbest_batch
+from latticedraft.lattice.lm_tables import _fingerprint
 from latticedraft.lattice.sausage import Drafts, Sausage, SausageBatch
-from latticedraft.lattice.search import _fingerprint, exact_pbest, history_state, lm_arrays
+from latticedraft.lattice.search import exact_pbest, history_state, lm_arrays
 
 METHODS = ("exact", "wfst")
 

@@ -1,9 +1,9 @@
-"""Small kernels of the order <= 4 search, against numpy."""
+"""Small kernels of the order <= 4 dynamic program (triple_dp), against numpy."""
 
 import numpy as np
 from numba import njit
 
-from latticedraft.lattice.search import _match_ls
+from latticedraft.lattice.triple_dp import _match_ls
 
 
 @njit(cache=True)
