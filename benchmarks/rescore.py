@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from latticedraft.lattice.lm_tables import _step  # noqa: E402
 from latticedraft.lattice.rescoring import rescore, rescore_batch  # noqa: E402
 from latticedraft.lattice.sausage import Sausage, SausageBatch  # noqa: E402
-from latticedraft.lattice.search import lm_arrays  # noqa: E402
+from latticedraft.lattice.lm_tables import lm_arrays  # noqa: E402
 from latticedraft.lm.corpus import read_text, stdlib_split  # noqa: E402
 from latticedraft.lm.ngram import NgramLM  # noqa: E402
 from latticedraft.atomic import write_atomic  # noqa: E402

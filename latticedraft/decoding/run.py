@@ -256,7 +256,8 @@ class Session:
         """Load what ``spec`` needs now, so that a missing LM or rescorer fails before any output
         and the first decode step does not pay for building search tables or loading kernels."""
         if spec.name in ("ngram", "parallel"):
-            from latticedraft.lattice.search import lm_arrays, warm_up
+            from latticedraft.lattice.lm_tables import lm_arrays
+            from latticedraft.lattice.search import warm_up
 
             lm_arrays(self.lm.fst)
             warm_up()

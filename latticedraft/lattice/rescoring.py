@@ -34,9 +34,9 @@ import numpy as np
 from latticedraft.errors import InputError, ModelError
 from latticedraft.lm.wfst import NgramFst
 from latticedraft.lattice.batched import pbest_batch
-from latticedraft.lattice.lm_tables import _fingerprint
+from latticedraft.lattice.lm_tables import _fingerprint, lm_arrays
 from latticedraft.lattice.sausage import Drafts, Sausage, SausageBatch
-from latticedraft.lattice.search import exact_pbest, history_state, lm_arrays
+from latticedraft.lattice.search import exact_pbest, history_state
 
 METHODS = ("exact", "wfst")
 

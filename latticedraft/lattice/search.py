@@ -14,7 +14,7 @@ B. *Any order* (``bounded_search``, used above order 4): admissible suffix bound
    LM states.
 
 Without an LM (or ``alpha = 0``) the p best by head score come from ``best_first``. The LM's
-arrays and tables are built by ``lm_tables`` (``lm_arrays``, re-exported here).
+arrays and tables are built by ``lm_tables.lm_arrays``.
 
 Why not more Python or a capped beam: a KenLM-state search in Python is exact but ~5 ms at
 8x16, and capping states per slot loses the exact best on a fifth of lattices; the bound lets
@@ -30,10 +30,10 @@ import numpy as np
 
 from latticedraft.lattice.best_first import _base_pbest
 from latticedraft.lattice.bounded_search import _context_bound, _pbest
-from latticedraft.lattice.lm_tables import UNSEEN_COST, LMArrays, _build_arrays, _step, _walk, lm_arrays
+from latticedraft.lattice.lm_tables import UNSEEN_COST, LMArrays, _build_arrays, _step, _walk
 from latticedraft.lattice.triple_dp import _triple_pbest
 
-__all__ = ["LMArrays", "context_bound", "exact_pbest", "history_state", "lm_arrays", "lm_step", "warm_up"]
+__all__ = ["context_bound", "exact_pbest", "history_state", "lm_step", "warm_up"]
 
 
 def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays: LMArrays | None,

@@ -9,7 +9,8 @@ import pytest
 from latticedraft.errors import InputError
 from latticedraft.lattice.rescoring import _history_state, rescore, rescore_batch
 from latticedraft.lattice.sausage import Sausage, SausageBatch
-from latticedraft.lattice.search import exact_pbest, lm_arrays
+from latticedraft.lattice.lm_tables import lm_arrays
+from latticedraft.lattice.search import exact_pbest
 from latticedraft.lattice.threshold import prune
 from test_rescoring import assert_same, brute
 from toylm import make_toy_lm

@@ -11,7 +11,8 @@ import pytest
 from latticedraft.errors import InputError
 from latticedraft.lattice.rescoring import base_drafts, lattice_fst_bytes, rescore, rescore_batch
 from latticedraft.lattice.sausage import Sausage
-from latticedraft.lattice.search import context_bound, lm_arrays, lm_step
+from latticedraft.lattice.lm_tables import lm_arrays
+from latticedraft.lattice.search import context_bound, lm_step
 from toylm import BOS, make_toy_lm
 
 LN10 = math.log(10.0)
