@@ -14,6 +14,10 @@ Attributes are imported lazily, so ``import latticedraft.lattice`` stays cheap.
 
 from importlib import import_module
 
+from latticedraft.lattice._numba_cache import drop_stale
+
+drop_stale()  # kernels inline njit code across modules; numba's cache only sees a kernel's own file
+
 _EXPORTS = {
     "Sausage": "sausage", "SausageBatch": "sausage", "Drafts": "sausage", "load_npz": "sausage",
     "rescore": "rescoring", "rescore_batch": "rescoring", "base_drafts": "rescoring",

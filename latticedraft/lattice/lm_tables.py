@@ -17,7 +17,8 @@ adds the state's back-off cost and retries at its back-off state, exactly like K
 table (``_build_hash``, ``_find``); ``_step_memo`` memoises the back-off tail per search.
 Costs are ``-ln p`` (float32 arrays, float64 in the kernels). The kernels here are inlined into
 ``triple_dp``, ``bounded_search`` and ``batched``; numba's on-disk cache does not notice edits in
-another file, so after changing one, delete those modules' cached kernels (``__pycache__/*.nb[ic]``).
+another file, so importing ``latticedraft.lattice`` drops caches older than any of its sources
+(``_numba_cache.drop_stale``).
 """
 
 from __future__ import annotations
