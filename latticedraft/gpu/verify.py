@@ -216,7 +216,7 @@ class Verifier:
         self.window = sliding_window(model)
         self.lazy = self.mode == "tree" and lazy_logits_ok(model)
         total = int(getattr(model, "num_heads", 1))
-        if num_heads is not None and not 1 <= num_heads:
+        if num_heads is not None and num_heads < 1:
             raise InputError(f"num_heads = {num_heads}: verification needs at least the base model's head")
         self.num_heads = None if num_heads is None or num_heads >= total else int(num_heads)
         self.dtype = model_dtype(model)

@@ -100,14 +100,14 @@ def rescore(sausage: Sausage, lm, alpha: float = 1.0, nbest: int = 1, history: S
     fst = _fst_of(lm)
     if fst is None or alpha == 0.0:
         return base_drafts(sausage, nbest)
-    if method == "exact" and lm_arrays(fst).triple is not None:  # order <= 4: the batch kernel, B = 1
+    arrays = lm_arrays(fst) if method == "exact" else None
+    if arrays is not None and arrays.triple is not None:  # order <= 4: the batch kernel, B = 1
         return _exact_batch(sausage.tokens[None], sausage.logp[None], sausage.widths[None], [history],
-                            lm_arrays(fst), float(alpha), int(nbest), 1)[0]
-    start, last, hist = _history_state(fst, history)
-    if method == "exact":
-        cand, scores = exact_pbest(sausage.tokens, sausage.logp, sausage.widths, lm_arrays(fst),
-                                   start, float(alpha), int(nbest), hist_last=last,
-                                   history=hist)
+                            arrays, float(alpha), int(nbest), 1)[0]
+    start, last, _ = _history_state(fst, history)
+    if arrays is not None:
+        cand, scores = exact_pbest(sausage.tokens, sausage.logp, sausage.widths, arrays,
+                                   start, float(alpha), int(nbest), hist_last=last)
         return _drafts(sausage, cand, scores, nbest)
     return _wfst_pbest(sausage, fst, start, float(alpha), int(nbest))
 
@@ -138,12 +138,13 @@ def rescore_batch(lattices: SausageBatch | Sequence[Sausage], lm, alpha: float =
         raise InputError(f"{B} lattices but {len(histories)} histories; give one history per lattice")
     workers = max(1, min(B, workers or os.cpu_count() or 1))
     fst = _fst_of(lm)
-    if method == "exact" and fst is not None and alpha != 0.0 and lm_arrays(fst).triple is not None and B:
+    arrays = lm_arrays(fst) if method == "exact" and fst is not None and alpha != 0.0 else None
+    if arrays is not None and arrays.triple is not None and B:
         if batch:
             tok, lp, wid = lattices.tokens, lattices.logp, lattices.widths
         else:
             tok, lp, wid = _stack(lattices)
-        return _exact_batch(tok, lp, wid, histories, lm_arrays(fst), float(alpha), int(nbest), workers)
+        return _exact_batch(tok, lp, wid, histories, arrays, float(alpha), int(nbest), workers)
     if batch:
         lattices = list(lattices)
     if method != "exact" or fst is None or alpha == 0.0 or workers <= 1 or B < 4:
