@@ -123,6 +123,18 @@ def _train_heads(name: str) -> None:
     print(f"{name}: {res.steps} steps, {res.tokens} tokens, {res.seconds} s, final loss {res.losses}")
 
 
+def stage_draft_vocab() -> None:
+    """Token ids of the heads' training corpus ranked by frequency (``--draft-vocab``)."""
+    from latticedraft.decoding.draft_vocab import write_ranked
+    from latticedraft.gpu.data import encode_files
+    from latticedraft.lm.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(DATA / "tokenizer" / "tokenizer.json")
+    stream = encode_files(stdlib_split("train"), tok)
+    out = write_ranked(DATA / "heads-stern", stream, tok.get_vocab_size(with_added_tokens=True), "stdlib:train")
+    print(f"draft vocabulary: {len(stream)} tokens ranked into {out}")
+
+
 def _params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -246,7 +258,7 @@ STAGES = {"tokenizer": stage_tokenizer, "heldout": stage_heldout, "prompts": sta
           "heads-stern": lambda: _train_heads("heads-stern"), "heads-dynamo": lambda: _train_heads("heads-dynamo"),
           "rescorer-small": lambda: _train_lm("rescorer-small", RESCORERS["rescorer-small"], RESCORER_OPT),
           "rescorer-medium": lambda: _train_lm("rescorer-medium", RESCORERS["rescorer-medium"], RESCORER_OPT),
-          "report": stage_report, "report-md": stage_report_md}
+          "draft-vocab": stage_draft_vocab, "report": stage_report, "report-md": stage_report_md}
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,7 @@
 # Rebuilds the bundled default models in data/ from the Python standard library's source.
 #   bash data/build.sh                 # every stage, in order
 #   bash data/build.sh tokenizer base  # only the named stages
-# Stages: tokenizer heldout prompts base heads-stern heads-dynamo rescorer-small rescorer-medium report
+# Stages: tokenizer heldout prompts base heads-stern heads-dynamo rescorer-small rescorer-medium draft-vocab report
 # Deterministic: fixed seeds, seeded batch order (BPE training gives the same fingerprint twice).
 # Training stages resume from their checkpoint if interrupted; everything runs under nice.
 set -euo pipefail

@@ -63,11 +63,13 @@ class LatticeOptions:
         if self.slots is not None and self.slots < 1:
             raise InputError(f"--slots {self.slots}: draft from at least 1 extra head (heads used = slots + 1)")
 
-    def build(self, head_logits) -> Sausage:
-        """Logits of heads 1..h-1, ``[h-1, V]`` (torch tensor or numpy) -> pruned top-k Sausage.
+    def build(self, head_logits, vocab=None) -> Sausage:
+        """Logits of heads 1..h-1, ``[h-1, V']`` (torch tensor or numpy) -> pruned top-k Sausage.
 
-        For a torch tensor the log-softmax and top-k run in torch (one fused call, no copy of
-        the full vocabulary to numpy): the per-step lattice cost stays far below a model call.
+        ``vocab`` (int64[V'], torch or numpy): the token id of each column when the heads
+        project onto a reduced draft vocabulary (the softmax is then over those V' tokens);
+        None: column = token id. For a torch tensor the log-softmax and top-k run in torch (one
+        fused call, no copy of the full vocabulary to numpy).
         """
         if self.slots is not None:
             head_logits = head_logits[: self.slots]
@@ -76,9 +78,13 @@ class LatticeOptions:
             val, idx = torch.topk(torch.log_softmax(head_logits.float(), dim=-1), k, dim=-1)
             if not bool(torch.isfinite(val).all()):  # NaN/inf logits make the whole row NaN
                 return Sausage.from_logits(head_logits, k)  # raises, naming the slot
+            if vocab is not None:
+                idx = torch.as_tensor(vocab, device=idx.device)[idx]
             s = Sausage(idx.cpu().numpy(), val.cpu().numpy())
         else:
             s = Sausage.from_logits(head_logits, k)
+            if vocab is not None:
+                s = Sausage(np.asarray(vocab)[s.tokens], s.logp)
         if self.prune == "none" and self.backoff is None:
             return s
         return prune(
@@ -97,9 +103,10 @@ class Drafter:
     def __init__(self, options: LatticeOptions | None = None):
         self.options = options or LatticeOptions()
 
-    def lattice(self, head_logits) -> Sausage:
-        """head_logits ``[h-1, V]``: heads 1..h-1 at the root (slot j = token j + 1 after it)."""
-        return self.options.build(head_logits)
+    def lattice(self, head_logits, vocab=None) -> Sausage:
+        """head_logits ``[h-1, V']``: heads 1..h-1 at the root (slot j = token j + 1 after it);
+        vocab: the token ids of the columns (a reduced draft vocabulary) or None."""
+        return self.options.build(head_logits, vocab)
 
     def draft(self, sausage: Sausage, history: np.ndarray) -> Drafts:
         raise NotImplementedError

@@ -116,25 +116,57 @@ class Forward:
             return self.model.unembed(self.hidden[r, n]).argmax(dim=-1).cpu().numpy()
         return self.logits[r, n].argmax(dim=-1).cpu().numpy()
 
-    def heads_at(self, nodes: torch.Tensor) -> torch.Tensor:
-        """Heads 1..num_heads' logits at node ``nodes[i]`` of row i: [b, h, V] (h = 1, the base
-        model alone, for a plain causal LM)."""
+    def draft_heads_at(self, nodes: torch.Tensor, vocab: "DraftVocab | None" = None) -> torch.Tensor:
+        """The extra heads' logits (heads 1..num_heads-1, what the next lattice is built from)
+        at node ``nodes[i]`` of row i: [b, h-1, V'] (V' = ``len(vocab)`` when a reduced draft
+        vocabulary is given, else V; [b, 0, V] for a model without heads). The base model's
+        own head is not projected here: its argmax at that node is the walk's bonus token."""
         if self.lazy:
             # Stern heads are FFNs on the final hidden state: run them on the b selected states
-            # and unembed all h heads in one 2-D projection
+            # and project all h-1 heads in one 2-D matmul (onto the draft vocabulary if given)
             hid = self.hidden[torch.arange(len(nodes), device=self.hidden.device), nodes.to(self.hidden.device)]
             extra = None if self.num_heads is None else self.num_heads - 1
-            states = torch.cat([hid.unsqueeze(-2), self.model.heads(hid, extra)], dim=-2)  # [b, h, H]
+            states = self.model.heads(hid, extra)  # [b, h-1, H]
             b, h, H = states.shape
-            return self.model.unembed(states.reshape(-1, H)).view(b, h, -1)
+            flat = states.reshape(-1, H)
+            out = vocab.project(flat) if vocab is not None else self.model.unembed(flat)
+            return out.view(b, h, -1)
         b = self.logits.shape[0]
         rows = torch.arange(b, device=self.logits.device)
         nodes = nodes.to(self.logits.device)
         if not hasattr(self.model, "head_logits_from"):
-            return self.logits[rows, nodes][:, None, :]
+            return self.logits.new_zeros(b, 0, self.logits.shape[-1])
         uniq, inv = torch.unique(nodes, return_inverse=True)
         hl = self.model.head_logits_from(self.out, uniq)  # [b, u, h, V]: heads only where needed
-        return hl[rows, inv][:, : self.num_heads]
+        hl = hl[rows, inv][:, 1 : self.num_heads]
+        return hl if vocab is None else hl.index_select(-1, vocab.ids.to(hl.device))
+
+
+class DraftVocab:
+    """A reduced vocabulary the extra heads project onto (FR-Spec, EAGLE-3): the V' most
+    frequent token ids of the training corpus. Drafting only: verification always uses the full
+    vocabulary in the model's dtype, so the output is unchanged. ids: int64[V'] token ids;
+    ``project(states [m, H]) -> [m, V']`` uses the matching rows of the output embedding."""
+
+    def __init__(self, model, ids):
+        lm = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if lm is None:
+            lm = getattr(model, "base", model).get_output_embeddings()
+        ids = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1))
+        V = int(lm.weight.shape[0])
+        if len(ids) == 0 or ids[0] < 0 or ids[-1] >= V:
+            raise InputError(f"draft vocabulary ids must lie in [0, {V}) and be non-empty; got {len(ids)} ids "
+                             f"in [{ids.min() if len(ids) else '-'}, {ids.max() if len(ids) else '-'}]")
+        self.ids = torch.as_tensor(ids, device=lm.weight.device)
+        self.weight = lm.weight.detach().index_select(0, self.ids).contiguous()
+        bias = getattr(lm, "bias", None)
+        self.bias = None if bias is None else bias.detach().index_select(0, self.ids).contiguous()
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+    def project(self, states: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(states, self.weight, self.bias)
 
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -153,7 +185,7 @@ def lazy_logits_ok(model) -> bool:
 def forward(model, input_ids, attention_mask, position_ids, cache, lazy: bool = False,
             num_heads: int | None = None) -> Forward:
     """One target call; works for a BlockwiseModel (Stern heads) and for a plain HF causal LM.
-    Heads are computed afterwards only at the nodes asked for (``Forward.heads_at``; the first
+    Heads are computed afterwards only at the nodes asked for (``Forward.draft_heads_at``; the first
     ``num_heads``, default all). With ``lazy`` only the decoder backbone runs (no output
     projection, no hidden-state recording): a tree of N nodes pays the projection only for the
     nodes the accept walk visits, and the call costs what a plain decoder call costs."""
@@ -192,7 +224,8 @@ def _walk(trees, argmax_at) -> tuple[list[list[int]], np.ndarray]:
 @dataclass
 class StepResult:
     """accepted: per row, the accepted draft tokens (int64[n_i]); bonus: int64[b], the target's
-    token after them (the next step's root); head_logits: [b, h, V] at the last accepted node."""
+    token after them (the next step's root); head_logits: [b, h-1, V'] of the extra heads at the
+    last accepted node (columns = ``Verifier.draft_vocab.ids`` when a draft vocabulary is set)."""
 
     accepted: list
     bonus: np.ndarray
@@ -201,14 +234,15 @@ class StepResult:
 
 class Verifier:
     """Prefill and verify for one target model; owns no state beyond the mode and the number of
-    heads computed (``num_heads``: the base model's head plus ``num_heads - 1`` extra; default all).
+    heads computed (``num_heads``: the base model's head plus ``num_heads - 1`` extra; default all)
+    and the optional reduced vocabulary the extra heads project onto (``draft_vocab``: token ids).
 
     >>> v = Verifier(model)          # doctest: +SKIP
-    >>> state, heads = v.prefill([np.array([5, 6, 7]), np.array([8])])
+    >>> state, roots, heads = v.prefill([np.array([5, 6, 7]), np.array([8])])
     >>> res = v.verify(state, roots, [drafts_row0, drafts_row1])
     """
 
-    def __init__(self, model, mode: str = "auto", num_heads: int | None = None):
+    def __init__(self, model, mode: str = "auto", num_heads: int | None = None, draft_vocab=None):
         if getattr(model, "kind", None) == "dynamo":
             raise ModelError("BPD verification runs Stern heads; a DynaMo model decodes with --method dynamo")
         self.model = model
@@ -221,12 +255,15 @@ class Verifier:
         self.num_heads = None if num_heads is None or num_heads >= total else int(num_heads)
         self.dtype = model_dtype(model)
         self.device = model_device(model)
+        self.draft_vocab = None if draft_vocab is None else DraftVocab(model, draft_vocab)
+        self.draft_vocab_size = None if self.draft_vocab is None else len(self.draft_vocab)
 
     # -- prefill -------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompts: list[np.ndarray]) -> tuple[SlotCache, torch.Tensor]:
-        """Run the left-padded prompts; returns the cache and head logits [b, h, V] at each
-        prompt's last token (head 0 = the base model's next-token logits)."""
+    def prefill(self, prompts: list[np.ndarray]) -> tuple[SlotCache, np.ndarray, torch.Tensor]:
+        """Run the left-padded prompts; returns the cache, the base model's greedy next token
+        after each prompt (int64[b], the first root) and the extra heads' logits there
+        ([b, h-1, V'], as ``StepResult.head_logits``)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise InputError("every prompt must have at least one token")
         b, n = len(prompts), max(len(p) for p in prompts)
@@ -247,7 +284,9 @@ class Verifier:
             mask = valid.long()
         out = forward(self.model, ids, mask, pos, state.cache, lazy=self.lazy, num_heads=self.num_heads)
         state.append_valid(valid, pos)
-        return state, out.heads_at(torch.full((b,), n - 1, dtype=torch.long))
+        last = torch.full((b,), n - 1, dtype=torch.long)
+        roots = out.argmax_at(list(range(b)), last.tolist()).astype(np.int64)
+        return state, roots, out.draft_heads_at(last, self.draft_vocab)
 
     def _window(self, allowed, q_pos, k_pos):
         if self.window is None:
@@ -288,7 +327,7 @@ class Verifier:
             keep_valid[i, : len(p)] = True
         state.commit(start, keep, keep_valid)
         last = torch.as_tensor([p[-1] for p in paths], device=dev)
-        heads = out.heads_at(last)
+        heads = out.draft_heads_at(last, self.draft_vocab)
         accepted = [t.tokens[p[1:]] for t, p in zip(trees, paths)]
         return StepResult(accepted, bonus, heads)
 
@@ -335,6 +374,6 @@ class Verifier:
         bonus = argmax[np.arange(b), best, nacc]
         nodes = torch.zeros(b * p, dtype=torch.long, device=dev)
         nodes[sel] = torch.as_tensor(nacc, device=dev)
-        heads = out.heads_at(nodes)[sel]
+        heads = out.draft_heads_at(nodes, self.draft_vocab)[sel]
         accepted = [seq[i, best[i], 1 : 1 + nacc[i]].copy() for i in range(b)]
         return StepResult(accepted, bonus.astype(np.int64), heads)

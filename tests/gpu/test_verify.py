@@ -36,8 +36,8 @@ def test_accepts_exactly_the_greedy_prefix(arch, mode):
     refs = [reference(model, p, 28) for p in ps]
     v = Verifier(model, mode)
     assert v.mode == mode
-    state, heads = v.prefill(ps)
-    out = [[int(heads[i, 0].argmax())] for i in range(4)]
+    state, first, heads = v.prefill(ps)
+    out = [[int(first[i])] for i in range(4)]
     assert [o[0] for o in out] == [r[0] for r in refs]
     rng = np.random.default_rng(0)
     for step in range(4):
@@ -53,11 +53,11 @@ def test_accepts_exactly_the_greedy_prefix(arch, mode):
             assert len(acc) >= want[i]  # random drafts may get lucky, never unlucky
             out[i] += acc + [int(res.bonus[i])]
             assert out[i] == refs[i][: len(out[i])]
-        # the heads' logits at the last accepted node equal a full forward's last logits
+        # the extra heads' logits at the last accepted node equal a full forward's last ones
         for i in range(4):
             full = torch.as_tensor(np.concatenate([ps[i], out[i][:-1]])[None])
-            ref_logits = model.base(full).logits[0, -1]
-            assert torch.allclose(res.head_logits[i, 0], ref_logits, atol=1e-8)
+            ref_logits = model(full).head_logits[0, -1, 1:]
+            assert torch.allclose(res.head_logits[i], ref_logits, atol=1e-8)
 
 
 def test_sliding_window_is_read_from_the_config():
@@ -86,7 +86,7 @@ def test_eager_attention_also_takes_the_tree_mask():
     p = prompts(1)[0]
     ref = reference(model, p, 8)
     v = Verifier(model)
-    state, heads = v.prefill([p])
+    state, _, heads = v.prefill([p])
     res = v.verify(state, np.array([ref[0]]), [np.array([ref[1:6], [1, 2, 3, 4, 5]])])
     assert res.accepted[0].tolist() == ref[1:6] and int(res.bonus[0]) == ref[6]
 
@@ -105,15 +105,37 @@ def test_lazy_verification_computes_only_the_heads_asked_for():
     refs = [reference(model, p, 12) for p in ps]
     full, part = Verifier(model), Verifier(model, num_heads=3)
     assert full.lazy and part.lazy
-    (s1, h1), (s2, h2) = full.prefill(ps), part.prefill(ps)
-    assert h1.shape[1] == 5 and h2.shape[1] == 3 and torch.allclose(h1[:, :3], h2, atol=1e-10)
+    (s1, r1, h1), (s2, r2, h2) = full.prefill(ps), part.prefill(ps)
+    assert r1.tolist() == r2.tolist() == [r[0] for r in refs]
+    assert h1.shape[1] == 4 and h2.shape[1] == 2 and torch.allclose(h1[:, :2], h2, atol=1e-10)
     roots = np.array([r[0] for r in refs])
     drafts = [np.array([r[1:5], r[1:3] + [0, 0]]) for r in refs]
     a, b = full.verify(s1, roots, drafts), part.verify(s2, roots, drafts)
     assert [x.tolist() for x in a.accepted] == [x.tolist() for x in b.accepted] == [r[1:5] for r in refs]
     assert a.bonus.tolist() == b.bonus.tolist() == [r[5] for r in refs]
-    assert torch.allclose(a.head_logits[:, :3], b.head_logits, atol=1e-10)
+    assert torch.allclose(a.head_logits[:, :2], b.head_logits, atol=1e-10)
     # the lazily projected heads equal the model's own full forward at the last accepted token
     for i, (p, r) in enumerate(zip(ps, refs)):
-        want = model(torch.as_tensor(np.concatenate([p, r[:5]])[None])).head_logits[0, -1]
+        want = model(torch.as_tensor(np.concatenate([p, r[:5]])[None])).head_logits[0, -1, 1:]
         assert torch.allclose(a.head_logits[i], want, atol=1e-8)
+
+
+def test_draft_vocabulary_projects_the_heads_onto_its_rows_only():
+    from tests.decoding.tiny import blockwise
+
+    model = blockwise("gpt2", torch.float64, num_heads=4)
+    ps = prompts(2, seed=6)
+    refs = [reference(model, p, 10) for p in ps]
+    ids = np.array([3, 9, 1, 40, 41, 63, 9])  # unsorted, with a duplicate: kept once, sorted
+    full, small = Verifier(model), Verifier(model, draft_vocab=ids)
+    assert small.draft_vocab.ids.tolist() == [1, 3, 9, 40, 41, 63]
+    (s1, r1, h1), (s2, r2, h2) = full.prefill(ps), small.prefill(ps)
+    assert r1.tolist() == r2.tolist() and h2.shape == (2, 3, 6)
+    assert torch.allclose(h2, h1[..., small.draft_vocab.ids], atol=1e-10)
+    roots = np.array([r[0] for r in refs])
+    drafts = [np.array([r[1:4]]) for r in refs]
+    a, b = full.verify(s1, roots, drafts), small.verify(s2, roots, drafts)  # verification is unchanged
+    assert [x.tolist() for x in a.accepted] == [x.tolist() for x in b.accepted] and a.bonus.tolist() == b.bonus.tolist()
+    assert torch.allclose(b.head_logits, a.head_logits[..., small.draft_vocab.ids], atol=1e-10)
+    with pytest.raises(InputError, match="draft vocabulary"):
+        Verifier(model, draft_vocab=[0, 64])
