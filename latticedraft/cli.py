@@ -386,11 +386,39 @@ def _drafter_args(p: argparse.ArgumentParser) -> None:
                    help="tree attention or drafts as batch rows (default auto: tree where the model takes 4-D masks)")
 
 
+def _tree_args(p: argparse.ArgumentParser) -> None:
+    """Which nodes each step verifies (decode only: eval and tune measure the paper's drafters)."""
+    g = p.add_argument_group("draft tree (--method bpd)")
+    g.add_argument("--tree", default="auto", choices=["auto", "fixed"],
+                   help="auto: verify the nodes that maximise expected tokens per second under the measured "
+                        "step cost T(n); fixed: every drafted path (default auto)")
+    g.add_argument("--context-ngrams", type=int, default=3, metavar="N",
+                   help="also draft what followed earlier matches of the last N..1 tokens in the prompt and "
+                        "output (prompt lookup); 0 = off (default 3)")
+    g.add_argument("--draft-vocab", default="auto", metavar="V",
+                   help="the extra heads project onto the V most frequent tokens (draft_vocab.json beside the "
+                        "heads); 0 = the full vocabulary; verification always uses all (default auto: 1024 "
+                        "where the heads ship a ranking, else all)")
+
+
 def _spec(a):
     from latticedraft.decoding.run import DrafterSpec
+    from latticedraft.errors import InputError
 
+    tree = dict(tree=getattr(a, "tree", "fixed"), context_ngrams=getattr(a, "context_ngrams", 0))
+    vocab = getattr(a, "draft_vocab", None)
+    if vocab not in (None, "auto"):
+        try:
+            vocab = int(vocab)
+        except ValueError:
+            raise InputError(f"--draft-vocab {vocab!r}: give a number of tokens (0 = full vocabulary) or auto") from None
+        if vocab < 0:
+            raise InputError(f"--draft-vocab {vocab}: give a number of tokens >= 1, 0 for the full vocabulary, or auto")
+        vocab = vocab or None
+    if tree["context_ngrams"] < 0:
+        raise InputError(f"--context-ngrams {tree['context_ngrams']}: give the longest suffix to match (>= 1), or 0 for off")
     return DrafterSpec(name=a.drafter, k=a.k, prune=a.prune, eps=a.eps, backoff=a.backoff, slots=a.slots,
-                       alpha=a.alpha, nbest=a.nbest)
+                       alpha=a.alpha, nbest=a.nbest, draft_vocab=vocab, **tree)
 
 
 def _cmd_decode(a) -> int:
@@ -409,7 +437,7 @@ def _cmd_decode(a) -> int:
     ids = encode(s.tokenizer, texts)
     spec = _spec(a)
     if a.method == "bpd":
-        s.prepare(spec)
+        s.prepare(spec, batch_size=a.batch_size if a.json else 1)
     if a.json:
         res = s.decode(ids, a.method, spec, max_new_tokens=a.max_new_tokens, verify=a.verify, batch_size=a.batch_size)
         for rec in records(res, s.tokenizer, s.base_dir, texts):
@@ -448,6 +476,7 @@ def _add_decode(groups) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt instead of streaming text")
     _common_model_args(p)
     _drafter_args(p)
+    _tree_args(p)
     _dynamo_sampler_args(p)
     p.set_defaults(func=_cmd_decode)
 

@@ -18,7 +18,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from latticedraft.decoding.acceptance import AcceptanceModel
+from latticedraft.decoding.context_ngrams import ContextNgrams
+from latticedraft.decoding.draft_tree import TreePlanner
 from latticedraft.errors import InputError
+from latticedraft.gpu.cost_model import CostModel
 from latticedraft.gpu.verify import Verifier
 
 
@@ -33,6 +37,7 @@ class SequenceResult:
     tokens_per_call: list[int]
     seconds: float
     accepted_drafts: list[int] = field(default_factory=list)  # accepted draft tokens per verify step
+    tree_nodes: list[int] = field(default_factory=list)  # verified tree size (root included) per step
 
     @property
     def block_efficiency(self) -> float:
@@ -97,6 +102,11 @@ def bpd_decode(
     record_steps: bool = False,
     on_tokens=None,
     first_row: int = 0,
+    tree: str = "fixed",
+    context: ContextNgrams | None = None,
+    acceptance: AcceptanceModel | None = None,
+    draft_vocab=None,
+    cost: CostModel | None = None,
 ) -> DecodeResult:
     """Decode every prompt with blockwise parallel decoding.
 
@@ -105,7 +115,16 @@ def bpd_decode(
     one copy per row is made with ``drafter.spawn(first_row + row)`` (first_row: the index of
     prompts[0] in the whole prompt set, so per-prompt state such as the oracle's references
     follows the prompt when a caller decodes in chunks). on_tokens(row, new_ids): called as
-    tokens are emitted (for streaming). Returns a ``DecodeResult``.
+    tokens are emitted (for streaming).
+
+    tree: "fixed" verifies every drafted path (plus every context n-gram path); "auto" picks
+    the nodes that maximise expected tokens per second from the measured cost model (cached
+    per model, device, threads and batch size) and ``acceptance`` (calibrated rates; default
+    the uncalibrated prior; ``cost`` overrides the measured curve). context: context n-gram
+    options (None: off). draft_vocab: token ids (int64[V']) the extra heads project onto (None:
+    the full vocabulary). Verification always uses the full vocabulary, so the output is the
+    same for every setting.
+    Returns a ``DecodeResult``.
     """
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -115,13 +134,19 @@ def bpd_decode(
     timing = {"model": 0.0, "lattice": 0.0, "draft": 0.0, "accept": 0.0}
     t_start = time.perf_counter()
     slots = getattr(getattr(drafter, "options", None), "slots", None)
-    verifier = Verifier(model, verify, num_heads=None if slots is None else slots + 1)  # only the heads drafted from
+    verifier = Verifier(model, verify, num_heads=None if slots is None else slots + 1,  # only the heads drafted from
+                        draft_vocab=draft_vocab)
+    if tree == "auto" and cost is None:
+        cost = CostModel.cached(verifier, batch=len(prompts))
+    planner = TreePlanner(tree, context, acceptance, cost)
+    vocab = None if verifier.draft_vocab is None else verifier.draft_vocab.ids
 
     b = len(prompts)
     out: list[list[int]] = [[] for _ in range(b)]
     calls = [0] * b
     per_call: list[list[int]] = [[] for _ in range(b)]
     acc_drafts: list[list[int]] = [[] for _ in range(b)]
+    tree_nodes: list[list[int]] = [[] for _ in range(b)]
     done_at = [0.0] * b
     drafters = [drafter.spawn(first_row + i) for i in range(b)]
     steps: list[StepRecord] = []
@@ -143,12 +168,12 @@ def bpd_decode(
         return stop
 
     t0 = time.perf_counter()
-    state, heads = verifier.prefill(prompts)
+    state, first, heads = verifier.prefill(prompts)
     timing["model"] += time.perf_counter() - t0
     active = []  # original row index of each live batch row
     roots = []
     for i in range(b):
-        root = int(heads[i, 0].argmax())
+        root = int(first[i])
         if emit(i, [root]):
             done_at[i] = time.perf_counter() - t_start
         else:
@@ -158,24 +183,29 @@ def bpd_decode(
         state.select_rows(torch.as_tensor(active, device=state.valid.device))
         heads = heads[torch.as_tensor(active, device=heads.device)]
 
+    t_step = time.perf_counter()
     while active:
         drafts = []
         for j, i in enumerate(active):
             history = np.concatenate([prompts[i], np.asarray(out[i], dtype=np.int64)])
             t0 = time.perf_counter()
-            sausage = drafters[i].lattice(heads[j, 1:]) if heads.shape[1] > 1 else None
+            sausage = drafters[i].lattice(heads[j], vocab) if heads.shape[1] > 0 else None
             t1 = time.perf_counter()
             d = drafters[i].draft(sausage, history) if sausage is not None else np.zeros((1, 0), np.int64)
+            room = max(max_new_tokens - len(out[i]) - 1, 0)  # the bonus token takes the last place
+            plan = planner.plan(sausage, _draft_tokens(d), history, room)
             timing["lattice"] += t1 - t0
             timing["draft"] += time.perf_counter() - t1
-            room = max_new_tokens - len(out[i]) - 1  # the bonus token takes the last place
-            drafts.append(_draft_tokens(d)[:, : max(room, 0)])
+            drafts.append(plan.drafts)
+            tree_nodes[i].append(plan.nodes)
             if record_steps:
                 steps.append(StepRecord(i, history, sausage, drafts[-1], None, -1))
         t0 = time.perf_counter()
         res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts)
         t1 = time.perf_counter()
         timing["model"] += t1 - t0
+        # the step's time outside the verify call (drafting, bookkeeping): what every tree size pays
+        planner.overhead = 0.8 * planner.overhead + 0.2 * max(t1 - t_step - (t1 - t0), 0.0)
         still, new_roots, live_rows = [], [], []
         for j, i in enumerate(active):
             acc = [int(t) for t in res.accepted[j]]
@@ -197,12 +227,14 @@ def bpd_decode(
                 state.select_rows(sel)
                 heads = heads[sel.to(heads.device)]
         active, roots = still, new_roots
-        timing["accept"] += time.perf_counter() - t1
+        t_step = time.perf_counter()
+        timing["accept"] += t_step - t1
 
     seqs = [
         SequenceResult(
             prompt_ids=prompts[i], tokens=np.asarray(out[i], dtype=np.int64), calls=calls[i],
             tokens_per_call=per_call[i], seconds=done_at[i], accepted_drafts=acc_drafts[i],
+            tree_nodes=tree_nodes[i],
         )
         for i in range(b)
     ]

@@ -10,7 +10,7 @@ drafter) and ``greedy`` (plain autoregressive decoding, the baseline).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +19,9 @@ from latticedraft.errors import InputError
 from latticedraft.paths import data_dir, default_lm_dir
 
 METHODS = ("bpd", "greedy")
+CALIBRATION_PROMPTS = slice(30, 42)
+AUTO_DRAFT_VOCAB = 1024  # V' of the bundled heads: 80% of corpus tokens, projection 8x cheaper
+FAST = {"tree": "auto", "context_ngrams": 3, "draft_vocab": "auto"}  # fastest in benchmarks/decode.py  # the tuning split (Appendix E): never in the benchmark or eval prompts
 EOS_TEXT = "<|endoftext|>"
 
 
@@ -134,7 +137,14 @@ def eos_id(tokenizer) -> int | None:
 
 @dataclass
 class DrafterSpec:
-    """What ``make_drafter`` needs, as plain values (CLI flags map 1:1)."""
+    """What ``make_drafter`` and the draft tree need, as plain values (CLI flags map 1:1).
+
+    tree: "fixed" (verify every drafted path) or "auto" (cost-aware tree, ``draft_tree.py``);
+    context_ngrams: longest context suffix matched for extra draft paths (0: off);
+    draft_vocab: V', the number of most frequent tokens the heads project onto (None: all;
+    "auto": ``AUTO_DRAFT_VOCAB`` where the heads ship ``draft_vocab.json``, else all).
+    The defaults are the paper's drafters as published (the eval tables); ``fast()`` gives the
+    fastest measured settings (benchmarks/decode.py), the CLI's and the demo's defaults."""
 
     name: str = "top1"
     k: int = 16
@@ -144,6 +154,18 @@ class DrafterSpec:
     slots: int | None = None
     alpha: float = 1.0
     nbest: int = 16
+    tree: str = "fixed"
+    context_ngrams: int = 0
+    draft_vocab: int | str | None = None
+
+    def fast(self) -> "DrafterSpec":
+        """This drafter with the fastest measured tree, context and vocabulary settings."""
+        return replace(self, **FAST)
+
+    def context(self):
+        from latticedraft.decoding.context_ngrams import ContextNgrams
+
+        return ContextNgrams(max_ngram=self.context_ngrams) if self.context_ngrams else None
 
 
 def build_drafter(spec: DrafterSpec, lm=None, rescorer=None, references=None):
@@ -155,8 +177,9 @@ def build_drafter(spec: DrafterSpec, lm=None, rescorer=None, references=None):
 
 
 def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_tokens=64, eos_token_id=None,
-               verify="auto", batch_size: int = 1, on_tokens=None, record_steps=False):
-    """Decode ``prompt_ids`` with ``method`` in batches; returns one merged ``DecodeResult``."""
+               verify="auto", batch_size: int = 1, on_tokens=None, record_steps=False, tree_kw: dict | None = None):
+    """Decode ``prompt_ids`` with ``method`` in batches; returns one merged ``DecodeResult``.
+    tree_kw: ``bpd_decode``'s tree, context, acceptance and draft_vocab arguments."""
     from latticedraft.decoding.bpd import DecodeResult, bpd_decode, greedy_decode
 
     if method not in METHODS:
@@ -174,7 +197,7 @@ def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_to
                     cb(i, q.tokens.tolist())
         else:
             r = bpd_decode(model, chunk, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                           verify=verify, on_tokens=cb, record_steps=record_steps, first_row=s)
+                           verify=verify, on_tokens=cb, record_steps=record_steps, first_row=s, **(tree_kw or {}))
             for st in r.steps:
                 st.row += s
         parts.append(r)
@@ -197,6 +220,7 @@ def records(result, tokenizer, model_dir: str, texts: list[str]) -> list[dict]:
             "calls": s.calls,
             "block_efficiency": round(s.block_efficiency, 4),
             "accepted_per_step": s.accepted_drafts,
+            "tree_nodes_per_step": s.tree_nodes,
             "tokens_per_call": s.tokens_per_call,
             "seconds": round(s.seconds, 4),
             "verify": result.verify_mode,
@@ -252,7 +276,7 @@ class Session:
             self._rescorer = load_rescorer(self.rescorer_dir, self.device, self.tokenizer)
         return self._rescorer
 
-    def prepare(self, spec: DrafterSpec) -> None:
+    def prepare(self, spec: DrafterSpec, batch_size: int = 1) -> None:
         """Load what ``spec`` needs now, so that a missing LM or rescorer fails before any output
         and the first decode step does not pay for building search tables or loading kernels."""
         if spec.name in ("ngram", "parallel"):
@@ -263,7 +287,13 @@ class Session:
             warm_up()
         if spec.name == "neural":
             _ = self.rescorer
-
+        self.draft_vocab(spec.draft_vocab)  # a missing or bad draft_vocab.json fails here
+        spec.context()
+        if spec.tree == "auto" and spec.name != "oracle":  # (the oracle's references come per call)
+            # measure T(n) and fit the acceptance rates now (both cached on disk after the first
+            # run), so that streaming output and timings never include them
+            warm = np.asarray(self.tokenizer.encode("import os\n").ids, dtype=np.int64)
+            self.decode([warm] * batch_size, "bpd", spec, max_new_tokens=2, batch_size=batch_size)
     def drafter(self, spec: DrafterSpec, references=None):
         lm = self.lm if spec.name in ("ngram", "parallel") else None
         rescorer = self.rescorer if spec.name == "neural" else None
@@ -275,12 +305,55 @@ class Session:
         """Decode token-id prompts; the oracle drafter gets greedy references computed here
         unless given."""
         spec = spec or DrafterSpec()
-        drafter = None
+        drafter, tree_kw = None, None
         if method == "bpd":
             if spec.name == "oracle" and references is None:
                 g = run_method("greedy", self.model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_id=self.eos)
                 references = [q.tokens for q in g.sequences]
             drafter = self.drafter(spec, references)
+            vocab = self.draft_vocab(spec.draft_vocab)
+            tree_kw = {"tree": spec.tree, "context": spec.context(), "draft_vocab": vocab,
+                       "acceptance": self.acceptance(spec) if spec.tree == "auto" else None}
         return run_method(method, self.model, prompt_ids, drafter, max_new_tokens=max_new_tokens,
                           eos_token_id=self.eos, verify=verify, batch_size=batch_size, on_tokens=on_tokens,
-                          record_steps=record_steps)
+                          record_steps=record_steps, tree_kw=tree_kw)
+
+    def draft_vocab(self, size: int | str | None):
+        """The ``size`` most frequent token ids of the heads' training corpus (int64[size]),
+        from ``draft_vocab.json`` beside the head checkpoint; None for None (and for "auto"
+        where the checkpoint has no ranking, or a plain causal LM without heads)."""
+        from latticedraft.decoding.draft_vocab import FILE, load_ranked
+
+        where = Path(self.model_dir) if self.model_dir is not None else default_model_dir()
+        if size == "auto":
+            usable = getattr(self.model, "num_heads", 1) > 1 and (where / FILE).is_file()
+            size = AUTO_DRAFT_VOCAB if usable else None
+        if size is None:
+            return None
+        return load_ranked(where, int(size))
+
+    def acceptance(self, spec: DrafterSpec):
+        """Acceptance rates for ``spec``'s drafts, fitted on the held-out calibration prompts
+        (``CALIBRATION_PROMPTS`` of data/prompts.jsonl) and cached per model and lattice settings."""
+        from latticedraft.decoding import acceptance
+        from latticedraft.decoding.calibrate import calibrate
+
+        file = data_dir() / "prompts.jsonl"
+        recs = read_prompts(file)[CALIBRATION_PROMPTS] if file.is_file() else []
+        if not recs or spec.name == "oracle":
+            return None  # the planner falls back to the uncalibrated prior (the oracle needs no rates)
+        weights = [p for p in Path(self.base_dir).glob("*.safetensors")]
+        if self.model_dir is not None or default_model_dir().exists():
+            weights += list(Path(self.model_dir or default_model_dir()).glob("*.safetensors"))
+        key = {"weights": sorted((str(w.resolve()), w.stat().st_size, w.stat().st_mtime_ns) for w in weights),
+               "spec": {k: getattr(spec, k) for k in ("name", "k", "prune", "eps", "backoff", "slots", "alpha", "nbest",
+                                                       "context_ngrams", "draft_vocab")},
+               "prompts": [r["prompt"] for r in recs]}
+        calib = DrafterSpec(**{**spec.__dict__, "tree": "fixed", "context_ngrams": 0})
+
+        def build():
+            ids = encode(self.tokenizer, [r["prompt"] for r in recs])
+            return calibrate(self.model, self.drafter(calib), ids, context=spec.context(),
+                             draft_vocab=self.draft_vocab(spec.draft_vocab), eos_token_id=self.eos)
+
+        return acceptance.cached(key, build)

@@ -161,3 +161,56 @@ def test_fewer_slots_compute_fewer_heads_and_stay_exact(arch, toy_lm):
     assert [s.tokens.tolist() for s in r.sequences] == refs
     assert all(st.sausage.h == 2 for st in r.steps)  # heads 1..2 only
     assert all(n <= 3 for s in r.sequences for n in s.tokens_per_call)
+
+
+def _repetitive(batch, seed, lengths=(6, 11, 4, 9)):
+    """Prompts that repeat a random motif, so context n-grams find matches from the first step."""
+    rng = np.random.default_rng(seed)
+    return [np.tile(rng.integers(1, 64, size=n), 3).astype(np.int64) for n in lengths[:batch]]
+
+
+def _flat_or_steep(slope):
+    from latticedraft.gpu.cost_model import CostModel
+
+    n = np.arange(1, 65)
+    return CostModel(tuple(n.tolist()), tuple((1.0 + slope * (n - 1)).tolist()))
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral"])
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("tree,ctx,vocab,slope,verify", [
+    ("auto", 3, None, 0.02, "auto"), ("auto", 2, 24, 0.5, "auto"), ("fixed", 3, 24, None, "auto"),
+    ("auto", None, 24, 0.05, "auto"), ("fixed", 2, None, None, "batched"), ("auto", 3, None, 0.1, "batched"),
+])
+def test_tree_policies_context_ngrams_and_draft_vocab_stay_exact(arch, batch, tree, ctx, vocab, slope, verify, toy_lm):
+    from latticedraft.decoding.context_ngrams import ContextNgrams
+
+    model = blockwise(arch, torch.float32, num_heads=4, seed=3)
+    ps = _repetitive(batch, seed=5) if ctx else prompts(batch, seed=5, lengths=(7, 3, 12, 5))
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    ids = np.random.default_rng(0).permutation(64)[:vocab] if vocab else None
+    d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=4)
+    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, tree=tree, verify=verify,
+                   context=ContextNgrams(max_ngram=ctx) if ctx else None, draft_vocab=ids,
+                   cost=None if slope is None else _flat_or_steep(slope), record_steps=True)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    for s in r.sequences:
+        assert len(s.tree_nodes) == len(s.accepted_drafts) and all(n >= 1 for n in s.tree_nodes)
+    if vocab:  # every head-drafted token comes from the draft vocabulary
+        assert all(set(st.sausage.tokens[st.sausage.tokens >= 0].tolist()) <= set(ids.tolist()) for st in r.steps)
+    if ctx and tree == "fixed":  # the context paths are in the verified trees
+        assert sum(a for s in r.sequences for a in s.accepted_drafts) > 0
+
+
+def test_auto_tree_follows_the_cost_curve():
+    """A flat T(n) verifies big trees, a steep one nothing beyond the root; both exact."""
+    model = blockwise("gpt2", torch.float32, num_heads=4, seed=3)
+    ps = prompts(2, seed=6)
+    d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=8)
+    flat = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, tree="auto", cost=_flat_or_steep(0.0))
+    steep = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, tree="auto", cost=_flat_or_steep(100.0))
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    for r in (flat, steep):
+        assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert all(n == 1 for s in steep.sequences for n in s.tree_nodes)
+    assert np.mean([n for s in flat.sequences for n in s.tree_nodes]) > 4

@@ -76,7 +76,7 @@ def test_decode_ngram_with_the_bundled_lm(bundle, capsys):
 
 def test_decode_with_fewer_slots(bundle, capsys):
     rc = main(["decode", "--model", str(bundle / "heads"), "--prompt", "import os\n", "--drafter", "parallel-base",
-               "--nbest", "4", "--slots", "1", "--max-new-tokens", "10", "--json"])
+               "--nbest", "4", "--slots", "1", "--max-new-tokens", "10", "--json", "--context-ngrams", "0"])
     assert rc == 0
     r = json.loads(capsys.readouterr().out)
     assert r["tokens"] == _greedy(r["model"], r["prompt_ids"], 10)
@@ -84,6 +84,24 @@ def test_decode_with_fewer_slots(bundle, capsys):
     assert main(["decode", "--model", str(bundle / "heads"), "--prompt", "x", "--slots", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--slots 0" in err and "\n" not in err
+
+
+@pytest.mark.parametrize("flags", [["--tree", "fixed", "--context-ngrams", "0", "--draft-vocab", "0"],
+                                   ["--tree", "auto", "--context-ngrams", "2"], ["--tree", "fixed", "--context-ngrams", "4"]])
+def test_decode_tree_context_and_vocab_flags_stay_greedy(bundle, capsys, flags):
+    rc = main(["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"), "--drafter",
+               "parallel-base", "--nbest", "4", "--max-new-tokens", "12", "--json", "--batch-size", "2", *flags])
+    assert rc == 0
+    for line in capsys.readouterr().out.splitlines():
+        r = json.loads(line)
+        assert r["tokens"] == _greedy(r["model"], r["prompt_ids"], 12)
+        assert len(r["tree_nodes_per_step"]) == len(r["accepted_per_step"])
+    for bad in (["--draft-vocab", "x"], ["--context-ngrams", "-2"]):
+        assert main(["decode", "--model", str(bundle / "heads"), "--prompt", "x", *bad]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: " + bad[0])
+    with pytest.raises(SystemExit) as e:
+        main(["decode", "--prompt", "x", "--tree", "big"])
+    assert e.value.code == 2 and "--tree" in capsys.readouterr().err
 
 
 def test_eval_refuses_flags_that_name_one_drafter(bundle, capsys, tmp_path):
