@@ -14,7 +14,7 @@ import sys
 from latticedraft.errors import LatticedraftError
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+class _HelpFormatter(argparse.HelpFormatter):
     """Every option's help ends with its default (unless the text already states one)."""
 
     def _get_help_string(self, action):
@@ -289,7 +289,8 @@ def _add_lm(groups) -> None:
                    help="build directory to create (must not hold a build unless --force)")
     b.add_argument("--order", type=int, default=3, help="n-gram order, 2..6 (default 3)")
     b.add_argument("--prune", type=int, nargs="+", metavar="N",
-                   help="lmplz count thresholds per order: drop n-grams seen at most N times, e.g. 0 0 1 3")
+                   help="lmplz count thresholds per order: drop n-grams seen at most N times, e.g. 0 0 1 3 "
+                        "(default: no pruning)")
     t = b.add_mutually_exclusive_group(required=True)
     t.add_argument("--tokenizer", metavar="PATH", help="HF tokenizer.json (or its directory) of the target model")
     t.add_argument("--train-tokenizer", type=int, metavar="VOCAB_SIZE", help="train a byte-level BPE on the corpus")
@@ -337,7 +338,8 @@ def _add_lm_cooccurrence(sub, build_parser) -> None:
                        description="Count token pairs and triples of a corpus (by default the LM build's own) for "
                                    "DynaMo's co-occurrence mask; writes cooccurrence.npz into the build directory.")
     c.add_argument("--lm", type=Path, required=True, metavar="DIR", help="LM build directory (its manifest names corpus and tokenizer)")
-    c.add_argument("--corpus", nargs="+", metavar="FILE", help="count these instead of the build's corpus")
+    c.add_argument("--corpus", nargs="+", metavar="FILE",
+                   help="count these (- for standard input) instead of the build's corpus (default: the build's)")
     c.add_argument("--tokenizer", metavar="PATH", help="tokenizer instead of the build's tokenizer.json")
     c.add_argument("--force", action="store_true", help="replace an existing cooccurrence.npz")
     c.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
@@ -361,8 +363,9 @@ def _add_lm_cooccurrence(sub, build_parser) -> None:
 def _cmd_lm_cooccurrence(a) -> int:
     from latticedraft.lm.cooccurrence import CooccurrenceStats, build_for_lm_dir
 
-    out = build_for_lm_dir(a.lm, tokenizer_path=a.tokenizer, corpus=a.corpus, encoding_errors=a.encoding_errors,
-                           force=a.force)
+    with _stdin_corpus(a.corpus or []) as corpus:
+        out = build_for_lm_dir(a.lm, tokenizer_path=a.tokenizer, corpus=corpus or None,
+                               encoding_errors=a.encoding_errors, force=a.force)
     s = CooccurrenceStats.load(out)
     print(f"wrote {out}: {s.n_tokens[0]} tokens, {s.pairs[1].nnz} distinct pairs, {s.triple_keys.size} distinct triples, "
           f"vocabulary {s.vocab_size}")
@@ -431,6 +434,14 @@ def _prompt_texts(a) -> list[str]:
     return texts
 
 
+def _set_threads(a) -> None:
+    """Apply ``--threads`` where no ``Session`` does it (the DynaMo commands)."""
+    if getattr(a, "threads", None) is not None:
+        import torch
+
+        torch.set_num_threads(a.threads)
+
+
 def _cmd_decode_dynamo(a, texts: list[str]) -> int:
     """``decode --method dynamo``: sample with the DynaMo heads; prints text, tokens per call and n per step."""
     import json
@@ -440,6 +451,7 @@ def _cmd_decode_dynamo(a, texts: list[str]) -> int:
     from latticedraft.lm.cooccurrence import resolve_table
 
     cfg = _dynamo_config(a)
+    _set_threads(a)
     model_dir = getattr(a, "model", None)
     model = load_model(model_dir, device=getattr(a, "device", None))
     check_model_limits(a, model)
@@ -487,6 +499,7 @@ def _cmd_eval_dynamo(a) -> int:
     from latticedraft.decoding.dynamo import VARIANTS
     from latticedraft.decoding.dynamo_eval import EPSILONS, evaluate
 
+    _set_threads(a)
     res, paths = evaluate(
         model_dir=getattr(a, "model", None), prompts_file=getattr(a, "prompts", None), out_dir=a.out,
         tokenizer_path=getattr(a, "tokenizer", None), cooccurrence=a.cooccurrence, num_prompts=a.num_prompts,
@@ -734,14 +747,20 @@ def _add_eval(groups) -> None:
 
 
 def _cmd_tune(a) -> int:
-    from latticedraft.decoding.run import Session, read_prompts
+    import math
+
     from latticedraft.cli_checks import check_device, check_drafting, check_model_limits
+    from latticedraft.decoding.run import Session, read_prompts
     from latticedraft.decoding.tune import GRID, tune
+    from latticedraft.errors import InputError
     from latticedraft.paths import check_writable, data_dir
 
     check_device(a.device)
     check_drafting(a)
     check_writable(a.out, "--out", "file")
+    for g in a.grid or []:
+        if not (math.isfinite(g) and g >= 0):
+            raise InputError(f"--grid {g}: alphas must be finite numbers >= 0, e.g. --grid 0.5 1 2")
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     check_model_limits(a, s.model)

@@ -135,8 +135,9 @@ def check_model_limits(a, model) -> None:
                          "can be drafted from; lower --slots")
     vocab = model_vocab_size(getattr(model, "base", model))
     k = getattr(a, "k", None)
-    if k is not None and k > vocab:
-        raise InputError(f"--k {k} is larger than the model's vocabulary ({vocab} tokens); use --k 1..{vocab}")
+    if given(a, "k") and k > vocab:  # defaults are clamped to small vocabularies by the library
+        raise InputError(f"--k {k} is larger than the vocabulary ({vocab} tokens, the model's); use --k 1..{vocab}")
     top_k = getattr(a, "top_k", None)
-    if top_k is not None and top_k > vocab:
-        raise InputError(f"--top-k {top_k} is larger than the model's vocabulary ({vocab} tokens); use --top-k 1..{vocab}")
+    if given(a, "top_k") and top_k > vocab:
+        raise InputError(f"--top-k {top_k} is larger than the vocabulary ({vocab} tokens, the model's); "
+                         f"use --top-k 1..{vocab}")

@@ -262,3 +262,54 @@ def test_version():
     from latticedraft import __version__
 
     assert r.returncode == 0 and r.stdout.strip() == f"latticedraft {__version__}"
+
+
+# -- also expected by users ---------------------------------------------------------------------------
+
+
+def _stdin(monkeypatch, data: bytes):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+def test_prompts_and_prompt_from_stdin(bundle, capsys, monkeypatch):
+    _stdin(monkeypatch, b'{"prompt": "def f(x):"}\n{"prompt": "import os\\n"}\n')
+    rc, out, _ = _run(capsys, "decode", "--model", bundle / "heads", "--prompts", "-", "--json", "--max-new-tokens", 3)
+    assert rc == 0 and [json.loads(x)["prompt"] for x in out.splitlines()] == ["def f(x):", "import os\n"]
+    _stdin(monkeypatch, "def g(y):".encode())
+    rc, out, _ = _run(capsys, "decode", "--model", bundle / "heads", "--prompt", "-", "--max-new-tokens", 3)
+    assert rc == 0 and out.startswith("def g(y):")
+    _stdin(monkeypatch, b"caf\xe9")
+    _refused(capsys, "decode", "--model", bundle / "heads", "--prompt", "-", needle="--prompt standard input")
+
+
+def test_corpus_from_stdin_with_a_sentence_unit_by_corpus_kind(tmp_path, capsys, monkeypatch):
+    from latticedraft.paths import kenlm_tool
+
+    try:
+        kenlm_tool("lmplz")
+    except Exception as e:  # pragma: no cover - a set-up problem, not a test result
+        pytest.skip(f"KenLM not built: {e}")
+    lines = [f"And the {w} said unto {v}" for w in ("lord", "king", "man") for v in ("them", "him", "her")]
+    text = "\n".join(lines[:4]) + "\n\n" + "\n".join(lines[4:]) + "\n"
+    for unit, want in ((None, ("lines", len(lines))), ("paragraphs", ("paragraphs", 2)), ("files", ("files", 1))):
+        _stdin(monkeypatch, text.encode())
+        out = tmp_path / f"lm-{unit}"
+        rc, _, last = _run(capsys, "lm", "build", "--corpus", "-", "--train-tokenizer", 300, "--order", 2, "-o", out,
+                           *(["--sentences", unit] if unit else []))
+        assert rc == 0, last
+        corpus = json.loads((out / "manifest.json").read_text())["corpus"]
+        assert (corpus["sentences"], corpus["chunks"]) == want
+        assert ("corpus kind" in corpus["sentences_chosen_by"]) == (unit is None)
+
+
+def test_history_spellings_agree(capsys):
+    if not default_lm_dir().exists():
+        pytest.skip("bundled 4-gram missing")
+    outs = []
+    for hist in (["5,6", "7"], ["5", "6", "7"], ["5 6,7"]):
+        rc, out, _ = _run(capsys, "lm", "score", "--ids", "9,10", "--history", *hist, "--compact")
+        assert rc == 0
+        outs.append(json.loads(out)["tokens"])
+    assert outs[0] == outs[1] == outs[2]
