@@ -82,7 +82,8 @@ def _optim_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     g.add_argument("--stop-after", type=int, default=None, help="stop after N steps this run, leaving a checkpoint to --resume")
     g.add_argument("--save-dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="dtype of the saved weights")
     g.add_argument("--device", default=None, help="torch device (default cpu)")
-    g.add_argument("--encoding-errors", default="strict", choices=["strict", "replace"], help="non-UTF-8 bytes in the corpus: fail naming the byte (strict) or replace them")
+    g.add_argument("--encoding-errors", default="strict", choices=["strict", "replace"],
+                   help="non-UTF-8 bytes in the corpus: fail naming the byte (strict) or replace them")
 
 
 def _optim_config(a):
@@ -156,7 +157,8 @@ def _add_train(groups) -> None:
                                      "the standard library; - reads standard input) and save it in HF format with "
                                      "its tokenizer. Checkpoints every --checkpoint-every steps; --resume continues.")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json or a directory holding one")
-    p.add_argument("--corpus", nargs="+", required=True, help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
+    p.add_argument("--corpus", nargs="+", required=True,
+                   help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
     p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
                    help="output directory (HF format, loadable by AutoModelForCausalLM)")
     p.add_argument("--n-embd", type=int, default=256, help="hidden size")
@@ -170,7 +172,8 @@ def _add_train(groups) -> None:
                                      "frozen (or --unfreeze) base causal LM; saves heads_config.json and "
                                      "heads.safetensors, naming the base relatively.")
     p.add_argument("--base", required=True, help="base model directory (HF format)")
-    p.add_argument("--corpus", nargs="+", required=True, help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
+    p.add_argument("--corpus", nargs="+", required=True,
+                   help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
     p.add_argument("--heads", type=int, required=True, help="number of heads h, counting the base's own head 1 (≥ 2)")
     p.add_argument("--kind", choices=["stern", "dynamo"], default="stern", help="FFN heads (Stern) or decoder-layer heads (DynaMo)")
     p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
@@ -323,7 +326,8 @@ def _add_lm(groups) -> None:
     c.add_argument("-o", "--out", type=Path, required=True, metavar="LM.FST",
                    help="output file: the OpenFst binary (lm.npz is written beside it)")
     c.add_argument("--vocab-size", type=int, help="V, the tokenizer's vocabulary size (default: largest id + 1)")
-    c.add_argument("--unk-cost", type=float, default=1000.0, help="cost of ids absent from the ARPA, >= 0 (default 1000)")
+    c.add_argument("--unk-cost", type=float, default=1000.0,
+                   help="cost of ids absent from the ARPA, >= 0 (default 1000)")
     c.add_argument("--force", action="store_true", help="replace an existing --out")
     c.set_defaults(func=_cmd_lm_convert)
     _add_lm_cooccurrence(sub, b)
@@ -334,7 +338,8 @@ def _add_lm(groups) -> None:
 
 def _add_lm_cooccurrence(sub, build_parser) -> None:
     """``lm cooccurrence`` and ``lm build --cooccurrence`` (counts for DynaMo's co-occurrence mask)."""
-    c = sub.add_parser("cooccurrence", help="count token pairs/triples for DynaMo's co-occurrence mask into an LM build",
+    c = sub.add_parser("cooccurrence",
+                       help="count token pairs/triples for DynaMo's co-occurrence mask into an LM build",
                        description="Count token pairs and triples of a corpus (by default the LM build's own) for "
                                    "DynaMo's co-occurrence mask; writes cooccurrence.npz into the build directory.")
     c.add_argument("--lm", type=Path, required=True, metavar="DIR", help="LM build directory (its manifest names corpus and tokenizer)")
@@ -599,7 +604,8 @@ def _add_decode(groups) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
     p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together; needs --json (default 1)")
     p.add_argument("--json", action="store_true",
-                   help="print one JSON object per prompt, each as soon as its batch completes, instead of streaming text")
+                   help="print one JSON object per prompt, each as soon as its batch completes, "
+                        "instead of streaming text")
     _common_model_args(p)
     _drafter_args(p)
     _dynamo_sampler_args(p)
@@ -686,7 +692,8 @@ def _add_lattice(groups) -> None:
 
 def _cmd_eval(a) -> int:
     """``eval``: every drafter on a prompt set; results.json, results.md, Figure 6 and 7 PNGs."""
-    from latticedraft.cli_checks import DRAFTING, SAMPLING, check_device, check_drafting, check_model_limits, refuse_given
+    from latticedraft.cli_checks import (DRAFTING, SAMPLING, check_device, check_drafting, check_model_limits,
+                                         refuse_given)
     from latticedraft.paths import check_writable
 
     check_device(a.device)
@@ -788,7 +795,8 @@ def _add_tune(groups) -> None:
     p.add_argument("--k", type=int, default=16, help="candidates per head (default 16)")
     p.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
     p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
-    p.add_argument("-o", "--out", type=Path, default=Path("tuned.json"), help="output file: the alphas as JSON (default ./tuned.json)")
+    p.add_argument("-o", "--out", type=Path, default=Path("tuned.json"),
+                   help="output file: the alphas as JSON (default ./tuned.json)")
     _common_model_args(p)
     p.set_defaults(func=_cmd_tune)
 

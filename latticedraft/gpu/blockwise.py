@@ -151,7 +151,8 @@ class BlockwiseModel(nn.Module):
         path = Path(path)
         cfg_file = path / CONFIG_NAME
         if path.exists() and not path.is_dir():
-            raise ModelError(f"head checkpoint {path} is a file, not a directory; pass the directory save_pretrained wrote")
+            raise ModelError(f"head checkpoint {path} is a file, not a directory; "
+                             "pass the directory save_pretrained wrote")
         if not cfg_file.is_file():
             raise ModelError(f"{path} has no {CONFIG_NAME}; it is not a head checkpoint (train one with `latticedraft train heads`)")
         try:

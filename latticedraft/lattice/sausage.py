@@ -285,7 +285,8 @@ def load_npz(path: str | Path) -> tuple[Sausage, dict]:
         raise InputError(f"{path} lacks the arrays 'tokens' and 'logp' (has {sorted(data)}); write it with Sausage.save")
     tok, lp = data.pop("tokens"), data.pop("logp")
     if tok.dtype.kind not in "iu":
-        raise InputError(f"{path}: 'tokens' holds {tok.dtype} values, not integer token ids; write it with Sausage.save")
+        raise InputError(f"{path}: 'tokens' holds {tok.dtype} values, not integer token ids; "
+                         "write it with Sausage.save")
     if lp.dtype.kind != "f":
         raise InputError(f"{path}: 'logp' holds {lp.dtype} values, not floats; write it with Sausage.save")
     if (lp > 0).any():
