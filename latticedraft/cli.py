@@ -14,11 +14,56 @@ import sys
 from latticedraft.errors import LatticedraftError
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default (unless the text already states one)."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if (not action.option_strings or action.required or action.default is argparse.SUPPRESS
+                or "default" in h.lower()):
+            return h
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return f"{h} (default: {'off' if action.default is False else 'on'})"
+        d = action.default
+        shown = "none" if d is None else " ".join(map(str, d)) if isinstance(d, (list, tuple)) else str(d)
+        return f"{h} (default: {shown.replace('%', '%%')})"
+
+
+class _Parser(argparse.ArgumentParser):
+    """``ArgumentParser`` whose help shows defaults; sub-command parsers inherit it."""
+
+    def __init__(self, *args, **kw):
+        kw.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kw)
+
+    def error(self, message):
+        """Usage, then one last line ``error: ...`` naming the option and where the help is (exit 2)."""
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
+def _commands(parser: argparse.ArgumentParser, path=()):
+    """``(("lm", "build"), parser)`` for every leaf command under ``parser``."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+        return
+    for name, p in subs[0].choices.items():
+        yield from _commands(p, (*path, name))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="latticedraft", description=__doc__.splitlines()[0])
+    from latticedraft import __version__
+
+    parser = _Parser(prog="latticedraft", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"latticedraft {__version__}")
     groups = parser.add_subparsers(dest="group", required=True, metavar="<group>")
     for add in _GROUPS:
         add(groups)
+    for _, p in _commands(parser):  # what cli_checks.given compares against
+        opts = [x for x in p._actions if x.option_strings and x.dest != "help"]
+        p.set_defaults(_defaults={x.dest: p.get_default(x.dest) for x in opts},
+                       _flags={x.dest: max(x.option_strings, key=len) for x in opts})
     return parser
 
 
@@ -37,7 +82,8 @@ def _optim_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     g.add_argument("--stop-after", type=int, default=None, help="stop after N steps this run, leaving a checkpoint to --resume")
     g.add_argument("--save-dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="dtype of the saved weights")
     g.add_argument("--device", default=None, help="torch device (default cpu)")
-    g.add_argument("--encoding-errors", default="strict", choices=["strict", "replace"], help="on non-UTF-8 corpus bytes")
+    g.add_argument("--encoding-errors", default="strict", choices=["strict", "replace"],
+                   help="non-UTF-8 bytes in the corpus: fail naming the byte (strict) or replace them")
 
 
 def _optim_config(a):
@@ -58,14 +104,31 @@ def _print_trained(res, loss_label: str) -> int:
     return 0
 
 
+def _check_train(a) -> None:
+    """What ``train lm`` / ``train heads`` can check before reading the corpus or loading a model."""
+    from latticedraft.cli_checks import at_least, check_device, finite
+    from latticedraft.paths import check_writable
+
+    check_device(a.device)
+    check_writable(a.out, "--out", "directory")
+    for d in ("steps", "batch_size", "seq_len", "grad_accum", "checkpoint_every", "stop_after"):
+        at_least(a, d, 1)
+    for d in ("lr", "warmup_frac", "weight_decay"):
+        finite(a, d)
+
+
 def _cmd_train_lm(a) -> int:
     from latticedraft.gpu.train import LMArch, train_lm
     from latticedraft.lm.corpus import resolve_corpus
 
-    res = train_lm(a.tokenizer, resolve_corpus(a.corpus), a.out,
-                   LMArch(n_embd=a.n_embd, n_layer=a.n_layer, n_head=a.n_head, n_positions=a.n_positions),
-                   _optim_config(a), resume=a.resume, save_dtype=a.save_dtype, device=a.device,
-                   encoding_errors=a.encoding_errors, stop_after=a.stop_after)
+    _check_train(a)
+
+    with _stdin_corpus(a.corpus) as corpus:
+        files = resolve_corpus(corpus)
+        res = train_lm(a.tokenizer, files, a.out,
+                       LMArch(n_embd=a.n_embd, n_layer=a.n_layer, n_head=a.n_head, n_positions=a.n_positions),
+                       _optim_config(a), resume=a.resume, save_dtype=a.save_dtype, device=a.device,
+                       encoding_errors=a.encoding_errors, stop_after=a.stop_after)
     return _print_trained(res, "final loss")
 
 
@@ -73,32 +136,48 @@ def _cmd_train_heads(a) -> int:
     from latticedraft.gpu.train import train_heads
     from latticedraft.lm.corpus import resolve_corpus
 
-    res = train_heads(a.base, resolve_corpus(a.corpus), a.out, a.heads, a.kind, _optim_config(a), lambdas=a.lambdas,
-                      unfreeze=a.unfreeze, lr_base=a.lr_base, lr_stem=a.lr_stem, ffn_dim=a.ffn_dim,
-                      tokenizer_path=a.tokenizer, resume=a.resume, save_dtype=a.save_dtype, device=a.device,
-                      encoding_errors=a.encoding_errors, stop_after=a.stop_after)
+    _check_train(a)
+
+    with _stdin_corpus(a.corpus) as corpus:
+        files = resolve_corpus(corpus)
+        res = train_heads(a.base, files, a.out, a.heads, a.kind, _optim_config(a), lambdas=a.lambdas,
+                          unfreeze=a.unfreeze, lr_base=a.lr_base, lr_stem=a.lr_stem, ffn_dim=a.ffn_dim,
+                          tokenizer_path=a.tokenizer, resume=a.resume, save_dtype=a.save_dtype, device=a.device,
+                          encoding_errors=a.encoding_errors, stop_after=a.stop_after)
     return _print_trained(res, "final loss per head")
 
 
 def _add_train(groups) -> None:
-    grp = groups.add_parser("train", help="train a small causal LM or multi-token heads")
+    grp = groups.add_parser("train", help="train a small causal LM or multi-token heads",
+                            description="Train the models latticedraft decodes with: a small causal LM from scratch "
+                                        "(`train lm`) or multi-token heads on a base LM (`train heads`).")
     verbs = grp.add_subparsers(dest="verb", required=True, metavar="<verb>")
-    p = verbs.add_parser("lm", help="train a GPT-2-style causal LM from scratch (the base, the neural rescorers)")
+    p = verbs.add_parser("lm", help="train a GPT-2-style causal LM from scratch (the base, the neural rescorers)",
+                         description="Train a GPT-2-style causal LM from scratch on a corpus (files, directories or "
+                                     "the standard library; - reads standard input) and save it in HF format with "
+                                     "its tokenizer. Checkpoints every --checkpoint-every steps; --resume continues.")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json or a directory holding one")
-    p.add_argument("--corpus", nargs="+", required=True, help="files, directories, or stdlib / stdlib:train / stdlib:heldout")
-    p.add_argument("--out", required=True, help="output directory (HF format, loadable by AutoModelForCausalLM)")
-    p.add_argument("--n-embd", type=int, default=256)
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--corpus", nargs="+", required=True,
+                   help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
+    p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
+                   help="output directory (HF format, loadable by AutoModelForCausalLM)")
+    p.add_argument("--n-embd", type=int, default=256, help="hidden size")
+    p.add_argument("--n-layer", type=int, default=4, help="decoder layers")
+    p.add_argument("--n-head", type=int, default=4, help="attention heads per layer")
     p.add_argument("--n-positions", type=int, default=256, help="context length")
     _optim_args(p, steps=500, lr=2e-3)
     p.set_defaults(func=_cmd_train_lm)
-    p = verbs.add_parser("heads", help="train heads 2..h of a BlockwiseModel on a base causal LM (loss Σ λ_h L_h)")
+    p = verbs.add_parser("heads", help="train heads 2..h of a BlockwiseModel on a base causal LM (loss Σ λ_h L_h)",
+                         description="Train multi-token heads (Stern FFN heads or DynaMo decoder-layer heads) on a "
+                                     "frozen (or --unfreeze) base causal LM; saves heads_config.json and "
+                                     "heads.safetensors, naming the base relatively.")
     p.add_argument("--base", required=True, help="base model directory (HF format)")
-    p.add_argument("--corpus", nargs="+", required=True, help="files, directories, or stdlib / stdlib:train / stdlib:heldout")
+    p.add_argument("--corpus", nargs="+", required=True,
+                   help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
     p.add_argument("--heads", type=int, required=True, help="number of heads h, counting the base's own head 1 (≥ 2)")
     p.add_argument("--kind", choices=["stern", "dynamo"], default="stern", help="FFN heads (Stern) or decoder-layer heads (DynaMo)")
-    p.add_argument("--out", required=True, help="output directory (heads_config.json names the base relatively)")
+    p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
+                   help="output directory (heads_config.json names the base relatively)")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: BASE/tokenizer.json)")
     p.add_argument("--lambdas", type=float, nargs="+", default=None, help="per-head loss weights λ_1..λ_h (default all 1)")
     p.add_argument("--unfreeze", action="store_true", help="train the base too, with DynaMo's three learning rates")
@@ -109,14 +188,38 @@ def _add_train(groups) -> None:
     p.set_defaults(func=_cmd_train_heads)
 
 
-def _cmd_lm_build(a) -> int:
-    from latticedraft.lm.build import BuildOptions, build
+def _stdin_corpus(specs: list[str]):
+    """A context giving ``specs`` with ``-`` replaced by a temporary copy of standard input (``stdin.txt``)."""
+    import contextlib
+    import tempfile
 
-    m = build(BuildOptions(
+    @contextlib.contextmanager
+    def spooled():
+        if "-" not in specs:
+            yield list(specs)
+            return
+        from latticedraft.textin import read_bytes_arg
+
+        with tempfile.TemporaryDirectory(prefix="latticedraft-stdin-") as d:
+            f = Path(d) / "stdin.txt"
+            f.write_bytes(read_bytes_arg("-", "--corpus", "pipe the corpus text into --corpus -"))
+            yield [str(f) if x == "-" else x for x in specs]
+
+    return spooled()
+
+
+def _cmd_lm_build(a) -> int:
+    from latticedraft.lm.build import BuildOptions, build, validate
+
+    opts = BuildOptions(
         corpus=a.corpus, out=a.out, order=a.order, prune=a.prune, tokenizer=a.tokenizer,
         train_tokenizer=a.train_tokenizer, memory=a.memory, temp_dir=a.temp_dir, force=a.force,
-        encoding_errors=a.encoding_errors, unk_cost=a.unk_cost,
-    ))
+        encoding_errors=a.encoding_errors, unk_cost=a.unk_cost, sentences=a.sentences,
+    )
+    validate(opts)  # before reading standard input
+    with _stdin_corpus(a.corpus) as corpus:
+        opts.corpus = corpus
+        m = build(opts)
     f = m["fst"]
     print(f"built {m['order']}-gram LM in {a.out}: {m['corpus']['tokens']} tokens, n-grams "
           f"{'/'.join(map(str, m['ngram_counts']))}, WFST {f['states']} states {f['arcs']} arcs"
@@ -131,14 +234,15 @@ def _cmd_lm_score(a) -> int:
     from latticedraft.errors import InputError
     from latticedraft.lm.ngram import NgramLM
 
-    lm = NgramLM.load(a.lm, unk_cost=a.unk_cost)
     if (a.text is None) == (a.ids is None):
         raise InputError("give exactly one of --text TEXT or --ids ID [ID ...]")
+    ids, history = _ids(a.ids, "--ids"), _ids(a.history, "--history") or []
+    lm = NgramLM.load(a.lm, unk_cost=a.unk_cost)
     if a.text is not None:
-        ids = lm.tokenizer.encode(a.text, add_special_tokens=False).ids
-    else:
-        ids = a.ids
-    history = a.history or []
+        from latticedraft.textin import read_text_arg
+
+        text = read_text_arg("-", "--text", "pipe UTF-8 text into --text -") if a.text == "-" else a.text
+        ids = lm.tokenizer.encode(text, add_special_tokens=False).ids
     lp = lm.score(ids, history=history)
     vocab = lm.vocab
     out = {"lm": str(a.lm), "order": lm.order, "history": list(history),
@@ -154,6 +258,11 @@ def _cmd_lm_convert(a) -> int:
     from latticedraft.errors import InputError
     from latticedraft.lm.wfst import arpa_to_fst
 
+    from latticedraft.lm.wfst import check_unk_cost
+    from latticedraft.paths import check_writable
+
+    check_unk_cost(a.unk_cost)
+    check_writable(a.out, "--out", "file")
     if a.out.exists() and not a.force:
         raise InputError(f"--out {a.out} exists; pass --force to replace it")
     if not a.out.parent.is_dir():
@@ -168,15 +277,23 @@ def _cmd_lm_convert(a) -> int:
 def _add_lm(groups) -> None:
     from latticedraft.paths import default_lm_dir
 
-    g = groups.add_parser("lm", help="n-gram LMs: build (KenLM → ARPA → binary → WFST) and score")
+    g = groups.add_parser("lm", help="n-gram LMs: build (KenLM → ARPA → binary → WFST) and score",
+                          description="Build, score, convert n-gram LMs over token ids, and count co-occurrences.")
     sub = g.add_subparsers(dest="verb", required=True, metavar="<verb>")
-    b = sub.add_parser("build", help="build an n-gram LM over token ids from corpus files")
+    b = sub.add_parser("build", help="build an n-gram LM over token ids from corpus files",
+                       description="Tokenize a corpus, count and estimate an n-gram LM with KenLM's lmplz, and "
+                                   "write lm.arpa, lm.bin, lm.fst (+ lm.npz), tokenizer.json and manifest.json "
+                                   "into --out. The build happens in a temporary directory renamed into place, "
+                                   "so a failed or interrupted build leaves nothing behind.")
     b.add_argument("--corpus", nargs="+", required=True, metavar="FILE",
-                   help="text files (.gz too), directories, or stdlib / stdlib:train / stdlib:heldout")
-    b.add_argument("--out", type=Path, required=True, metavar="DIR", help="build directory (must not hold a build)")
+                   help="text files (.gz too), directories, stdlib / stdlib:train / stdlib:heldout, or - for "
+                        "standard input")
+    b.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
+                   help="build directory to create (must not hold a build unless --force)")
     b.add_argument("--order", type=int, default=3, help="n-gram order, 2..6 (default 3)")
     b.add_argument("--prune", type=int, nargs="+", metavar="N",
-                   help="lmplz count thresholds per order: drop n-grams seen at most N times, e.g. 0 0 1 3")
+                   help="lmplz count thresholds per order: drop n-grams seen at most N times, e.g. 0 0 1 3 "
+                        "(default: no pruning)")
     t = b.add_mutually_exclusive_group(required=True)
     t.add_argument("--tokenizer", metavar="PATH", help="HF tokenizer.json (or its directory) of the target model")
     t.add_argument("--train-tokenizer", type=int, metavar="VOCAB_SIZE", help="train a byte-level BPE on the corpus")
@@ -185,22 +302,32 @@ def _add_lm(groups) -> None:
     b.add_argument("--force", action="store_true", help="replace an existing build in --out")
     b.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
                    help="non-UTF-8 bytes in the corpus: fail naming the byte (strict) or replace them")
-    b.add_argument("--unk-cost", type=float, default=1000.0, help="cost (-ln p) of ids never seen (default 1000)")
+    b.add_argument("--unk-cost", type=float, default=1000.0, help="cost (-ln p) of ids never seen, >= 0 (default 1000)")
+    b.add_argument("--sentences", choices=["lines", "paragraphs", "files"], default=None,
+                   help="the LM's sentence unit (<s> ... </s>): each line (KenLM's convention), each blank-line "
+                        "paragraph, or each file (default: paragraphs when every corpus file is .py code, else "
+                        "lines; the manifest records which)")
     b.set_defaults(func=_cmd_lm_build)
-    s = sub.add_parser("score", help="per-token natural-log probabilities as JSON")
+    s = sub.add_parser("score", help="per-token natural-log probabilities as JSON",
+                       description="Score text (tokenized with the LM's tokenizer; - reads standard input) or token "
+                                   "ids with an n-gram build; prints each token's natural-log probability as JSON.")
     s.add_argument("--lm", type=Path, default=default_lm_dir(), help="build directory (default: the bundled 4-gram)")
-    s.add_argument("--text", help="text, tokenized with the LM's tokenizer")
-    s.add_argument("--ids", type=int, nargs="+", metavar="ID", help="token ids")
-    s.add_argument("--history", type=int, nargs="*", metavar="ID",
-                   help="ids before the scored ones (default: start of sentence)")
-    s.add_argument("--unk-cost", type=float, default=None, help="re-price ids the LM never saw (default: the build's, 1000)")
+    s.add_argument("--text", help="text, tokenized with the LM's tokenizer; - reads standard input (default: --ids)")
+    _add_ids(s, "--ids", "token ids to score (instead of --text)")
+    _add_ids(s, "--history", "ids before the scored ones (default: start of sentence)")
+    s.add_argument("--unk-cost", type=float, default=None,
+                   help="re-price ids the LM never saw, a cost >= 0 in nats (default: the build's, 1000)")
     s.add_argument("--compact", action="store_true", help="one-line JSON")
     s.set_defaults(func=_cmd_lm_score)
-    c = sub.add_parser("convert", help="an ARPA file over token ids → OpenFst binary lm.fst (+ lm.npz beside it)")
+    c = sub.add_parser("convert", help="an ARPA file over token ids → OpenFst binary lm.fst (+ lm.npz beside it)",
+                       description="Convert an ARPA file whose words are token ids into the back-off WFST "
+                                   "(OpenFst binary) and its CSR cache lm.npz beside it.")
     c.add_argument("arpa", type=Path, help="ARPA file (.gz too) whose words are token ids, as lmplz writes them here")
-    c.add_argument("--out", type=Path, required=True, metavar="LM.FST", help="output path of the OpenFst binary")
+    c.add_argument("-o", "--out", type=Path, required=True, metavar="LM.FST",
+                   help="output file: the OpenFst binary (lm.npz is written beside it)")
     c.add_argument("--vocab-size", type=int, help="V, the tokenizer's vocabulary size (default: largest id + 1)")
-    c.add_argument("--unk-cost", type=float, default=1000.0, help="cost of ids absent from the ARPA (default 1000)")
+    c.add_argument("--unk-cost", type=float, default=1000.0,
+                   help="cost of ids absent from the ARPA, >= 0 (default 1000)")
     c.add_argument("--force", action="store_true", help="replace an existing --out")
     c.set_defaults(func=_cmd_lm_convert)
     _add_lm_cooccurrence(sub, b)
@@ -211,12 +338,17 @@ def _add_lm(groups) -> None:
 
 def _add_lm_cooccurrence(sub, build_parser) -> None:
     """``lm cooccurrence`` and ``lm build --cooccurrence`` (counts for DynaMo's co-occurrence mask)."""
-    c = sub.add_parser("cooccurrence", help="count token pairs/triples for DynaMo's co-occurrence mask into an LM build")
+    c = sub.add_parser("cooccurrence",
+                       help="count token pairs/triples for DynaMo's co-occurrence mask into an LM build",
+                       description="Count token pairs and triples of a corpus (by default the LM build's own) for "
+                                   "DynaMo's co-occurrence mask; writes cooccurrence.npz into the build directory.")
     c.add_argument("--lm", type=Path, required=True, metavar="DIR", help="LM build directory (its manifest names corpus and tokenizer)")
-    c.add_argument("--corpus", nargs="+", metavar="FILE", help="count these instead of the build's corpus")
+    c.add_argument("--corpus", nargs="+", metavar="FILE",
+                   help="count these (- for standard input) instead of the build's corpus (default: the build's)")
     c.add_argument("--tokenizer", metavar="PATH", help="tokenizer instead of the build's tokenizer.json")
     c.add_argument("--force", action="store_true", help="replace an existing cooccurrence.npz")
-    c.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict")
+    c.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
+                   help="non-UTF-8 bytes in the corpus: fail naming the byte (strict) or replace them")
     c.set_defaults(func=_cmd_lm_cooccurrence)
     build_parser.add_argument("--cooccurrence", action="store_true",
                               help="also count token co-occurrences (DynaMo's mask) into the build: cooccurrence.npz")
@@ -236,8 +368,9 @@ def _add_lm_cooccurrence(sub, build_parser) -> None:
 def _cmd_lm_cooccurrence(a) -> int:
     from latticedraft.lm.cooccurrence import CooccurrenceStats, build_for_lm_dir
 
-    out = build_for_lm_dir(a.lm, tokenizer_path=a.tokenizer, corpus=a.corpus, encoding_errors=a.encoding_errors,
-                           force=a.force)
+    with _stdin_corpus(a.corpus or []) as corpus:
+        out = build_for_lm_dir(a.lm, tokenizer_path=a.tokenizer, corpus=corpus or None,
+                               encoding_errors=a.encoding_errors, force=a.force)
     s = CooccurrenceStats.load(out)
     print(f"wrote {out}: {s.n_tokens[0]} tokens, {s.pairs[1].nnz} distinct pairs, {s.triple_keys.size} distinct triples, "
           f"vocabulary {s.vocab_size}")
@@ -290,35 +423,56 @@ def _dynamo_config(a):
     return cfg
 
 
-def _cmd_decode_dynamo(a) -> int:
+def _prompt_texts(a) -> list[str]:
+    """The prompts of ``--prompt TEXT`` (``-``: standard input) or ``--prompts FILE.jsonl`` (``-`` too)."""
+    from latticedraft.decoding.run import read_prompts
+    from latticedraft.errors import InputError
+    from latticedraft.textin import check_text_value, read_text_arg
+
+    if (a.prompt is None) == (a.prompts is None):
+        raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl (- reads standard input)")
+    if a.prompt == "-":
+        return [read_text_arg("-", "--prompt", "pipe UTF-8 text into --prompt -")]
+    texts = [a.prompt] if a.prompt is not None else [r["prompt"] for r in read_prompts(a.prompts)]
+    for i, t in enumerate(texts, 1):
+        check_text_value(t, "--prompt" if a.prompt is not None else f"--prompts record {i}")
+    return texts
+
+
+def _set_threads(a) -> None:
+    """Apply ``--threads`` where no ``Session`` does it (the DynaMo commands)."""
+    if getattr(a, "threads", None) is not None:
+        import torch
+
+        torch.set_num_threads(a.threads)
+
+
+def _cmd_decode_dynamo(a, texts: list[str]) -> int:
     """``decode --method dynamo``: sample with the DynaMo heads; prints text, tokens per call and n per step."""
     import json
 
+    from latticedraft.cli_checks import check_model_limits
     from latticedraft.decoding.dynamo import decode_texts, load_model, load_tokenizer_for
-    from latticedraft.decoding.dynamo_eval import read_prompts
-    from latticedraft.errors import InputError
     from latticedraft.lm.cooccurrence import resolve_table
 
     cfg = _dynamo_config(a)
-    prompt, prompts_file = getattr(a, "prompt", None), getattr(a, "prompts", None)
-    if (prompt is None) == (prompts_file is None):
-        raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
-    texts = [prompt] if prompt is not None else read_prompts(prompts_file)
+    _set_threads(a)
     model_dir = getattr(a, "model", None)
     model = load_model(model_dir, device=getattr(a, "device", None))
+    check_model_limits(a, model)
     tok = load_tokenizer_for(model, model_dir, getattr(a, "tokenizer", None))
     cooc = None
     if cfg.cooccurrence and cfg.alpha_c > 0:
         cooc = resolve_table(a.cooccurrence, tok, notify=lambda m: print(m, file=sys.stderr))
-    recs = decode_texts(model, tok, texts, cfg, cooc, max_new_tokens=getattr(a, "max_new_tokens", 64) or 64,
-                        seed=a.seed, eos_token_id=tok.token_to_id("<|endoftext|>"))
-    for text, r in zip(texts, recs):
+    for i, text in enumerate(texts):  # one prompt at a time: each record is out before the next prompt starts
+        r = decode_texts(model, tok, [text], cfg, cooc, max_new_tokens=getattr(a, "max_new_tokens", 64) or 64,
+                         seed=a.seed, eos_token_id=tok.token_to_id("<|endoftext|>"), first_row=i)[0]
         r["model"] = str(getattr(model, "base_ref", None) or "")
         r["method"] = "dynamo"
         if getattr(a, "json", False):
-            print(json.dumps(r, ensure_ascii=False))
+            print(json.dumps(r, ensure_ascii=False), flush=True)
         else:
-            print(text + r["text"])
+            print(text + r["text"], flush=True)
             print(f"-- {len(r['tokens'])} tokens in {r['calls']} calls: {r['tokens_per_call']:.2f} tokens/call; "
                   f"n per call: {' '.join(map(str, r['ns']))}", file=sys.stderr)
     return 0
@@ -350,6 +504,7 @@ def _cmd_eval_dynamo(a) -> int:
     from latticedraft.decoding.dynamo import VARIANTS
     from latticedraft.decoding.dynamo_eval import EPSILONS, evaluate
 
+    _set_threads(a)
     res, paths = evaluate(
         model_dir=getattr(a, "model", None), prompts_file=getattr(a, "prompts", None), out_dir=a.out,
         tokenizer_path=getattr(a, "tokenizer", None), cooccurrence=a.cooccurrence, num_prompts=a.num_prompts,
@@ -425,23 +580,25 @@ def _cmd_decode(a) -> int:
     """``decode``: stream the continuation of each prompt, or one JSON object per prompt."""
     import json
 
-    from latticedraft.decoding.run import Session, TextStream, encode, read_prompts, records
-    from latticedraft.errors import InputError
+    from latticedraft.cli_checks import check_decode, check_model_limits
+    from latticedraft.decoding.run import Session, TextStream, encode, records
 
+    check_decode(a)
+    texts = _prompt_texts(a)
     if a.method == "dynamo":
-        return _cmd_decode_dynamo(a)
-    if (a.prompt is None) == (a.prompts is None):
-        raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl")
-    texts = [a.prompt] if a.prompt is not None else [r["prompt"] for r in read_prompts(a.prompts)]
-    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
-    ids = encode(s.tokenizer, texts)
+        return _cmd_decode_dynamo(a, texts)
     spec = _spec(a)
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    check_model_limits(a, s.model)
+    ids = encode(s.tokenizer, texts)
     if a.method == "bpd":
         s.prepare(spec, batch_size=a.batch_size if a.json else 1)
-    if a.json:
-        res = s.decode(ids, a.method, spec, max_new_tokens=a.max_new_tokens, verify=a.verify, batch_size=a.batch_size)
-        for rec in records(res, s.tokenizer, s.base_dir, texts):
-            print(json.dumps(rec, ensure_ascii=False))
+    if a.json:  # each batch's records are written and flushed as soon as it completes
+        for at in range(0, len(ids), a.batch_size):
+            res = s.decode(ids[at:at + a.batch_size], a.method, spec, max_new_tokens=a.max_new_tokens,
+                           verify=a.verify, batch_size=a.batch_size)
+            for rec in records(res, s.tokenizer, s.base_dir, texts[at:at + a.batch_size]):
+                print(json.dumps(rec, ensure_ascii=False), flush=True)
         return 0
     for text, p in zip(texts, ids):
         sys.stdout.write(text)
@@ -469,11 +626,14 @@ def _add_decode(groups) -> None:
     p.add_argument("--method", default="bpd", choices=["bpd", "greedy", "dynamo"],
                    help="bpd (default), greedy (plain autoregressive baseline) or dynamo (sampling with DynaMo heads)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--prompt", default=None, help="prompt text")
-    src.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="one {\"prompt\": ...} per line")
+    src.add_argument("--prompt", default=None, help="prompt text; - reads it from standard input (default: --prompts)")
+    src.add_argument("--prompts", default=None, metavar="FILE.jsonl",
+                     help="one {\"prompt\": ...} per line; - reads standard input (default: --prompt)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
-    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together with --json (default 1)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per prompt instead of streaming text")
+    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together; needs --json (default 1)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object per prompt, each as soon as its batch completes, "
+                        "instead of streaming text")
     _common_model_args(p)
     _drafter_args(p)
     _tree_args(p)
@@ -481,16 +641,24 @@ def _add_decode(groups) -> None:
     p.set_defaults(func=_cmd_decode)
 
 
-def _ids(text: str | None) -> list[int] | None:
-    """``"1,2,3"`` or ``"1 2 3"`` -> [1, 2, 3] (None stays None)."""
-    if text is None:
+def _ids(values, opt: str = "token ids") -> list[int] | None:
+    """Token ids as typed after ``opt``, one spelling everywhere: ``12,7,99``, ``12 7 99`` or
+    ``"12 7 99"`` (``values`` is argparse's list of words, or one string) -> [12, 7, 99]; None stays None."""
+    if values is None:
         return None
+    text = " ".join(values) if isinstance(values, (list, tuple)) else str(values)
     try:
         return [int(t) for t in text.replace(",", " ").split()]
     except ValueError:
         from latticedraft.errors import InputError
 
-        raise InputError(f"token ids {text!r} must be integers separated by commas or spaces, e.g. 12,7,99")
+        raise InputError(f"{opt} {text!r}: token ids must be integers separated by commas or spaces, "
+                         "e.g. 12,7,99 or 12 7 99") from None
+
+
+def _add_ids(p, flag: str, help: str, default=None) -> None:
+    """An option taking token ids, space- or comma-separated (see ``_ids``)."""
+    p.add_argument(flag, nargs="*", default=default, metavar="ID", help=help + "; space- or comma-separated")
 
 
 def _cmd_rescore(a) -> int:
@@ -498,7 +666,8 @@ def _cmd_rescore(a) -> int:
 
     from latticedraft.lattice.rescoring import rescore_file
 
-    res = rescore_file(a.lattice, a.lm, alpha=a.alpha, nbest=a.nbest, history=_ids(a.history), method=a.method)
+    res = rescore_file(a.lattice, a.lm, alpha=a.alpha, nbest=a.nbest, history=_ids(a.history, "--history"),
+                       method=a.method)
     if res["truncated"]:
         print(f"note: the lattice has only {len(res['paths'])} paths; returning all of them", file=sys.stderr)
     print(json.dumps(res))
@@ -513,8 +682,8 @@ def _add_rescore(groups) -> None:
     p.add_argument("--lattice", required=True, metavar="FILE.npz", help="lattice written by Sausage.save")
     p.add_argument("--alpha", type=float, default=1.0, help="LM weight: score = head_logp + alpha * lm_logp (default 1)")
     p.add_argument("--nbest", type=int, default=1, help="number of distinct drafts (default 1)")
-    p.add_argument("--history", default=None, metavar="IDS",
-                   help="emitted token ids before the lattice, e.g. 12,7,99 (default: the file's 'history', else <s>)")
+    _add_ids(p, "--history", "emitted token ids before the lattice, e.g. 12,7,99 (default: the file's 'history', "
+                             "else <s>)")
     p.add_argument("--method", default="exact", choices=["exact", "wfst"],
                    help="exact (back-off semantics, default) or wfst (OpenFST compose + n-shortest, epsilon back-off)")
     p.set_defaults(func=_cmd_rescore)
@@ -523,33 +692,48 @@ def _add_rescore(groups) -> None:
 def _cmd_lattice_draw(a) -> int:
     from latticedraft.lattice.draw import draw_file
 
-    out = draw_file(a.lattice, a.out, tokenizer=a.tokenizer, reference=_ids(a.reference), lm=a.lm, alpha=a.alpha,
-                    history=_ids(a.history))
+    from latticedraft.paths import check_writable
+
+    check_writable(a.out, "--out", "file")
+    out = draw_file(a.lattice, a.out, tokenizer=a.tokenizer, reference=_ids(a.reference, "--reference"), lm=a.lm,
+                    alpha=a.alpha, history=_ids(a.history, "--history"))
     print(out)
     return 0
 
 
 def _add_lattice(groups) -> None:
-    p = groups.add_parser("lattice", help="inspect sausage lattices")
+    p = groups.add_parser("lattice", help="inspect sausage lattices",
+                          description="Inspect sausage lattices saved with Sausage.save.")
     sub = p.add_subparsers(dest="verb", required=True, metavar="<verb>")
     d = sub.add_parser("draw", help="draw a lattice like Figure 4 of the BPD paper (PNG)",
                        description="Draw a lattice: one column per slot, arcs by weight with token text and score; "
                                    "the chosen path in blue, the reference in green.")
     d.add_argument("lattice", metavar="LATTICE.npz", help="lattice written by Sausage.save")
-    d.add_argument("-o", "--out", required=True, metavar="OUT.png", help="the picture to write")
+    d.add_argument("-o", "--out", required=True, metavar="OUT.png", help="output file: the PNG picture to write")
     d.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer.json for token text (default: ids)")
-    d.add_argument("--reference", default=None, metavar="IDS", help="the target's tokens (default: the file's 'reference')")
+    _add_ids(d, "--reference", "the target's tokens (default: the file's 'reference')")
     d.add_argument("--lm", default=None, metavar="DIR", help="choose the path by rescoring with this n-gram (default: "
                                                              "the file's 'chosen', else top-1)")
     d.add_argument("--alpha", type=float, default=1.0, help="LM weight with --lm (default 1)")
-    d.add_argument("--history", default=None, metavar="IDS", help="history for --lm (default: the file's 'history')")
+    _add_ids(d, "--history", "history for --lm (default: the file's 'history')")
     d.set_defaults(func=_cmd_lattice_draw)
 
 
 def _cmd_eval(a) -> int:
     """``eval``: every drafter on a prompt set; results.json, results.md, Figure 6 and 7 PNGs."""
+    from latticedraft.cli_checks import (DRAFTING, SAMPLING, check_device, check_drafting, check_model_limits,
+                                         refuse_given)
+    from latticedraft.paths import check_writable
+
+    check_device(a.device)
+    check_drafting(a)
+    check_writable(a.out, "--out", "directory")
     if a.method == "dynamo":
+        refuse_given(a, DRAFTING + ("alphas", "lm2", "rescorers", "batch_size", "skip"),
+                     "eval --method dynamo runs the DynaMo ablation (those options apply to --method bpd)")
         return _cmd_eval_dynamo(a)
+    refuse_given(a, SAMPLING + ("epsilons", "variants", "seeds", "heldout_tokens", "dynamic_tokens"),
+                 "eval --method bpd is greedy; the sampling and ablation options apply to --method dynamo")
     from latticedraft.decoding.evaluate import EvalConfig, evaluate
     from latticedraft.decoding.run import Session, read_prompts
     from latticedraft.decoding.tune import read_alphas
@@ -568,8 +752,9 @@ def _cmd_eval(a) -> int:
     cfg = EvalConfig(num_prompts=a.num_prompts, skip=a.skip, max_new_tokens=a.max_new_tokens, k=a.k, nbest=a.nbest,
                      prune=a.prune, eps=a.eps, backoff=a.backoff, verify=a.verify,
                      alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers)
-    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    check_model_limits(a, s.model)
     paths = evaluate(s, prompts, cfg, a.out, notify=lambda m: print(m, file=sys.stderr))
     print(paths["table"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
@@ -589,7 +774,8 @@ def _add_eval(groups) -> None:
     p.add_argument("--lm2", default=None, metavar="DIR", help="2-gram build for Table 3 (default: the --lm model)")
     p.add_argument("--rescorers", nargs="+", default=None, metavar="LABEL=DIR",
                    help="neural rescorers, one Table 4 column each (default: --rescorer)")
-    p.add_argument("--out", type=Path, default=Path("out/eval"), help="output directory (default ./out/eval)")
+    p.add_argument("-o", "--out", type=Path, default=Path("out/eval"),
+                   help="output directory for results.json, results.md and the figures (default ./out/eval)")
     _common_model_args(p)
     _drafter_args(p)
     _dynamo_eval_args(p)
@@ -597,12 +783,23 @@ def _add_eval(groups) -> None:
 
 
 def _cmd_tune(a) -> int:
+    import math
+
+    from latticedraft.cli_checks import check_device, check_drafting, check_model_limits
     from latticedraft.decoding.run import Session, read_prompts
     from latticedraft.decoding.tune import GRID, tune
-    from latticedraft.paths import data_dir
+    from latticedraft.errors import InputError
+    from latticedraft.paths import check_writable, data_dir
 
-    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    check_device(a.device)
+    check_drafting(a)
+    check_writable(a.out, "--out", "file")
+    for g in a.grid or []:
+        if not (math.isfinite(g) and g >= 0):
+            raise InputError(f"--grid {g}: alphas must be finite numbers >= 0, e.g. --grid 0.5 1 2")
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    check_model_limits(a, s.model)
     out = tune(s, prompts, a.out, families=a.drafters, grid=a.grid or GRID, num_prompts=a.num_prompts,
                max_new_tokens=a.max_new_tokens, k=a.k, batch_size=a.batch_size, skip=a.skip)
     for f, sw in out["sweep"].items():
@@ -612,18 +809,23 @@ def _cmd_tune(a) -> int:
 
 
 def _add_tune(groups) -> None:
-    p = groups.add_parser("tune", help="sweep the interpolation weight alpha on a held-out split (Appendix E)")
+    p = groups.add_parser("tune", help="sweep the interpolation weight alpha on a held-out split (Appendix E)",
+                          description="Sweep the interpolation weight alpha of the n-gram and neural drafters on a "
+                                      "tuning split of the prompts and write the best per drafter as JSON "
+                                      "(read by `eval --alphas` and `demo --alphas`).")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="prompt set (default data/prompts.jsonl)")
     p.add_argument("--num-prompts", type=int, default=10, help="prompts in the tuning split (default 10)")
     p.add_argument("--skip", type=int, default=0, help="the split starts after the first N prompts (default 0)")
-    p.add_argument("--drafters", nargs="+", default=["ngram", "neural"], choices=["ngram", "neural"])
+    p.add_argument("--drafters", nargs="+", default=["ngram", "neural"], choices=["ngram", "neural"],
+                   help="drafter families to tune")
     p.add_argument("--grid", type=float, nargs="+", default=None, help="alphas (default 0.1 0.5 0.75 0.9 1.0 1.1 1.5 2.0 5.0 10.0)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt (default 48)")
     p.add_argument("--batch-size", type=int, default=4, help="prompts decoded together (default 4)")
     p.add_argument("--k", type=int, default=16, help="candidates per head (default 16)")
     p.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
     p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
-    p.add_argument("--out", type=Path, default=Path("tuned.json"), help="output file (default ./tuned.json)")
+    p.add_argument("-o", "--out", type=Path, default=Path("tuned.json"),
+                   help="output file: the alphas as JSON (default ./tuned.json)")
     _common_model_args(p)
     p.set_defaults(func=_cmd_tune)
 
@@ -631,8 +833,13 @@ def _add_tune(groups) -> None:
 def _cmd_demo(a) -> int:
     from latticedraft.decoding.demo import run_demo, table
     from latticedraft.decoding.run import Session
+    from latticedraft.cli_checks import check_device, check_drafting
     from latticedraft.decoding.tune import default_alphas_file, read_alphas
+    from latticedraft.paths import check_writable
 
+    check_device(a.device)
+    check_drafting(a)
+    check_writable(a.out, "--out", "directory")
     print(f"latticedraft demo: the bundled BPD model on {a.num_prompts} held-out standard-library prompts, "
           f"{a.max_new_tokens} new tokens each", file=sys.stderr)
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
@@ -663,14 +870,18 @@ def _cmd_demo(a) -> int:
 
 
 def _add_demo(groups) -> None:
-    p = groups.add_parser("demo", help="the bundled model: BPD drafters vs greedy, speed and exactness")
+    p = groups.add_parser("demo", help="the bundled model: BPD drafters vs greedy, speed and exactness",
+                          description="Run the bundled BPD model on held-out standard-library prompts with each "
+                                      "drafter and plain greedy decoding; print speed, block efficiency and whether "
+                                      "every output equals greedy decoding.")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="prompt set (default data/prompts.jsonl)")
     p.add_argument("--num-prompts", type=int, default=6, help="prompts (default 6)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt (default 48)")
     p.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
     p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
     p.add_argument("--alphas", default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (default 1.0)")
-    p.add_argument("--out", type=Path, default=Path("out/demo"), help="output directory (default ./out/demo)")
+    p.add_argument("-o", "--out", type=Path, default=Path("out/demo"),
+                   help="output directory for demo.json and the lattice picture (default ./out/demo)")
     _common_model_args(p)
     p.set_defaults(threads=1)
     p.set_defaults(func=_cmd_demo)
@@ -691,9 +902,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        from latticedraft.textin import check_text_value
+
+        for dest in ("prompt", "text"):
+            check_text_value(getattr(args, dest, None), f"--{dest}")
         return int(args.func(args) or 0)
     except LatticedraftError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2
+    except OSError as e:  # the file system refused: a path the user gave, named by the OS
+        where = f" {e.filename}" if e.filename else ""
+        print(f"error:{where}: {e.strerror or e}; check the path and its permissions", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

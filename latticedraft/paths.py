@@ -57,3 +57,62 @@ def kenlm_tool(name: str) -> Path:
         f"KenLM's {name} not found in {', '.join(str(c.parent) for c in candidates)} or PATH; "
         "run `bash scripts/setup.sh` to build it, or set LATTICEDRAFT_KENLM_BIN"
     )
+
+
+def describe(path: Path) -> str:
+    """What is at ``path``, for error messages: "a file", "a directory", "missing" …"""
+    p = Path(path)
+    if p.is_dir():
+        return "a directory"
+    if p.is_file():
+        return "a file"
+    if p.exists():
+        return "not a regular file"
+    return "missing"
+
+
+def require_file(path, what: str, fix: str) -> Path:
+    """``path`` if it is a readable file, else ``InputError`` saying what is there instead and ``fix``."""
+    from latticedraft.errors import InputError
+
+    p = Path(path)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        raise InputError(f"{what} {p} is a directory, not a file; {fix}")
+    raise InputError(f"{what} {p} does not exist; {fix}")
+
+
+def require_dir(path, what: str, fix: str) -> Path:
+    """``path`` if it is a directory, else ``InputError`` saying what is there instead and ``fix``."""
+    from latticedraft.errors import InputError
+
+    p = Path(path)
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise InputError(f"{what} {p} is a file, not a directory; {fix}")
+    raise InputError(f"{what} {p} does not exist; {fix}")
+
+
+def check_writable(path, flag: str, kind: str) -> Path:
+    """Check, before any work, that output ``path`` (``kind`` "file" or "directory") can be made.
+
+    The nearest existing ancestor must be a writable directory and ``path`` itself must not be
+    the other kind. Creates nothing; ``InputError`` names ``flag`` and the fix.
+    """
+    from latticedraft.errors import InputError
+
+    p = Path(path)
+    if kind == "file" and p.is_dir():
+        raise InputError(f"{flag} {p} is a directory; give a file path")
+    if kind == "directory" and p.exists() and not p.is_dir():
+        raise InputError(f"{flag} {p} is a file; give a directory path")
+    anc = p.absolute().parent
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir():
+        raise InputError(f"{flag} {p} cannot be created: {anc} is a file, not a directory; choose another path")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {p} cannot be created: {anc} is not writable; choose another path")
+    return p

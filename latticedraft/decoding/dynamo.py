@@ -67,9 +67,10 @@ class DynamoConfig:
         if not (isinstance(self.epsilon_b, (int, float)) and 0.0 <= self.epsilon_b <= 1.0) or math.isnan(self.epsilon_b):
             raise InputError(f"--epsilon-b {self.epsilon_b} is outside [0, 1]; 0 always emits n tokens, 1 always one")
         if self.top_k < 1:
-            raise InputError(f"--k {self.top_k} must be at least 1")
+            raise InputError(f"--top-k {self.top_k} must be at least 1")
         if vocab_size is not None and self.top_k > vocab_size:
-            raise InputError(f"--k {self.top_k} is larger than the vocabulary ({vocab_size} tokens); use --k ≤ {vocab_size}")
+            raise InputError(f"--top-k {self.top_k} is larger than the vocabulary ({vocab_size} tokens); "
+                             f"use --top-k ≤ {vocab_size}")
         if not self.temperature > 0:
             raise InputError(f"--temperature {self.temperature} must be > 0")
         if not self.repetition_penalty > 0:
@@ -297,7 +298,7 @@ def model_heads(model) -> int:
 def generate(model, prompts: Sequence[Sequence[int]], config: DynamoConfig | None = None, cooc=None,
              max_new_tokens: int = 64, seed: int = 0, eos_token_id: int | None = None,
              pad_token_id: int = 0, tokenizer_fingerprint: str | None = None, use_cache: bool = True,
-             progress: bool | None = None) -> list[DynamoResult]:
+             progress: bool | None = None, first_row: int = 0) -> list[DynamoResult]:
     """Sample continuations of ``prompts`` (lists of ids) with DynaMo, all rows in each model call.
 
     ``model``: a ``BlockwiseModel`` (``forward(input_ids, attention_mask, position_ids,
@@ -330,7 +331,7 @@ def generate(model, prompts: Sequence[Sequence[int]], config: DynamoConfig | Non
     gen: list[list[int]] = [[] for _ in rows]
     calls = [0] * len(rows)
     ns: list[list[int]] = [[] for _ in rows]
-    rngs = [np.random.default_rng([int(seed), r]) for r in range(len(rows))]
+    rngs = [np.random.default_rng([int(seed), first_row + r]) for r in range(len(rows))]  # row r of the whole set
     t0 = time.perf_counter()
     bar = _bar(len(rows) * max_new_tokens, progress)
 
@@ -479,11 +480,16 @@ def load_tokenizer_for(model, model_dir=None, tokenizer_path=None):
     if tok.get_vocab_size(with_added_tokens=True) != V:
         raise ModelError(f"tokenizer {path} has {tok.get_vocab_size(with_added_tokens=True)} tokens but the model's "
                          f"vocabulary is {V}; pass the tokenizer the model was trained with (--tokenizer)")
+    if tokenizer_path:
+        from latticedraft.decoding.tokenizer_check import check_model_tokenizer
+
+        check_model_tokenizer(tok, path, model_dir or default_model_dir(), getattr(model, "base_ref", None))
     return tok
 
 
 def decode_texts(model, tokenizer, texts: Sequence[str], config: DynamoConfig, cooc=None, max_new_tokens: int = 64,
-                 seed: int = 0, eos_token_id: int | None = 0, progress: bool | None = None) -> list[dict]:
+                 seed: int = 0, eos_token_id: int | None = 0, progress: bool | None = None,
+                 first_row: int = 0) -> list[dict]:
     """Encode ``texts``, sample with DynaMo, decode. One dict per prompt: ``prompt_ids``, ``tokens``,
     ``text``, ``calls``, ``tokens_per_call``, ``ns`` (tokens emitted per call), ``seconds``."""
     from latticedraft.lm.tokenizer import fingerprint
@@ -493,7 +499,7 @@ def decode_texts(model, tokenizer, texts: Sequence[str], config: DynamoConfig, c
         if not p:
             raise InputError(f"prompt {t!r} encodes to no tokens; give a non-empty prompt")
     res = generate(model, prompts, config, cooc, max_new_tokens=max_new_tokens, seed=seed, eos_token_id=eos_token_id,
-                   tokenizer_fingerprint=fingerprint(tokenizer), progress=progress)
+                   tokenizer_fingerprint=fingerprint(tokenizer), progress=progress, first_row=first_row)
     return [{"prompt_ids": r.prompt_ids, "tokens": r.tokens, "text": tokenizer.decode(r.tokens, skip_special_tokens=False),
              "calls": r.calls, "tokens_per_call": r.tokens_per_call, "ns": r.ns, "seconds": r.seconds}
             for r in res]

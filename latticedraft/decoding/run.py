@@ -73,6 +73,10 @@ def load_tokenizer_for(model, model_dir=None, tokenizer_path=None):
             raise InputError("no tokenizer beside the model or in data/tokenizer; pass --tokenizer PATH")
     tok = load_tokenizer(path)
     check_tokenizer_fits(tok, getattr(model, "base", model), where=str(model_dir or "the model"))
+    if tokenizer_path is not None:
+        from latticedraft.decoding.tokenizer_check import check_model_tokenizer
+
+        check_model_tokenizer(tok, path, model_dir or default_model_dir(), getattr(model, "base_ref", None))
     return tok
 
 
@@ -102,11 +106,12 @@ def load_rescorer(path=None, device=None, tokenizer=None):
 
 def read_prompts(path, limit: int | None = None) -> list[dict]:
     """JSONL records with ``prompt`` (str) and optional ``reference``; InputError names the line."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"prompt file {p} not found; pass --prompts FILE.jsonl with one {{\"prompt\": ...}} per line")
+    from latticedraft.textin import read_text_arg
+
+    p = Path(path) if str(path) != "-" else "standard input"
+    text = read_text_arg(path, "prompt file", 'pass --prompts FILE.jsonl with one {"prompt": ...} per line')
     out = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:

@@ -148,16 +148,21 @@ class BlockwiseModel(nn.Module):
         ``dtype`` (default float32) and ``device`` apply to the base when it is loaded here; the
         heads follow the base's dtype and device.
         """
-        from safetensors.torch import load_file
-
         path = Path(path)
         cfg_file = path / CONFIG_NAME
+        if path.exists() and not path.is_dir():
+            raise ModelError(f"head checkpoint {path} is a file, not a directory; "
+                             "pass the directory save_pretrained wrote")
         if not cfg_file.is_file():
             raise ModelError(f"{path} has no {CONFIG_NAME}; it is not a head checkpoint (train one with `latticedraft train heads`)")
         try:
             cfg = json.loads(cfg_file.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ModelError(f"{cfg_file} is not valid JSON ({e}); re-save the heads") from e
+        need = ("base", "hidden_size", "vocab_size", "num_heads", "kind")
+        missing = [k for k in need if k not in cfg] if isinstance(cfg, dict) else list(need)
+        if missing:
+            raise ModelError(f"{cfg_file} lacks {', '.join(missing)}; re-save the heads")
         base_dir = None
         if base is None:
             base_dir = (path / cfg["base"]).resolve()
@@ -180,7 +185,7 @@ class BlockwiseModel(nn.Module):
         wfile = path / WEIGHTS_NAME
         if not wfile.is_file():
             raise ModelError(f"head checkpoint {path} has no {WEIGHTS_NAME}; re-save the heads")
-        state = load_file(str(wfile))
+        state = hf.load_safetensors(wfile)
         own = bm.heads.head_state_dict()
         if set(state) != set(own) or any(state[k].shape != own[k].shape for k in own):
             raise ModelError(f"{wfile} does not hold the weights of {cfg['num_heads']} {cfg['kind']} heads; re-save the heads")

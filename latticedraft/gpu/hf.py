@@ -33,6 +33,8 @@ def resolve_dtype(dtype) -> torch.dtype:
 def check_model_dir(path: str | Path) -> Path:
     """A directory with ``config.json`` and weights, or ``ModelError`` naming what is missing."""
     p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ModelError(f"model directory {p} is a file, not a directory; pass the directory saved by save_pretrained")
     if not p.is_dir():
         raise ModelError(f"model directory {p} does not exist; pass a directory saved by save_pretrained")
     if not (p / "config.json").is_file():
@@ -57,11 +59,29 @@ def load_causal_lm(path: str | Path, device=None, dtype=None) -> nn.Module:
     p = check_model_dir(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(p), dtype=resolve_dtype(dtype))
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"model directory {p} cannot be loaded as a causal LM ({e})") from e
+    except Exception as e:  # safetensors, json, size mismatches: any failure here is a bad directory
+        raise ModelError(f"model directory {p} cannot be loaded as a causal LM ({brief(e)}); "
+                         "check its config.json and weights, or re-save the model") from e
     if device is not None:
         model = model.to(device)
     return model.eval()
+
+
+def brief(e: BaseException, limit: int = 160) -> str:
+    """The gist of a library's exception as one short line (its first line, truncated)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = f"{type(e).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def load_safetensors(path: str | Path) -> dict:
+    """``safetensors.torch.load_file(path)``, or ``ModelError`` naming the file when it is truncated or corrupt."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as e:
+        raise ModelError(f"{path} is truncated or corrupt ({brief(e)}); copy or re-save it") from e
 
 
 def model_vocab_size(model: nn.Module) -> int:

@@ -134,8 +134,9 @@ def draw_file(lattice_path, out, tokenizer=None, reference=None, lm=None, alpha:
     chosen = extra.get("chosen")
     title = None
     if lm is not None:
-        from latticedraft.lattice.rescoring import load_lm, rescore
+        from latticedraft.lattice.rescoring import check_ids, load_lm, rescore
 
-        chosen = rescore(s, load_lm(lm), alpha, 1, history).tokens[0]
+        lm_obj = load_lm(lm)
+        chosen = rescore(s, lm_obj, alpha, 1, check_ids(s, history, lm_obj, lattice_path)).tokens[0]
         title = f"sausage lattice h={s.h}, k={int(s.widths.max())}, rescored with {Path(lm).name} (alpha={alpha:g})"
     return draw_lattice(s, out, text, chosen=chosen, reference=reference, title=title)

@@ -329,6 +329,23 @@ def load_lm(build_dir):
     return NgramLM.load(build_dir)
 
 
+def check_ids(sausage: Sausage, history, lm, lattice_path) -> list[int]:
+    """The checks ``lm score`` applies, for lattices read from files: every lattice id and every
+    history id (integers) must be inside the LM's vocabulary. Returns the history as ints."""
+    V = lm.vocab_size
+    live = sausage.tokens[sausage.tokens >= 0]
+    if live.size and int(live.max()) >= V:
+        raise InputError(f"lattice {lattice_path} holds token id {int(live.max())}, outside the LM's vocabulary "
+                         f"0..{V - 1}; use the LM built with the lattice's tokenizer")
+    hist = np.asarray(history)
+    if hist.size and hist.dtype.kind not in "iu":
+        raise InputError(f"history {hist.tolist()} holds non-integer ids; give integer token ids")
+    bad = [int(t) for t in hist.ravel() if not 0 <= int(t) < V]
+    if bad:
+        raise InputError(f"--history id {bad[0]} is outside the LM's vocabulary 0..{V - 1}; give ids in that range")
+    return [int(t) for t in hist.ravel()]
+
+
 def rescore_file(lattice_path, lm_dir, alpha: float = 1.0, nbest: int = 1, history=None,
                  method: str = "exact") -> dict:
     """Rescore a saved lattice; a JSON-ready dict ``{"paths", "scores", "method", "ms", ...}``.
@@ -346,6 +363,7 @@ def rescore_file(lattice_path, lm_dir, alpha: float = 1.0, nbest: int = 1, histo
         history = extra.get("history", np.zeros(0, np.int64)).tolist()
     t0 = time.perf_counter()
     lm = load_lm(lm_dir)
+    history = check_ids(s, history, lm, lattice_path)
     rescore(s, lm, alpha, nbest, history, method)
     t1 = time.perf_counter()
     d = rescore(s, lm, alpha, nbest, history, method)

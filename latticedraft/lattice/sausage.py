@@ -276,17 +276,21 @@ class SausageBatch:
 
 def load_npz(path: str | Path) -> tuple[Sausage, dict]:
     """``(Sausage, extra arrays)`` from an ``.npz`` written by ``Sausage.save``."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"lattice file {path} not found; write one with Sausage.save(path)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except Exception as e:
-        raise InputError(f"{path} is not a readable .npz ({e}); write it with Sausage.save") from e
+    from latticedraft.npzfile import read_npz
+    from latticedraft.paths import require_file
+
+    path = require_file(path, "lattice file", "give a .npz written by Sausage.save(path)")
+    data = read_npz(path, "a lattice written by Sausage.save", "write one with Sausage.save(path)")
     if "tokens" not in data or "logp" not in data:
         raise InputError(f"{path} lacks the arrays 'tokens' and 'logp' (has {sorted(data)}); write it with Sausage.save")
     tok, lp = data.pop("tokens"), data.pop("logp")
+    if tok.dtype.kind not in "iu":
+        raise InputError(f"{path}: 'tokens' holds {tok.dtype} values, not integer token ids; "
+                         "write it with Sausage.save")
+    if lp.dtype.kind != "f":
+        raise InputError(f"{path}: 'logp' holds {lp.dtype} values, not floats; write it with Sausage.save")
+    if (lp > 0).any():
+        raise InputError(f"{path}: 'logp' holds positive values (up to {float(lp.max()):g}); log-probabilities are <= 0")
     try:
         return Sausage(tok, lp), data
     except InputError as e:

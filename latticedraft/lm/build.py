@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -30,6 +31,7 @@ from latticedraft.lm.tokenizer import fingerprint, load_tokenizer, train_tokeniz
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 MIN_ORDER, MAX_ORDER = 2, 6
+SENTENCES = ("lines", "paragraphs", "files")
 
 
 @dataclass
@@ -45,11 +47,42 @@ class BuildOptions:
     force: bool = False
     encoding_errors: str = "strict"
     unk_cost: float = 1000.0
+    sentences: str | None = None  # lines | paragraphs | files; None: by corpus kind (default_sentences)
     progress: bool | None = None
     timings: dict = field(default_factory=dict)
 
 
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([bkmgtpezy%]?)$", re.IGNORECASE)
+
+
+def parse_memory(value: str, flag: str = "--memory") -> str:
+    """KenLM's sorting-memory size (``512M``, ``4G``, ``20%``, ``1048576``), checked and normalised here so a
+    bad value never reaches lmplz; ``InputError`` names ``flag``."""
+    m = _SIZE.match(str(value).strip())
+    if not m:
+        raise InputError(f"{flag} {value!r} is not a size; give a number with an optional unit, e.g. 512M, 4G or 20%")
+    number, unit = float(m.group(1)), m.group(2)
+    if number <= 0 or (unit == "%" and number > 100):
+        raise InputError(f"{flag} {value} is out of range; give a positive size, or a percentage in (0, 100]")
+    return m.group(1) + (unit if unit in ("b", "%") else unit.upper())
+
+
+def default_sentences(files: Sequence[Path]) -> str:
+    """The n-gram "sentence" unit for a corpus: ``paragraphs`` for source code (every file ``.py``, where
+    blank lines separate blocks), ``lines`` for anything else (KenLM's one sentence per line)."""
+    code = all(p.name.endswith((".py", ".py.gz")) for p in files)
+    return "paragraphs" if code else "lines"
+
+
 def validate(opts: BuildOptions) -> None:
+    from latticedraft.lm.wfst import check_unk_cost
+    from latticedraft.paths import check_writable
+
+    opts.memory = parse_memory(opts.memory)
+    check_unk_cost(opts.unk_cost)
+    if opts.sentences is not None and opts.sentences not in SENTENCES:
+        raise InputError(f"--sentences {opts.sentences!r}: use one of {', '.join(SENTENCES)}")
+    check_writable(opts.out, "--out", "directory")
     if not MIN_ORDER <= opts.order <= MAX_ORDER:
         raise InputError(f"--order {opts.order} is outside {MIN_ORDER}..{MAX_ORDER}; pick an n-gram order in that range")
     if (opts.tokenizer is None) == (opts.train_tokenizer is None):
@@ -143,7 +176,8 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
 
     # 2. corpus → token ids (streamed to disk)
     ids_path = work / "corpus.ids"
-    stats = write_token_ids(files, tok, ids_path, opts.encoding_errors, opts.progress)
+    sentences = opts.sentences or default_sentences(files)
+    stats = write_token_ids(files, tok, ids_path, opts.encoding_errors, opts.progress, sentences)
     t["tokenize_s"] = stats.seconds
     if stats.tokens == 0:
         raise InputError(f"the corpus ({len(files)} file(s), first {files[0]}) holds no text; give a non-empty corpus")
@@ -188,6 +222,9 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
         "corpus": {
             "tokens": stats.tokens,
             "chunks": stats.chunks,
+            "sentences": sentences,
+            "sentences_chosen_by": "--sentences" if opts.sentences else "corpus kind (paragraphs for .py code, "
+                                                                        "else lines)",
             "bytes": stats.bytes,
             "encoding_errors": opts.encoding_errors,
             "files": stats.files,
@@ -241,6 +278,9 @@ def _json_default(o):
 def read_manifest(d: str | Path) -> dict:
     d = Path(d)
     m = d / MANIFEST
+    if d.exists() and not d.is_dir():
+        raise InputError(f"LM directory {d} is a file, not a directory; pass the directory `latticedraft lm build` "
+                         "wrote (it holds manifest.json)")
     if not d.is_dir():
         raise InputError(f"LM directory {d} does not exist; build one with `latticedraft lm build --out {d}`")
     if not m.is_file():

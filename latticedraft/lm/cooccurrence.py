@@ -237,15 +237,17 @@ class CooccurrenceStats:
             p = p / FILE_NAME
         if not p.is_file():
             raise InputError(f"co-occurrence table {p} not found; build it with `latticedraft lm cooccurrence --lm DIR`")
+        from latticedraft.npzfile import read_npz
+
+        z = read_npz(p, "a co-occurrence table", "build one with `latticedraft lm cooccurrence --lm DIR`", ModelError)
         try:
-            with np.load(p, allow_pickle=False) as z:
-                header = json.loads(bytes(z["header"]).decode())
-                V = int(header["vocab_size"])
-                pairs = {}
-                for d in (1, 2):
-                    pairs[d] = sp.csr_array((z[f"pair{d}_data"], z[f"pair{d}_indices"], z[f"pair{d}_indptr"]), shape=(V, V))
-                stats = cls(V, header["fingerprint"], z["unigram"], pairs, z["triple_keys"], z["triple_counts"],
-                            tuple(int(x) for x in header["n_tokens"]), dict(header.get("meta", {})))
+            header = json.loads(bytes(z["header"]).decode())
+            V = int(header["vocab_size"])
+            pairs = {}
+            for d in (1, 2):
+                pairs[d] = sp.csr_array((z[f"pair{d}_data"], z[f"pair{d}_indices"], z[f"pair{d}_indptr"]), shape=(V, V))
+            stats = cls(V, header["fingerprint"], z["unigram"], pairs, z["triple_keys"], z["triple_counts"],
+                        tuple(int(x) for x in header["n_tokens"]), dict(header.get("meta", {})))
         except (KeyError, ValueError, OSError, json.JSONDecodeError) as e:
             raise ModelError(f"co-occurrence table {p} is unreadable or not a latticedraft table ({e}); rebuild it") from e
         if header.get("format") != FORMAT_VERSION:

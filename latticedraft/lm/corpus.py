@@ -96,6 +96,18 @@ def read_text(path: Path, encoding_errors: str = "strict") -> str:
         ) from e
 
 
+def iter_sentences(text: str, unit: str = "paragraphs") -> Iterator[str]:
+    """The n-gram LM's "sentences" of ``text``: ``lines`` (KenLM's convention: each non-blank line,
+    without its newline), ``paragraphs`` (``iter_chunks``) or ``files`` (the whole text at once)."""
+    if unit == "lines":
+        return (ln for ln in text.splitlines() if ln.strip())
+    if unit == "paragraphs":
+        return iter_chunks(text)
+    if unit == "files":
+        return iter([text] if text.strip() else [])
+    raise InputError(f"--sentences {unit!r}: use lines, paragraphs or files")
+
+
 def iter_chunks(text: str) -> Iterator[str]:
     """Split text into paragraphs at blank lines; each chunk keeps its newlines (code layout is data).
 

@@ -1,6 +1,6 @@
-"""Corpus files → token-id text for ``lmplz``: one chunk (paragraph) per line, ids space-separated.
+"""Corpus files → token-id text for ``lmplz``: one sentence (line, paragraph or file) per line, ids space-separated.
 
-Streams to disk: files are read one at a time, chunked (``corpus.iter_chunks``), encoded with
+Streams to disk: files are read one at a time, split (``corpus.iter_sentences``), encoded with
 ``Tokenizer.encode_batch`` in batches and written immediately, so memory is O(one file).
 """
 
@@ -16,7 +16,7 @@ from typing import Sequence
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from latticedraft.lm.corpus import iter_chunks, read_text
+from latticedraft.lm.corpus import iter_sentences, read_text
 
 BATCH_CHUNKS = 4096
 
@@ -37,8 +37,9 @@ class CorpusStats:
 
 
 def write_token_ids(files: Sequence[Path], tok: Tokenizer, out: Path, encoding_errors: str = "strict",
-                    progress: bool | None = None) -> CorpusStats:
-    """Tokenize ``files`` into ``out`` (one line per chunk). Returns counts and file fingerprints.
+                    progress: bool | None = None, sentences: str = "paragraphs") -> CorpusStats:
+    """Tokenize ``files`` into ``out`` (one line per sentence, ``corpus.iter_sentences``). Returns counts
+    and file fingerprints.
 
     ``progress=None`` shows a tqdm bar (bytes) only when stderr is a terminal.
     """
@@ -71,7 +72,7 @@ def write_token_ids(files: Sequence[Path], tok: Tokenizer, out: Path, encoding_e
             text = read_text(p, encoding_errors)
             stats.files.append({"path": str(p.resolve()), "bytes": raw_size,
                                 "sha256": hashlib.sha256(p.read_bytes()).hexdigest()})
-            pending.extend(iter_chunks(text))
+            pending.extend(iter_sentences(text, sentences))
             if len(pending) >= BATCH_CHUNKS:  # batches span files so the tokenizer's threads stay busy
                 flush(f)
             stats.bytes += raw_size

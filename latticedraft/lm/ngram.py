@@ -58,6 +58,10 @@ class NgramLM:
         built with (``ModelError`` otherwise). unk_cost: None = the build's (1000 by default).
         """
         d = Path(build_dir)
+        if unk_cost is not None and unk_cost != "kenlm":
+            from latticedraft.lm.wfst import check_unk_cost
+
+            unk_cost = check_unk_cost(unk_cost)
         m = read_manifest(d)
         if m.get("format") != "latticedraft-ngram":
             raise ModelError(f"{d}/manifest.json is not a latticedraft n-gram build; rebuild with `latticedraft lm build`")

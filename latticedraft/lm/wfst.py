@@ -274,22 +274,26 @@ class NgramFst:
 
     @classmethod
     def _load_npz(cls, npz: Path) -> "NgramFst":
+        from latticedraft.npzfile import read_npz
+
+        z = read_npz(npz, "an LM automaton written by `latticedraft lm build`",
+                     "rebuild the LM with `latticedraft lm build --force`", ModelError)
         try:
-            with np.load(npz) as z:
-                if int(z["version"]) != NPZ_VERSION:
-                    raise ModelError(f"{npz} has format version {int(z['version'])}, expected {NPZ_VERSION}; rebuild the LM")
-                return cls(
-                    order=int(z["order"]), vocab_size=int(z["vocab_size"]), state_offsets=z["state_offsets"],
-                    arc_label=z["arc_label"], arc_cost=z["arc_cost"], arc_next=z["arc_next"],
-                    backoff_next=z["backoff_next"], backoff_cost=z["backoff_cost"], start=int(z["start"]),
-                    unigram=int(z["unigram"]), final_cost=z["final_cost"], unk_cost=float(z["unk_cost"]),
-                    unk_arpa_cost=float(z["unk_arpa_cost"]),
-                )
+            if int(z["version"]) != NPZ_VERSION:
+                raise ModelError(f"{npz} has format version {int(z['version'])}, expected {NPZ_VERSION}; rebuild the LM")
+            return cls(
+                order=int(z["order"]), vocab_size=int(z["vocab_size"]), state_offsets=z["state_offsets"],
+                arc_label=z["arc_label"], arc_cost=z["arc_cost"], arc_next=z["arc_next"],
+                backoff_next=z["backoff_next"], backoff_cost=z["backoff_cost"], start=int(z["start"]),
+                unigram=int(z["unigram"]), final_cost=z["final_cost"], unk_cost=float(z["unk_cost"]),
+                unk_arpa_cost=float(z["unk_arpa_cost"]),
+            )
         except (OSError, KeyError, ValueError) as e:
             raise ModelError(f"{npz} cannot be read ({e}); rebuild the LM with `latticedraft lm build --force`") from e
 
     def set_unk_cost(self, unk_cost: float) -> None:
         """Re-price the null-state arcs of ids absent from the training data (in place)."""
+        unk_cost = check_unk_cost(unk_cost)
         lo, hi = int(self.state_offsets[self.unigram]), int(self.state_offsets[self.unigram + 1])
         seg = self.arc_cost[lo:hi]
         unseen = (seg == np.float32(self.unk_cost)) & (self.arc_next[lo:hi] == self.unigram)
@@ -358,9 +362,22 @@ def _depth(backoff_next: np.ndarray, root: int) -> int:
     return int(best)
 
 
+def check_unk_cost(unk_cost, flag: str = "--unk-cost") -> float:
+    """``unk_cost`` as a float if it is a finite cost >= 0 (nats, -ln p of an unseen id), else ``InputError``."""
+    try:
+        c = float(unk_cost)
+    except (TypeError, ValueError):
+        raise InputError(f"{flag} {unk_cost!r} is not a number; give a cost in nats, e.g. {flag} 1000") from None
+    if not math.isfinite(c) or c < 0:
+        raise InputError(f"{flag} {unk_cost} must be a finite cost >= 0 (nats, -ln p of an unseen id), "
+                         f"e.g. {flag} 1000")
+    return c
+
+
 def arpa_to_fst(arpa_path: str | Path, fst_path: str | Path, vocab_size: int | None = None,
                 unk_cost: float = 1000.0, npz: bool = True) -> NgramFst:
     """ARPA → ``NgramFst`` → ``fst_path`` (OpenFst binary) and, if ``npz``, the CSR cache beside it."""
+    unk_cost = check_unk_cost(unk_cost)
     fst = NgramFst.from_arpa(arpa_path, vocab_size=vocab_size, unk_cost=unk_cost)
     try:
         fst.save(fst_path)

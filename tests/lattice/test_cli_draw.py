@@ -20,7 +20,7 @@ def lattice_file(tmp_path, real_lm):
     rng = np.random.default_rng(0)
     toks = [[int(ids[20 + j])] + [int(x) for x in rng.choice(ids[:200], 3, replace=False) if x != ids[20 + j]][:2]
             for j in range(4)]
-    s = Sausage.from_ragged(toks, [np.sort(rng.normal(size=len(t)) - 1)[::-1] for t in toks])
+    s = Sausage.from_ragged(toks, [np.sort(-np.abs(rng.normal(size=len(t))) - 0.1)[::-1] for t in toks])
     path = s.save(tmp_path / "lat.npz", reference=ids[20:24], history=ids[17:20])
     return s, path, ids
 

@@ -74,7 +74,7 @@ def test_save_load_round_trip_is_atomic(tmp_path):
     np.testing.assert_array_equal(t.logp, s.logp)
     np.testing.assert_array_equal(extra["reference"], [1, 2, 3])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lat.npz"]  # no temporary left
-    with pytest.raises(InputError, match="not found"):
+    with pytest.raises(InputError, match="does not exist"):
         Sausage.load(tmp_path / "missing.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(InputError, match="junk.npz"):

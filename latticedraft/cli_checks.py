@@ -1,0 +1,144 @@
+"""Checks the CLI runs on parsed options before it loads any model or writes anything.
+
+Each check raises ``InputError`` with one line naming the option as typed and the fix.
+``given(a, dest)`` tells whether an option differs from its default (the parser stores the
+defaults and flag spellings of each command in ``a._defaults`` / ``a._flags``), which is how
+options that do not apply to the chosen method or drafter are refused instead of ignored.
+"""
+
+from __future__ import annotations
+
+import math
+
+from latticedraft.errors import InputError
+
+# options of `decode` / `eval` by what they apply to
+SAMPLING = ("epsilon_b", "seed", "top_k", "temperature", "repetition_penalty", "alpha_c", "unseen_weight", "max_n",
+            "no_cooccurrence", "no_adaptive_threshold", "no_blur", "variant", "cooccurrence")
+DRAFTING = ("drafter", "lm", "rescorer", "alpha", "nbest", "k", "prune", "eps", "backoff", "slots", "verify", "tree",
+            "context_ngrams", "draft_vocab")
+# which bpd drafters use an option (the others ignore it, so it is refused)
+DRAFTER_USES = {
+    "lm": ("ngram", "parallel"),
+    "rescorer": ("neural",),
+    "alpha": ("ngram", "parallel", "neural"),
+    "nbest": ("parallel", "parallel-base"),
+}
+
+
+def flag(a, dest: str) -> str:
+    """The option string of ``dest`` as the command spells it (``--top-k``)."""
+    return getattr(a, "_flags", {}).get(dest, "--" + dest.replace("_", "-"))
+
+
+def given(a, dest: str) -> bool:
+    """True when option ``dest`` was set to something other than its default."""
+    defaults = getattr(a, "_defaults", {})
+    return dest in defaults and getattr(a, dest, None) != defaults[dest]
+
+
+def refuse_given(a, dests, why: str) -> None:
+    """``InputError`` for the first of ``dests`` that was given: it does not apply, ``why``."""
+    for d in dests:
+        if given(a, d):
+            raise InputError(f"{flag(a, d)} does not apply here: {why}; drop {flag(a, d)}")
+
+
+def check_device(device: str | None, opt: str = "--device") -> None:
+    """``device`` must name a torch device this machine has (cpu, cuda, cuda:N, mps)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InputError(f"{opt} {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(f"{opt} {device}: this torch has no usable CUDA device; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise InputError(f"{opt} {device}: only {torch.cuda.device_count()} CUDA device(s) here; "
+                             f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    elif dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise InputError(f"{opt} {device}: MPS is not available here; use --device cpu")
+    elif dev.type != "cpu":
+        raise InputError(f"{opt} {device!r}: latticedraft runs on cpu, cuda or mps; use one of those")
+
+
+def at_least(a, dest: str, low, none_ok: bool = True) -> None:
+    """Option ``dest`` must be ``>= low`` (and finite)."""
+    v = getattr(a, dest, None)
+    if v is None and none_ok:
+        return
+    if v is None or (isinstance(v, float) and not math.isfinite(v)) or v < low:
+        raise InputError(f"{flag(a, dest)} {v} must be a number >= {low}")
+
+
+def probability(a, dest: str) -> None:
+    v = getattr(a, dest, None)
+    if v is not None and not (0.0 <= v <= 1.0):
+        raise InputError(f"{flag(a, dest)} {v} is not a probability in [0, 1]")
+
+
+def finite(a, dest: str) -> None:
+    v = getattr(a, dest, None)
+    if v is not None and not math.isfinite(v):
+        raise InputError(f"{flag(a, dest)} {v} must be a finite number")
+
+
+def check_drafting(a) -> None:
+    """Ranges of the drafting options shared by decode, eval and tune."""
+    for d in ("k", "nbest", "slots", "max_new_tokens", "batch_size", "threads", "num_prompts"):
+        at_least(a, d, 1)
+    at_least(a, "skip", 0)
+    for d in ("eps", "backoff"):
+        probability(a, d)
+    finite(a, "alpha")
+    if getattr(a, "alpha", None) is not None and a.alpha < 0:
+        raise InputError(f"{flag(a, 'alpha')} {a.alpha} must be >= 0 (the weight of the rescoring LM)")
+    if given(a, "eps") and getattr(a, "prune", "none") == "none":
+        raise InputError(f"{flag(a, 'eps')} applies to --prune static or otsu only; add --prune static or drop --eps")
+
+
+def check_decode(a) -> None:
+    """Everything ``decode`` can check before loading: ranges, and options that do not apply."""
+    check_device(a.device)
+    check_drafting(a)
+    if a.method == "dynamo":
+        refuse_given(a, DRAFTING, "--method dynamo samples from the DynaMo heads without a drafter "
+                                  "(the drafting options apply to --method bpd)")
+        refuse_given(a, ("batch_size",), "--method dynamo decodes one prompt at a time")
+        return
+    refuse_given(a, SAMPLING, f"--method {a.method} decodes greedily; the sampling options apply to --method dynamo")
+    if a.method == "greedy":
+        refuse_given(a, DRAFTING, "--method greedy is plain autoregressive decoding without drafts "
+                                  "(the drafting options apply to --method bpd)")
+    else:
+        for dest, users in DRAFTER_USES.items():
+            if a.drafter not in users:
+                refuse_given(a, (dest,), f"--drafter {a.drafter} does not use it (it applies to --drafter "
+                                         f"{' / '.join(users)})")
+    if not a.json:
+        refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
+                                         "to decode them in batches")
+
+
+def check_model_limits(a, model) -> None:
+    """Options bounded by the loaded model: ``--slots`` by its heads, ``--k`` by its vocabulary."""
+    from latticedraft.gpu.hf import model_vocab_size
+
+    heads = getattr(model, "num_heads", 1)
+    slots = getattr(a, "slots", None)
+    if slots is not None and slots > heads - 1:
+        raise InputError(f"--slots {slots}: the model has {heads} heads, so 1..{max(heads - 1, 1)} extra heads "
+                         "can be drafted from; lower --slots")
+    vocab = model_vocab_size(getattr(model, "base", model))
+    k = getattr(a, "k", None)
+    if given(a, "k") and k > vocab:  # defaults are clamped to small vocabularies by the library
+        raise InputError(f"--k {k} is larger than the vocabulary ({vocab} tokens, the model's); use --k 1..{vocab}")
+    top_k = getattr(a, "top_k", None)
+    if given(a, "top_k") and top_k > vocab:
+        raise InputError(f"--top-k {top_k} is larger than the vocabulary ({vocab} tokens, the model's); "
+                         f"use --top-k 1..{vocab}")
