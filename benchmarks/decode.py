@@ -1,4 +1,11 @@
-"""Decoding speed: greedy, BPD with each drafter, and transformers' prompt-lookup decoding.
+"""Decoding speed: HF greedy, latticedraft's BPD rows, and what a user would run instead.
+
+Rows: transformers' greedy ``generate`` (the baseline), latticedraft's own greedy loop on the
+same forward as BPD (so the BPD rows' gain over it is the algorithmic gain alone), context
+n-grams alone, the fast BPD configurations (``DrafterSpec.fast``: cost-aware tree, context
+n-grams, reduced draft vocabulary) with and without context n-grams, the paper's drafters as
+published, and transformers' prompt-lookup and assisted decoding (batch 1 only; with
+``--batch-size`` HF's left-padded batched greedy is the reference instead).
 
 Same model and prompts for every method; the methods run round-robin ``--repeats`` times
 after one untimed warm-up round, prompts one at a time (batch 1) unless ``--batch-size``;
@@ -28,58 +35,43 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
+from latticedraft.decoding import hf_baselines  # noqa: E402
 from latticedraft.decoding.run import DrafterSpec, Session, encode, read_prompts  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
+HEADS = DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto", draft_vocab="auto")  # heads only, fast
 DRAFTERS = {
-    "bpd top1": DrafterSpec("top1"),
-    "bpd parallel-base p=4": DrafterSpec("parallel-base", nbest=4),
-    "bpd parallel-base p=16": DrafterSpec("parallel-base", nbest=16),
-    "bpd ngram": DrafterSpec("ngram"),
-    "bpd parallel p=4": DrafterSpec("parallel", nbest=4),
-    "bpd parallel p=16": DrafterSpec("parallel", nbest=16),
-    "bpd neural": DrafterSpec("neural"),
-    "bpd top1 slots=3": DrafterSpec("top1", slots=3),
-    "bpd parallel p=4 slots=3": DrafterSpec("parallel", nbest=4, slots=3),
+    # the fastest measured configuration: the CLI's and the demo's default settings (DrafterSpec.fast)
+    "bpd parallel-base p=8 slots=3 +ctx (default)": DrafterSpec("parallel-base", nbest=8, slots=3).fast(),
+    "bpd top1 +ctx": DrafterSpec("top1").fast(),
+    "bpd parallel p=8 slots=3 +ctx": DrafterSpec("parallel", nbest=8, slots=3).fast(),
+    # heads only: no context n-grams
+    "bpd parallel-base p=8 slots=3 (heads only)": HEADS,
+    "bpd parallel-base p=8 slots=3 full vocab": DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto"),
+    "bpd parallel-base p=8 slots=3 tree fixed": DrafterSpec("parallel-base", nbest=8, slots=3, draft_vocab="auto"),
+    "bpd top1 slots=3 (heads only)": DrafterSpec("top1", slots=3, tree="auto", draft_vocab="auto"),
+    "bpd parallel p=8 slots=3 (heads only)": DrafterSpec("parallel", nbest=8, slots=3, tree="auto", draft_vocab="auto"),
+    # the paper's drafters as published (tree fixed, full vocabulary, no context n-grams)
+    "bpd top1 (paper)": DrafterSpec("top1"),
+    "bpd parallel p=4 slots=3 (paper)": DrafterSpec("parallel", nbest=4, slots=3),
+    "bpd neural (paper)": DrafterSpec("neural"),
 }
+OWN = {  # latticedraft's own loop on the same forward as BPD, without head drafts
+    "greedy loop (latticedraft)": None,
+    "context n-grams only (latticedraft)": DrafterSpec("top1", context_ngrams=3, tree="auto"),
+}
+HF_ROWS = ("prompt-lookup (HF)", "assisted (HF, rescorer-small drafts)")
 
 
-def prompt_lookup(session: Session, ids, max_new_tokens: int, num_tokens: int):
-    """transformers' prompt-lookup decoding on the base model; returns (token lists, seconds)."""
-    base = getattr(session.model, "base", session.model)
-    out, t0 = [], time.perf_counter()
-    for p in ids:
-        x = torch.as_tensor(p[None])
-        g = base.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
-                          prompt_lookup_num_tokens=num_tokens, eos_token_id=session.eos, pad_token_id=0,
-                          temperature=None, top_p=None, top_k=None)
-        toks = g[0, len(p):].tolist()
-        if session.eos in toks:
-            toks = toks[: toks.index(session.eos) + 1]
-        out.append(np.asarray(toks, dtype=np.int64))
-    return out, time.perf_counter() - t0
+def own_loop(session: Session, ids, max_new_tokens: int, spec: DrafterSpec | None, batch_size: int):
+    """BPD's loop without a head drafter: the root alone (greedy) or context n-gram paths only."""
+    from latticedraft.decoding.run import run_method
 
-
-def greedy_batched(session: Session, ids, max_new_tokens: int, batch_size: int):
-    """transformers' greedy ``generate`` on left-padded batches (the batched baseline)."""
-    base = getattr(session.model, "base", session.model)
-    out, t0 = [], time.perf_counter()
-    for s in range(0, len(ids), batch_size):
-        chunk = ids[s : s + batch_size]
-        n = max(len(p) for p in chunk)
-        x = torch.zeros(len(chunk), n, dtype=torch.long)
-        mask = torch.zeros_like(x)
-        for i, p in enumerate(chunk):
-            x[i, n - len(p):] = torch.as_tensor(p)
-            mask[i, n - len(p):] = 1
-        g = base.generate(x, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-                          eos_token_id=session.eos, pad_token_id=0, temperature=None, top_p=None, top_k=None)
-        for i in range(len(chunk)):
-            toks = g[i, n:].tolist()
-            if session.eos in toks:
-                toks = toks[: toks.index(session.eos) + 1]
-            out.append(np.asarray(toks, dtype=np.int64))
-    return out, time.perf_counter() - t0
+    kw = {} if spec is None else dict(tree=spec.tree, context=spec.context(), acceptance=session.acceptance(spec))
+    t0 = time.perf_counter()
+    res = run_method("bpd", session.model, ids, None, max_new_tokens=max_new_tokens, eos_token_id=session.eos,
+                     batch_size=batch_size, tree_kw=kw)
+    return [q.tokens for q in res.sequences], time.perf_counter() - t0, res
 
 
 def main(argv=None) -> int:
@@ -104,19 +96,36 @@ def main(argv=None) -> int:
     s = Session(a.model, None, a.lm, a.rescorer, a.device, a.threads)
     recs = read_prompts(a.prompts, limit=a.num_prompts)
     ids = encode(s.tokenizer, [r["prompt"] for r in recs])
-    rows = ["greedy", *DRAFTERS, "prompt-lookup (HF)"]
+    rows = ["greedy", *OWN, *DRAFTERS, *HF_ROWS]
     if a.batch_size > 1:  # BPD rows then decode batches; compare with HF's batched greedy too
         rows.insert(1, f"greedy batch={a.batch_size} (HF, left-padded)")
+        rows = [r for r in rows if r not in HF_ROWS]  # transformers' PLD and assisted decoding take batch 1 only
     if a.only:
         rows = [r for r in rows if r in a.only or r.startswith("greedy")]
+    from latticedraft.gpu.hf import load_causal_lm
+    from latticedraft.decoding.run import default_rescorer_dir
+
+    helper = load_causal_lm(default_rescorer_dir(), dtype=torch.float32) if HF_ROWS[1] in rows else None
+    for name in rows:  # cost curves and acceptance rates are measured once and cached, before any timing
+        spec = DRAFTERS.get(name) or OWN.get(name)
+        if spec is not None:
+            s.prepare(spec, batch_size=a.batch_size)
+            if spec.tree == "auto":
+                s.acceptance(spec)
+
     def run_once(name):
         """(token lists, seconds, DecodeResult or None) of one pass over the prompts."""
-        if name == "prompt-lookup (HF)":
-            toks, dt = prompt_lookup(s, ids, a.max_new_tokens, a.pld_tokens)
+        if name == HF_ROWS[0]:
+            toks, dt = hf_baselines.prompt_lookup(s.model, ids, a.max_new_tokens, a.pld_tokens, s.eos)
+            return toks, dt, None
+        if name == HF_ROWS[1]:
+            toks, dt = hf_baselines.assisted(s.model, helper, ids, a.max_new_tokens, s.eos)
             return toks, dt, None
         if name.startswith("greedy batch="):
-            toks, dt = greedy_batched(s, ids, a.max_new_tokens, a.batch_size)
+            toks, dt = hf_baselines.greedy_batched(s.model, ids, a.max_new_tokens, a.batch_size, s.eos)
             return toks, dt, None
+        if name in OWN:
+            return own_loop(s, ids, a.max_new_tokens, OWN[name], a.batch_size)
         spec = None if name == "greedy" else DrafterSpec(**{**DRAFTERS[name].__dict__, "alpha": a.alpha})
         t0 = time.perf_counter()
         res = s.decode(ids, "greedy" if spec is None else "bpd", spec, max_new_tokens=a.max_new_tokens,
@@ -144,14 +153,22 @@ def main(argv=None) -> int:
                "exact": all(np.array_equal(x, y) for x, y in zip(toks, greedy_tokens))}
         if res is not None and name != "greedy":
             steps = res.calls - len(res.sequences)
+            nodes = [n for q in res.sequences for n in q.tree_nodes]
             row.update(block_efficiency=round(res.block_efficiency, 4), calls=res.calls, verify=res.verify_mode,
-                       ms_per_step={k: round(1000 * v / max(steps, 1), 3) for k, v in res.timing.items()})
+                       ms_per_step={k: round(1000 * v / max(steps, 1), 3) for k, v in res.timing.items()},
+                       tree_nodes_mean=round(float(np.mean(nodes)), 2) if nodes else None,
+                       tree_nodes_hist={int(k): int(v) for k, v in zip(*np.unique(nodes, return_counts=True))})
         elif name == "greedy":
             row.update(block_efficiency=1.0, calls=n_tok, ms_per_token=round(1000 * med / n_tok, 3))
         results.append(row)
     g = results[0]["tokens_per_s"]
+    by_name = {r["name"]: r["tokens_per_s"] for r in results}
     for r in results:
         r["speedup_vs_greedy"] = round(r["tokens_per_s"] / g, 3)
+        for key, ref in (("vs_own_greedy_loop", "greedy loop (latticedraft)"), ("vs_prompt_lookup", HF_ROWS[0]),
+                         ("vs_batched_greedy", f"greedy batch={a.batch_size} (HF, left-padded)")):
+            if ref in by_name:
+                r[key] = round(r["tokens_per_s"] / by_name[ref], 3)
     out = {"benchmark": "decode", "model": s.base_dir, "load_average": os.getloadavg(), "prompts": len(ids), "max_new_tokens": a.max_new_tokens,
            "repeats": a.repeats, "batch_size": a.batch_size, "alpha": a.alpha,
            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
@@ -161,13 +178,16 @@ def main(argv=None) -> int:
     write_atomic(Path(a.out), json.dumps(out, indent=1) + "\n")
     print(f"\n{len(ids)} prompts x {a.max_new_tokens} new tokens, median of {a.repeats}, "
           f"{out['machine']['processor']} {os.cpu_count()} CPUs, model {s.base_dir}")
-    print(f"{'method':<24} {'tok/s':>8} {'x greedy':>8} {'blk eff':>8} {'exact':>6}   ms/step: model lattice draft accept")
+    ref = "vs_prompt_lookup" if a.batch_size == 1 else "vs_batched_greedy"
+    print(f"{'method':<46} {'tok/s':>7} {'x greedy':>8} {'x ' + ref[3:10]:>9} {'blk eff':>7} {'nodes':>5} "
+          f"{'exact':>5}   ms/step: model lattice draft accept")
     for r in results:
         ms = r.get("ms_per_step")
         split = "  ".join(f"{ms[k]:.2f}" for k in ("model", "lattice", "draft", "accept")) if ms else ""
-        be = r.get("block_efficiency")
-        print(f"{r['name']:<24} {r['tokens_per_s']:>8.1f} {r['speedup_vs_greedy']:>8.2f} "
-              f"{(f'{be:.2f}' if be else '-'):>8} {('yes' if r['exact'] else 'NO'):>6}   {split}")
+        be, nodes, x = r.get("block_efficiency"), r.get("tree_nodes_mean"), r.get(ref)
+        print(f"{r['name']:<46} {r['tokens_per_s']:>7.1f} {r['speedup_vs_greedy']:>8.2f} "
+              f"{(f'{x:.2f}' if x else '-'):>9} {(f'{be:.2f}' if be else '-'):>7} {(f'{nodes:.1f}' if nodes else '-'):>5} "
+              f"{('yes' if r['exact'] else 'NO'):>5}   {split}")
     print(f"wrote {a.out}")
     return 0
 

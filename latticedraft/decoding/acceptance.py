@@ -53,10 +53,21 @@ class AcceptanceModel:
         b = int(np.searchsorted(HEAD_EDGES, prob, side="right")) - 1
         return float(self.head_rate[j, min(max(b, 0), self.head_rate.shape[1] - 1)])
 
+    def head_rates(self, probs: np.ndarray) -> np.ndarray:
+        """``head`` for a whole draft matrix: probs float[p, d] (slot = column) -> float[p, d]."""
+        nb = self.head_rate.shape[1]
+        bins = np.clip(np.searchsorted(HEAD_EDGES, probs, side="right") - 1, 0, nb - 1)
+        slots = np.minimum(np.arange(probs.shape[1]), self.head_rate.shape[0] - 1)
+        return self.head_rate[slots[None, :], bins]
+
     def context(self, match: int, depth: int) -> float:
         """Conditional acceptance rate of token ``depth`` of a continuation from an n = ``match`` suffix."""
+        return float(self.context_rates(match, depth + 1)[depth])
+
+    def context_rates(self, match: int, length: int) -> np.ndarray:
+        """``context(match, d)`` for d = 0 .. length - 1: float[length]."""
         n = min(match, self.ctx_rate.shape[0] - 1)
-        return float(self.ctx_rate[n, min(depth, self.ctx_rate.shape[1] - 1)])
+        return self.ctx_rate[n, np.minimum(np.arange(length), self.ctx_rate.shape[1] - 1)]
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "head_edges": HEAD_EDGES.tolist(), "head_rate": self.head_rate.round(5).tolist(),

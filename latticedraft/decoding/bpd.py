@@ -111,7 +111,9 @@ def bpd_decode(
     """Decode every prompt with blockwise parallel decoding.
 
     model: a BlockwiseModel (or any causal LM; without heads every draft is empty).
-    prompts: list of int sequences (each >= 1 token). drafter: see ``drafters.Drafter``;
+    prompts: list of int sequences (each >= 1 token). drafter: see ``drafters.Drafter``
+    (None: no head drafts: with ``context`` None every step verifies the root alone, which is
+    latticedraft's own greedy loop on the same forward, the baseline of the algorithmic gain);
     one copy per row is made with ``drafter.spawn(first_row + row)`` (first_row: the index of
     prompts[0] in the whole prompt set, so per-prompt state such as the oracle's references
     follows the prompt when a caller decodes in chunks). on_tokens(row, new_ids): called as
@@ -134,8 +136,8 @@ def bpd_decode(
     timing = {"model": 0.0, "lattice": 0.0, "draft": 0.0, "accept": 0.0}
     t_start = time.perf_counter()
     slots = getattr(getattr(drafter, "options", None), "slots", None)
-    verifier = Verifier(model, verify, num_heads=None if slots is None else slots + 1,  # only the heads drafted from
-                        draft_vocab=draft_vocab)
+    heads_used = 1 if drafter is None else None if slots is None else slots + 1  # only the heads drafted from
+    verifier = Verifier(model, verify, num_heads=heads_used, draft_vocab=None if drafter is None else draft_vocab)
     if tree == "auto" and cost is None:
         cost = CostModel.cached(verifier, batch=len(prompts))
     planner = TreePlanner(tree, context, acceptance, cost)
@@ -148,7 +150,7 @@ def bpd_decode(
     acc_drafts: list[list[int]] = [[] for _ in range(b)]
     tree_nodes: list[list[int]] = [[] for _ in range(b)]
     done_at = [0.0] * b
-    drafters = [drafter.spawn(first_row + i) for i in range(b)]
+    drafters = [None if drafter is None else drafter.spawn(first_row + i) for i in range(b)]
     steps: list[StepRecord] = []
 
     def emit(i: int, new: list[int]) -> bool:
@@ -189,7 +191,7 @@ def bpd_decode(
         for j, i in enumerate(active):
             history = np.concatenate([prompts[i], np.asarray(out[i], dtype=np.int64)])
             t0 = time.perf_counter()
-            sausage = drafters[i].lattice(heads[j], vocab) if heads.shape[1] > 0 else None
+            sausage = drafters[i].lattice(heads[j], vocab) if heads.shape[1] > 0 and drafter is not None else None
             t1 = time.perf_counter()
             d = drafters[i].draft(sausage, history) if sausage is not None else np.zeros((1, 0), np.int64)
             room = max(max_new_tokens - len(out[i]) - 1, 0)  # the bonus token takes the last place
@@ -210,7 +212,8 @@ def bpd_decode(
         for j, i in enumerate(active):
             acc = [int(t) for t in res.accepted[j]]
             acc_drafts[i].append(len(acc))
-            drafters[i].update(np.asarray(acc, dtype=np.int64))
+            if drafter is not None:
+                drafters[i].update(np.asarray(acc, dtype=np.int64))
             if record_steps:
                 rec = steps[len(steps) - len(active) + j]
                 rec.accepted, rec.bonus = np.asarray(acc, dtype=np.int64), int(res.bonus[j])

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from latticedraft.errors import InputError
 
@@ -50,22 +49,33 @@ class ContextNgrams:
                              f"{self.num_tokens} and {self.max_paths}")
 
     def candidates(self, history: np.ndarray) -> list[ContextCandidate]:
-        """Continuations of the earlier occurrences of the history's suffix. history: int64[T]."""
+        """Continuations of the earlier occurrences of the history's suffix. history: int64[T].
+
+        One pass: every earlier position e holding the last token is a hit; its match length is
+        how many tokens before it also agree with the suffix (capped at ``max_ngram``)."""
         h = np.asarray(history, dtype=np.int64).reshape(-1)
         T = len(h)
+        top = min(self.max_ngram, T - 1)
+        if top < self.min_ngram:
+            return []
+        ends = np.flatnonzero(h[: T - 1] == h[T - 1])  # e: h[e] matches; the continuation starts at e + 1
+        length = np.ones(len(ends), dtype=np.int64)
+        live = np.ones(len(ends), dtype=bool)
+        for k in range(1, top):
+            live &= ends - k >= 0
+            live[live] = h[ends[live] - k] == h[T - 1 - k]
+            length += live
+        keep = length >= self.min_ngram
+        ends, length = ends[keep], length[keep]
         out: list[ContextCandidate] = []
-        seen: set[tuple] = set()
-        for n in range(min(self.max_ngram, T - 1), self.min_ngram - 1, -1):
-            # windows h[i : i + n] for i + n < T (the continuation starts inside the history)
-            win = sliding_window_view(h[: T - 1], n)
-            hits = np.flatnonzero((win == h[T - n:]).all(axis=1))
-            for i in hits[::-1]:
-                cont = h[i + n : i + n + self.num_tokens]
-                key = tuple(cont.tolist())
-                if not key or any(s[: len(key)] == key for s in seen):
-                    continue  # a prefix of (or equal to) a continuation already taken adds no node
-                seen.add(key)
-                out.append(ContextCandidate(cont.copy(), n))
-                if len(out) >= self.max_paths:
-                    return out
+        seen: list[tuple] = []
+        for i in np.lexsort((-ends, -length)):  # longest match first, most recent first
+            e = int(ends[i])
+            key = tuple(h[e + 1 : e + 1 + self.num_tokens].tolist())
+            if any(s[: len(key)] == key for s in seen):
+                continue  # a prefix of (or equal to) a continuation already taken adds no node
+            seen.append(key)
+            out.append(ContextCandidate(np.asarray(key, dtype=np.int64), int(length[i])))
+            if len(out) >= self.max_paths:
+                break
         return out

@@ -9,22 +9,28 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from latticedraft.atomic import write_atomic
+from latticedraft.decoding import hf_baselines
 from latticedraft.decoding.run import DrafterSpec, Session, encode, read_prompts
 from latticedraft.errors import InputError
 from latticedraft.paths import data_dir
 
+FAST = DrafterSpec("parallel-base", nbest=8, slots=3).fast()  # the fastest measured (benchmarks/decode.py)
 ROWS = [
     ("greedy", "plain autoregressive (HF generate)", None),
-    ("base BPD", "top-1 of every head", DrafterSpec("top1")),
-    ("4-gram BPD", "lattice rescored by the 4-gram, p = 1", DrafterSpec("ngram", alpha=1.0)),
-    ("parallel 4-gram BPD", "16 best rescored drafts, one tree", DrafterSpec("parallel", alpha=1.0, nbest=16)),
-    ("neural BPD", "Algorithm 2, small GPT-2 rescorer", DrafterSpec("neural", alpha=1.0)),
+    ("prompt lookup (HF)", "HF generate(prompt_lookup_num_tokens=10)", "prompt-lookup"),
+    ("latticedraft (default)", "8 best head paths + context n-grams, cost-aware tree", FAST),
+    ("heads only", "the same without context n-grams", replace(FAST, context_ngrams=0)),
+    ("parallel 4-gram BPD", "8 best 4-gram-rescored paths + context n-grams", replace(FAST, name="parallel")),
+    ("base BPD (paper)", "top-1 of every head, as published", DrafterSpec("top1")),
+    ("neural BPD (paper)", "Algorithm 2, small GPT-2 rescorer", DrafterSpec("neural", alpha=1.0)),
 ]
+PICTURE_ROW = "parallel 4-gram BPD"  # its steps are recorded for lattice_step.png
 
 
 def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_tokens: int = 48,
@@ -34,36 +40,42 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
     alphas = alphas or {}
     rows = []
     for name, what, spec in ROWS:
-        family = {"parallel": "ngram"}.get(spec.name, spec.name) if spec is not None else None
+        family = {"parallel": "ngram"}.get(spec.name, spec.name) if isinstance(spec, DrafterSpec) else None
         if family in alphas:
-            spec = DrafterSpec(spec.name, alpha=alphas[family], nbest=spec.nbest)
+            spec = replace(spec, alpha=alphas[family])
         rows.append((name, what, spec))
     # warm-up (JIT compilation, allocator, first-call costs): one short prompt per method, untimed;
     # a drafter whose LM or rescorer is missing is left out with a note, not a failure
     usable = []
     for row in rows:
         try:
-            session.decode(ids[:1], "greedy" if row[2] is None else "bpd", row[2], max_new_tokens=8)
+            if isinstance(row[2], DrafterSpec):
+                session.prepare(row[2])  # also measures T(n) and fits acceptance rates once (cached)
+            _run(session, ids[:1], row[2], 8, False)
             usable.append(row)
         except InputError as e:
             notify(f"  skipping {row[0]}: {e}")
     rows = usable
     results, greedy, step_pic = [], None, None
     for name, what, spec in rows:
-        method = "greedy" if spec is None else "bpd"
         t0 = time.perf_counter()
-        res = session.decode(ids, method, spec, max_new_tokens=max_new_tokens, record_steps=(name == "parallel 4-gram BPD"))
+        toks, res = _run(session, ids, spec, max_new_tokens, name == PICTURE_ROW)
         dt = time.perf_counter() - t0
         if greedy is None:
-            greedy = [s.tokens for s in res.sequences]
-        exact = all(np.array_equal(s.tokens, g) for s, g in zip(res.sequences, greedy))
-        results.append({"name": name, "what": what, "block_efficiency": round(res.block_efficiency, 3),
-                        "tokens": res.tokens, "calls": res.calls, "seconds": round(dt, 3),
-                        "tokens_per_s": round(res.tokens / dt, 1), "exact": bool(exact),
-                        "verify": res.verify_mode, "timing": {k: round(v, 3) for k, v in res.timing.items()}})
-        if res.steps:
-            step_pic = _pick_step(res.steps, greedy, ids)
-        notify(f"  {name:<22} done: {res.tokens} tokens in {res.calls} calls, {dt:.1f} s")
+            greedy = toks
+        n = sum(len(t) for t in toks)
+        exact = all(np.array_equal(t, g) for t, g in zip(toks, greedy))
+        row = {"name": name, "what": what, "tokens": n, "seconds": round(dt, 3), "tokens_per_s": round(n / dt, 1),
+               "exact": bool(exact), "block_efficiency": None, "calls": None}
+        if res is not None:
+            nodes = [k for q in res.sequences for k in q.tree_nodes]
+            row.update(block_efficiency=round(res.block_efficiency, 3), calls=res.calls, verify=res.verify_mode,
+                       tree_nodes_mean=round(float(np.mean(nodes)), 2) if nodes else None,
+                       timing={k: round(v, 3) for k, v in res.timing.items()})
+            if res.steps:
+                step_pic = _pick_step(res.steps, greedy, ids)
+        results.append(row)
+        notify(f"  {name:<24} done: {n} tokens{f' in {res.calls} calls' if res is not None else ''}, {dt:.1f} s")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pic = None
@@ -74,6 +86,16 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
                "sample": {"prompt": recs[0]["prompt"], "continuation": session.tokenizer.decode(greedy[0].tolist())}}
     write_atomic(out / "demo.json", json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def _run(session: Session, ids, spec, max_new_tokens: int, record: bool):
+    """(token lists, DecodeResult or None) of one row: spec None = HF greedy, "prompt-lookup" =
+    HF prompt lookup, else BPD."""
+    if spec == "prompt-lookup":
+        return hf_baselines.prompt_lookup(session.model, ids, max_new_tokens, 10, session.eos)[0], None
+    res = session.decode(ids, "greedy" if spec is None else "bpd", spec, max_new_tokens=max_new_tokens,
+                         record_steps=record)
+    return [q.tokens for q in res.sequences], (None if spec is None else res)
 
 
 def _pick_step(steps, greedy, ids):
@@ -136,10 +158,15 @@ def draw_step(tokenizer, step, truth, path: Path, rows: int = 8) -> Path:
 
 
 def table(summary: dict) -> str:
-    g = next(r for r in summary["rows"] if r["name"] == "greedy")
-    L = [f"{'method':<22} {'block eff.':>10} {'tokens/s':>9} {'vs greedy':>9}  equals greedy",
-         "-" * 68]
+    """Tokens/s of every row against HF greedy and HF prompt lookup (both run in this process)."""
+    by = {r["name"]: r for r in summary["rows"]}
+    g = by["greedy"]["tokens_per_s"]
+    pld = by.get("prompt lookup (HF)", {}).get("tokens_per_s")
+    L = [f"{'method':<24} {'block eff.':>10} {'tokens/s':>9} {'vs greedy':>9} {'vs PLD':>7}  equals greedy",
+         "-" * 80]
     for r in summary["rows"]:
-        L.append(f"{r['name']:<22} {r['block_efficiency']:>10.2f} {r['tokens_per_s']:>9.1f} "
-                 f"{r['tokens_per_s'] / g['tokens_per_s']:>8.2f}x  {'yes' if r['exact'] else 'NO'}")
+        be, tps = r["block_efficiency"], r["tokens_per_s"]
+        vs_pld = f"{tps / pld:.2f}x" if pld else "-"
+        L.append(f"{r['name']:<24} {(f'{be:.2f}' if be else '-'):>10} {tps:>9.1f} {tps / g:>8.2f}x {vs_pld:>7}  "
+                 f"{'yes' if r['exact'] else 'NO'}")
     return "\n".join(L)

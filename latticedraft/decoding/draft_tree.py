@@ -70,20 +70,16 @@ class TreePlanner:
         out = []
         acc, rated = self.acceptance, self.policy == "auto"
         if drafts is not None and drafts.size:
-            probs = _slot_probs(sausage) if rated else None
-            for row in drafts:
+            rates = None
+            if rated:
+                rates = acc.head_rates(_draft_probs(sausage, drafts)) if sausage is not None else np.full(drafts.shape, 0.5)
+            for r, row in enumerate(drafts):
                 neg = np.flatnonzero(row < 0)
-                toks = row[: neg[0]] if len(neg) else row  # a negative token ends a draft
-                if not rated:
-                    rates = None
-                elif sausage is None:
-                    rates = np.full(len(toks), 0.5)
-                else:
-                    rates = np.array([acc.head(j, probs[j].get(int(t), 0.0)) for j, t in enumerate(toks.tolist())])
-                out.append((toks, rates))
+                d = neg[0] if len(neg) else len(row)  # a negative token ends a draft
+                out.append((row[:d], None if rates is None else rates[r, :d]))
         if self.context is not None:
             for c in self.context.candidates(history):
-                rates = np.array([acc.context(c.match, d) for d in range(len(c.tokens))]) if rated else None
+                rates = acc.context_rates(c.match, len(c.tokens)) if rated else None
                 out.append((c.tokens, rates))
         return out
 
@@ -124,7 +120,7 @@ class TreePlanner:
         m = int(np.argmax(rate))
         chosen = set((order[:m] + 1).tolist())
         chosen = {c for c in chosen if _closed(c, parent, chosen)}
-        leaves = [c for c in chosen if not any(parent[x] == c for x in chosen)]
+        leaves = chosen - {parent[x] for x in chosen}
         paths = []
         for leaf in sorted(leaves):
             path, node = [], leaf
@@ -145,11 +141,14 @@ def _closed(node: int, parent: list, chosen: set) -> bool:
     return True
 
 
-def _slot_probs(sausage) -> list[dict]:
-    if sausage is None:
-        return []
-    return [{int(t): float(np.exp(lp)) for t, lp in zip(sausage.tokens[j].tolist(), sausage.logp[j].tolist()) if t >= 0}
-            for j in range(sausage.h)]
+def _draft_probs(sausage, drafts: np.ndarray) -> np.ndarray:
+    """The head probability of every draft token: float[p, d] (0 where the slot lacks it)."""
+    p, d = drafts.shape
+    out = np.zeros((p, d))
+    for j in range(min(d, sausage.h)):
+        hit = sausage.tokens[j][None, :] == drafts[:, j : j + 1]  # [p, k]
+        out[:, j] = np.where(hit, np.exp(sausage.logp[j].astype(np.float64))[None, :], 0.0).max(axis=1)
+    return out
 
 
 def _as_plan(paths: list, expected) -> Plan:

@@ -46,16 +46,18 @@ class SlotCache:
     def _layers(self):
         return [layer for layer in self.cache.layers if getattr(layer, "is_initialized", False)]
 
-    def commit(self, start: int, keep: torch.Tensor, keep_valid: torch.Tensor) -> None:
+    def commit(self, start: int, keep: torch.Tensor, keep_valid: torch.Tensor, prefix: bool | None = None) -> None:
         """Keep, of the slots appended after ``start`` by the last forward, those in ``keep``.
 
         keep: int64[b, m], indices into the appended slots (0 = first appended) in order;
         keep_valid: bool[b, m], False for padding entries (their slots are masked forever).
         Positions of kept valid slots continue ``next_pos``; ``next_pos`` advances by the
-        number of valid entries per row.
+        number of valid entries per row. prefix: whether ``keep`` is ``0..m-1`` on every row, all
+        valid (computed when None).
         """
         m = keep.shape[1]
-        prefix = bool(keep_valid.all()) and bool((keep == torch.arange(m, device=keep.device)).all())
+        if prefix is None:  # callers that know it (from host-side paths) save two device syncs
+            prefix = bool(keep_valid.all()) and bool((keep == torch.arange(m, device=keep.device)).all())
         for layer in self._layers():
             for name in ("keys", "values"):
                 t = getattr(layer, name)

@@ -126,6 +126,8 @@ class Forward:
             # and project all h-1 heads in one 2-D matmul (onto the draft vocabulary if given)
             hid = self.hidden[torch.arange(len(nodes), device=self.hidden.device), nodes.to(self.hidden.device)]
             extra = None if self.num_heads is None else self.num_heads - 1
+            if extra == 0:  # the base model's head only (no drafting heads asked for)
+                return hid.new_zeros(len(nodes), 0, len(vocab) if vocab is not None else hf.model_vocab_size(self.model.base))
             states = self.model.heads(hid, extra)  # [b, h-1, H]
             b, h, H = states.shape
             flat = states.reshape(-1, H)
@@ -320,12 +322,13 @@ class Verifier:
         )
         paths, bonus = _walk(trees, out.argmax_at)
         m = max(len(p) for p in paths)
-        keep = torch.zeros(b, m, dtype=torch.long, device=dev)
-        keep_valid = torch.zeros(b, m, dtype=torch.bool, device=dev)
+        keep = np.zeros((b, m), dtype=np.int64)
+        keep_valid = np.zeros((b, m), dtype=bool)
         for i, p in enumerate(paths):
-            keep[i, : len(p)] = torch.as_tensor(p, device=dev)
+            keep[i, : len(p)] = p
             keep_valid[i, : len(p)] = True
-        state.commit(start, keep, keep_valid)
+        prefix = bool(keep_valid.all()) and bool((keep == np.arange(m)).all())
+        state.commit(start, torch.as_tensor(keep, device=dev), torch.as_tensor(keep_valid, device=dev), prefix)
         last = torch.as_tensor([p[-1] for p in paths], device=dev)
         heads = out.draft_heads_at(last, self.draft_vocab)
         accepted = [t.tokens[p[1:]] for t, p in zip(trees, paths)]

@@ -214,3 +214,17 @@ def test_auto_tree_follows_the_cost_curve():
         assert [s.tokens.tolist() for s in r.sequences] == refs
     assert all(n == 1 for s in steep.sequences for n in s.tree_nodes)
     assert np.mean([n for s in flat.sequences for n in s.tree_nodes]) > 4
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "mistral"])
+def test_no_drafter_is_the_greedy_loop_and_context_alone_is_prompt_lookup(arch):
+    from latticedraft.decoding.context_ngrams import ContextNgrams
+
+    model = blockwise(arch, torch.float32, num_heads=4, seed=3)
+    ps = _repetitive(4, seed=8)
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    plain = bpd_decode(model, ps, None, max_new_tokens=MAX_NEW)
+    assert [s.tokens.tolist() for s in plain.sequences] == refs
+    assert all(n == 1 for s in plain.sequences for n in s.tokens_per_call)
+    ctx = bpd_decode(model, ps, None, max_new_tokens=MAX_NEW, context=ContextNgrams(max_ngram=3))
+    assert [s.tokens.tolist() for s in ctx.sequences] == refs

@@ -61,3 +61,9 @@ def test_fingerprint_follows_threads_and_draft_vocab():
     finally:
         torch.set_num_threads(1)
     assert cost_model.describe(plain, 1)["threads"] == 1
+
+
+def test_monotone_is_the_nondecreasing_least_squares_fit():
+    assert cost_model.monotone([1, 3, 2, 4]) == [1, 2.5, 2.5, 4]
+    assert cost_model.monotone([5, 1, 1, 9]) == pytest.approx([7 / 3] * 3 + [9])
+    assert cost_model.monotone([1, 2, 3]) == [1, 2, 3]
