@@ -98,10 +98,18 @@ def _run(session: Session, ids, spec, max_new_tokens: int, record: bool):
     return [q.tokens for q in res.sequences], (None if spec is None else res)
 
 
+def _in_lattice(sausage, tokens) -> int:
+    """How many leading ``tokens`` are candidates of the lattice's slots (slot j = token j)."""
+    n = 0
+    while n < min(len(tokens), sausage.h) and int(tokens[n]) in sausage.tokens[n]:
+        n += 1
+    return n
+
+
 def _pick_step(steps, greedy, ids):
-    """The step that accepted the most draft tokens (ties: more drafts), and the greedy
-    continuation at that point (to colour the lattice)."""
-    best = max(steps, key=lambda st: (len(st.accepted), st.drafts.shape[0]))
+    """The step that accepted the most draft tokens inside the lattice (ties: more accepted in
+    all, then more drafts), and the greedy continuation at that point (to colour the lattice)."""
+    best = max(steps, key=lambda st: (_in_lattice(st.sausage, st.accepted), len(st.accepted), st.drafts.shape[0]))
     row = best.row
     pos = len(best.history) - len(ids[row])  # tokens emitted before this step (root included)
     truth = greedy[row][pos : pos + best.sausage.h]
@@ -146,9 +154,11 @@ def draw_step(tokenizer, step, truth, path: Path, rows: int = 8) -> Path:
     for j in range(h):
         ax.text(j + 0.47, 0.35, f"head {j + 2}", ha="center", fontsize=8)
     ctx = _visible(tokenizer.decode([int(x) for x in step.history[-12:]]), space=" ")
-    ax.set_title(f"One BPD step after …{ctx!s:.60}\n{step.drafts.shape[0]} drafts verified in one tree "
-                 f"(blue = in a draft); {acc} draft token{'s' if acc != 1 else ''} accepted + 1 bonus "
-                 f"(green = greedy continuation, bold = accepted); number = head probability", fontsize=8.5)
+    paths = [row[row >= 0] for row in step.drafts]
+    lat = sum(_in_lattice(s, p) == min(len(p), h) for p in paths)
+    ax.set_title(f"One BPD step after …{ctx!s:.60}\n{lat} lattice paths + {len(paths) - lat} context n-gram paths "
+                 f"verified in one tree (blue = in a path); {acc} draft token{'s' if acc != 1 else ''} accepted "
+                 f"+ 1 bonus (green = greedy continuation, bold = accepted); number = head probability", fontsize=8.5)
     ax.axis("off")
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=130, bbox_inches="tight")

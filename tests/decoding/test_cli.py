@@ -164,3 +164,7 @@ def test_demo_confirms_exactness(bundle, tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and "every output equals plain greedy decoding, token for token: yes" in out
     assert (tmp_path / "demo" / "lattice_step.png").is_file()
+    for row in ("greedy", "prompt lookup (HF)", "latticedraft (default)", "heads only", "vs PLD"):
+        assert row in out
+    rows = {r["name"]: r for r in json.loads((tmp_path / "demo" / "demo.json").read_text())["rows"]}
+    assert rows["latticedraft (default)"]["tree_nodes_mean"] >= 1
