@@ -21,6 +21,7 @@ import torch
 from latticedraft.decoding.acceptance import AcceptanceModel
 from latticedraft.decoding.context_ngrams import ContextNgrams
 from latticedraft.decoding.draft_tree import TreePlanner
+from latticedraft.decoding.head_gate import HeadGate
 from latticedraft.errors import InputError
 from latticedraft.gpu.cost_model import CostModel
 from latticedraft.gpu.verify import Verifier
@@ -38,6 +39,7 @@ class SequenceResult:
     seconds: float
     accepted_drafts: list[int] = field(default_factory=list)  # accepted draft tokens per verify step
     tree_nodes: list[int] = field(default_factory=list)  # verified tree size (root included) per step
+    heads_per_step: list[int] = field(default_factory=list)  # 1 where the step's lattice came from the heads
 
     @property
     def block_efficiency(self) -> float:
@@ -107,6 +109,7 @@ def bpd_decode(
     acceptance: AcceptanceModel | None = None,
     draft_vocab=None,
     cost: CostModel | None = None,
+    gate: HeadGate | None = None,
 ) -> DecodeResult:
     """Decode every prompt with blockwise parallel decoding.
 
@@ -122,7 +125,9 @@ def bpd_decode(
     tree: "fixed" verifies every drafted path (plus every context n-gram path); "auto" picks
     the nodes that maximise expected tokens per second from the measured cost model (cached
     per model, device, threads and batch size) and ``acceptance`` (calibrated rates; default
-    the uncalibrated prior; ``cost`` overrides the measured curve). context: context n-gram
+    the uncalibrated prior; ``cost`` overrides the measured curve) and, with context n-grams,
+    lets ``HeadGate`` (``gate``, default a new one) skip the heads for a step where they measure
+    slower. context: context n-gram
     options (None: off). draft_vocab: token ids (int64[V']) the extra heads project onto (None:
     the full vocabulary). Verification always uses the full vocabulary, so the output is the
     same for every setting.
@@ -141,6 +146,10 @@ def bpd_decode(
     if tree == "auto" and cost is None:
         cost = CostModel.cached(verifier, batch=len(prompts))
     planner = TreePlanner(tree, context, acceptance, cost)
+    if tree == "auto" and context is not None and drafter is not None:
+        gate = gate or HeadGate()  # a caller's gate keeps what it measured across calls
+    else:
+        gate = None
     vocab = None if verifier.draft_vocab is None else verifier.draft_vocab.ids
 
     b = len(prompts)
@@ -149,6 +158,7 @@ def bpd_decode(
     per_call: list[list[int]] = [[] for _ in range(b)]
     acc_drafts: list[list[int]] = [[] for _ in range(b)]
     tree_nodes: list[list[int]] = [[] for _ in range(b)]
+    used_heads: list[list[int]] = [[] for _ in range(b)]
     done_at = [0.0] * b
     drafters = [None if drafter is None else drafter.spawn(first_row + i) for i in range(b)]
     steps: list[StepRecord] = []
@@ -185,6 +195,22 @@ def bpd_decode(
         state.select_rows(torch.as_tensor(active, device=state.valid.device))
         heads = heads[torch.as_tensor(active, device=heads.device)]
 
+    def longest_match(rows_new) -> int:
+        """The smallest, over live rows, longest context match after each row's new tokens."""
+        best = []
+        for (i, new) in rows_new:
+            hist = np.concatenate([prompts[i], np.asarray(out[i], dtype=np.int64), np.asarray(new, dtype=np.int64)])
+            best.append(max((c.match for c in context.candidates(hist)), default=0))
+        return min(best, default=0)
+
+    gate_state = {"match": longest_match([(i, []) for i in active]) if gate else 0, "heads": True}
+
+    def want_heads(accepted, bonus) -> bool:
+        """The gate's choice for the next step, made after this step's walk (before its heads)."""
+        m = longest_match([(i, list(accepted[j]) + [int(bonus[j])]) for j, i in enumerate(active)])
+        gate_state["next"] = (m, gate.choose(m))
+        return gate_state["next"][1]
+
     t_step = time.perf_counter()
     while active:
         drafts = []
@@ -200,12 +226,17 @@ def bpd_decode(
             timing["draft"] += time.perf_counter() - t1
             drafts.append(plan.drafts)
             tree_nodes[i].append(plan.nodes)
+            used_heads[i].append(int(sausage is not None))
             if record_steps:
                 steps.append(StepRecord(i, history, sausage, drafts[-1], None, -1))
         t0 = time.perf_counter()
-        res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts)
+        res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts,
+                              heads=want_heads if gate is not None else drafter is not None)
         t1 = time.perf_counter()
         timing["model"] += t1 - t0
+        if gate is not None:  # this step's arm, tokens and wall-clock time; then the next step's arm
+            gate.update(gate_state["match"], gate_state["heads"], sum(len(a) + 1 for a in res.accepted), t1 - t_step)
+            gate_state["match"], gate_state["heads"] = gate_state.pop("next")
         # the step's time outside the verify call (drafting, bookkeeping): what every tree size pays
         planner.overhead = 0.8 * planner.overhead + 0.2 * max(t1 - t_step - (t1 - t0), 0.0)
         still, new_roots, live_rows = [], [], []
@@ -237,7 +268,7 @@ def bpd_decode(
         SequenceResult(
             prompt_ids=prompts[i], tokens=np.asarray(out[i], dtype=np.int64), calls=calls[i],
             tokens_per_call=per_call[i], seconds=done_at[i], accepted_drafts=acc_drafts[i],
-            tree_nodes=tree_nodes[i],
+            tree_nodes=tree_nodes[i], heads_per_step=used_heads[i],
         )
         for i in range(b)
     ]

@@ -73,7 +73,7 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
                        tree_nodes_mean=round(float(np.mean(nodes)), 2) if nodes else None,
                        timing={k: round(v, 3) for k, v in res.timing.items()})
             if res.steps:
-                step_pic = _pick_step(res.steps, greedy, ids)
+                step_pic = _pick_step(res.steps, greedy, ids) or step_pic
         results.append(row)
         notify(f"  {name:<24} done: {n} tokens{f' in {res.calls} calls' if res is not None else ''}, {dt:.1f} s")
     out = Path(out_dir)
@@ -109,6 +109,9 @@ def _in_lattice(sausage, tokens) -> int:
 def _pick_step(steps, greedy, ids):
     """The step that accepted the most draft tokens inside the lattice (ties: more accepted in
     all, then more drafts), and the greedy continuation at that point (to colour the lattice)."""
+    steps = [st for st in steps if st.sausage is not None]  # (the head gate may skip a step's lattice)
+    if not steps:
+        return None
     best = max(steps, key=lambda st: (_in_lattice(st.sausage, st.accepted), len(st.accepted), st.drafts.shape[0]))
     row = best.row
     pos = len(best.history) - len(ids[row])  # tokens emitted before this step (root included)

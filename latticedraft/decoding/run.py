@@ -226,6 +226,7 @@ def records(result, tokenizer, model_dir: str, texts: list[str]) -> list[dict]:
             "block_efficiency": round(s.block_efficiency, 4),
             "accepted_per_step": s.accepted_drafts,
             "tree_nodes_per_step": s.tree_nodes,
+            "heads_per_step": s.heads_per_step,
             "tokens_per_call": s.tokens_per_call,
             "seconds": round(s.seconds, 4),
             "verify": result.verify_mode,
@@ -267,6 +268,7 @@ class Session:
         self.base_dir = base_dir_of(self.model, model_dir)
         self.lm_dir, self.rescorer_dir, self.device = lm_dir, rescorer_dir, device
         self._lm = self._rescorer = None
+        self._gates: dict = {}  # HeadGate per drafter spec (see ``gate``)
         self.eos = eos_id(self.tokenizer)
 
     @property
@@ -318,10 +320,18 @@ class Session:
             drafter = self.drafter(spec, references)
             vocab = self.draft_vocab(spec.draft_vocab)
             tree_kw = {"tree": spec.tree, "context": spec.context(), "draft_vocab": vocab,
-                       "acceptance": self.acceptance(spec) if spec.tree == "auto" else None}
+                       "acceptance": self.acceptance(spec) if spec.tree == "auto" else None,
+                       "gate": self.gate(spec)}
         return run_method(method, self.model, prompt_ids, drafter, max_new_tokens=max_new_tokens,
                           eos_token_id=self.eos, verify=verify, batch_size=batch_size, on_tokens=on_tokens,
                           record_steps=record_steps, tree_kw=tree_kw)
+
+    def gate(self, spec: DrafterSpec):
+        """The ``HeadGate`` of ``spec`` for this session: what it measured carries over between
+        calls (a command decodes its prompts one call at a time)."""
+        from latticedraft.decoding.head_gate import HeadGate
+
+        return self._gates.setdefault(repr(spec), HeadGate())
 
     def draft_vocab(self, size: int | str | None):
         """The ``size`` most frequent token ids of the heads' training corpus (int64[size]),

@@ -297,16 +297,26 @@ class Verifier:
 
     # -- verify --------------------------------------------------------------------------
     @torch.inference_mode()
-    def verify(self, state: SlotCache, roots: np.ndarray, drafts: list[np.ndarray]) -> StepResult:
+    def verify(self, state: SlotCache, roots: np.ndarray, drafts: list[np.ndarray], heads=True) -> StepResult:
         """Verify ``drafts[i]`` (int64[p_i, d_i]; negative = end of draft) after ``roots[i]``
-        (the token already chosen, not yet in the cache) for every row i of ``state``."""
+        (the token already chosen, not yet in the cache) for every row i of ``state``.
+        heads: compute the extra heads at the accepted nodes (True), not (False: head_logits is
+        [b, 0, V']), or ``heads(accepted, bonus) -> bool`` deciding once the walk is done."""
         if len(drafts) != state.batch or len(roots) != state.batch:
             raise InputError(f"{len(drafts)} draft sets and {len(roots)} roots for a batch of {state.batch}")
         if self.mode == "tree":
-            return self._verify_tree(state, roots, drafts)
-        return self._verify_batched(state, roots, drafts)
+            return self._verify_tree(state, roots, drafts, heads)
+        return self._verify_batched(state, roots, drafts, heads)
 
-    def _verify_tree(self, state, roots, drafts) -> StepResult:
+    def _heads(self, out: Forward, nodes: torch.Tensor, want, accepted, bonus) -> torch.Tensor:
+        if callable(want):
+            want = want(accepted, bonus)
+        if want:
+            return out.draft_heads_at(nodes, self.draft_vocab)
+        cols = self.draft_vocab_size or hf.model_vocab_size(getattr(self.model, "base", self.model))
+        return torch.zeros(len(nodes), 0, cols, dtype=self.dtype, device=self.device)
+
+    def _verify_tree(self, state, roots, drafts, want_heads=True) -> StepResult:
         trees = [build_tree(int(r), d) for r, d in zip(roots, drafts)]
         packed = pack_trees(trees)
         dev = self.device
@@ -330,11 +340,10 @@ class Verifier:
         prefix = bool(keep_valid.all()) and bool((keep == np.arange(m)).all())
         state.commit(start, torch.as_tensor(keep, device=dev), torch.as_tensor(keep_valid, device=dev), prefix)
         last = torch.as_tensor([p[-1] for p in paths], device=dev)
-        heads = out.draft_heads_at(last, self.draft_vocab)
         accepted = [t.tokens[p[1:]] for t, p in zip(trees, paths)]
-        return StepResult(accepted, bonus, heads)
+        return StepResult(accepted, bonus, self._heads(out, last, want_heads, accepted, bonus))
 
-    def _verify_batched(self, state, roots, drafts) -> StepResult:
+    def _verify_batched(self, state, roots, drafts, want_heads=True) -> StepResult:
         dev = self.device
         b = state.batch
         rows = [np.atleast_2d(np.asarray(d, dtype=np.int64)) for d in drafts]
@@ -377,6 +386,7 @@ class Verifier:
         bonus = argmax[np.arange(b), best, nacc]
         nodes = torch.zeros(b * p, dtype=torch.long, device=dev)
         nodes[sel] = torch.as_tensor(nacc, device=dev)
-        heads = out.draft_heads_at(nodes, self.draft_vocab)[sel]
         accepted = [seq[i, best[i], 1 : 1 + nacc[i]].copy() for i in range(b)]
-        return StepResult(accepted, bonus.astype(np.int64), heads)
+        bonus = bonus.astype(np.int64)
+        heads = self._heads(out, nodes, want_heads, accepted, bonus)
+        return StepResult(accepted, bonus, heads[sel] if heads.shape[1] else heads[: b])

@@ -197,7 +197,8 @@ def test_tree_policies_context_ngrams_and_draft_vocab_stay_exact(arch, batch, tr
     for s in r.sequences:
         assert len(s.tree_nodes) == len(s.accepted_drafts) and all(n >= 1 for n in s.tree_nodes)
     if vocab:  # every head-drafted token comes from the draft vocabulary
-        assert all(set(st.sausage.tokens[st.sausage.tokens >= 0].tolist()) <= set(ids.tolist()) for st in r.steps)
+        assert all(set(st.sausage.tokens[st.sausage.tokens >= 0].tolist()) <= set(ids.tolist())
+                   for st in r.steps if st.sausage is not None)
     if ctx and tree == "fixed":  # the context paths are in the verified trees
         assert sum(a for s in r.sequences for a in s.accepted_drafts) > 0
 
@@ -228,3 +229,19 @@ def test_no_drafter_is_the_greedy_loop_and_context_alone_is_prompt_lookup(arch):
     assert all(n == 1 for s in plain.sequences for n in s.tokens_per_call)
     ctx = bpd_decode(model, ps, None, max_new_tokens=MAX_NEW, context=ContextNgrams(max_ngram=3))
     assert [s.tokens.tolist() for s in ctx.sequences] == refs
+
+
+@pytest.mark.parametrize("verify", ["auto", "batched"])
+def test_head_gate_skips_heads_on_some_steps_and_stays_exact(verify):
+    from latticedraft.decoding.context_ngrams import ContextNgrams
+
+    model = blockwise("llama", torch.float32, num_heads=4, seed=3)
+    ps = _repetitive(2, seed=9, lengths=(5, 8))
+    refs = [reference(model, p, 40) for p in ps]
+    d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=4)
+    r = bpd_decode(model, ps, d, max_new_tokens=40, tree="auto", context=ContextNgrams(max_ngram=3),
+                   cost=_flat_or_steep(0.05), verify=verify)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    flags = [f for s in r.sequences for f in s.heads_per_step]
+    assert len(flags) == sum(len(s.accepted_drafts) for s in r.sequences)
+    assert 0 in flags and 1 in flags  # the gate tried both arms

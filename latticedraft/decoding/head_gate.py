@@ -1,0 +1,68 @@
+"""Whether the next step computes head drafts at all: chosen from measured tokens per second.
+
+Heads cost every step the same (their FFNs and projection inside the verify call, the lattice,
+the p-best search, a bigger tree), whatever they end up adding. Where the text repeats itself a
+context n-gram path often carries the step alone, and the heads' cost buys little. The gate
+decides, before the heads are computed, between two arms, ``heads`` and ``context only``, in
+buckets keyed by the longest context match of the next step's history (0 .. ``MAX_BUCKET``): each
+arm keeps running sums of the tokens its steps emitted and the wall-clock seconds they took,
+and the arm with more tokens per second wins its bucket. Every arm is tried ``WARMUP`` times per
+bucket first, and the losing arm again every ``EXPLORE`` decisions of a bucket so that its
+estimate follows the text; old observations decay by ``DECAY`` per update. No constant here is
+a cost or a rate: those are measured as the run goes. The output never changes (every draft is
+verified); only the speed does.
+
+    >>> g = HeadGate()
+    >>> arm = g.choose(2)          # True: compute heads for the next step
+    >>> g.update(2, arm, tokens=3, seconds=0.006)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_BUCKET = 3
+WARMUP = 2
+EXPLORE = 16
+DECAY = 0.95
+
+
+class HeadGate:
+    """tokens, seconds: float[buckets, 2] decayed sums per (bucket, arm) with arm 1 = heads;
+    steps: int[buckets, 2] updates seen; decisions: int[buckets] choices made per bucket."""
+
+    def __init__(self, buckets: int = MAX_BUCKET + 1):
+        self.tokens = np.zeros((buckets, 2))
+        self.seconds = np.zeros((buckets, 2))
+        self.steps = np.zeros((buckets, 2), dtype=np.int64)
+        self.decisions = np.zeros(buckets, dtype=np.int64)
+
+    def bucket(self, match: int) -> int:
+        return int(min(max(match, 0), self.tokens.shape[0] - 1))
+
+    def rate(self, bucket: int) -> np.ndarray:
+        """Measured tokens per second of [context only, heads] in ``bucket`` (nan where unseen)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.seconds[bucket] > 0, self.tokens[bucket] / self.seconds[bucket], np.nan)
+
+    def choose(self, match: int) -> bool:
+        """True to compute heads for a step whose history has a longest context match ``match``."""
+        b = self.bucket(match)
+        self.decisions[b] += 1
+        if b == 0:
+            return True  # nothing else to draft from
+        for arm in (1, 0):
+            if self.steps[b, arm] < WARMUP:
+                return bool(arm)
+        r = self.rate(b)
+        best = int(r[1] >= r[0])
+        if self.decisions[b] % EXPLORE == 0:
+            return bool(1 - best)
+        return bool(best)
+
+    def update(self, match: int, heads: bool, tokens: int, seconds: float) -> None:
+        """Record one step of arm ``heads`` in the bucket of ``match``: tokens emitted, seconds taken."""
+        b, arm = self.bucket(match), int(heads)
+        self.tokens[b, arm] = DECAY * self.tokens[b, arm] + tokens
+        self.seconds[b, arm] = DECAY * self.seconds[b, arm] + seconds
+        self.steps[b, arm] += 1
