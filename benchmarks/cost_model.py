@@ -63,6 +63,36 @@ def greedy_step_seconds(base, context: int = 100, new: int = 32, repeats: int = 
     return statistics.median(times)
 
 
+def projection_options(model, vocab, nodes=(1, 4, 8, 16), extra: int = 3, repeats: int = 200) -> list[dict]:
+    """Median ms of the output projections one step needs, per way of doing them: the verify
+    rows n alone (what greedy pays at n = 1), plus the extra heads' rows at the accepted node
+    over the full vocabulary in a second matmul, fused into the verify matmul (every node's
+    heads, since the accepted node is unknown before the walk), or onto the draft vocabulary."""
+    H = int(model.base.config.hidden_size)
+    W = model.base.get_output_embeddings().weight
+    Wv = W.index_select(0, torch.as_tensor(vocab)).contiguous()
+    lin = torch.nn.functional.linear
+
+    def med(f):
+        for _ in range(10):
+            f()
+        t = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            f()
+            t.append(time.perf_counter() - t0)
+        return round(1000 * statistics.median(t), 4)
+
+    out = []
+    for n in nodes:
+        v, hd, fused = torch.randn(n, H), torch.randn(extra, H), torch.randn(n * (1 + extra), H)
+        out.append({"nodes": n, "verify_rows_ms": med(lambda: lin(v, W)),
+                    "two_passes_full_ms": med(lambda: (lin(v, W), lin(hd, W))),
+                    "fused_one_pass_ms": med(lambda: lin(fused, W)),
+                    "draft_vocab_ms": med(lambda: (lin(v, W), lin(hd, Wv)))})
+    return out
+
+
 def random_llama(hidden, layers, inter, heads, vocab=8192, num_heads=8):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -119,11 +149,12 @@ def plot(curves: dict, path: Path) -> None:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, c in curves.items():
         n, t = np.asarray(c["nodes"]), np.asarray(c["seconds"]) * 1000
-        a1.plot(n, t, marker="o", ms=3, label=name)
+        line = a1.plot(n, t, marker="o", ms=3, label=name)[0]
+        a1.plot(n, np.asarray(c["raw_seconds"]) * 1000, ls="none", marker="x", ms=4, color=line.get_color(), alpha=0.5)
         a2.plot(n, t / t[0], marker="o", ms=3, label=name)
-        a1.axhline(c["greedy_step_s"] * 1000, color=a1.lines[-1].get_color(), ls=":", lw=1)
+        a1.axhline(c["greedy_step_s"] * 1000, color=line.get_color(), ls=":", lw=1)
     a1.set(xscale="log", yscale="log", xlabel="tree nodes n (root included)", ylabel="T(n), ms per verify step",
-           title="measured step cost (dotted: one HF greedy step)")
+           title="T(n): x = 25th percentile, line = nondecreasing fit\n(dotted: one HF greedy step)")
     a2.set(xscale="log", xlabel="tree nodes n (root included)", ylabel="T(n) / T(1)", title="relative step cost")
     for ax in (a1, a2):
         ax.grid(True, which="both", alpha=0.3)
@@ -155,6 +186,7 @@ def main(argv=None) -> int:
     if not a.skip_llama:
         for name, dims in LLAMAS.items():
             models[name] = random_llama(*dims)
+    proj = projection_options(s.model, vocab)
     rows, curves = [], {}
     for name, (model, params) in models.items():
         print(f"measuring {name} ({params / 1e6:.1f} M parameters)", file=sys.stderr)
@@ -182,7 +214,7 @@ def main(argv=None) -> int:
     out = {"benchmark": "cost_model", "spec": SPEC.__dict__, "load_average": os.getloadavg(),
            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                        "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()},
-           "steps_replayed": len(steps), "rows": rows, "curves": curves}
+           "steps_replayed": len(steps), "rows": rows, "curves": curves, "projection_options": proj}
     write_atomic(Path(a.out), json.dumps(out, indent=1) + "\n")
     print(f"\nT(n) measured; tree size and tokens/s PREDICTED from {len(steps)} replayed steps of the bundled heads")
     print(f"{'model':<26} {'params':>7} {'T(1) ms':>8} {'greedy ms':>9} {'T4/T1':>6} {'T16/T1':>6} {'T64/T1':>6} | "
@@ -194,6 +226,11 @@ def main(argv=None) -> int:
               f"{m['T_over_T1']['4']:>6.2f} {m['T_over_T1']['16']:>6.2f} {m['T_over_T1']['64']:>6.2f} | "
               f"{h['nodes_mean']:>5.1f}/{c['nodes_mean']:<5.1f} {h['tokens_per_step']:>6.2f}/{c['tokens_per_step']:<7.2f} "
               f"{h['speedup_vs_greedy']:>6.2f}/{c['speedup_vs_greedy']:<7.2f}")
+    print(f"\nOne step's output projections on the bundled model (ms, median; {SPEC.slots} extra heads, "
+          f"V' = {len(vocab)}): verify rows only | + heads, second full pass | fused one pass | + heads onto V'")
+    for r in proj:
+        print(f"  n = {r['nodes']:>2}: {r['verify_rows_ms']:.3f} | {r['two_passes_full_ms']:.3f} | "
+              f"{r['fused_one_pass_ms']:.3f} | {r['draft_vocab_ms']:.3f}")
     print(f"wrote {a.out} and {png}")
     return 0
 

@@ -20,6 +20,7 @@ drive the next step's lattice, so predicting and verifying share one call (Stern
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,7 +87,7 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-ALL_AT_ONCE = 16  # nodes per call up to which a lazy forward projects the whole tree at once
+UNEMBED_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows at which the output projection is timed once
 
 
 class Forward:
@@ -99,14 +100,15 @@ class Forward:
         self.lazy = hidden is not None
         self.logits = None if self.lazy else out.logits
         self.num_heads = num_heads
+        self.project_all = False  # lazy calls: project every node at the first argmax (set by the verifier)
 
     def argmax_at(self, rows, nodes) -> np.ndarray:
         """The base model's greedy token after node ``nodes[j]`` of row ``rows[j]``: int64[m].
 
-        Lazy calls project small trees (b * N <= ``ALL_AT_ONCE`` nodes) in one matmul at the
-        first call, since one pass over the output embedding costs about what the 1-2 smaller
-        per-level passes of the accept walk cost; bigger trees project only the visited nodes."""
-        if self.lazy and self.logits is None and self.hidden.shape[0] * self.hidden.shape[1] <= ALL_AT_ONCE:
+        Lazy calls project either every node in one matmul at the first call (``project_all``)
+        or only the nodes the walk visits, one small matmul per level; the verifier picks the
+        cheaper from the measured projection cost and the walk's measured depth."""
+        if self.lazy and self.logits is None and self.project_all:
             b, n, H = self.hidden.shape
             self.logits = self.model.unembed(self.hidden.reshape(-1, H)).view(b, n, -1)
         src = self.logits if self.logits is not None else self.hidden
@@ -259,6 +261,8 @@ class Verifier:
         self.device = model_device(model)
         self.draft_vocab = None if draft_vocab is None else DraftVocab(model, draft_vocab)
         self.draft_vocab_size = None if self.draft_vocab is None else len(self.draft_vocab)
+        self.levels = 1.0  # running mean of the accept walk's levels (accepted drafts + 1) per row
+        self._unembed_s: np.ndarray | None = None  # seconds of the output projection at UNEMBED_ROWS
 
     # -- prefill -------------------------------------------------------------------------
     @torch.inference_mode()
@@ -289,6 +293,23 @@ class Verifier:
         last = torch.full((b,), n - 1, dtype=torch.long)
         roots = out.argmax_at(list(range(b)), last.tolist()).astype(np.int64)
         return state, roots, out.draft_heads_at(last, self.draft_vocab)
+
+    def unembed_seconds(self, rows: int) -> float:
+        """Measured seconds of the output projection over ``rows`` hidden states (timed once)."""
+        if self._unembed_s is None:
+            H = int(base_config(self.model).hidden_size)
+            times = []
+            for r in UNEMBED_ROWS:
+                x = torch.randn(r, H, dtype=self.dtype, device=self.device)
+                self.model.unembed(x)
+                t = []
+                for _ in range(5):
+                    t0 = time.perf_counter()
+                    self.model.unembed(x).argmax(dim=-1).cpu()
+                    t.append(time.perf_counter() - t0)
+                times.append(sorted(t)[2])
+            self._unembed_s = np.asarray(times)
+        return float(np.interp(rows, UNEMBED_ROWS, self._unembed_s))
 
     def _window(self, allowed, q_pos, k_pos):
         if self.window is None:
@@ -330,7 +351,10 @@ class Verifier:
             self.model, torch.as_tensor(packed.tokens, device=dev),
             attention_bias(allowed, self.dtype), q_pos, state.cache, lazy=self.lazy, num_heads=self.num_heads,
         )
+        if self.lazy:  # one projection of all b * n nodes, or one of b rows per expected level
+            out.project_all = self.unembed_seconds(b * n) <= self.levels * self.unembed_seconds(b)
         paths, bonus = _walk(trees, out.argmax_at)
+        self.levels = 0.8 * self.levels + 0.2 * float(np.mean([len(p) for p in paths]))
         m = max(len(p) for p in paths)
         keep = np.zeros((b, m), dtype=np.int64)
         keep_valid = np.zeros((b, m), dtype=bool)
