@@ -245,3 +245,21 @@ def test_head_gate_skips_heads_on_some_steps_and_stays_exact(verify):
     flags = [f for s in r.sequences for f in s.heads_per_step]
     assert len(flags) == sum(len(s.accepted_drafts) for s in r.sequences)
     assert 0 in flags and 1 in flags  # the gate tried both arms
+
+
+@pytest.mark.parametrize("name", ["top1", "neural", "ngram", "parallel", "parallel-base", "oracle"])
+def test_every_drafter_with_the_fast_options_equals_generate(name, toy_lm, rescorer):
+    """--tree auto, context n-grams and a reduced draft vocabulary on every drafter, batch 4."""
+    from latticedraft.decoding.context_ngrams import ContextNgrams
+    from latticedraft.decoding.head_gate import HeadGate
+
+    model, ps, refs = _case("gpt2", torch.float32, 5, 1)
+    ps = [np.concatenate([p, p]) for p in ps]  # repeated text: the context paths get accepted
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    ids = np.random.default_rng(1).permutation(64)[:32]
+    gate = HeadGate()
+    for batch in (ps, ps[:1]):
+        r = bpd_decode(model, batch, _drafter(name, refs, toy_lm, rescorer, nbest=4), max_new_tokens=MAX_NEW,
+                       tree="auto", context=ContextNgrams(max_ngram=3), draft_vocab=ids, cost=_flat_or_steep(0.1),
+                       gate=gate)
+        assert [s.tokens.tolist() for s in r.sequences] == refs[: len(batch)]

@@ -28,7 +28,10 @@ def setup():
     DrafterSpec("parallel-base", nbest=16), DrafterSpec("neural"), DrafterSpec("oracle", k=16),
 ], ids=lambda s: s.name)
 @pytest.mark.parametrize("batch", [1, 4])
-def test_bundled_every_drafter_is_greedy(setup, spec, batch):
+@pytest.mark.parametrize("fast", [False, True], ids=["paper", "fast"])
+def test_bundled_every_drafter_is_greedy(setup, spec, batch, fast):
+    if fast:  # --tree auto, context n-grams, the bundled draft vocabulary (the CLI defaults)
+        spec = spec.fast()
     s, ids, greedy = setup
     res = s.decode(ids, "bpd", spec, max_new_tokens=NEW, batch_size=batch, references=greedy)
     assert all(np.array_equal(q.tokens, g) for q, g in zip(res.sequences, greedy))
