@@ -73,26 +73,24 @@ def describe(path: Path) -> str:
 
 def require_file(path, what: str, fix: str) -> Path:
     """``path`` if it is a readable file, else ``InputError`` saying what is there instead and ``fix``."""
-    from latticedraft.errors import InputError
-
-    p = Path(path)
-    if p.is_file():
-        return p
-    if p.is_dir():
-        raise InputError(f"{what} {p} is a directory, not a file; {fix}")
-    raise InputError(f"{what} {p} does not exist; {fix}")
+    return _require(path, what, fix, "a file")
 
 
 def require_dir(path, what: str, fix: str) -> Path:
     """``path`` if it is a directory, else ``InputError`` saying what is there instead and ``fix``."""
+    return _require(path, what, fix, "a directory")
+
+
+def _require(path, what: str, fix: str, want: str) -> Path:
     from latticedraft.errors import InputError
 
     p = Path(path)
-    if p.is_dir():
+    found = describe(p)
+    if found == want:
         return p
-    if p.exists():
-        raise InputError(f"{what} {p} is a file, not a directory; {fix}")
-    raise InputError(f"{what} {p} does not exist; {fix}")
+    if found == "missing":
+        raise InputError(f"{what} {p} does not exist; {fix}")
+    raise InputError(f"{what} {p} is {found}, not {want}; {fix}")
 
 
 def check_writable(path, flag: str, kind: str) -> Path:
