@@ -56,22 +56,11 @@ DRAFTERS = {
     "bpd parallel p=4 slots=3 (paper)": DrafterSpec("parallel", nbest=4, slots=3),
     "bpd neural (paper)": DrafterSpec("neural"),
 }
-OWN = {  # latticedraft's own loop on the same forward as BPD, without head drafts
-    "greedy loop (latticedraft)": None,
-    "context n-grams only (latticedraft)": DrafterSpec("top1", context_ngrams=3, tree="auto"),
+OWN = {  # latticedraft's own loop on the same forward as BPD, without head drafts (--drafter none)
+    "greedy loop (latticedraft)": DrafterSpec("none"),
+    "context n-grams only (latticedraft)": DrafterSpec("none").fast(),
 }
 HF_ROWS = ("prompt-lookup (HF)", "assisted (HF, rescorer-small drafts)")
-
-
-def own_loop(session: Session, ids, max_new_tokens: int, spec: DrafterSpec | None, batch_size: int):
-    """BPD's loop without a head drafter: the root alone (greedy) or context n-gram paths only."""
-    from latticedraft.decoding.run import run_method
-
-    kw = {} if spec is None else dict(tree=spec.tree, context=spec.context(), acceptance=session.acceptance(spec))
-    t0 = time.perf_counter()
-    res = run_method("bpd", session.model, ids, None, max_new_tokens=max_new_tokens, eos_token_id=session.eos,
-                     batch_size=batch_size, tree_kw=kw)
-    return [q.tokens for q in res.sequences], time.perf_counter() - t0, res
 
 
 def main(argv=None) -> int:
@@ -110,8 +99,6 @@ def main(argv=None) -> int:
         spec = DRAFTERS.get(name) or OWN.get(name)
         if spec is not None:
             s.prepare(spec, batch_size=a.batch_size)
-            if spec.tree == "auto":
-                s.acceptance(spec)
 
     def run_once(name):
         """(token lists, seconds, DecodeResult or None) of one pass over the prompts."""
@@ -124,9 +111,7 @@ def main(argv=None) -> int:
         if name.startswith("greedy batch="):
             toks, dt = hf_baselines.greedy_batched(s.model, ids, a.max_new_tokens, a.batch_size, s.eos)
             return toks, dt, None
-        if name in OWN:
-            return own_loop(s, ids, a.max_new_tokens, OWN[name], a.batch_size)
-        spec = None if name == "greedy" else DrafterSpec(**{**DRAFTERS[name].__dict__, "alpha": a.alpha})
+        spec = None if name == "greedy" else DrafterSpec(**{**{**DRAFTERS, **OWN}[name].__dict__, "alpha": a.alpha})
         t0 = time.perf_counter()
         res = s.decode(ids, "greedy" if spec is None else "bpd", spec, max_new_tokens=a.max_new_tokens,
                        batch_size=a.batch_size)

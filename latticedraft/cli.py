@@ -522,10 +522,11 @@ def _cmd_eval_dynamo(a) -> int:
 def _drafter_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("drafting (--method bpd)")
     g.add_argument("--drafter", default="top1",
-                   choices=["top1", "neural", "ngram", "parallel", "parallel-base", "oracle"],
+                   choices=["top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "none"],
                    help="top1 = vanilla BPD; ngram/parallel = n-gram rescoring, p = 1 / --nbest; "
                         "parallel-base = --nbest paths of the un-rescored lattice; neural = Algorithm 2; "
-                        "oracle = best lattice path given the greedy output (default top1)")
+                        "oracle = best lattice path given the greedy output; none = no head drafts (with "
+                        "--context-ngrams: prompt lookup on latticedraft's verifier) (default top1)")
     g.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
     g.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
     g.add_argument("--alpha", type=float, default=1.0, help="interpolation weight of the rescoring LM (default 1.0)")

@@ -24,6 +24,8 @@ DRAFTER_USES = {
     "alpha": ("ngram", "parallel", "neural"),
     "nbest": ("parallel", "parallel-base"),
 }
+HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")  # all but "none"
+DRAFTER_USES.update({d: HEAD_DRAFTERS for d in ("k", "prune", "eps", "backoff", "slots", "draft_vocab")})
 
 
 def flag(a, dest: str) -> str:

@@ -82,11 +82,12 @@ def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | 
         max_match: int = 8, depth: int = 16) -> AcceptanceModel:
     """Fit both tables from decode steps on held-out data.
 
-    lattices[i]: the Sausage the heads gave at step i (slot j = token j + 1 after the root);
+    lattices[i]: the Sausage the heads gave at step i (slot j = token j + 1 after the root; None
+    for a step without head drafts, which then feeds the context table only);
     greedy[i]: int64[>= h], the greedy tokens that followed the root; histories[i]: int64[t],
     the text up to and including the root (for the context n-grams).
     """
-    prior = AcceptanceModel.prior(max(s.h for s in lattices) if lattices else 1, max_match, depth)
+    prior = AcceptanceModel.prior(max([s.h for s in lattices if s is not None], default=1), max_match, depth)
     nb = len(HEAD_EDGES) - 1
     hit = np.zeros((prior.head_rate.shape[0], nb))
     seen = np.zeros_like(hit)
@@ -94,7 +95,7 @@ def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | 
     c_seen = np.zeros_like(c_hit)
     for s, g, hist in zip(lattices, greedy, histories):
         g = np.asarray(g, dtype=np.int64)
-        for j in range(min(s.h, len(g))):
+        for j in range(min(s.h, len(g)) if s is not None else 0):
             live = s.tokens[j] >= 0
             probs = np.exp(s.logp[j][live].astype(np.float64))
             bins = np.clip(np.searchsorted(HEAD_EDGES, probs, side="right") - 1, 0, nb - 1)

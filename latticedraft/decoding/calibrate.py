@@ -21,13 +21,12 @@ def calibrate(model, drafter, prompt_ids: list, *, context: ContextNgrams | None
                      record_steps=True, tree="fixed", draft_vocab=draft_vocab)
     lattices, greedy, histories = [], [], []
     for st in res.steps:
-        if st.sausage is None:
-            continue
         seq = res.sequences[st.row]
         at = len(st.history) - len(seq.prompt_ids)  # seq.tokens[at] is the token after the root
-        follow = seq.tokens[at : at + st.sausage.h]
+        depth = max(st.sausage.h if st.sausage is not None else 0, context.num_tokens if context else 0)
+        follow = seq.tokens[at : at + depth]
         if len(follow):
-            lattices.append(st.sausage)
+            lattices.append(st.sausage)  # None for a drafter without heads: context data only
             greedy.append(np.asarray(follow, dtype=np.int64))
             histories.append(st.history)
     return fit(lattices, greedy, histories, context)

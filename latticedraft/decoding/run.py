@@ -174,8 +174,11 @@ class DrafterSpec:
 
 
 def build_drafter(spec: DrafterSpec, lm=None, rescorer=None, references=None):
+    """The drafter of ``spec``; None for "none" (no head drafts: context n-grams only, or greedy)."""
     from latticedraft.decoding.drafters import LatticeOptions, make_drafter
 
+    if spec.name == "none":
+        return None
     opts = LatticeOptions(k=spec.k, prune=spec.prune, eps=spec.eps, backoff=spec.backoff, slots=spec.slots)
     return make_drafter(spec.name, options=opts, lm=lm, rescorer=rescorer, alpha=spec.alpha, nbest=spec.nbest,
                         references=references)

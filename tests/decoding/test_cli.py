@@ -104,6 +104,19 @@ def test_decode_tree_context_and_vocab_flags_stay_greedy(bundle, capsys, flags):
     assert e.value.code == 2 and "--tree" in capsys.readouterr().err
 
 
+def test_decode_without_head_drafts_is_prompt_lookup_on_the_verifier(bundle, capsys):
+    for flags in (["--context-ngrams", "3"], ["--context-ngrams", "0", "--tree", "fixed"]):
+        rc = main(["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"),
+                   "--drafter", "none", "--max-new-tokens", "12", "--json", *flags])
+        assert rc == 0
+        for line in capsys.readouterr().out.splitlines():
+            r = json.loads(line)
+            assert r["tokens"] == _greedy(r["model"], r["prompt_ids"], 12)
+            assert set(r["heads_per_step"]) <= {0}
+    assert main(["decode", "--model", str(bundle / "heads"), "--prompt", "x", "--drafter", "none", "--slots", "2"]) == 2
+    assert "--slots" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_eval_refuses_flags_that_name_one_drafter(bundle, capsys, tmp_path):
     for flags in (["--drafter", "parallel"], ["--slots", "2"]):
         assert main(["eval", "--model", str(bundle / "heads"), *flags, "--out", str(tmp_path / "e")]) == 2
