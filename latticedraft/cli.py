@@ -554,6 +554,9 @@ def _tree_args(p: argparse.ArgumentParser) -> None:
                    help="the extra heads project onto the V most frequent tokens (draft_vocab.json beside the "
                         "heads); 0 = the full vocabulary; verification always uses all (default auto: 1024 "
                         "where the heads ship a ranking, else all)")
+    g.add_argument("--lookahead-pool", action="store_true",
+                   help="also run a lookahead Jacobi window in each verify call and add its n-gram pool's "
+                        "paths for the last token to the tree (sizes from --window/--ngram/--pool)")
 
 
 def _lookahead_args(p: argparse.ArgumentParser) -> None:
@@ -590,8 +593,9 @@ def _spec(a):
         vocab = vocab or None
     if tree["context_ngrams"] < 0:
         raise InputError(f"--context-ngrams {tree['context_ngrams']}: give the longest suffix to match (>= 1), or 0 for off")
+    look = _lookahead(a) if getattr(a, "lookahead_pool", False) else None
     return DrafterSpec(name=a.drafter, k=a.k, prune=a.prune, eps=a.eps, backoff=a.backoff, slots=a.slots,
-                       alpha=a.alpha, nbest=a.nbest, draft_vocab=vocab, **tree)
+                       alpha=a.alpha, nbest=a.nbest, draft_vocab=vocab, lookahead=look, **tree)
 
 
 def _cmd_decode(a) -> int:

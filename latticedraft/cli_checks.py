@@ -16,7 +16,7 @@ from latticedraft.errors import InputError
 SAMPLING = ("epsilon_b", "seed", "top_k", "temperature", "repetition_penalty", "alpha_c", "unseen_weight", "max_n",
             "no_cooccurrence", "no_adaptive_threshold", "no_blur", "variant", "cooccurrence")
 DRAFTING = ("drafter", "lm", "rescorer", "alpha", "nbest", "k", "prune", "eps", "backoff", "slots", "verify", "tree",
-            "context_ngrams", "draft_vocab")
+            "context_ngrams", "draft_vocab", "lookahead_pool")
 LOOKAHEAD = ("window", "ngram", "pool", "prompt_as_reference")
 # which bpd drafters use an option (the others ignore it, so it is refused)
 DRAFTER_USES = {
@@ -105,7 +105,11 @@ def check_drafting(a) -> None:
 
 def check_lookahead(a) -> None:
     """Ranges of --window / --ngram / --pool, or their refusal for a method other than lookahead."""
-    if getattr(a, "method", None) != "lookahead":
+    if getattr(a, "method", None) == "bpd" and not getattr(a, "lookahead_pool", False):
+        refuse_given(a, LOOKAHEAD, "--method bpd runs no Jacobi window unless asked (add --lookahead-pool, "
+                                   "or use --method lookahead)")
+        return
+    if getattr(a, "method", None) not in ("bpd", "lookahead"):
         refuse_given(a, LOOKAHEAD, f"--method {a.method} has no Jacobi window or n-gram pool "
                                    "(those options apply to --method lookahead)")
         return

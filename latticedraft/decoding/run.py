@@ -163,6 +163,7 @@ class DrafterSpec:
     tree: str = "fixed"
     context_ngrams: int = 0
     draft_vocab: int | str | None = None
+    lookahead: object = None  # LookaheadOptions: a Jacobi window + n-gram pool as one more path source
 
     def fast(self) -> "DrafterSpec":
         """This drafter with the fastest measured tree, context and vocabulary settings."""
@@ -326,7 +327,7 @@ class Session:
                 references = [q.tokens for q in g.sequences]
             drafter = self.drafter(spec, references)
             vocab = self.draft_vocab(spec.draft_vocab)
-            tree_kw = {"tree": spec.tree, "context": spec.context(), "draft_vocab": vocab,
+            tree_kw = {"tree": spec.tree, "context": spec.context(), "draft_vocab": vocab, "lookahead": spec.lookahead,
                        "acceptance": self.acceptance(spec) if spec.tree == "auto" else None}
         return run_method(method, self.model, prompt_ids, drafter, max_new_tokens=max_new_tokens,
                           eos_token_id=self.eos, verify=verify, batch_size=batch_size, on_tokens=on_tokens,

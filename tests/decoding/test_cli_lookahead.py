@@ -37,8 +37,20 @@ def test_decode_lookahead_streams_the_greedy_text(bundle, capsys):  # noqa: F811
     assert cap.out == greedy and "lookahead W=15 N=5 G=15, verify batched" in cap.err
 
 
+def test_decode_bpd_with_the_lookahead_pool_matches_generate(bundle, capsys):  # noqa: F811
+    rc = main(["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"),
+               "--drafter", "parallel-base", "--lookahead-pool", "--window", "3", "--ngram", "3", "--pool", "3",
+               "--max-new-tokens", "12", "--json", "--batch-size", "2"])
+    assert rc == 0
+    for line in capsys.readouterr().out.strip().splitlines():
+        r = json.loads(line)
+        assert r["method"] == "bpd/parallel-base" and r["tokens"] == _greedy(r["model"], r["prompt_ids"], 12)
+
+
 @pytest.mark.parametrize("flags,named", [
     (["--method", "bpd", "--window", "4"], "--window"),
+    (["--method", "lookahead", "--lookahead-pool"], "--lookahead-pool"),
+    (["--method", "greedy", "--lookahead-pool"], "--lookahead-pool"),
     (["--method", "greedy", "--prompt-as-reference"], "--prompt-as-reference"),
     (["--method", "lookahead", "--drafter", "parallel"], "--drafter"),
     (["--method", "lookahead", "--tree", "fixed"], "--tree"),

@@ -163,3 +163,55 @@ def test_prompt_as_reference_seeds_the_pool_and_repeats():
     window, pool = LookaheadOptions(W=3, N=3, G=3, prompt_as_reference=True).start(np.array([4, 5, 6, 4, 5, 7]), 64, 0)
     assert [c.tolist() for c in pool.get(4)] == [[5, 7], [5, 6]]
     assert set(window.levels[0].tolist()) <= {4, 5, 6, 7}
+
+
+# -- the pool as a lattice source: lookahead's window and pool inside the BPD loop -------------
+
+def _cost(slope):
+    from latticedraft.gpu.cost_model import CostModel
+
+    n = np.arange(1, 65)
+    return CostModel(tuple(n.tolist()), tuple((1.0 + slope * (n - 1)).tolist()))
+
+
+@functools.lru_cache(maxsize=None)
+def _bpd_case(arch, batch):
+    from tests.decoding.tiny import blockwise
+
+    model = blockwise(arch, torch.float32, num_heads=4)
+    ps = prompts(batch, seed=3, lengths=(5, 12, 3, 9))
+    return model, ps, [reference(model, p, MAX_NEW) for p in ps]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral"])
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("drafter,tree,context,verify", [
+    ("top1", "fixed", None, "auto"), ("parallel-base", "auto", 3, "auto"), (None, "fixed", None, "auto"),
+    ("top1", "auto", 2, "batched"),
+])
+def test_bpd_with_the_lookahead_pool_equals_generate(arch, batch, drafter, tree, context, verify):
+    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.context_ngrams import ContextNgrams
+    from latticedraft.decoding.drafters import LatticeOptions, make_drafter
+
+    model, ps, refs = _bpd_case(arch, batch)
+    d = None if drafter is None else make_drafter(drafter, options=LatticeOptions(k=4), nbest=4)
+    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, tree=tree, cost=_cost(0.05) if tree == "auto" else None,
+                   context=ContextNgrams(max_ngram=context) if context else None, verify=verify,
+                   lookahead=LookaheadOptions(W=4, N=3, G=4))
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert r.verify_mode == ("batched" if verify == "batched" else "tree")
+
+
+def test_bpd_without_heads_plus_pool_is_lookahead_decoding():
+    """With no head drafts and a fixed tree, the BPD tree holds exactly the pool's paths, so the
+    loop makes lookahead_decode's steps: the pool's n-grams reach the tree and get accepted."""
+    from latticedraft.decoding.bpd import bpd_decode
+
+    model, ps, refs = _bpd_case("llama", 4)
+    opts = LookaheadOptions(W=5, N=4, G=5, prompt_as_reference=True)
+    via_bpd = bpd_decode(model, ps, None, max_new_tokens=MAX_NEW, tree="fixed", lookahead=opts)
+    direct = lookahead_decode(model, ps, W=5, N=4, G=5, prompt_as_reference=True, max_new_tokens=MAX_NEW)
+    assert [s.tokens.tolist() for s in via_bpd.sequences] == refs
+    assert [s.tokens_per_call for s in via_bpd.sequences] == [s.tokens_per_call for s in direct.sequences]
+    assert via_bpd.block_efficiency > 1.2
