@@ -9,6 +9,7 @@ One step's nodes are laid out as in Figure 2(b): the root, then the side nodes, 
 tree's other nodes. Every node sees the cache and the root; a side node sees the side nodes
 its ``sees`` row names; a tree node sees its tree ancestors; the branches never see each other.
 
+    >>> from latticedraft.gpu.tree import build_tree
     >>> side = SideBranch(np.array([8, 9]), np.array([1, 2]), np.array([[1, 0], [1, 1]], bool), np.array([1]))
     >>> lay = step_layout(build_tree(7, np.array([[4, 5]])), side)
     >>> lay.tokens.tolist(), lay.depth.tolist(), lay.tree_index.tolist()
