@@ -555,6 +555,27 @@ def _tree_args(p: argparse.ArgumentParser) -> None:
                    help="the extra heads project onto the V most frequent tokens (draft_vocab.json beside the "
                         "heads); 0 = the full vocabulary; verification always uses all (default auto: 1024 "
                         "where the heads ship a ranking, else all)")
+    g.add_argument("--lookahead-pool", action="store_true",
+                   help="also run a lookahead Jacobi window in each verify call and add its n-gram pool's "
+                        "paths for the last token to the tree (sizes from --window/--ngram/--pool)")
+
+
+def _lookahead_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("lookahead decoding (--method lookahead)")
+    g.add_argument("--window", type=int, default=15, metavar="W",
+                   help="W: future positions the Jacobi window guesses per step (default 15, the paper's for 7B)")
+    g.add_argument("--ngram", type=int, default=5, metavar="N",
+                   help="N: n-gram size; the window keeps N-1 past Jacobi iterates (default 5)")
+    g.add_argument("--pool", type=int, default=15, metavar="G",
+                   help="G: n-grams kept per first token and verified per step; 0 = Jacobi window only (default 15)")
+    g.add_argument("--prompt-as-reference", action="store_true",
+                   help="start the window from prompt tokens and seed the n-gram pool with the prompt's n-grams")
+
+
+def _lookahead(a):
+    from latticedraft.decoding.lookahead import LookaheadOptions
+
+    return LookaheadOptions(W=a.window, N=a.ngram, G=a.pool, prompt_as_reference=a.prompt_as_reference)
 
 
 def _spec(a):
@@ -573,8 +594,9 @@ def _spec(a):
         vocab = vocab or None
     if tree["context_ngrams"] < 0:
         raise InputError(f"--context-ngrams {tree['context_ngrams']}: give the longest suffix to match (>= 1), or 0 for off")
+    look = _lookahead(a) if getattr(a, "lookahead_pool", False) else None
     return DrafterSpec(name=a.drafter, k=a.k, prune=a.prune, eps=a.eps, backoff=a.backoff, slots=a.slots,
-                       alpha=a.alpha, nbest=a.nbest, draft_vocab=vocab, **tree)
+                       alpha=a.alpha, nbest=a.nbest, draft_vocab=vocab, lookahead=look, **tree)
 
 
 def _cmd_decode(a) -> int:
@@ -594,22 +616,25 @@ def _cmd_decode(a) -> int:
     ids = encode(s.tokenizer, texts)
     if a.method == "bpd":
         s.prepare(spec, batch_size=a.batch_size if a.json else 1)
+    look = _lookahead(a) if a.method == "lookahead" else None
+    label = {"bpd": f"bpd/{a.drafter}", "lookahead": None if look is None else
+             f"lookahead W={look.W} N={look.N} G={look.G}"}.get(a.method, a.method)
     if a.json:  # each batch's records are written and flushed as soon as it completes
         for at in range(0, len(ids), a.batch_size):
             res = s.decode(ids[at:at + a.batch_size], a.method, spec, max_new_tokens=a.max_new_tokens,
-                           verify=a.verify, batch_size=a.batch_size)
+                           verify=a.verify, batch_size=a.batch_size, lookahead=look)
             for rec in records(res, s.tokenizer, s.base_dir, texts[at:at + a.batch_size]):
-                print(json.dumps(rec, ensure_ascii=False), flush=True)
+                print(json.dumps({**rec, "method": label}, ensure_ascii=False), flush=True)
         return 0
     for text, p in zip(texts, ids):
         sys.stdout.write(text)
         res = s.decode([p], a.method, spec, max_new_tokens=a.max_new_tokens, verify=a.verify,
-                       on_tokens=TextStream(s.tokenizer, sys.stdout))
+                       on_tokens=TextStream(s.tokenizer, sys.stdout), lookahead=look)
         q = res.sequences[0]
         print()
         print(f"-- {len(q.tokens)} tokens, {q.calls} calls, block efficiency {q.block_efficiency:.2f}, "
-              f"{len(q.tokens) / max(q.seconds, 1e-9):.1f} tokens/s ({a.method}"
-              f"{'/' + a.drafter if a.method == 'bpd' else ''}, verify {res.verify_mode})", file=sys.stderr)
+              f"{len(q.tokens) / max(q.seconds, 1e-9):.1f} tokens/s ({label}, verify {res.verify_mode})",
+              file=sys.stderr)
     return 0
 
 
@@ -624,8 +649,9 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
 def _add_decode(groups) -> None:
     p = groups.add_parser("decode", help="generate with parallel BPD (exactly the greedy output, fewer model calls)",
                           description="Generate with blockwise parallel decoding; the output equals greedy decoding.")
-    p.add_argument("--method", default="bpd", choices=["bpd", "greedy", "dynamo"],
-                   help="bpd (default), greedy (plain autoregressive baseline) or dynamo (sampling with DynaMo heads)")
+    p.add_argument("--method", default="bpd", choices=["bpd", "greedy", "lookahead", "dynamo"],
+                   help="bpd (default), greedy (plain autoregressive baseline), lookahead (lookahead decoding: "
+                        "Jacobi window + n-gram pool, no heads needed) or dynamo (sampling with DynaMo heads)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text; - reads it from standard input (default: --prompts)")
     src.add_argument("--prompts", default=None, metavar="FILE.jsonl",
@@ -638,6 +664,7 @@ def _add_decode(groups) -> None:
     _common_model_args(p)
     _drafter_args(p)
     _tree_args(p)
+    _lookahead_args(p)
     _dynamo_sampler_args(p)
     p.set_defaults(func=_cmd_decode)
 
@@ -722,15 +749,15 @@ def _add_lattice(groups) -> None:
 
 def _cmd_eval(a) -> int:
     """``eval``: every drafter on a prompt set; results.json, results.md, Figure 6 and 7 PNGs."""
-    from latticedraft.cli_checks import (DRAFTING, SAMPLING, check_device, check_drafting, check_model_limits,
-                                         refuse_given)
+    from latticedraft.cli_checks import (DRAFTING, LOOKAHEAD, SAMPLING, at_least, check_device, check_drafting,
+                                         check_model_limits, refuse_given)
     from latticedraft.paths import check_writable
 
     check_device(a.device)
     check_drafting(a)
     check_writable(a.out, "--out", "directory")
     if a.method == "dynamo":
-        refuse_given(a, DRAFTING + ("alphas", "lm2", "rescorers", "batch_size", "skip"),
+        refuse_given(a, DRAFTING + LOOKAHEAD + ("alphas", "lm2", "rescorers", "batch_size", "skip"),
                      "eval --method dynamo runs the DynaMo ablation (those options apply to --method bpd)")
         return _cmd_eval_dynamo(a)
     refuse_given(a, SAMPLING + ("epsilons", "variants", "seeds", "heldout_tokens", "dynamic_tokens"),
@@ -745,6 +772,9 @@ def _cmd_eval(a) -> int:
         if value != default:
             raise InputError(f"{flag} {value}: eval runs every drafter (and Table 10's head counts) itself; "
                              f"drop {flag}, or use `latticedraft decode` for one drafter")
+    at_least(a, "window", 1)
+    at_least(a, "ngram", 2)
+    at_least(a, "pool", 0)
     alphas = read_alphas(a.alphas) if a.alphas else {"ngram": a.alpha, "neural": a.alpha}
     rescorers = {}
     for spec in a.rescorers or []:
@@ -752,7 +782,8 @@ def _cmd_eval(a) -> int:
         rescorers[f"neural-{label}" if path else "neural"] = path or label
     cfg = EvalConfig(num_prompts=a.num_prompts, skip=a.skip, max_new_tokens=a.max_new_tokens, k=a.k, nbest=a.nbest,
                      prune=a.prune, eps=a.eps, backoff=a.backoff, verify=a.verify,
-                     alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers)
+                     alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers,
+                     lookahead=_lookahead(a))
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     check_model_limits(a, s.model)
@@ -779,6 +810,7 @@ def _add_eval(groups) -> None:
                    help="output directory for results.json, results.md and the figures (default ./out/eval)")
     _common_model_args(p)
     _drafter_args(p)
+    _lookahead_args(p)
     _dynamo_eval_args(p)
     p.set_defaults(func=_cmd_eval)
 

@@ -16,7 +16,8 @@ from latticedraft.errors import InputError
 SAMPLING = ("epsilon_b", "seed", "top_k", "temperature", "repetition_penalty", "alpha_c", "unseen_weight", "max_n",
             "no_cooccurrence", "no_adaptive_threshold", "no_blur", "variant", "cooccurrence")
 DRAFTING = ("drafter", "lm", "rescorer", "alpha", "nbest", "k", "prune", "eps", "backoff", "slots", "verify", "tree",
-            "context_ngrams", "draft_vocab")
+            "context_ngrams", "draft_vocab", "lookahead_pool")
+LOOKAHEAD = ("window", "ngram", "pool", "prompt_as_reference")
 # which bpd drafters use an option (the others ignore it, so it is refused)
 DRAFTER_USES = {
     "lm": ("ngram", "parallel"),
@@ -104,10 +105,35 @@ def check_drafting(a) -> None:
         raise InputError(f"{flag(a, 'eps')} applies to --prune static or otsu only; add --prune static or drop --eps")
 
 
+def check_lookahead(a) -> None:
+    """Ranges of --window / --ngram / --pool, or their refusal for a method other than lookahead."""
+    if getattr(a, "method", None) == "bpd" and not getattr(a, "lookahead_pool", False):
+        refuse_given(a, LOOKAHEAD, "--method bpd runs no Jacobi window unless asked (add --lookahead-pool, "
+                                   "or use --method lookahead)")
+        return
+    if getattr(a, "method", None) not in ("bpd", "lookahead"):
+        refuse_given(a, LOOKAHEAD, f"--method {a.method} has no Jacobi window or n-gram pool "
+                                   "(those options apply to --method lookahead)")
+        return
+    at_least(a, "window", 1)
+    at_least(a, "ngram", 2)
+    at_least(a, "pool", 0)
+
+
 def check_decode(a) -> None:
     """Everything ``decode`` can check before loading: ranges, and options that do not apply."""
     check_device(a.device)
     check_drafting(a)
+    check_lookahead(a)
+    if a.method == "lookahead":
+        refuse_given(a, SAMPLING, "--method lookahead decodes greedily; the sampling options apply to --method dynamo")
+        refuse_given(a, tuple(d for d in DRAFTING if d != "verify"),
+                     "--method lookahead drafts from its own Jacobi window and n-gram pool, not from heads "
+                     "(the drafting options apply to --method bpd)")
+        if not a.json:
+            refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
+                                             "to decode them in batches")
+        return
     if a.method == "dynamo":
         refuse_given(a, DRAFTING, "--method dynamo samples from the DynaMo heads without a drafter "
                                   "(the drafting options apply to --method bpd)")

@@ -23,6 +23,7 @@ from latticedraft.decoding.context_ngrams import ContextNgrams
 from latticedraft.decoding.draft_tree import TreePlanner
 from latticedraft.decoding.head_gate import HeadGate
 from latticedraft.errors import InputError
+from latticedraft.gpu import hf
 from latticedraft.gpu.cost_model import CostModel
 from latticedraft.gpu.verify import Verifier
 
@@ -110,6 +111,7 @@ def bpd_decode(
     draft_vocab=None,
     cost: CostModel | None = None,
     gate: HeadGate | None = None,
+    lookahead=None,
 ) -> DecodeResult:
     """Decode every prompt with blockwise parallel decoding.
 
@@ -127,10 +129,11 @@ def bpd_decode(
     per model, device, threads and batch size) and ``acceptance`` (calibrated rates; default
     the uncalibrated prior; ``cost`` overrides the measured curve) and, with context n-grams,
     lets ``HeadGate`` (``gate``, default a new one) skip the heads for a step where they measure
-    slower. context: context n-gram
-    options (None: off). draft_vocab: token ids (int64[V']) the extra heads project onto (None:
-    the full vocabulary). Verification always uses the full vocabulary, so the output is the
-    same for every setting.
+    slower. context: context n-gram options (None: off). draft_vocab: token ids (int64[V']) the extra heads project onto (None:
+    the full vocabulary). lookahead: ``LookaheadOptions`` (None: off): every row also runs a
+    lookahead Jacobi window in the verify call (a side branch) and the n-grams of its pool that
+    start with the root become extra tree paths beside the head drafts and context n-grams.
+    Verification always uses the full vocabulary, so the output is the same for every setting.
     Returns a ``DecodeResult``.
     """
     if max_new_tokens < 1:
@@ -162,6 +165,8 @@ def bpd_decode(
     done_at = [0.0] * b
     drafters = [None if drafter is None else drafter.spawn(first_row + i) for i in range(b)]
     steps: list[StepRecord] = []
+    vocab_size = hf.model_vocab_size(getattr(model, "base", model))
+    windows = None if lookahead is None else [lookahead.start(prompts[i], vocab_size, first_row + i) for i in range(b)]
 
     def emit(i: int, new: list[int]) -> bool:
         """Append tokens to row i; True if the row is finished."""
@@ -213,7 +218,7 @@ def bpd_decode(
 
     t_step = time.perf_counter()
     while active:
-        drafts = []
+        drafts, sides = [], None if windows is None else []
         for j, i in enumerate(active):
             history = np.concatenate([prompts[i], np.asarray(out[i], dtype=np.int64)])
             t0 = time.perf_counter()
@@ -221,7 +226,11 @@ def bpd_decode(
             t1 = time.perf_counter()
             d = drafters[i].draft(sausage, history) if sausage is not None else np.zeros((1, 0), np.int64)
             room = max(max_new_tokens - len(out[i]) - 1, 0)  # the bonus token takes the last place
-            plan = planner.plan(sausage, _draft_tokens(d), history, room)
+            extra = None
+            if windows is not None:
+                extra = windows[i][1].get(roots[j])[: lookahead.G]
+                sides.append(windows[i][0].side())
+            plan = planner.plan(sausage, _draft_tokens(d), history, room, extra)
             timing["lattice"] += t1 - t0
             timing["draft"] += time.perf_counter() - t1
             drafts.append(plan.drafts)
@@ -230,7 +239,7 @@ def bpd_decode(
             if record_steps:
                 steps.append(StepRecord(i, history, sausage, drafts[-1], None, -1))
         t0 = time.perf_counter()
-        res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts,
+        res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts, sides,
                               heads=want_heads if gate is not None else drafter is not None)
         t1 = time.perf_counter()
         timing["model"] += t1 - t0
@@ -241,6 +250,9 @@ def bpd_decode(
         planner.overhead = 0.8 * planner.overhead + 0.2 * max(t1 - t_step - (t1 - t0), 0.0)
         still, new_roots, live_rows = [], [], []
         for j, i in enumerate(active):
+            if windows is not None:
+                for g in windows[i][0].update(res.side_argmax[j]):
+                    windows[i][1].add(g)
             acc = [int(t) for t in res.accepted[j]]
             acc_drafts[i].append(len(acc))
             if drafter is not None:

@@ -65,8 +65,11 @@ class TreePlanner:
             self._T = np.asarray(cost.seconds(n), dtype=np.float64)  # _T[n - 1] = T(n)
         self.overhead = 0.0
 
-    def candidates(self, sausage, drafts: np.ndarray, history: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(tokens int64[d], conditional acceptance rates float[d]) per candidate path."""
+    def candidates(self, sausage, drafts: np.ndarray, history: np.ndarray,
+                   extra: list | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(tokens int64[d], conditional acceptance rates float[d]) per candidate path. extra:
+        more paths after the root (lookahead's pool n-grams: int64[d] each), rated as context
+        n-grams that matched one token (the root)."""
         out = []
         acc, rated = self.acceptance, self.policy == "auto"
         if drafts is not None and drafts.size:
@@ -81,13 +84,17 @@ class TreePlanner:
             for c in self.context.candidates(history):
                 rates = acc.context_rates(c.match, len(c.tokens)) if rated else None
                 out.append((c.tokens, rates))
+        for t in extra or []:
+            out.append((t, acc.context_rates(1, len(t)) if rated else None))
         return out
 
-    def plan(self, sausage, drafts: np.ndarray, history: np.ndarray, room: int | None = None) -> Plan:
+    def plan(self, sausage, drafts: np.ndarray, history: np.ndarray, room: int | None = None,
+             extra: list | None = None) -> Plan:
         """The paths to verify after the root (the last token of ``history``), at most ``room``
-        tokens deep. drafts: int64[p, d] from the drafter (may be empty)."""
+        tokens deep. drafts: int64[p, d] from the drafter (may be empty); extra: more paths
+        (int64[d] each; see ``candidates``)."""
         drafts = np.zeros((1, 0), np.int64) if drafts is None else np.atleast_2d(np.asarray(drafts, dtype=np.int64))
-        cands = self.candidates(sausage, drafts, history)
+        cands = self.candidates(sausage, drafts, history, extra)
         if room is not None:
             cands = [(t[:room], None if r is None else r[:room]) for t, r in cands]
         if self.policy == "fixed":

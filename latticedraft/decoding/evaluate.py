@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from latticedraft.atomic import atomic_file, write_atomic
+from latticedraft.decoding.lookahead import LookaheadOptions
 from latticedraft.decoding.run import DrafterSpec, Session, encode
 from latticedraft.errors import InputError
 
@@ -48,6 +49,7 @@ class EvalConfig:
     batch_size: int = 4
     lm2: str | None = None  # 2-gram build for Table 3 (default: the 4-gram, labelled so)
     rescorers: dict = field(default_factory=dict)  # label -> dir, for neural rows
+    lookahead: LookaheadOptions | None = field(default_factory=LookaheadOptions)  # the lookahead row (None: none)
 
     def validate(self):
         if self.num_prompts < 1 or self.skip < 0:
@@ -75,11 +77,21 @@ def machine() -> dict:
             "cpu_count": os.cpu_count(), "python": platform.python_version()}
 
 
-def _run(session: Session, name, ids, refs, spec: DrafterSpec | None, cfg: EvalConfig, method="bpd",
-         record_steps=False):
-    res = session.decode(ids, method, spec, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, verify=cfg.verify,
-                         references=refs if spec is not None and spec.name == "oracle" else None,
-                         record_steps=record_steps)
+def _method(spec) -> str:
+    """A plan entry's method: None = greedy, LookaheadOptions = lookahead, a DrafterSpec = bpd."""
+    return "greedy" if spec is None else "lookahead" if isinstance(spec, LookaheadOptions) else "bpd"
+
+
+def _lookahead_name(o: LookaheadOptions) -> str:
+    return f"Lookahead (W={o.W}, N={o.N}, G={o.G})"
+
+
+def _run(session: Session, name, ids, refs, spec, cfg: EvalConfig, method="bpd", record_steps=False):
+    look = spec if method == "lookahead" else None
+    res = session.decode(ids, method, None if look else spec, max_new_tokens=cfg.max_new_tokens,
+                         batch_size=cfg.batch_size, verify=cfg.verify,
+                         references=refs if getattr(spec, "name", None) == "oracle" else None,
+                         record_steps=record_steps, lookahead=look)
     exact = refs is None or all(np.array_equal(s.tokens, r) for s, r in zip(res.sequences, refs))
     run = Run(name, asdict(spec) if spec else {"method": method}, round(res.block_efficiency, 4), res.tokens,
               res.calls, round(res.seconds, 4), round(res.tokens / max(res.seconds, 1e-9), 2), bool(exact),
@@ -120,6 +132,8 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
         plan.append((f"top1 h={hc}", replace(base, slots=hc - 1), "table10"))
         for k in cfg.ks:
             plan.append((f"oracle h={hc} k={k}", replace(base, name="oracle", k=k, slots=hc - 1), "fig6"))
+    if cfg.lookahead is not None:
+        plan.append((_lookahead_name(cfg.lookahead), cfg.lookahead, "lookahead"))
 
     _warm_up(session, ids[:1], plan, rescorers)
     runs: dict[str, Run] = {}
@@ -130,17 +144,17 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
     bar = tqdm(plan, desc="eval", unit="run", disable=None)
     for name, spec, group in bar:
         bar.set_postfix_str(name)
-        key = json.dumps(asdict(spec) if spec else {"greedy": 1}, sort_keys=True) + (name if spec and spec.name == "neural" else "")
-        if spec is not None and spec.name == "top1" and spec.slots in (None, h - 1):
+        kind = getattr(spec, "name", None)
+        key = json.dumps(asdict(spec) if spec else {"greedy": 1}, sort_keys=True) + (name if kind == "neural" else "")
+        if kind == "top1" and spec.slots in (None, h - 1):
             key = "top1-all"
         if key in done:
             runs[name] = replace(done[key], name=name)
             continue
-        if spec is not None and spec.name == "neural":
+        if kind == "neural":
             session.rescorer_dir = rescorers[name]
             session._rescorer = None
-        run, res = _run(session, name, ids, refs, spec, cfg, "greedy" if spec is None else "bpd",
-                        record_steps=(name == "Base"))
+        run, res = _run(session, name, ids, refs, spec, cfg, _method(spec), record_steps=(name == "Base"))
         if spec is None:
             refs = [s.tokens for s in res.sequences]
         if name == "Base":
@@ -176,13 +190,14 @@ def _warm_up(session: Session, ids, plan, rescorers) -> None:
     """One short untimed decode per drafter kind (numba compilation, first-call costs)."""
     seen = set()
     for name, spec, _ in plan:
-        kind = "greedy" if spec is None else spec.name
+        kind = getattr(spec, "name", _method(spec))
         if kind in seen or kind == "oracle":
             continue
         seen.add(kind)
         if kind == "neural":
             session.rescorer_dir, session._rescorer = rescorers[name], None
-        session.decode(ids, "greedy" if spec is None else "bpd", spec, max_new_tokens=4)
+        look = spec if kind == "lookahead" else None
+        session.decode(ids, _method(spec), None if look else spec, max_new_tokens=4, lookahead=look)
 
 
 def _repetition(session: Session, steps, cfg: EvalConfig, alpha: float) -> dict:
@@ -287,7 +302,8 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
          "`generate`:", "",
          "| run | block efficiency | tokens/s | vs greedy | exact |", "|---|---|---|---|---|",
          f"| greedy | 1.00 | {g['tokens_per_s']:.1f} | 1.00x | yes |"]
-    for n in cols:
+    look = [n for n in runs if n.startswith("Lookahead (")]
+    for n in cols + look:
         r = runs[n]
         L.append(f"| {n} | {r['block_efficiency']:.2f} | {r['tokens_per_s']:.1f} | "
                  f"{r['tokens_per_s'] / max(g['tokens_per_s'], 1e-9):.2f}x | {'yes' if r['exact'] else 'NO'} |")

@@ -4,7 +4,8 @@
 Defaults (``latticedraft.paths``): model ``data/heads-stern`` (Stern heads on ``data/base``),
 tokenizer ``data/tokenizer/tokenizer.json``, n-gram LM ``.cache/lm/stdlib-4gram``, neural
 rescorer ``data/rescorer-small``. Methods: ``bpd`` (blockwise parallel decoding with a
-drafter) and ``greedy`` (plain autoregressive decoding, the baseline).
+drafter), ``greedy`` (plain autoregressive decoding, the baseline) and ``lookahead``
+(lookahead decoding, ``lookahead.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from latticedraft.errors import InputError
 from latticedraft.paths import data_dir, default_lm_dir
 
-METHODS = ("bpd", "greedy")
+METHODS = ("bpd", "greedy", "lookahead")
 CALIBRATION_PROMPTS = slice(30, 42)
 AUTO_DRAFT_VOCAB = 1024  # V' of the bundled heads: 80% of corpus tokens, projection 8x cheaper
 FAST = {"tree": "auto", "context_ngrams": 3, "draft_vocab": "auto"}  # fastest in benchmarks/decode.py  # the tuning split (Appendix E): never in the benchmark or eval prompts
@@ -162,6 +163,7 @@ class DrafterSpec:
     tree: str = "fixed"
     context_ngrams: int = 0
     draft_vocab: int | str | None = None
+    lookahead: object = None  # LookaheadOptions: a Jacobi window + n-gram pool as one more path source
 
     def fast(self) -> "DrafterSpec":
         """This drafter with the fastest measured tree, context and vocabulary settings."""
@@ -185,10 +187,13 @@ def build_drafter(spec: DrafterSpec, lm=None, rescorer=None, references=None):
 
 
 def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_tokens=64, eos_token_id=None,
-               verify="auto", batch_size: int = 1, on_tokens=None, record_steps=False, tree_kw: dict | None = None):
+               verify="auto", batch_size: int = 1, on_tokens=None, record_steps=False, tree_kw: dict | None = None,
+               lookahead=None):
     """Decode ``prompt_ids`` with ``method`` in batches; returns one merged ``DecodeResult``.
-    tree_kw: ``bpd_decode``'s tree, context, acceptance and draft_vocab arguments."""
+    tree_kw: ``bpd_decode``'s tree, context, acceptance and draft_vocab arguments;
+    lookahead: ``LookaheadOptions`` of ``--method lookahead`` (None: the paper's defaults)."""
     from latticedraft.decoding.bpd import DecodeResult, bpd_decode, greedy_decode
+    from latticedraft.decoding.lookahead import LookaheadOptions, lookahead_decode
 
     if method not in METHODS:
         raise InputError(f"--method {method!r} is not one of {', '.join(METHODS)} (dynamo: see `decode --method dynamo`)")
@@ -203,6 +208,11 @@ def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_to
             if cb is not None:
                 for i, q in enumerate(r.sequences):
                     cb(i, q.tokens.tolist())
+        elif method == "lookahead":
+            o = lookahead or LookaheadOptions()
+            r = lookahead_decode(model, chunk, W=o.W, N=o.N, G=o.G, prompt_as_reference=o.prompt_as_reference,
+                                 seed=o.seed, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                                 verify=verify, on_tokens=cb, first_row=s)
         else:
             r = bpd_decode(model, chunk, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                            verify=verify, on_tokens=cb, record_steps=record_steps, first_row=s, **(tree_kw or {}))
@@ -311,9 +321,9 @@ class Session:
 
     def decode(self, prompt_ids: list, method: str = "bpd", spec: DrafterSpec | None = None, *,
                max_new_tokens: int = 64, verify: str = "auto", batch_size: int = 1, on_tokens=None,
-               references=None, record_steps: bool = False):
+               references=None, record_steps: bool = False, lookahead=None):
         """Decode token-id prompts; the oracle drafter gets greedy references computed here
-        unless given."""
+        unless given. lookahead: ``LookaheadOptions`` for ``method="lookahead"``."""
         spec = spec or DrafterSpec()
         drafter, tree_kw = None, None
         if method == "bpd":
@@ -322,12 +332,12 @@ class Session:
                 references = [q.tokens for q in g.sequences]
             drafter = self.drafter(spec, references)
             vocab = self.draft_vocab(spec.draft_vocab)
-            tree_kw = {"tree": spec.tree, "context": spec.context(), "draft_vocab": vocab,
+            tree_kw = {"tree": spec.tree, "context": spec.context(), "draft_vocab": vocab, "lookahead": spec.lookahead,
                        "acceptance": self.acceptance(spec) if spec.tree == "auto" else None,
                        "gate": self.gate(spec)}
         return run_method(method, self.model, prompt_ids, drafter, max_new_tokens=max_new_tokens,
                           eos_token_id=self.eos, verify=verify, batch_size=batch_size, on_tokens=on_tokens,
-                          record_steps=record_steps, tree_kw=tree_kw)
+                          record_steps=record_steps, tree_kw=tree_kw, lookahead=lookahead)
 
     def gate(self, spec: DrafterSpec):
         """The ``HeadGate`` of ``spec`` for this session: what it measured carries over between

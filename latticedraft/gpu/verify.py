@@ -16,6 +16,12 @@ Both accept, per row, the longest draft prefix equal to the target's argmax and 
 token (the argmax after the last accepted node), keep exactly the accepted nodes in the
 cache (``SlotCache.commit``) and return the heads' logits at the last accepted node, which
 drive the next step's lattice, so predicting and verifying share one call (Stern et al.).
+
+A step may carry a *side branch* per row (``side_branch.py``: lookahead decoding's Jacobi
+window): nodes run in the same forward with their own visibility, never accepted, whose
+argmax is returned in ``StepResult.side_argmax``. In tree mode they sit between the root and
+the tree (Figure 2(b) of Fu et al. 2024); the batched fallback runs each wanted side node's
+chain as one more batch row.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu import hf
 from latticedraft.gpu.kvcache import SlotCache
+from latticedraft.gpu.side_branch import SideBranch, step_layout
 from latticedraft.gpu.tree import build_tree, pack_trees
 
 MODES = ("auto", "tree", "batched")
@@ -77,6 +84,12 @@ def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     bias.masked_fill_(~allowed, torch.finfo(dtype).min)
     return bias[:, None]
+
+
+def position_limit(model) -> int | None:
+    """The number of position ids the model embeds (GPT-2's n_positions), or None."""
+    cfg = base_config(model)
+    return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
 
 
 def model_dtype(model) -> torch.dtype:
@@ -229,11 +242,14 @@ def _walk(trees, argmax_at) -> tuple[list[list[int]], np.ndarray]:
 class StepResult:
     """accepted: per row, the accepted draft tokens (int64[n_i]); bonus: int64[b], the target's
     token after them (the next step's root); head_logits: [b, h-1, V'] of the extra heads at the
-    last accepted node (columns = ``Verifier.draft_vocab.ids`` when a draft vocabulary is set)."""
+    last accepted node (columns = ``Verifier.draft_vocab.ids`` when a draft vocabulary is set);
+    side_argmax: per row, the target's argmax at the side branch's wanted nodes (int64[w_i];
+    None without side branches)."""
 
     accepted: list
     bonus: np.ndarray
     head_logits: torch.Tensor
+    side_argmax: list | None = None
 
 
 class Verifier:
@@ -263,6 +279,7 @@ class Verifier:
         self.draft_vocab_size = None if self.draft_vocab is None else len(self.draft_vocab)
         self.levels = 1.0  # running mean of the accept walk's levels (accepted drafts + 1) per row
         self._unembed_s: np.ndarray | None = None  # seconds of the output projection at UNEMBED_ROWS
+        self.position_limit = position_limit(model)
 
     # -- prefill -------------------------------------------------------------------------
     @torch.inference_mode()
@@ -318,16 +335,20 @@ class Verifier:
 
     # -- verify --------------------------------------------------------------------------
     @torch.inference_mode()
-    def verify(self, state: SlotCache, roots: np.ndarray, drafts: list[np.ndarray], heads=True) -> StepResult:
+    def verify(self, state: SlotCache, roots: np.ndarray, drafts: list[np.ndarray],
+               sides: list[SideBranch] | None = None, heads=True) -> StepResult:
         """Verify ``drafts[i]`` (int64[p_i, d_i]; negative = end of draft) after ``roots[i]``
-        (the token already chosen, not yet in the cache) for every row i of ``state``.
-        heads: compute the extra heads at the accepted nodes (True), not (False: head_logits is
-        [b, 0, V']), or ``heads(accepted, bonus) -> bool`` deciding once the walk is done."""
+        (the token already chosen, not yet in the cache) for every row i of ``state``;
+        ``sides[i]``, if given, rides along and only its argmax comes back. heads: compute the
+        extra heads at the accepted nodes (True), not (False: head_logits is [b, 0, V']), or
+        ``heads(accepted, bonus) -> bool`` deciding once the walk is done."""
         if len(drafts) != state.batch or len(roots) != state.batch:
             raise InputError(f"{len(drafts)} draft sets and {len(roots)} roots for a batch of {state.batch}")
+        if sides is not None and len(sides) != state.batch:
+            raise InputError(f"{len(sides)} side branches for a batch of {state.batch}")
         if self.mode == "tree":
-            return self._verify_tree(state, roots, drafts, heads)
-        return self._verify_batched(state, roots, drafts, heads)
+            return self._verify_tree(state, roots, drafts, sides, heads)
+        return self._verify_batched(state, roots, drafts, sides, heads)
 
     def _heads(self, out: Forward, nodes: torch.Tensor, want, accepted, bonus) -> torch.Tensor:
         if callable(want):
@@ -337,13 +358,19 @@ class Verifier:
         cols = self.draft_vocab_size or hf.model_vocab_size(getattr(self.model, "base", self.model))
         return torch.zeros(len(nodes), 0, cols, dtype=self.dtype, device=self.device)
 
-    def _verify_tree(self, state, roots, drafts, want_heads=True) -> StepResult:
+    def _clamp(self, q_pos: torch.Tensor) -> torch.Tensor:
+        """Side nodes may look past the model's last position (GPT-2's learned positions): clamp.
+        Accepted nodes never get there (the decode loops check prompt + max_new_tokens)."""
+        return q_pos if self.position_limit is None else q_pos.clamp(max=int(self.position_limit) - 1)
+
+    def _verify_tree(self, state, roots, drafts, sides=None, want_heads=True) -> StepResult:
         trees = [build_tree(int(r), d) for r, d in zip(roots, drafts)]
-        packed = pack_trees(trees)
+        layouts = [step_layout(t, None if sides is None else sides[i]) for i, t in enumerate(trees)]
+        packed = pack_trees(layouts)
         dev = self.device
         b, n = packed.tokens.shape
         start = state.length
-        q_pos = state.next_pos[:, None] + torch.as_tensor(packed.depth, device=dev)
+        q_pos = self._clamp(state.next_pos[:, None] + torch.as_tensor(packed.depth, device=dev))
         anc = torch.as_tensor(packed.ancestors, device=dev)
         allowed = torch.cat([state.valid[:, None, :].expand(b, n, start), anc], dim=2)
         allowed = self._window(allowed, q_pos, torch.cat([state.pos, q_pos], dim=1))
@@ -351,46 +378,71 @@ class Verifier:
             self.model, torch.as_tensor(packed.tokens, device=dev),
             attention_bias(allowed, self.dtype), q_pos, state.cache, lazy=self.lazy, num_heads=self.num_heads,
         )
-        if self.lazy:  # one projection of all b * n nodes, or one of b rows per expected level
-            out.project_all = self.unembed_seconds(b * n) <= self.levels * self.unembed_seconds(b)
-        paths, bonus = _walk(trees, out.argmax_at)
+        if self.lazy:  # one projection of all b * n nodes, or b rows per expected level (+ the side nodes)
+            n_side = 0 if sides is None else sum(len(sd.wanted) for sd in sides)
+            walk = self.levels * self.unembed_seconds(b) + (self.unembed_seconds(n_side) if n_side else 0.0)
+            out.project_all = self.unembed_seconds(b * n) <= walk
+        side_argmax = None
+        if sides is not None:
+            rows = [i for i, sd in enumerate(sides) for _ in range(len(sd.wanted))]
+            nodes = [int(layouts[i].side_index[k]) for i, sd in enumerate(sides) for k in sd.wanted]
+            flat = out.argmax_at(rows, nodes) if nodes else np.zeros(0, dtype=np.int64)
+            ends = np.cumsum([0] + [len(sd.wanted) for sd in sides])
+            side_argmax = [flat[ends[i]:ends[i + 1]].astype(np.int64) for i in range(b)]
+        if sides is None:
+            paths, bonus = _walk(trees, out.argmax_at)
+        else:
+            paths, bonus = _walk(trees, lambda rows, nodes: out.argmax_at(
+                rows, [int(layouts[r].tree_index[k]) for r, k in zip(rows, nodes)]))
         self.levels = 0.8 * self.levels + 0.2 * float(np.mean([len(p) for p in paths]))
         m = max(len(p) for p in paths)
         keep = np.zeros((b, m), dtype=np.int64)
         keep_valid = np.zeros((b, m), dtype=bool)
         for i, p in enumerate(paths):
-            keep[i, : len(p)] = p
+            keep[i, : len(p)] = layouts[i].tree_index[p]
             keep_valid[i, : len(p)] = True
         prefix = bool(keep_valid.all()) and bool((keep == np.arange(m)).all())
         state.commit(start, torch.as_tensor(keep, device=dev), torch.as_tensor(keep_valid, device=dev), prefix)
         last = torch.as_tensor([p[-1] for p in paths], device=dev)
         accepted = [t.tokens[p[1:]] for t, p in zip(trees, paths)]
-        return StepResult(accepted, bonus, self._heads(out, last, want_heads, accepted, bonus))
+        return StepResult(accepted, bonus, self._heads(out, last, want_heads, accepted, bonus), side_argmax)
 
-    def _verify_batched(self, state, roots, drafts, want_heads=True) -> StepResult:
+    def _verify_batched(self, state, roots, drafts, sides=None, want_heads=True) -> StepResult:
+        """Rows i*q .. i*q+q-1 of the forward are row i's p drafts, then (with side branches)
+        one row per wanted side node: the root and the side chain that node sees."""
         dev = self.device
         b = state.batch
         rows = [np.atleast_2d(np.asarray(d, dtype=np.int64)) for d in drafts]
         p = max(r.shape[0] for r in rows)
-        d = max(r.shape[1] for r in rows)
-        seq = np.full((b, p, 1 + d), -1, dtype=np.int64)
+        chains = [[] for _ in range(b)] if sides is None else [
+            [sd.tokens[sd.chain(int(k))] for k in sd.wanted] for sd in sides]
+        w = max(len(c) for c in chains)
+        d = max([r.shape[1] for r in rows] + [len(x) for c in chains for x in c])
+        q = p + w
+        seq = np.full((b, q, 1 + d), -1, dtype=np.int64)
+        seq[:, :, 0] = np.asarray(roots, dtype=np.int64)[:, None]
         for i, r in enumerate(rows):
             r = np.concatenate([r, np.repeat(r[:1], p - r.shape[0], axis=0)]) if r.shape[0] < p else r
-            seq[i, :, 0] = roots[i]
-            seq[i, :, 1 : 1 + r.shape[1]] = r
+            seq[i, :p, 1 : 1 + r.shape[1]] = r
+            for j, c in enumerate(chains[i]):
+                seq[i, p + j, 1 : 1 + len(c)] = c
         for i in range(b):  # a negative token ends a draft: blank everything after it
-            for j in range(p):
+            for j in range(q):
                 neg = np.nonzero(seq[i, j] < 0)[0]
                 if len(neg):
                     seq[i, j, neg[0]:] = -1
         start = state.length
-        state.repeat_rows(p)
-        flat = torch.as_tensor(seq.reshape(b * p, 1 + d), device=dev)
+        state.repeat_rows(q)
+        flat = torch.as_tensor(seq.reshape(b * q, 1 + d), device=dev)
         live = flat >= 0
         mask = torch.cat([state.valid, torch.ones_like(live)], dim=1).long()
-        q_pos = state.next_pos[:, None] + torch.arange(1 + d, device=dev)[None]
+        q_pos = self._clamp(state.next_pos[:, None] + torch.arange(1 + d, device=dev)[None])
         out = forward(self.model, flat.clamp(min=0), mask, q_pos, state.cache, num_heads=self.num_heads)
-        argmax = out.logits.argmax(dim=-1).view(b, p, 1 + d).cpu().numpy()
+        argmax_all = out.logits.argmax(dim=-1).view(b, q, 1 + d).cpu().numpy()
+        side_argmax = None if sides is None else [
+            np.asarray([argmax_all[i, p + j, len(c)] for j, c in enumerate(chains[i])], dtype=np.int64)
+            for i in range(b)]
+        argmax = argmax_all[:, :p]
         best = np.zeros(b, dtype=np.int64)
         nacc = np.zeros(b, dtype=np.int64)
         for i in range(b):
@@ -400,7 +452,7 @@ class Verifier:
                     k += 1
                 if k > nacc[i]:
                     nacc[i], best[i] = k, j
-        sel = torch.as_tensor(np.arange(b) * p + best, device=dev)
+        sel = torch.as_tensor(np.arange(b) * q + best, device=dev)
         state.select_rows(sel)
         m = int(nacc.max()) + 1
         keep = torch.arange(m, device=dev)[None].expand(b, m).contiguous()
@@ -408,9 +460,9 @@ class Verifier:
         state.commit(start, keep, keep_valid)
         state.left_align()
         bonus = argmax[np.arange(b), best, nacc]
-        nodes = torch.zeros(b * p, dtype=torch.long, device=dev)
+        nodes = torch.zeros(b * q, dtype=torch.long, device=dev)
         nodes[sel] = torch.as_tensor(nacc, device=dev)
         accepted = [seq[i, best[i], 1 : 1 + nacc[i]].copy() for i in range(b)]
         bonus = bonus.astype(np.int64)
         heads = self._heads(out, nodes, want_heads, accepted, bonus)
-        return StepResult(accepted, bonus, heads[sel] if heads.shape[1] else heads[: b])
+        return StepResult(accepted, bonus, heads[sel] if heads.shape[1] else heads[:b], side_argmax)

@@ -155,13 +155,17 @@ def test_tune_then_eval_write_tables_and_figures(bundle, tmp_path, capsys):
     out = tmp_path / "eval"
     assert main(["eval", "--model", str(bundle / "heads"), "--rescorer", str(bundle / "resc"),
                  "--prompts", str(bundle / "prompts.jsonl"), "--skip", "1", "--num-prompts", "2",
-                 "--max-new-tokens", "8", "--alphas", str(tuned), "--prune", "otsu", "--out", str(out)]) == 0
+                 "--max-new-tokens", "8", "--alphas", str(tuned), "--prune", "otsu", "--window", "3", "--pool", "2",
+                 "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["all_exact"] and res["runs"]["Base"]["block_efficiency"] >= 1.0
+    look = res["runs"]["Lookahead (W=3, N=5, G=2)"]
+    assert look["exact"] and look["spec"]["W"] == 3 and look["calls"] >= look["tokens"] / 5
     assert res["config"]["prune"] == "otsu" and res["runs"]["Parallel 4-gram BPD"]["spec"]["prune"] == "otsu"
     md = (out / "results.md").read_text()
     assert "Otsu pruning (eps 0.001)" in md.splitlines()[0]
-    for needle in ("Table 4", "Parallel 4-gram BPD", "Oracle (k=16)", "Table 3", "Table 5", "Table 10"):
+    for needle in ("Table 4", "Parallel 4-gram BPD", "Oracle (k=16)", "Table 3", "Table 5", "Table 10",
+                   "| Lookahead (W=3, N=5, G=2) |"):
         assert needle in md
     for png in ("fig6_oracle_vs_k.png", "fig7_parallel_vs_p.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

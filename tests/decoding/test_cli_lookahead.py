@@ -1,0 +1,64 @@
+"""``decode --method lookahead`` end to end on the tiny saved bundle of ``test_cli.py``: JSON
+records and streamed text equal ``generate`` of the named base; its options are checked (and
+refused for other methods) before any model is loaded."""
+
+import json
+
+import pytest
+
+from latticedraft.cli import main
+from tests.decoding.test_cli import TOKENIZER, _greedy, bundle  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.skipif(not TOKENIZER.is_file(), reason="bundled tokenizer missing (run scripts/setup.sh)"),
+              pytest.mark.usefixtures("one_torch_thread")]
+
+
+def test_decode_lookahead_json_matches_generate(bundle, capsys):  # noqa: F811
+    rc = main(["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"),
+               "--method", "lookahead", "--window", "4", "--ngram", "3", "--pool", "4", "--prompt-as-reference",
+               "--max-new-tokens", "12", "--json", "--batch-size", "3"])
+    assert rc == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 3
+    for line in lines:
+        r = json.loads(line)
+        assert r["method"] == "lookahead W=4 N=3 G=4" and r["verify"] == "tree"
+        assert r["tokens"] == _greedy(r["model"], r["prompt_ids"], 12)
+        assert sum(r["tokens_per_call"]) == len(r["tokens"]) and len(r["tokens_per_call"]) == r["calls"]
+        assert r["block_efficiency"] == pytest.approx(len(r["tokens"]) / r["calls"], abs=1e-3)
+
+
+def test_decode_lookahead_streams_the_greedy_text(bundle, capsys):  # noqa: F811
+    args = ["decode", "--model", str(bundle / "heads"), "--prompt", "def f(x):", "--max-new-tokens", "8"]
+    assert main(args + ["--method", "greedy"]) == 0
+    greedy = capsys.readouterr().out
+    assert main(args + ["--method", "lookahead", "--verify", "batched"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out == greedy and "lookahead W=15 N=5 G=15, verify batched" in cap.err
+
+
+def test_decode_bpd_with_the_lookahead_pool_matches_generate(bundle, capsys):  # noqa: F811
+    rc = main(["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"),
+               "--drafter", "parallel-base", "--lookahead-pool", "--window", "3", "--ngram", "3", "--pool", "3",
+               "--max-new-tokens", "12", "--json", "--batch-size", "2"])
+    assert rc == 0
+    for line in capsys.readouterr().out.strip().splitlines():
+        r = json.loads(line)
+        assert r["method"] == "bpd/parallel-base" and r["tokens"] == _greedy(r["model"], r["prompt_ids"], 12)
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--method", "bpd", "--window", "4"], "--window"),
+    (["--method", "lookahead", "--lookahead-pool"], "--lookahead-pool"),
+    (["--method", "greedy", "--lookahead-pool"], "--lookahead-pool"),
+    (["--method", "greedy", "--prompt-as-reference"], "--prompt-as-reference"),
+    (["--method", "lookahead", "--drafter", "parallel"], "--drafter"),
+    (["--method", "lookahead", "--tree", "fixed"], "--tree"),
+    (["--method", "lookahead", "--ngram", "1"], "--ngram"),
+    (["--method", "lookahead", "--pool", "-1"], "--pool"),
+    (["--method", "lookahead", "--window", "0"], "--window"),
+])
+def test_lookahead_options_are_checked_before_loading(tmp_path, capsys, flags, named):
+    assert main(["decode", "--model", str(tmp_path / "no-such-model"), "--prompt", "x", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and named in err and "no-such-model" not in err and "\n" not in err
