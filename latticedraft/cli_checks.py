@@ -17,6 +17,7 @@ SAMPLING = ("epsilon_b", "seed", "top_k", "temperature", "repetition_penalty", "
             "no_cooccurrence", "no_adaptive_threshold", "no_blur", "variant", "cooccurrence")
 DRAFTING = ("drafter", "lm", "rescorer", "alpha", "nbest", "k", "prune", "eps", "backoff", "slots", "verify", "tree",
             "context_ngrams", "draft_vocab")
+DATASET = ("resume", "skip_bad", "sort_by_length", "quiet_ranks")  # decode --output only
 # which bpd drafters use an option (the others ignore it, so it is refused)
 DRAFTER_USES = {
     "lm": ("ngram", "parallel"),
@@ -106,6 +107,7 @@ def check_decode(a) -> None:
     """Everything ``decode`` can check before loading: ranges, and options that do not apply."""
     check_device(a.device)
     check_drafting(a)
+    check_output(a)
     if a.method == "dynamo":
         refuse_given(a, DRAFTING, "--method dynamo samples from the DynaMo heads without a drafter "
                                   "(the drafting options apply to --method bpd)")
@@ -120,9 +122,21 @@ def check_decode(a) -> None:
             if a.drafter not in users:
                 refuse_given(a, (dest,), f"--drafter {a.drafter} does not use it (it applies to --drafter "
                                          f"{' / '.join(users)})")
-    if not a.json:
+    if not a.json and getattr(a, "output", None) is None:
         refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
-                                         "to decode them in batches")
+                                         "or --output OUT.jsonl to decode them in batches")
+
+
+def check_output(a) -> None:
+    """``decode --output``: a data set run over ``--prompts``; its options need it."""
+    if getattr(a, "output", None) is None:
+        refuse_given(a, DATASET, "it applies to a data set run, decode --prompts IN.jsonl --output OUT.jsonl")
+        return
+    if a.prompts is None:
+        raise InputError("--output needs --prompts FILE.jsonl (- reads standard input); use --prompts for a data set")
+    refuse_given(a, ("json",), "--output writes one JSON record per prompt already")
+    if a.method == "dynamo":
+        raise InputError("--output applies to --method bpd and greedy; for --method dynamo use --json")
 
 
 def check_model_limits(a, model) -> None:
