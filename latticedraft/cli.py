@@ -794,6 +794,8 @@ def _cmd_eval(a) -> int:
                                          refuse_given)
     from latticedraft.paths import check_writable
 
+    if a.records is not None:
+        return _cmd_eval_records(a)
     check_device(a.device)
     check_drafting(a)
     check_writable(a.out, "--out", "directory")
@@ -830,10 +832,31 @@ def _cmd_eval(a) -> int:
     return 0
 
 
+def _cmd_eval_records(a) -> int:
+    """``eval --records OUT.jsonl``: a ``decode --output`` run per rank and in total."""
+    from latticedraft.cli_checks import given, refuse_given
+    from latticedraft.decoding import rank_summary
+    from latticedraft.paths import check_writable
+
+    refuse_given(a, [d for d in a._defaults if d not in ("records", "out")],
+                 "eval --records summarizes a finished decode --output run (only --out applies)")
+    if given(a, "out"):
+        check_writable(a.out, "--out", "directory")
+    summary = rank_summary.summarize(rank_summary.read_records(a.records))
+    print(rank_summary.table(summary))
+    if given(a, "out"):
+        paths = rank_summary.write(summary, a.out)
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
 def _add_eval(groups) -> None:
     p = groups.add_parser("eval", help="every drafter on a prompt set: the paper's Tables 4, 3, 10 and Figures 6, 7",
                           description="Block efficiency of every drafter (and exactness against greedy) on a prompt set.")
     p.add_argument("--method", default="bpd", choices=["bpd", "dynamo"], help="bpd (default) or the DynaMo ablation")
+    p.add_argument("--records", default=None, metavar="OUT.jsonl",
+                   help="instead: summarize a `decode --output` run, per rank and in total (block efficiency, "
+                        "tokens/s); writes records.json and records.md only with an explicit --out")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="{\"prompt\", \"reference\"?} per line (default data/prompts.jsonl)")
     p.add_argument("--num-prompts", type=int, default=20, help="prompts evaluated (default 20)")
     p.add_argument("--skip", type=int, default=0, help="skip the first N prompts (the tuning split of `tune`)")

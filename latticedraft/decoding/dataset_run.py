@@ -12,7 +12,8 @@ Three steps, so that everything checkable is checked before a model loads:
 3. ``finish_output``: the barrier, then rank 0 merges OUT and the part files in prompt order.
 
 Records are ``decode --json``'s plus ``id``, ``fingerprint``, ``settings``, ``share_seconds`` (the
-prompt's share of its batch's wall time: summed per rank, the rank's decoding time), ``rank`` and
+prompt's share of its batch's wall time, drafter set-up and record building included: summed
+per rank, the rank's decoding time), ``rank`` and
 ``world_size``.
 """
 
@@ -177,10 +178,12 @@ def decode_shard(session, plan: OutputPlan, prompts: list[Prompt], *, method: st
     t0 = time.perf_counter()
     try:
         for batch in batches(todo, [len(x) for x in ids], batch_size, sort_by_length):
+            t_batch = time.perf_counter()
             res = session.decode([ids[i] for i in batch], method, spec, max_new_tokens=max_new_tokens, verify=verify,
                                  batch_size=len(batch))
-            share = round(res.seconds / len(batch), 4)
-            for i, rec in zip(batch, records(res, session.tokenizer, session.base_dir, [todo[i].text for i in batch])):
+            recs = records(res, session.tokenizer, session.base_dir, [todo[i].text for i in batch])
+            share = round((time.perf_counter() - t_batch) / len(batch), 6)
+            for i, rec in zip(batch, recs):
                 writer.append({"id": todo[i].id, "fingerprint": plan.fingerprint, **rec, "share_seconds": share,
                                "rank": world.rank, "world_size": world.size, "settings": plan.settings})
             writer.sync()

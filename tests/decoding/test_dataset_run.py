@@ -180,3 +180,25 @@ def test_progress_bar_per_rank_or_rank_0_only():
     f = io.StringIO()  # not a terminal: no bar
     progress_bar(World(), total=3, initial=0, quiet_ranks=False, file=f).close()
     assert f.getvalue() == ""
+
+
+def test_eval_records_per_rank_and_total(full, tmp_path, capsys):
+    from latticedraft.decoding.rank_summary import read_records, summarize
+
+    two = tmp_path / "two.jsonl"  # the same records, as if ranks 0 and 1 had split them
+    recs = [json.loads(x) for x in full.read_text().splitlines()]
+    for i, r in enumerate(recs):
+        r.update(rank=i % 2, world_size=2, share_seconds=0.5 if i % 2 else 0.25)
+    two.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    s = summarize(read_records(two))
+    tokens = sum(len(r["tokens"]) for r in recs)
+    assert s["ranks"][0]["prompts"] == s["ranks"][1]["prompts"] == 4 and s["ranks"][1]["seconds"] == 2.0
+    assert s["total"]["tokens"] == tokens and s["total"]["seconds"] == 2.0 and s["total"]["tokens_per_s"] == tokens / 2
+    assert s["total"]["block_efficiency"] == round(tokens / sum(r["calls"] for r in recs), 4)
+    capsys.readouterr()
+    assert main(["eval", "--records", str(two), "--out", str(tmp_path / "e")]) == 0
+    out = capsys.readouterr().out
+    assert "| 1 | 4 |" in out and "all (2 rank(s)" in out and (tmp_path / "e" / "records.json").is_file()
+    two.write_text(two.read_text() + json.dumps({**recs[0], "id": 99, "fingerprint": "other"}) + "\n")
+    _refused(capsys, main(["eval", "--records", str(two)]), "line 9 has fingerprint other")
+    _refused(capsys, main(["eval", "--records", str(full), "--k", "3"]), "--k does not apply here")
