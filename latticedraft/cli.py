@@ -646,7 +646,7 @@ def _cmd_decode_dataset(a) -> int:
         print(f"{path}: the last line is torn (a run was killed while writing it); that prompt is decoded again",
               file=sys.stderr)
     device = shards.device_for(world, a.device)
-    shards.init(world, device)
+    shards.init(world, device)  # returns once every rank has joined, so after every rank's plan_output
     try:
         s = Session(a.model, a.tokenizer, a.lm, a.rescorer, device, a.threads)
         check_model_limits(a, s.model)

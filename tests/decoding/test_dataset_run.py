@@ -202,3 +202,13 @@ def test_eval_records_per_rank_and_total(full, tmp_path, capsys):
     two.write_text(two.read_text() + json.dumps({**recs[0], "id": 99, "fingerprint": "other"}) + "\n")
     _refused(capsys, main(["eval", "--records", str(two)]), "line 9 has fingerprint other")
     _refused(capsys, main(["eval", "--records", str(full), "--k", "3"]), "--k does not apply here")
+
+
+@pytest.mark.parametrize("args, needle", [(["--prompts", "-", "--output", "o.jsonl"], "--prompts - under a launcher"),
+                                          (["--prompts", "p.jsonl", "--output", "-"], "--output - under a launcher")])
+def test_standard_streams_are_refused_under_a_launcher(tmp_path, capsys, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "x"}\n')
+    for k, v in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    _refused(capsys, main(["decode", "--model", str(tmp_path / "no-model"), *args]), needle)
