@@ -111,6 +111,7 @@ class RecordWriter:
 
     def __init__(self, path: Path, scanned: Scan | None = None):
         self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
         os.ftruncate(self.fd, scanned.complete_bytes if scanned is not None else 0)
         os.lseek(self.fd, 0, os.SEEK_END)

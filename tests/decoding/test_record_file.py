@@ -33,6 +33,8 @@ def test_scan_finds_complete_records_and_a_torn_tail(tmp_path):
     w.close()
     assert rf.scan(f, SETTINGS).order == [1, "b", 3] and not rf.scan(f, SETTINGS).torn
     assert rf.scan(tmp_path / "missing.jsonl", SETTINGS).order == []
+    rf.RecordWriter(tmp_path / "new" / "dir" / "out.jsonl").close()  # the directory is made
+    assert (tmp_path / "new" / "dir" / "out.jsonl").read_bytes() == b""
 
 
 @pytest.mark.parametrize("bad, needle", [
