@@ -607,6 +607,8 @@ def _cmd_decode(a) -> int:
     from latticedraft.decoding.run import Session, TextStream, encode, records
 
     check_decode(a)
+    if a.output is not None:
+        return _cmd_decode_dataset(a)
     texts = _prompt_texts(a)
     if a.method == "dynamo":
         return _cmd_decode_dynamo(a, texts)
@@ -638,6 +640,59 @@ def _cmd_decode(a) -> int:
     return 0
 
 
+def _cmd_decode_dataset(a) -> int:
+    """``decode --prompts IN --output OUT``: resumable record file, sharded under torchrun."""
+    from pathlib import Path
+
+    from latticedraft.cli_checks import check_model_limits
+    from latticedraft.decoding import dataset_run as dr
+    from latticedraft.decoding import shards
+    from latticedraft.decoding.prompt_set import read_prompt_set, summarize_bad
+    from latticedraft.decoding.run import Session, default_model_dir, default_rescorer_dir
+    from latticedraft.paths import default_lm_dir
+
+    world = shards.world_from_env()
+    if world.distributed and a.prompts == "-":
+        from latticedraft.errors import InputError
+
+        raise InputError("--prompts - under a launcher: every rank reads the prompt set; give --prompts FILE.jsonl")
+    spec = _spec(a) if a.method == "bpd" else None
+    prompts, bad = read_prompt_set(a.prompts, a.skip_bad)
+    resolved = lambda p, default: str(Path(p if p is not None else default).resolve())  # noqa: E731
+    settings = dr.run_settings(
+        method=a.method, model=resolved(a.model, default_model_dir()),
+        tokenizer=None if a.tokenizer is None else resolved(a.tokenizer, None), max_new_tokens=a.max_new_tokens,
+        verify=a.verify, spec=spec, lm=resolved(a.lm, default_lm_dir()),
+        rescorer=resolved(a.rescorer, default_rescorer_dir()))
+    plan = dr.plan_output(a.output, world, settings, a.resume)
+    loud = world.rank == 0 or not a.quiet_ranks
+    if bad and world.rank == 0:
+        print(summarize_bad(bad), file=sys.stderr)
+    for path in plan.torn if loud else []:
+        print(f"{path}: the last line is torn (a run was killed while writing it); that prompt is decoded again",
+              file=sys.stderr)
+    device = shards.device_for(world, a.device)
+    shards.init(world, device)  # returns once every rank has joined, so after every rank's plan_output
+    try:
+        s = Session(a.model, a.tokenizer, a.lm, a.rescorer, device, a.threads)
+        check_model_limits(a, s.model)
+        if a.method == "bpd":
+            s.prepare(spec, batch_size=a.batch_size)
+        summary = dr.decode_shard(s, plan, prompts, method=a.method, spec=spec, max_new_tokens=a.max_new_tokens,
+                                  verify=a.verify, batch_size=a.batch_size, sort_by_length=a.sort_by_length,
+                                  quiet_ranks=a.quiet_ranks)
+        if loud:
+            print(summary.line(world), file=sys.stderr)
+        merged = dr.finish_output(plan, prompts, device)
+    finally:
+        shards.finish(world)
+    if merged is not None:
+        n, extra = merged
+        note = f", {len(extra)} of them for prompt ids not in --prompts (kept at the end)" if extra else ""
+        print(f"wrote {a.output}: {n} records in prompt order{note}", file=sys.stderr)
+    return 0
+
+
 def _common_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="DIR", help="BPD head checkpoint or HF causal LM (default data/heads-stern)")
     p.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer.json (default: beside the model, else data/tokenizer)")
@@ -657,10 +712,24 @@ def _add_decode(groups) -> None:
     src.add_argument("--prompts", default=None, metavar="FILE.jsonl",
                      help="one {\"prompt\": ...} per line; - reads standard input (default: --prompt)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
-    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together; needs --json (default 1)")
+    p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together; needs --json or --output (default 1)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object per prompt, each as soon as its batch completes, "
                         "instead of streaming text")
+    d = p.add_argument_group("data sets (--prompts IN.jsonl --output OUT.jsonl; sharded when run under torchrun)")
+    d.add_argument("-o", "--output", default=None, metavar="OUT.jsonl",
+                   help="append one JSON record per prompt (with its id and the settings fingerprint) as each "
+                        "batch completes, then order them as the prompts; - writes standard output")
+    d.add_argument("--resume", action="store_true",
+                   help="skip prompts that already have a complete record in OUT (same settings required); "
+                        "a torn last line is decoded again")
+    d.add_argument("--skip-bad", action="store_true",
+                   help="leave out malformed lines, empty prompts and duplicate ids (counted on stderr) instead "
+                        "of refusing the file")
+    d.add_argument("--sort-by-length", action="store_true",
+                   help="batch prompts of similar token length together; OUT still follows the input order")
+    d.add_argument("--quiet-ranks", action="store_true",
+                   help="under torchrun, only rank 0 shows a progress bar and a summary")
     _common_model_args(p)
     _drafter_args(p)
     _tree_args(p)
@@ -753,6 +822,8 @@ def _cmd_eval(a) -> int:
                                          check_model_limits, refuse_given)
     from latticedraft.paths import check_writable
 
+    if a.records is not None:
+        return _cmd_eval_records(a)
     check_device(a.device)
     check_drafting(a)
     check_writable(a.out, "--out", "directory")
@@ -793,10 +864,31 @@ def _cmd_eval(a) -> int:
     return 0
 
 
+def _cmd_eval_records(a) -> int:
+    """``eval --records OUT.jsonl``: a ``decode --output`` run per rank and in total."""
+    from latticedraft.cli_checks import given, refuse_given
+    from latticedraft.decoding import rank_summary
+    from latticedraft.paths import check_writable
+
+    refuse_given(a, [d for d in a._defaults if d not in ("records", "out")],
+                 "eval --records summarizes a finished decode --output run (only --out applies)")
+    if given(a, "out"):
+        check_writable(a.out, "--out", "directory")
+    summary = rank_summary.summarize(rank_summary.read_records(a.records))
+    print(rank_summary.table(summary))
+    if given(a, "out"):
+        paths = rank_summary.write(summary, a.out)
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
 def _add_eval(groups) -> None:
     p = groups.add_parser("eval", help="every drafter on a prompt set: the paper's Tables 4, 3, 10 and Figures 6, 7",
                           description="Block efficiency of every drafter (and exactness against greedy) on a prompt set.")
     p.add_argument("--method", default="bpd", choices=["bpd", "dynamo"], help="bpd (default) or the DynaMo ablation")
+    p.add_argument("--records", default=None, metavar="OUT.jsonl",
+                   help="instead: summarize a `decode --output` run, per rank and in total (block efficiency, "
+                        "tokens/s); writes records.json and records.md only with an explicit --out")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="{\"prompt\", \"reference\"?} per line (default data/prompts.jsonl)")
     p.add_argument("--num-prompts", type=int, default=20, help="prompts evaluated (default 20)")
     p.add_argument("--skip", type=int, default=0, help="skip the first N prompts (the tuning split of `tune`)")

@@ -18,6 +18,7 @@ SAMPLING = ("epsilon_b", "seed", "top_k", "temperature", "repetition_penalty", "
 DRAFTING = ("drafter", "lm", "rescorer", "alpha", "nbest", "k", "prune", "eps", "backoff", "slots", "verify", "tree",
             "context_ngrams", "draft_vocab", "lookahead_pool")
 LOOKAHEAD = ("window", "ngram", "pool", "prompt_as_reference")
+DATASET = ("resume", "skip_bad", "sort_by_length", "quiet_ranks")  # decode --output only
 # which bpd drafters use an option (the others ignore it, so it is refused)
 DRAFTER_USES = {
     "lm": ("ngram", "parallel"),
@@ -124,6 +125,7 @@ def check_decode(a) -> None:
     """Everything ``decode`` can check before loading: ranges, and options that do not apply."""
     check_device(a.device)
     check_drafting(a)
+    check_output(a)
     check_lookahead(a)
     if a.method == "lookahead":
         refuse_given(a, SAMPLING, "--method lookahead decodes greedily; the sampling options apply to --method dynamo")
@@ -148,9 +150,21 @@ def check_decode(a) -> None:
             if a.drafter not in users:
                 refuse_given(a, (dest,), f"--drafter {a.drafter} does not use it (it applies to --drafter "
                                          f"{' / '.join(users)})")
-    if not a.json:
+    if not a.json and getattr(a, "output", None) is None:
         refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
-                                         "to decode them in batches")
+                                         "or --output OUT.jsonl to decode them in batches")
+
+
+def check_output(a) -> None:
+    """``decode --output``: a data set run over ``--prompts``; its options need it."""
+    if getattr(a, "output", None) is None:
+        refuse_given(a, DATASET, "it applies to a data set run, decode --prompts IN.jsonl --output OUT.jsonl")
+        return
+    if a.prompts is None:
+        raise InputError("--output needs --prompts FILE.jsonl (- reads standard input); use --prompts for a data set")
+    refuse_given(a, ("json",), "--output writes one JSON record per prompt already")
+    if a.method in ("dynamo", "lookahead"):
+        raise InputError(f"--output applies to --method bpd and greedy; for --method {a.method} use --json")
 
 
 def check_model_limits(a, model) -> None:

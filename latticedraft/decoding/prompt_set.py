@@ -1,0 +1,97 @@
+"""A prompt data set for ``decode --output``: every prompt with a stable id, checked before any decoding.
+
+A prompt's id is its ``id`` field (a string or an integer) when the record has one, else its line
+number in the file (1-based; blank lines count as lines and are ignored). Three kinds of bad line
+are found: a line that is not a JSON object with a non-empty string ``prompt`` (or whose ``id`` is
+neither a string nor an integer), an empty prompt, and an id already used on an earlier line.
+Without ``skip_bad`` the first bad line is an ``InputError`` naming it; with ``skip_bad`` bad lines
+are left out and returned, so the caller can count them.
+
+Example::
+
+    {"prompt": "def f(x):"}              -> id 1
+    {"id": "q7", "prompt": "import os"}  -> id "q7"
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from latticedraft.errors import InputError
+
+
+@dataclass
+class Prompt:
+    """One prompt: ``id`` (str | int), its 1-based ``line`` in the file, the ``text`` and the whole record."""
+
+    id: str | int
+    line: int
+    text: str
+    record: dict = field(repr=False, default_factory=dict)
+
+
+@dataclass
+class BadLine:
+    line: int
+    why: str
+
+
+def _check(rec, line: int) -> str | None:
+    """Why the parsed line ``rec`` is not a usable prompt record, or None."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    if "prompt" not in rec or not isinstance(rec["prompt"], str):
+        return "no string 'prompt'"
+    if not rec["prompt"]:
+        return "an empty prompt"
+    if "id" in rec and (isinstance(rec["id"], bool) or not isinstance(rec["id"], (str, int))):
+        return f"'id' {rec['id']!r} is neither a string nor an integer"
+    return None
+
+
+def parse_prompt_set(text: str, where: str, skip_bad: bool = False) -> tuple[list[Prompt], list[BadLine]]:
+    """The prompts of JSONL ``text`` (from ``where``, named in errors) and the bad lines left out."""
+    prompts, bad, seen = [], [], {}
+    for n, line in enumerate(text.split("\n"), 1):  # (not splitlines: JSON strings may hold U+2028)
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            why = f"not JSON ({e.msg} at column {e.colno})"
+        else:
+            why = _check(rec, n)
+        if why is None:
+            pid = rec.get("id", n)
+            if pid in seen:
+                why = f"a duplicate id {pid!r} (first on line {seen[pid]})"
+        if why is not None:
+            if not skip_bad:
+                raise InputError(f"{where} line {n}: {why}; fix that line, or pass --skip-bad to leave bad lines out")
+            bad.append(BadLine(n, why))
+            continue
+        seen[pid] = n
+        prompts.append(Prompt(pid, n, rec["prompt"], rec))
+    if not prompts:
+        raise InputError(f"{where} holds no usable prompts"
+                         + (f" ({len(bad)} bad line(s) skipped)" if bad else "") + "; give one {\"prompt\": ...} per line")
+    return prompts, bad
+
+
+def read_prompt_set(path, skip_bad: bool = False) -> tuple[list[Prompt], list[BadLine]]:
+    """``parse_prompt_set`` of file ``path`` (``-``: standard input), read as strict UTF-8."""
+    from latticedraft.textin import read_text_arg
+
+    text = read_text_arg(path, "--prompts", 'pass --prompts FILE.jsonl with one {"prompt": ...} per line')
+    where = "--prompts standard input" if str(path) == "-" else f"--prompts {path}"
+    return parse_prompt_set(text, where, skip_bad)
+
+
+def summarize_bad(bad: list[BadLine], shown: int = 3) -> str:
+    """``"skipped 2 bad line(s): line 3 (an empty prompt), line 5 (...)"``, or "" for none."""
+    if not bad:
+        return ""
+    parts = ", ".join(f"line {b.line} ({b.why})" for b in bad[:shown])
+    more = f", and {len(bad) - shown} more" if len(bad) > shown else ""
+    return f"skipped {len(bad)} bad line(s): {parts}{more}"

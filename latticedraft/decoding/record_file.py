@@ -1,0 +1,154 @@
+"""The JSONL record files of ``decode --output``: settings fingerprint, scanning, appending, merging.
+
+One line per prompt, ``{"id": ..., "fingerprint": ..., "settings": {...}, "tokens": [...], ...}``.
+A line is complete when it ends with a newline: each record is written with its newline in one
+``write_all`` after the previous one finished, so a crash (even SIGKILL during a write) can only
+leave one torn line, at the end. ``scan`` finds the complete records and where the torn tail
+starts; ``RecordWriter`` cuts that tail off before it appends (the torn prompt is decoded again,
+never duplicated). Every complete line is kept byte for byte: merging reorders lines, it never
+re-encodes them.
+
+Files of one output ``OUT``: ``OUT`` itself, and ``OUT.part-R-of-W`` written by rank R of a
+W-process run (``shards.py``) until rank 0 merges them into ``OUT``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from latticedraft.atomic import atomic_file
+from latticedraft.errors import InputError
+
+TIMING_FIELDS = ("seconds", "share_seconds")  # differ between runs of the same settings
+PLACEMENT_FIELDS = ("rank", "world_size")  # which process decoded the prompt
+
+
+def fingerprint(settings: dict) -> str:
+    """16 hex digits of SHA-256 over the canonical JSON of ``settings``."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def describe_difference(old: dict, new: dict) -> str:
+    """``"max_new_tokens 12 there, 16 now"`` for every setting that differs (sorted by name)."""
+    keys = sorted(set(old) | set(new))
+    diffs = [f"{k} {json.dumps(old.get(k))} there, {json.dumps(new.get(k))} now" for k in keys if old.get(k) != new.get(k)]
+    return "; ".join(diffs) or "settings recorded differently"
+
+
+def part_path(out: Path, rank: int, world_size: int) -> Path:
+    return out.with_name(f"{out.name}.part-{rank}-of-{world_size}")
+
+
+def part_files(out: Path) -> list[Path]:
+    """Every ``OUT.part-R-of-W`` beside ``out`` (from this run or an earlier one), sorted."""
+    pat = re.compile(re.escape(out.name) + r"\.part-(\d+)-of-(\d+)$")
+    if not out.parent.is_dir():
+        return []
+    found = [(tuple(map(int, m.groups())), p) for p in out.parent.iterdir() if (m := pat.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+@dataclass
+class Scan:
+    """The complete records of one file: ``lines[id]`` is the record's line (bytes, newline
+    included), ``order`` the ids in file order; ``complete_bytes`` is where a torn tail begins
+    (``torn`` says whether there is one)."""
+
+    path: Path
+    lines: dict = field(default_factory=dict)
+    order: list = field(default_factory=list)
+    records: dict = field(default_factory=dict)
+    complete_bytes: int = 0
+    torn: bool = False
+
+
+def scan(path: Path, settings: dict, flag: str = "--output") -> Scan:
+    """The complete records of ``path`` (missing: none). ``InputError`` when a complete line is no
+    record of ``decode --output``, repeats an id, or was written with other settings (naming them)."""
+    fp = fingerprint(settings)
+    s = Scan(Path(path))
+    if not s.path.exists():
+        return s
+    data = s.path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    s.complete_bytes, s.torn = end, end < len(data)
+    for n, raw in enumerate(data[:end].split(b"\n")[:-1], 1):
+        try:
+            rec = json.loads(raw)
+            ok = isinstance(rec, dict) and "id" in rec and "fingerprint" in rec
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            ok = False
+        if not ok:
+            raise InputError(f"{flag} {path} line {n} is not a record of `latticedraft decode --output`; "
+                             "remove that line or write to another --output")
+        if rec["fingerprint"] != fp:
+            raise InputError(f"{flag} {path} line {n} was written with other settings "
+                             f"({describe_difference(rec.get('settings') or {}, settings)}); "
+                             "rerun with the same settings to --resume, or write to another --output")
+        if rec["id"] in s.lines:
+            raise InputError(f"{flag} {path} line {n} repeats the record of prompt id {rec['id']!r}; "
+                             "remove one of the two lines")
+        s.lines[rec["id"]] = raw + b"\n"
+        s.records[rec["id"]] = rec
+        s.order.append(rec["id"])
+    return s
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte of ``data`` is written."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class RecordWriter:
+    """Appends records to one file, first cutting off the torn tail that ``scan`` found."""
+
+    def __init__(self, path: Path, scanned: Scan | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
+        os.ftruncate(self.fd, scanned.complete_bytes if scanned is not None else 0)
+        os.lseek(self.fd, 0, os.SEEK_END)
+
+    def append(self, rec: dict) -> None:
+        _write_all(self.fd, (json.dumps(rec, ensure_ascii=False) + "\n").encode())
+
+    def sync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.fsync(self.fd)
+            os.close(self.fd)
+            self.fd = None
+
+
+def merge(out: Path, scans: list[Scan], order: list) -> tuple[int, list]:
+    """Write every complete record of ``scans`` into ``out`` (atomically): ids in ``order`` first,
+    then records of ids outside it in the order found (never dropped). The first file holding an
+    id wins (the others hold the same record, left by a crash between rename and clean-up).
+    Removes the part files among ``scans``. Returns (records written, ids outside ``order``)."""
+    lines, found = {}, []
+    for s in scans:
+        for i in s.order:
+            if i not in lines:
+                lines[i] = s.lines[i]
+                found.append(i)
+    known = set(order)
+    extra = [i for i in found if i not in known]
+    body = [lines[i] for i in order if i in lines] + [lines[i] for i in extra]
+    current = scans[0] if scans and scans[0].path == Path(out) else None
+    if not (current is not None and len(scans) == 1 and not current.torn and current.order == [i for i in order
+                                                                                              if i in lines] + extra):
+        with atomic_file(out) as tmp:
+            tmp.write_bytes(b"".join(body))
+    for s in scans:
+        if s.path != Path(out):
+            s.path.unlink(missing_ok=True)
+    return len(body), extra
