@@ -614,6 +614,7 @@ def _cmd_decode(a) -> int:
         return _cmd_decode_dynamo(a, texts)
     spec = _spec(a)
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    s.notify = lambda m: print(m, file=sys.stderr)
     check_model_limits(a, s.model)
     ids = encode(s.tokenizer, texts)
     if a.method == "bpd":
@@ -857,6 +858,7 @@ def _cmd_eval(a) -> int:
                      lookahead=_lookahead(a))
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    s.notify = lambda m: print(m, file=sys.stderr)
     check_model_limits(a, s.model)
     paths = evaluate(s, prompts, cfg, a.out, notify=lambda m: print(m, file=sys.stderr))
     print(paths["table"].read_text())
@@ -924,6 +926,7 @@ def _cmd_tune(a) -> int:
             raise InputError(f"--grid {g}: alphas must be finite numbers >= 0, e.g. --grid 0.5 1 2")
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    s.notify = lambda m: print(m, file=sys.stderr)
     check_model_limits(a, s.model)
     out = tune(s, prompts, a.out, families=a.drafters, grid=a.grid or GRID, num_prompts=a.num_prompts,
                max_new_tokens=a.max_new_tokens, k=a.k, batch_size=a.batch_size, skip=a.skip)
@@ -968,6 +971,7 @@ def _cmd_demo(a) -> int:
     print(f"latticedraft demo: the bundled BPD model on {a.num_prompts} held-out standard-library prompts, "
           f"{a.max_new_tokens} new tokens each", file=sys.stderr)
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    s.notify = lambda m: print(m, file=sys.stderr)
     alphas_file = a.alphas or default_alphas_file(s.model_dir)
     if alphas_file:
         print(f"interpolation weights from {alphas_file}", file=sys.stderr)

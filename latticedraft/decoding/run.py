@@ -282,6 +282,7 @@ class Session:
         self.lm_dir, self.rescorer_dir, self.device = lm_dir, rescorer_dir, device
         self._lm = self._rescorer = None
         self._gates: dict = {}  # HeadGate per drafter spec (see ``gate``)
+        self.notify = None  # notify(message): one-time work worth telling a user about (the CLI: stderr)
         self.eos = eos_id(self.tokenizer)
 
     @property
@@ -380,6 +381,9 @@ class Session:
         calib = DrafterSpec(**{**spec.__dict__, "tree": "fixed", "context_ngrams": 0})
 
         def build():
+            if self.notify:
+                self.notify(f"--tree auto: fitting acceptance rates for --drafter {spec.name} on {len(recs)} held-out "
+                            "prompts (once; cached under .cache/acceptance)")
             ids = encode(self.tokenizer, [r["prompt"] for r in recs])
             return calibrate(self.model, self.drafter(calib), ids, context=spec.context(),
                              draft_vocab=self.draft_vocab(spec.draft_vocab), eos_token_id=self.eos)
