@@ -17,7 +17,7 @@ SAMPLING = ("epsilon_b", "seed", "top_k", "temperature", "repetition_penalty", "
             "no_cooccurrence", "no_adaptive_threshold", "no_blur", "variant", "cooccurrence")
 DRAFTING = ("drafter", "lm", "rescorer", "alpha", "nbest", "k", "prune", "eps", "backoff", "slots", "verify", "tree",
             "context_ngrams", "draft_vocab", "lookahead_pool")
-LOOKAHEAD = ("window", "ngram", "pool", "prompt_as_reference")
+LOOKAHEAD = ("window", "ngram", "pool", "prompt_as_reference", "lookahead_config")
 # which bpd drafters use an option (the others ignore it, so it is refused)
 DRAFTER_USES = {
     "lm": ("ngram", "parallel"),
@@ -115,9 +115,21 @@ def check_lookahead(a) -> None:
         refuse_given(a, LOOKAHEAD, f"--method {a.method} has no Jacobi window or n-gram pool "
                                    "(those options apply to --method lookahead)")
         return
+    check_lookahead_sizes(a)
+
+
+def check_lookahead_sizes(a) -> None:
+    """--window / --ngram / --pool ranges; a --lookahead-config file is read (it must be a tuner
+    result) and may not be combined with the options it sets."""
     at_least(a, "window", 1)
     at_least(a, "ngram", 2)
     at_least(a, "pool", 0)
+    if getattr(a, "lookahead_config", None):
+        from latticedraft.decoding.tune_lookahead import read_lookahead_config
+
+        refuse_given(a, ("window", "ngram", "pool", "prompt_as_reference"),
+                     f"--lookahead-config {a.lookahead_config} sets W, N, G and --prompt-as-reference")
+        read_lookahead_config(a.lookahead_config)
 
 
 def check_decode(a) -> None:
