@@ -394,7 +394,8 @@ def _dynamo_sampler_args(p: argparse.ArgumentParser) -> None:
     addg("--epsilon-b", type=float, default=0.5, help="back-off threshold ε_b in [0, 1]: 0 always emits n tokens, 1 always one (default 0.5)")
     addg("--seed", type=int, default=0, help="sampling seed (default 0)")
     addg("--top-k", type=int, default=50, help="top-k per head (default 50)")
-    addg("--temperature", type=float, default=0.7, help="softmax temperature (default 0.7)")
+    addg("--temperature", type=float, default=None,
+         help="softmax temperature (dynamo: default 0.7; lookahead: sample at this temperature, greedy without it)")
     addg("--repetition-penalty", type=float, default=1.1, help="divides the probability of repeated tokens (default 1.1)")
     addg("--alpha-c", type=float, default=1.0, help="co-occurrence mask exponent α_c (default 1.0)")
     addg("--unseen-weight", type=float, default=0.5, help="co-occurrence mask of pairs/triples the corpus lacks (default 0.5; 0 = hard)")
@@ -413,7 +414,7 @@ def _dynamo_sampler_args(p: argparse.ArgumentParser) -> None:
 def _dynamo_config(a):
     from latticedraft.decoding.dynamo import DynamoConfig, variant
 
-    cfg = DynamoConfig(epsilon_b=a.epsilon_b, top_k=a.top_k, temperature=a.temperature,
+    cfg = DynamoConfig(epsilon_b=a.epsilon_b, top_k=a.top_k, temperature=0.7 if a.temperature is None else a.temperature,
                        repetition_penalty=a.repetition_penalty, cooccurrence=not a.no_cooccurrence, alpha_c=a.alpha_c,
                        unseen_weight=a.unseen_weight, adaptive_threshold=not a.no_adaptive_threshold,
                        blur=not a.no_blur, max_n=a.max_n)
@@ -584,6 +585,15 @@ def _lookahead(a):
     return LookaheadOptions(W=a.window, N=a.ngram, G=a.pool, prompt_as_reference=a.prompt_as_reference)
 
 
+def _sampling(a):
+    """``SamplingOptions`` of ``decode --method lookahead --temperature T`` (None: greedy)."""
+    if getattr(a, "temperature", None) is None or getattr(a, "method", None) != "lookahead":
+        return None
+    from latticedraft.decoding.onehot_sampling import SamplingOptions
+
+    return SamplingOptions(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
+
+
 def _spec(a):
     from latticedraft.decoding.run import DrafterSpec
     from latticedraft.errors import InputError
@@ -623,19 +633,22 @@ def _cmd_decode(a) -> int:
     if a.method == "bpd":
         s.prepare(spec, batch_size=a.batch_size if a.json else 1)
     look = _lookahead(a) if a.method == "lookahead" else None
+    smp = _sampling(a)
     label = {"bpd": f"bpd/{a.drafter}", "lookahead": None if look is None else
-             f"lookahead W={look.W} N={look.N} G={look.G}"}.get(a.method, a.method)
+             f"lookahead W={look.W} N={look.N} G={look.G}" + ("" if smp is None else
+             f" sampling T={smp.temperature} top-k={smp.top_k} top-p={smp.top_p} seed={smp.seed}")
+             }.get(a.method, a.method)
     if a.json:  # each batch's records are written and flushed as soon as it completes
         for at in range(0, len(ids), a.batch_size):
             res = s.decode(ids[at:at + a.batch_size], a.method, spec, max_new_tokens=a.max_new_tokens,
-                           verify=a.verify, batch_size=a.batch_size, lookahead=look)
+                           verify=a.verify, batch_size=a.batch_size, lookahead=look, sampling=smp, first_row=at)
             for rec in records(res, s.tokenizer, s.base_dir, texts[at:at + a.batch_size]):
                 print(json.dumps({**rec, "method": label}, ensure_ascii=False), flush=True)
         return 0
-    for text, p in zip(texts, ids):
+    for row, (text, p) in enumerate(zip(texts, ids)):
         sys.stdout.write(text)
         res = s.decode([p], a.method, spec, max_new_tokens=a.max_new_tokens, verify=a.verify,
-                       on_tokens=TextStream(s.tokenizer, sys.stdout), lookahead=look)
+                       on_tokens=TextStream(s.tokenizer, sys.stdout), lookahead=look, sampling=smp, first_row=row)
         q = res.sequences[0]
         print()
         print(f"-- {len(q.tokens)} tokens, {q.calls} calls, block efficiency {q.block_efficiency:.2f}, "
@@ -672,6 +685,10 @@ def _add_decode(groups) -> None:
     _tree_args(p)
     _lookahead_args(p)
     _dynamo_sampler_args(p)
+    g = p.add_argument_group("lookahead sampling (--method lookahead --temperature T)")
+    g.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus filter of lookahead sampling, as generate's top_p (default 1.0 = off); --top-k "
+                        "(0 = off) and --seed apply too")
     p.set_defaults(func=_cmd_decode)
 
 

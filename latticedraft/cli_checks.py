@@ -13,7 +13,7 @@ import math
 from latticedraft.errors import InputError
 
 # options of `decode` / `eval` by what they apply to
-SAMPLING = ("epsilon_b", "seed", "top_k", "temperature", "repetition_penalty", "alpha_c", "unseen_weight", "max_n",
+SAMPLING = ("epsilon_b", "seed", "top_k", "top_p", "temperature", "repetition_penalty", "alpha_c", "unseen_weight", "max_n",
             "no_cooccurrence", "no_adaptive_threshold", "no_blur", "variant", "cooccurrence")
 DRAFTING = ("drafter", "lm", "rescorer", "alpha", "nbest", "k", "prune", "eps", "backoff", "slots", "verify", "tree",
             "context_ngrams", "draft_vocab", "lookahead_pool")
@@ -132,13 +132,34 @@ def check_lookahead_sizes(a) -> None:
         read_lookahead_config(a.lookahead_config)
 
 
+LOOKAHEAD_SAMPLING = ("temperature", "top_k", "top_p", "seed")
+
+
+def check_lookahead_sampling(a) -> None:
+    """``--method lookahead`` samples with --temperature (then --top-k, --top-p, --seed apply);
+    without it, it decodes greedily and refuses them. DynaMo's other options never apply."""
+    refuse_given(a, tuple(d for d in SAMPLING if d not in LOOKAHEAD_SAMPLING),
+                 "--method lookahead samples with --temperature / --top-k / --top-p / --seed only "
+                 "(the others apply to --method dynamo)")
+    if getattr(a, "temperature", None) is None:
+        refuse_given(a, ("top_k", "top_p", "seed"), "--method lookahead decodes greedily without --temperature; "
+                                                    "add --temperature T to sample")
+        return
+    if not (math.isfinite(a.temperature) and a.temperature > 0):
+        raise InputError(f"--temperature {a.temperature} must be a finite number > 0 (leave it out to decode greedily)")
+    if a.top_k < 0:
+        raise InputError(f"--top-k {a.top_k} must be >= 0 (0 = no top-k filter)")
+    if not (math.isfinite(a.top_p) and 0.0 < a.top_p <= 1.0):
+        raise InputError(f"--top-p {a.top_p} must be in (0, 1] (1 = no nucleus filter)")
+
+
 def check_decode(a) -> None:
     """Everything ``decode`` can check before loading: ranges, and options that do not apply."""
     check_device(a.device)
     check_drafting(a)
     check_lookahead(a)
     if a.method == "lookahead":
-        refuse_given(a, SAMPLING, "--method lookahead decodes greedily; the sampling options apply to --method dynamo")
+        check_lookahead_sampling(a)
         refuse_given(a, tuple(d for d in DRAFTING if d != "verify"),
                      "--method lookahead drafts from its own Jacobi window and n-gram pool, not from heads "
                      "(the drafting options apply to --method bpd)")
@@ -150,6 +171,7 @@ def check_decode(a) -> None:
         refuse_given(a, DRAFTING, "--method dynamo samples from the DynaMo heads without a drafter "
                                   "(the drafting options apply to --method bpd)")
         refuse_given(a, ("batch_size",), "--method dynamo decodes one prompt at a time")
+        refuse_given(a, ("top_p",), "--method dynamo samples each head's top-k (--top-p applies to --method lookahead)")
         return
     refuse_given(a, SAMPLING, f"--method {a.method} decodes greedily; the sampling options apply to --method dynamo")
     if a.method == "greedy":
