@@ -4,10 +4,14 @@ Same model (the bundled one by default) and prompts for every row; prompts one a
 rows run round-robin ``--repeats`` times after one untimed warm-up round; reported: median
 seconds, tokens/s, tokens per target call, speed-up over HF greedy, whether the output equals
 greedy's, and the verify mode. Rows: HF greedy, HF prompt lookup, and lookahead for each
-``--configs`` entry ``W,N,G`` (``+ref``: with --prompt-as-reference).
+``--configs`` entry ``W,N,G`` (``+ref``: with --prompt-as-reference), plus the setting of a
+``tune --method lookahead`` result with ``--lookahead-config``. ``--skip`` starts after the
+tuner's prompt split, so a tuned setting is measured on prompts it was not chosen on.
 
     nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/lookahead.py \\
         --out benchmarks/results/lookahead.json
+    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/lookahead.py --skip 10 \
+        --lookahead-config tuned-lookahead.json --configs 15,5,15 --out benchmarks/results/lookahead_tuned.json
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--prompts", default=str(data_dir() / "prompts.jsonl"))
     ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--skip", type=int, default=0, help="skip the first N prompts (the tuning split; default 0)")
+    ap.add_argument("--lookahead-config", default=None, help="add the (W, N, G) row of a `tune --method lookahead` file")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), help="W,N,G or W,N,G+ref per lookahead row")
@@ -57,7 +63,12 @@ def main(argv=None) -> int:
 
     torch.set_grad_enabled(False)
     s = Session(a.model, None, None, None, None, a.threads)
-    recs = read_prompts(a.prompts, limit=a.num_prompts)
+    recs = read_prompts(a.prompts)[a.skip : a.skip + a.num_prompts]
+    if a.lookahead_config:
+        from latticedraft.decoding.tune_lookahead import read_lookahead_config
+
+        c = read_lookahead_config(a.lookahead_config)
+        a.configs = a.configs + [f"{c['W']},{c['N']},{c['G']}" + ("+ref" if c["prompt_as_reference"] else "")]
     ids = encode(s.tokenizer, [r["prompt"] for r in recs])
     rows = ["HF greedy", f"HF prompt lookup ({a.pld_tokens})"] + [f"lookahead {c}" for c in a.configs]
 
@@ -101,7 +112,7 @@ def main(argv=None) -> int:
             "tokens_per_call": None if calls is None else round(sum(len(t) for t in toks) / calls, 3),
             "exact": all(np.array_equal(x, y) for x, y in zip(toks, ref_toks)), "verify": mode,
         })
-    report = {"model": s.base_dir, "prompts": len(ids), "max_new_tokens": a.max_new_tokens, "repeats": a.repeats,
+    report = {"model": s.base_dir, "prompts": len(ids), "skip": a.skip, "lookahead_config": a.lookahead_config, "max_new_tokens": a.max_new_tokens, "repeats": a.repeats,
               "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
               "cpu_count": os.cpu_count(), "loadavg": os.getloadavg(), "torch": torch.__version__, "rows": results}
     write_atomic(Path(a.out), json.dumps(report, indent=1) + "\n")

@@ -394,7 +394,8 @@ def _dynamo_sampler_args(p: argparse.ArgumentParser) -> None:
     addg("--epsilon-b", type=float, default=0.5, help="back-off threshold ε_b in [0, 1]: 0 always emits n tokens, 1 always one (default 0.5)")
     addg("--seed", type=int, default=0, help="sampling seed (default 0)")
     addg("--top-k", type=int, default=50, help="top-k per head (default 50)")
-    addg("--temperature", type=float, default=0.7, help="softmax temperature (default 0.7)")
+    addg("--temperature", type=float, default=None,
+         help="softmax temperature (dynamo: default 0.7; lookahead: sample at this temperature, greedy without it)")
     addg("--repetition-penalty", type=float, default=1.1, help="divides the probability of repeated tokens (default 1.1)")
     addg("--alpha-c", type=float, default=1.0, help="co-occurrence mask exponent α_c (default 1.0)")
     addg("--unseen-weight", type=float, default=0.5, help="co-occurrence mask of pairs/triples the corpus lacks (default 0.5; 0 = hard)")
@@ -413,7 +414,7 @@ def _dynamo_sampler_args(p: argparse.ArgumentParser) -> None:
 def _dynamo_config(a):
     from latticedraft.decoding.dynamo import DynamoConfig, variant
 
-    cfg = DynamoConfig(epsilon_b=a.epsilon_b, top_k=a.top_k, temperature=a.temperature,
+    cfg = DynamoConfig(epsilon_b=a.epsilon_b, top_k=a.top_k, temperature=0.7 if a.temperature is None else a.temperature,
                        repetition_penalty=a.repetition_penalty, cooccurrence=not a.no_cooccurrence, alpha_c=a.alpha_c,
                        unseen_weight=a.unseen_weight, adaptive_threshold=not a.no_adaptive_threshold,
                        blur=not a.no_blur, max_n=a.max_n)
@@ -570,12 +571,27 @@ def _lookahead_args(p: argparse.ArgumentParser) -> None:
                    help="G: n-grams kept per first token and verified per step; 0 = Jacobi window only (default 15)")
     g.add_argument("--prompt-as-reference", action="store_true",
                    help="start the window from prompt tokens and seed the n-gram pool with the prompt's n-grams")
+    g.add_argument("--lookahead-config", default=None, metavar="FILE.json",
+                   help="W, N, G (and --prompt-as-reference) chosen by `latticedraft tune --method lookahead`")
 
 
 def _lookahead(a):
     from latticedraft.decoding.lookahead import LookaheadOptions
 
+    if getattr(a, "lookahead_config", None):
+        from latticedraft.decoding.tune_lookahead import read_lookahead_config
+
+        return LookaheadOptions(**read_lookahead_config(a.lookahead_config))
     return LookaheadOptions(W=a.window, N=a.ngram, G=a.pool, prompt_as_reference=a.prompt_as_reference)
+
+
+def _sampling(a):
+    """``SamplingOptions`` of ``decode --method lookahead --temperature T`` (None: greedy)."""
+    if getattr(a, "temperature", None) is None or getattr(a, "method", None) != "lookahead":
+        return None
+    from latticedraft.decoding.onehot_sampling import SamplingOptions
+
+    return SamplingOptions(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
 
 
 def _spec(a):
@@ -620,19 +636,22 @@ def _cmd_decode(a) -> int:
     if a.method == "bpd":
         s.prepare(spec, batch_size=a.batch_size if a.json else 1)
     look = _lookahead(a) if a.method == "lookahead" else None
+    smp = _sampling(a)
     label = {"bpd": f"bpd/{a.drafter}", "lookahead": None if look is None else
-             f"lookahead W={look.W} N={look.N} G={look.G}"}.get(a.method, a.method)
+             f"lookahead W={look.W} N={look.N} G={look.G}" + ("" if smp is None else
+             f" sampling T={smp.temperature} top-k={smp.top_k} top-p={smp.top_p} seed={smp.seed}")
+             }.get(a.method, a.method)
     if a.json:  # each batch's records are written and flushed as soon as it completes
         for at in range(0, len(ids), a.batch_size):
             res = s.decode(ids[at:at + a.batch_size], a.method, spec, max_new_tokens=a.max_new_tokens,
-                           verify=a.verify, batch_size=a.batch_size, lookahead=look)
+                           verify=a.verify, batch_size=a.batch_size, lookahead=look, sampling=smp, first_row=at)
             for rec in records(res, s.tokenizer, s.base_dir, texts[at:at + a.batch_size]):
                 print(json.dumps({**rec, "method": label}, ensure_ascii=False), flush=True)
         return 0
-    for text, p in zip(texts, ids):
+    for row, (text, p) in enumerate(zip(texts, ids)):
         sys.stdout.write(text)
         res = s.decode([p], a.method, spec, max_new_tokens=a.max_new_tokens, verify=a.verify,
-                       on_tokens=TextStream(s.tokenizer, sys.stdout), lookahead=look)
+                       on_tokens=TextStream(s.tokenizer, sys.stdout), lookahead=look, sampling=smp, first_row=row)
         q = res.sequences[0]
         print()
         print(f"-- {len(q.tokens)} tokens, {q.calls} calls, block efficiency {q.block_efficiency:.2f}, "
@@ -736,6 +755,10 @@ def _add_decode(groups) -> None:
     _tree_args(p)
     _lookahead_args(p)
     _dynamo_sampler_args(p)
+    g = p.add_argument_group("lookahead sampling (--method lookahead --temperature T)")
+    g.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus filter of lookahead sampling, as generate's top_p (default 1.0 = off); --top-k "
+                        "(0 = off) and --seed apply too")
     p.set_defaults(func=_cmd_decode)
 
 
@@ -819,8 +842,8 @@ def _add_lattice(groups) -> None:
 
 def _cmd_eval(a) -> int:
     """``eval``: every drafter on a prompt set; results.json, results.md, Figure 6 and 7 PNGs."""
-    from latticedraft.cli_checks import (DRAFTING, LOOKAHEAD, SAMPLING, at_least, check_device, check_drafting,
-                                         check_model_limits, refuse_given)
+    from latticedraft.cli_checks import (DRAFTING, LOOKAHEAD, SAMPLING, check_device, check_drafting,
+                                         check_lookahead_sizes, check_model_limits, refuse_given)
     from latticedraft.paths import check_writable
 
     if a.records is not None:
@@ -844,9 +867,7 @@ def _cmd_eval(a) -> int:
         if value != default:
             raise InputError(f"{flag} {value}: eval runs every drafter (and Table 10's head counts) itself; "
                              f"drop {flag}, or use `latticedraft decode` for one drafter")
-    at_least(a, "window", 1)
-    at_least(a, "ngram", 2)
-    at_least(a, "pool", 0)
+    check_lookahead_sizes(a)
     alphas = read_alphas(a.alphas) if a.alphas else {"ngram": a.alpha, "neural": a.alpha}
     rescorers = {}
     for spec in a.rescorers or []:
@@ -912,7 +933,7 @@ def _add_eval(groups) -> None:
 def _cmd_tune(a) -> int:
     import math
 
-    from latticedraft.cli_checks import check_device, check_drafting, check_model_limits
+    from latticedraft.cli_checks import check_device, check_drafting, check_model_limits, refuse_given
     from latticedraft.decoding.run import Session, read_prompts
     from latticedraft.decoding.tune import GRID, tune
     from latticedraft.errors import InputError
@@ -920,7 +941,13 @@ def _cmd_tune(a) -> int:
 
     check_device(a.device)
     check_drafting(a)
+    if a.out is None:
+        a.out = Path("tuned-lookahead.json" if a.method == "lookahead" else "tuned.json")
     check_writable(a.out, "--out", "file")
+    if a.method == "lookahead":
+        return _cmd_tune_lookahead(a)
+    refuse_given(a, TUNE_LOOKAHEAD, "--method bpd tunes the interpolation weight alpha (those options apply to "
+                                    "--method lookahead)")
     for g in a.grid or []:
         if not (math.isfinite(g) and g >= 0):
             raise InputError(f"--grid {g}: alphas must be finite numbers >= 0, e.g. --grid 0.5 1 2")
@@ -936,11 +963,45 @@ def _cmd_tune(a) -> int:
     return 0
 
 
+TUNE_LOOKAHEAD = ("windows", "ngrams", "pools", "prompt_as_reference", "verify")
+TUNE_ALPHA = ("drafters", "grid", "k", "lm", "rescorer")
+
+
+def _cmd_tune_lookahead(a) -> int:
+    """``tune --method lookahead``: (W, N, G) from measured tokens per step and the cost model."""
+    from latticedraft.cli_checks import refuse_given
+    from latticedraft.decoding.run import Session, read_prompts
+    from latticedraft.decoding.tune_lookahead import NGRAMS, POOLS, WINDOWS, check_grid, tune_lookahead
+    from latticedraft.paths import data_dir
+
+    refuse_given(a, TUNE_ALPHA, "--method lookahead tunes W, N and G (those options tune alpha, --method bpd)")
+    windows, ngrams, pools = a.windows or WINDOWS, a.ngrams or NGRAMS, a.pools or POOLS
+    check_grid(windows, ngrams, pools)
+    prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
+    s = Session(a.model, a.tokenizer, None, None, a.device, a.threads)
+    out = tune_lookahead(s, prompts, a.out, windows=windows, ngrams=ngrams, pools=pools, num_prompts=a.num_prompts,
+                         skip=a.skip, max_new_tokens=a.max_new_tokens, batch_size=a.batch_size,
+                         prompt_as_reference=a.prompt_as_reference, verify=a.verify)
+    print(f"{'W':>3} {'N':>3} {'G':>3} {'tokens/step':>11} {'nodes/step':>10} {'predicted tokens/s':>18}")
+    for r in out["table"]:
+        print(f"{r['W']:>3} {r['N']:>3} {r['G']:>3} {r['tokens_per_step']:>11.3f} {r['nodes_per_step']:>10.1f} "
+              f"{r['predicted_tokens_per_s']:>18.1f}")
+    c = out["lookahead"]
+    print(f"best: W={c['W']} N={c['N']} G={c['G']}, predicted {out['predicted_tokens_per_s']:.1f} tokens/s")
+    print(f"wrote {a.out}; use it with `latticedraft decode --method lookahead --lookahead-config {a.out}`, "
+          f"evaluate with `latticedraft eval --lookahead-config {a.out} --skip {a.skip + a.num_prompts}`")
+    return 0
+
+
 def _add_tune(groups) -> None:
-    p = groups.add_parser("tune", help="sweep the interpolation weight alpha on a held-out split (Appendix E)",
+    p = groups.add_parser("tune", help="sweep alpha (Appendix E), or lookahead's (W, N, G), on a held-out split",
                           description="Sweep the interpolation weight alpha of the n-gram and neural drafters on a "
                                       "tuning split of the prompts and write the best per drafter as JSON "
-                                      "(read by `eval --alphas` and `demo --alphas`).")
+                                      "(read by `eval --alphas` and `demo --alphas`); with --method lookahead, "
+                                      "choose (W, N, G) by tokens per step and the measured step cost T(n) "
+                                      "(read by `decode/eval --lookahead-config`).")
+    p.add_argument("--method", default="bpd", choices=["bpd", "lookahead"],
+                   help="bpd: alpha per drafter family (default); lookahead: W, N, G")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="prompt set (default data/prompts.jsonl)")
     p.add_argument("--num-prompts", type=int, default=10, help="prompts in the tuning split (default 10)")
     p.add_argument("--skip", type=int, default=0, help="the split starts after the first N prompts (default 0)")
@@ -952,8 +1013,16 @@ def _add_tune(groups) -> None:
     p.add_argument("--k", type=int, default=16, help="candidates per head (default 16)")
     p.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
     p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
-    p.add_argument("-o", "--out", type=Path, default=Path("tuned.json"),
-                   help="output file: the alphas as JSON (default ./tuned.json)")
+    g = p.add_argument_group("lookahead grid (--method lookahead)")
+    g.add_argument("--windows", type=int, nargs="+", default=None, metavar="W", help="W values (default 3 7 15)")
+    g.add_argument("--ngrams", type=int, nargs="+", default=None, metavar="N", help="N values (default 3 4 5)")
+    g.add_argument("--pools", type=int, nargs="+", default=None, metavar="G", help="G values (default 3 7 15)")
+    g.add_argument("--prompt-as-reference", action="store_true",
+                   help="tune (and record) lookahead with the prompt as reference")
+    g.add_argument("--verify", default="auto", choices=["auto", "tree", "batched"],
+                   help="verify mode of the decodes and the cost model (default auto)")
+    p.add_argument("-o", "--out", type=Path, default=None,
+                   help="output file (default ./tuned.json; ./tuned-lookahead.json with --method lookahead)")
     _common_model_args(p)
     p.set_defaults(func=_cmd_tune)
 

@@ -13,11 +13,11 @@ import math
 from latticedraft.errors import InputError
 
 # options of `decode` / `eval` by what they apply to
-SAMPLING = ("epsilon_b", "seed", "top_k", "temperature", "repetition_penalty", "alpha_c", "unseen_weight", "max_n",
+SAMPLING = ("epsilon_b", "seed", "top_k", "top_p", "temperature", "repetition_penalty", "alpha_c", "unseen_weight", "max_n",
             "no_cooccurrence", "no_adaptive_threshold", "no_blur", "variant", "cooccurrence")
 DRAFTING = ("drafter", "lm", "rescorer", "alpha", "nbest", "k", "prune", "eps", "backoff", "slots", "verify", "tree",
             "context_ngrams", "draft_vocab", "lookahead_pool")
-LOOKAHEAD = ("window", "ngram", "pool", "prompt_as_reference")
+LOOKAHEAD = ("window", "ngram", "pool", "prompt_as_reference", "lookahead_config")
 DATASET = ("resume", "skip_bad", "sort_by_length", "quiet_ranks")  # decode --output only
 # which bpd drafters use an option (the others ignore it, so it is refused)
 DRAFTER_USES = {
@@ -116,9 +116,42 @@ def check_lookahead(a) -> None:
         refuse_given(a, LOOKAHEAD, f"--method {a.method} has no Jacobi window or n-gram pool "
                                    "(those options apply to --method lookahead)")
         return
+    check_lookahead_sizes(a)
+
+
+def check_lookahead_sizes(a) -> None:
+    """--window / --ngram / --pool ranges; a --lookahead-config file is read (it must be a tuner
+    result) and may not be combined with the options it sets."""
     at_least(a, "window", 1)
     at_least(a, "ngram", 2)
     at_least(a, "pool", 0)
+    if getattr(a, "lookahead_config", None):
+        from latticedraft.decoding.tune_lookahead import read_lookahead_config
+
+        refuse_given(a, ("window", "ngram", "pool", "prompt_as_reference"),
+                     f"--lookahead-config {a.lookahead_config} sets W, N, G and --prompt-as-reference")
+        read_lookahead_config(a.lookahead_config)
+
+
+LOOKAHEAD_SAMPLING = ("temperature", "top_k", "top_p", "seed")
+
+
+def check_lookahead_sampling(a) -> None:
+    """``--method lookahead`` samples with --temperature (then --top-k, --top-p, --seed apply);
+    without it, it decodes greedily and refuses them. DynaMo's other options never apply."""
+    refuse_given(a, tuple(d for d in SAMPLING if d not in LOOKAHEAD_SAMPLING),
+                 "--method lookahead samples with --temperature / --top-k / --top-p / --seed only "
+                 "(the others apply to --method dynamo)")
+    if getattr(a, "temperature", None) is None:
+        refuse_given(a, ("top_k", "top_p", "seed"), "--method lookahead decodes greedily without --temperature; "
+                                                    "add --temperature T to sample")
+        return
+    if not (math.isfinite(a.temperature) and a.temperature > 0):
+        raise InputError(f"--temperature {a.temperature} must be a finite number > 0 (leave it out to decode greedily)")
+    if a.top_k < 0:
+        raise InputError(f"--top-k {a.top_k} must be >= 0 (0 = no top-k filter)")
+    if not (math.isfinite(a.top_p) and 0.0 < a.top_p <= 1.0):
+        raise InputError(f"--top-p {a.top_p} must be in (0, 1] (1 = no nucleus filter)")
 
 
 def check_decode(a) -> None:
@@ -128,7 +161,7 @@ def check_decode(a) -> None:
     check_output(a)
     check_lookahead(a)
     if a.method == "lookahead":
-        refuse_given(a, SAMPLING, "--method lookahead decodes greedily; the sampling options apply to --method dynamo")
+        check_lookahead_sampling(a)
         refuse_given(a, tuple(d for d in DRAFTING if d != "verify"),
                      "--method lookahead drafts from its own Jacobi window and n-gram pool, not from heads "
                      "(the drafting options apply to --method bpd)")
@@ -140,6 +173,7 @@ def check_decode(a) -> None:
         refuse_given(a, DRAFTING, "--method dynamo samples from the DynaMo heads without a drafter "
                                   "(the drafting options apply to --method bpd)")
         refuse_given(a, ("batch_size",), "--method dynamo decodes one prompt at a time")
+        refuse_given(a, ("top_p",), "--method dynamo samples each head's top-k (--top-p applies to --method lookahead)")
         return
     refuse_given(a, SAMPLING, f"--method {a.method} decodes greedily; the sampling options apply to --method dynamo")
     if a.method == "greedy":

@@ -121,7 +121,7 @@ def test_devices_that_do_not_exist(bundle, capsys, device, needle):
     _refused(capsys, "decode", "--model", bundle / "heads", "--prompt", "x", "--device", device, needle=needle)
 
 
-@pytest.mark.parametrize("cmd", [["eval"], ["tune"], ["demo"],
+@pytest.mark.parametrize("cmd", [["eval"], ["tune"], ["tune", "--method", "lookahead"], ["demo"],
                                  ["lm", "build", "--corpus", "stdlib", "--train-tokenizer", "300"]])
 def test_out_under_a_file_is_refused_before_any_work(tmp_path, capsys, cmd):
     blocker = tmp_path / "file"

@@ -8,6 +8,11 @@ most G, merged into a trie, which for distinct first tokens is exactly the paper
 n-grams). The longest continuation the target agrees with is accepted plus one bonus token;
 only the accepted nodes' KV is kept. Rows of a batch keep their own window and pool.
 
+With ``sampling`` (``SamplingOptions``: temperature / top-k / top-p / seed) the candidates are
+verified by Algorithm 4 (``onehot_sampling.py``): the output then has the target's sampling
+distribution, as ``generate(do_sample=True)`` with the same settings; the Jacobi window keeps
+taking the target's argmax (its guesses only decide what is drafted, never what is emitted).
+
 Counting as in ``bpd.py``: the prefill emits 1 token, every step emits accepted + 1.
 ``SequenceResult.tree_nodes`` records the nodes of each step's forward (root + window + trie).
 
@@ -25,6 +30,7 @@ import torch
 
 from latticedraft.decoding.bpd import DecodeResult, SequenceResult, _check_length, _eos_set
 from latticedraft.decoding.lookahead_pool import JacobiWindow, NgramPool
+from latticedraft.decoding.onehot_sampling import OneHotChooser
 from latticedraft.errors import InputError
 from latticedraft.gpu import hf
 from latticedraft.gpu.verify import Verifier
@@ -77,6 +83,8 @@ def lookahead_decode(
     verify: str = "auto",
     on_tokens=None,
     first_row: int = 0,
+    sampling=None,
+    draws=None,
 ) -> DecodeResult:
     """Greedy lookahead decoding of every prompt; output equals ``generate(do_sample=False)``.
 
@@ -84,7 +92,9 @@ def lookahead_decode(
     int sequences (each >= 1 token). W, N, G: window columns, n-gram size, pool candidates per
     key (paper defaults for 7B models: 15, 5, 15). verify: "auto" | "tree" | "batched" (see
     ``verify.choose_mode``; the result reports it). on_tokens(row, new_ids) streams tokens.
-    first_row: index of prompts[0] in the whole prompt set (seeds each row's window)."""
+    first_row: index of prompts[0] in the whole prompt set (seeds each row's window and draws).
+    sampling: ``SamplingOptions`` for lossless sampling (None: greedy); draws: its random source
+    (default ``SeededDraws(sampling.seed)``; see ``onehot_sampling``)."""
     opts = LookaheadOptions(W, N, G, prompt_as_reference, seed)
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -120,8 +130,17 @@ def lookahead_decode(
             done_at[i] = time.perf_counter() - t_start
         return finished
 
+    chooser = None if sampling is None else OneHotChooser(sampling, draws)
+
+    def choose_for(live: list[int]):
+        """The verifier's ``choose`` for the batch rows ``live`` (run-wide rows first_row + i)."""
+        if chooser is None:
+            return None
+        ids = [first_row + i for i in live]
+        return lambda batch_rows, logits, cands: chooser(batch_rows, logits, cands, ids)
+
     t0 = time.perf_counter()
-    state, first, _ = verifier.prefill(prompts)
+    state, first, _ = verifier.prefill(prompts, choose=choose_for(list(range(b))))
     timing["model"] += time.perf_counter() - t0
     active = [i for i in range(b) if not emit(i, [int(first[i])])]
     roots = [int(first[i]) for i in active]
@@ -138,7 +157,7 @@ def lookahead_decode(
             drafts.append(np.stack(cands) if cands else np.zeros((1, 0), np.int64))
             sides.append(window.side())
         t1 = time.perf_counter()
-        res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts, sides)
+        res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts, sides, choose=choose_for(active))
         t2 = time.perf_counter()
         still, new_roots, live = [], [], []
         for j, i in enumerate(active):
@@ -166,5 +185,6 @@ def lookahead_decode(
                        tree_nodes=nodes[i])
         for i in range(b)
     ]
-    reason = f"{verifier.mode_reason}; lookahead W={W} N={N} G={G}"
+    reason = f"{verifier.mode_reason}; lookahead W={W} N={N} G={G}" + ("" if sampling is None else
+                                                                      f"; sampling {sampling}")
     return DecodeResult(seqs, verifier.mode, reason, time.perf_counter() - t_start, timing)

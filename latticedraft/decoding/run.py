@@ -188,10 +188,12 @@ def build_drafter(spec: DrafterSpec, lm=None, rescorer=None, references=None):
 
 def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_tokens=64, eos_token_id=None,
                verify="auto", batch_size: int = 1, on_tokens=None, record_steps=False, tree_kw: dict | None = None,
-               lookahead=None):
+               lookahead=None, sampling=None, first_row: int = 0):
     """Decode ``prompt_ids`` with ``method`` in batches; returns one merged ``DecodeResult``.
     tree_kw: ``bpd_decode``'s tree, context, acceptance and draft_vocab arguments;
-    lookahead: ``LookaheadOptions`` of ``--method lookahead`` (None: the paper's defaults)."""
+    lookahead: ``LookaheadOptions`` of ``--method lookahead`` (None: the paper's defaults);
+    sampling: its ``SamplingOptions`` (None: greedy); first_row: the index of ``prompt_ids[0]``
+    in the whole prompt set (lookahead seeds row r's window and draws with it)."""
     from latticedraft.decoding.bpd import DecodeResult, bpd_decode, greedy_decode
     from latticedraft.decoding.lookahead import LookaheadOptions, lookahead_decode
 
@@ -212,7 +214,7 @@ def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_to
             o = lookahead or LookaheadOptions()
             r = lookahead_decode(model, chunk, W=o.W, N=o.N, G=o.G, prompt_as_reference=o.prompt_as_reference,
                                  seed=o.seed, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                                 verify=verify, on_tokens=cb, first_row=s)
+                                 verify=verify, on_tokens=cb, first_row=first_row + s, sampling=sampling)
         else:
             r = bpd_decode(model, chunk, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                            verify=verify, on_tokens=cb, record_steps=record_steps, first_row=s, **(tree_kw or {}))
@@ -322,9 +324,10 @@ class Session:
 
     def decode(self, prompt_ids: list, method: str = "bpd", spec: DrafterSpec | None = None, *,
                max_new_tokens: int = 64, verify: str = "auto", batch_size: int = 1, on_tokens=None,
-               references=None, record_steps: bool = False, lookahead=None):
+               references=None, record_steps: bool = False, lookahead=None, sampling=None, first_row: int = 0):
         """Decode token-id prompts; the oracle drafter gets greedy references computed here
-        unless given. lookahead: ``LookaheadOptions`` for ``method="lookahead"``."""
+        unless given. lookahead: ``LookaheadOptions`` for ``method="lookahead"``; sampling: its
+        ``SamplingOptions`` (None: greedy); first_row: index of prompt_ids[0] in the prompt set."""
         spec = spec or DrafterSpec()
         drafter, tree_kw = None, None
         if method == "bpd":
@@ -338,7 +341,8 @@ class Session:
                        "gate": self.gate(spec)}
         return run_method(method, self.model, prompt_ids, drafter, max_new_tokens=max_new_tokens,
                           eos_token_id=self.eos, verify=verify, batch_size=batch_size, on_tokens=on_tokens,
-                          record_steps=record_steps, tree_kw=tree_kw, lookahead=lookahead)
+                          record_steps=record_steps, tree_kw=tree_kw, lookahead=lookahead, sampling=sampling,
+                          first_row=first_row)
 
     def gate(self, spec: DrafterSpec):
         """The ``HeadGate`` of ``spec`` for this session: what it measured carries over between

@@ -17,6 +17,11 @@ token (the argmax after the last accepted node), keep exactly the accepted nodes
 cache (``SlotCache.commit``) and return the heads' logits at the last accepted node, which
 drive the next step's lattice, so predicting and verifying share one call (Stern et al.).
 
+With ``choose`` (sampling verification, e.g. ``decoding/onehot_sampling.py``) the walk asks
+``choose(rows, logits [m, V], candidates)`` for the token at each walked node instead of the
+argmax: a returned child is accepted and the walk goes on, any other token is the bonus. The
+prefill's first token comes from it too. The verifier itself stays free of any algorithm.
+
 A step may carry a *side branch* per row (``side_branch.py``: lookahead decoding's Jacobi
 window): nodes run in the same forward with their own visibility, never accepted, whose
 argmax is returned in ``StepResult.side_argmax``. In tree mode they sit between the root and
@@ -131,6 +136,13 @@ class Forward:
             return self.model.unembed(self.hidden[r, n]).argmax(dim=-1).cpu().numpy()
         return self.logits[r, n].argmax(dim=-1).cpu().numpy()
 
+    def logits_at(self, rows, nodes) -> torch.Tensor:
+        """The base model's logits after node ``nodes[j]`` of row ``rows[j]``: [m, V]."""
+        src = self.logits if self.logits is not None else self.hidden
+        r = torch.as_tensor(rows, dtype=torch.long, device=src.device)
+        n = torch.as_tensor(nodes, dtype=torch.long, device=src.device)
+        return src[r, n] if self.logits is not None else self.model.unembed(self.hidden[r, n])
+
     def draft_heads_at(self, nodes: torch.Tensor, vocab: "DraftVocab | None" = None) -> torch.Tensor:
         """The extra heads' logits (heads 1..num_heads-1, what the next lattice is built from)
         at node ``nodes[i]`` of row i: [b, h-1, V'] (V' = ``len(vocab)`` when a reduced draft
@@ -238,6 +250,36 @@ def _walk(trees, argmax_at) -> tuple[list[list[int]], np.ndarray]:
     return paths, bonus
 
 
+def _walk_batched(seq: np.ndarray, logits: torch.Tensor, choose) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_walk`` with ``choose`` over drafts laid out as batch rows: seq int64[b, p, 1 + d]
+    (root, draft, -1 after its end), logits [b, p, 1 + d, V]. The drafts of a row become a
+    trie; trie node -> (the first draft holding that prefix, position). Returns the draft whose
+    prefix was accepted, the accepted length and the chosen bonus token, each int64[b]."""
+    b, p, _ = seq.shape
+    trees = [build_tree(int(seq[i, 0, 0]), seq[i, :, 1:]) for i in range(b)]
+    where = []
+    for i, t in enumerate(trees):
+        at = {0: (0, 0)}
+        for j in range(p):
+            node = 0
+            for k, tok in enumerate(seq[i, j, 1:].tolist(), start=1):
+                if tok < 0:
+                    break
+                node = t.children[node][tok]
+                at.setdefault(node, (j, k))
+        where.append(at)
+
+    def pick(rows, nodes):
+        jk = [where[r][k] for r, k in zip(rows, nodes)]
+        sel = logits[torch.as_tensor(rows), torch.as_tensor([j for j, _ in jk]), torch.as_tensor([k for _, k in jk])]
+        return choose(rows, sel, [list(trees[r].children[k]) for r, k in zip(rows, nodes)])
+
+    paths, bonus = _walk(trees, pick)
+    best = np.asarray([where[i][path[-1]][0] for i, path in enumerate(paths)], dtype=np.int64)
+    nacc = np.asarray([len(path) - 1 for path in paths], dtype=np.int64)
+    return best, nacc, bonus
+
+
 @dataclass
 class StepResult:
     """accepted: per row, the accepted draft tokens (int64[n_i]); bonus: int64[b], the target's
@@ -283,10 +325,11 @@ class Verifier:
 
     # -- prefill -------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompts: list[np.ndarray]) -> tuple[SlotCache, np.ndarray, torch.Tensor]:
+    def prefill(self, prompts: list[np.ndarray], choose=None) -> tuple[SlotCache, np.ndarray, torch.Tensor]:
         """Run the left-padded prompts; returns the cache, the base model's greedy next token
-        after each prompt (int64[b], the first root) and the extra heads' logits there
-        ([b, h-1, V'], as ``StepResult.head_logits``)."""
+        after each prompt (int64[b], the first root; ``choose(rows, logits, [[]] * b)`` picks it
+        instead when given) and the extra heads' logits there ([b, h-1, V'], as
+        ``StepResult.head_logits``)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise InputError("every prompt must have at least one token")
         b, n = len(prompts), max(len(p) for p in prompts)
@@ -308,7 +351,11 @@ class Verifier:
         out = forward(self.model, ids, mask, pos, state.cache, lazy=self.lazy, num_heads=self.num_heads)
         state.append_valid(valid, pos)
         last = torch.full((b,), n - 1, dtype=torch.long)
-        roots = out.argmax_at(list(range(b)), last.tolist()).astype(np.int64)
+        if choose is None:
+            roots = out.argmax_at(list(range(b)), last.tolist()).astype(np.int64)
+        else:
+            roots = np.asarray(choose(list(range(b)), out.logits_at(list(range(b)), last.tolist()), [[]] * b),
+                               dtype=np.int64)
         return state, roots, out.draft_heads_at(last, self.draft_vocab)
 
     def unembed_seconds(self, rows: int) -> float:
@@ -336,19 +383,21 @@ class Verifier:
     # -- verify --------------------------------------------------------------------------
     @torch.inference_mode()
     def verify(self, state: SlotCache, roots: np.ndarray, drafts: list[np.ndarray],
-               sides: list[SideBranch] | None = None, heads=True) -> StepResult:
+               sides: list[SideBranch] | None = None, heads=True, choose=None) -> StepResult:
         """Verify ``drafts[i]`` (int64[p_i, d_i]; negative = end of draft) after ``roots[i]``
         (the token already chosen, not yet in the cache) for every row i of ``state``;
         ``sides[i]``, if given, rides along and only its argmax comes back. heads: compute the
         extra heads at the accepted nodes (True), not (False: head_logits is [b, 0, V']), or
-        ``heads(accepted, bonus) -> bool`` deciding once the walk is done."""
+        ``heads(accepted, bonus) -> bool`` deciding once the walk is done. choose: None for
+        greedy acceptance, else ``choose(rows, logits [m, V], candidates) -> int64[m]``, the
+        token at each walked node given its children's tokens (sampling verification)."""
         if len(drafts) != state.batch or len(roots) != state.batch:
             raise InputError(f"{len(drafts)} draft sets and {len(roots)} roots for a batch of {state.batch}")
         if sides is not None and len(sides) != state.batch:
             raise InputError(f"{len(sides)} side branches for a batch of {state.batch}")
         if self.mode == "tree":
-            return self._verify_tree(state, roots, drafts, sides, heads)
-        return self._verify_batched(state, roots, drafts, sides, heads)
+            return self._verify_tree(state, roots, drafts, sides, heads, choose)
+        return self._verify_batched(state, roots, drafts, sides, heads, choose)
 
     def _heads(self, out: Forward, nodes: torch.Tensor, want, accepted, bonus) -> torch.Tensor:
         if callable(want):
@@ -363,7 +412,7 @@ class Verifier:
         Accepted nodes never get there (the decode loops check prompt + max_new_tokens)."""
         return q_pos if self.position_limit is None else q_pos.clamp(max=int(self.position_limit) - 1)
 
-    def _verify_tree(self, state, roots, drafts, sides=None, want_heads=True) -> StepResult:
+    def _verify_tree(self, state, roots, drafts, sides=None, want_heads=True, choose=None) -> StepResult:
         trees = [build_tree(int(r), d) for r, d in zip(roots, drafts)]
         layouts = [step_layout(t, None if sides is None else sides[i]) for i, t in enumerate(trees)]
         packed = pack_trees(layouts)
@@ -389,11 +438,13 @@ class Verifier:
             flat = out.argmax_at(rows, nodes) if nodes else np.zeros(0, dtype=np.int64)
             ends = np.cumsum([0] + [len(sd.wanted) for sd in sides])
             side_argmax = [flat[ends[i]:ends[i + 1]].astype(np.int64) for i in range(b)]
-        if sides is None:
-            paths, bonus = _walk(trees, out.argmax_at)
-        else:
-            paths, bonus = _walk(trees, lambda rows, nodes: out.argmax_at(
-                rows, [int(layouts[r].tree_index[k]) for r, k in zip(rows, nodes)]))
+        def pick(rows, nodes):
+            at = [int(layouts[r].tree_index[k]) for r, k in zip(rows, nodes)]
+            if choose is None:
+                return out.argmax_at(rows, at)
+            return choose(rows, out.logits_at(rows, at), [list(trees[r].children[k]) for r, k in zip(rows, nodes)])
+
+        paths, bonus = _walk(trees, pick)
         self.levels = 0.8 * self.levels + 0.2 * float(np.mean([len(p) for p in paths]))
         m = max(len(p) for p in paths)
         keep = np.zeros((b, m), dtype=np.int64)
@@ -407,7 +458,7 @@ class Verifier:
         accepted = [t.tokens[p[1:]] for t, p in zip(trees, paths)]
         return StepResult(accepted, bonus, self._heads(out, last, want_heads, accepted, bonus), side_argmax)
 
-    def _verify_batched(self, state, roots, drafts, sides=None, want_heads=True) -> StepResult:
+    def _verify_batched(self, state, roots, drafts, sides=None, want_heads=True, choose=None) -> StepResult:
         """Rows i*q .. i*q+q-1 of the forward are row i's p drafts, then (with side branches)
         one row per wanted side node: the root and the side chain that node sees."""
         dev = self.device
@@ -445,7 +496,9 @@ class Verifier:
         argmax = argmax_all[:, :p]
         best = np.zeros(b, dtype=np.int64)
         nacc = np.zeros(b, dtype=np.int64)
-        for i in range(b):
+        if choose is not None:
+            best, nacc, sampled = _walk_batched(seq[:, :p], out.logits.view(b, q, 1 + d, -1), choose)
+        for i in range(b if choose is None else 0):
             for j in range(p):
                 k = 0
                 while k < d and seq[i, j, 1 + k] >= 0 and seq[i, j, 1 + k] == argmax[i, j, k]:
@@ -459,7 +512,7 @@ class Verifier:
         keep_valid = keep <= torch.as_tensor(nacc, device=dev)[:, None]
         state.commit(start, keep, keep_valid)
         state.left_align()
-        bonus = argmax[np.arange(b), best, nacc]
+        bonus = argmax[np.arange(b), best, nacc] if choose is None else sampled
         nodes = torch.zeros(b * q, dtype=torch.long, device=dev)
         nodes[sel] = torch.as_tensor(nacc, device=dev)
         accepted = [seq[i, best[i], 1 : 1 + nacc[i]].copy() for i in range(b)]

@@ -62,3 +62,46 @@ def test_lookahead_options_are_checked_before_loading(tmp_path, capsys, flags, n
     assert main(["decode", "--model", str(tmp_path / "no-such-model"), "--prompt", "x", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and named in err and "no-such-model" not in err and "\n" not in err
+
+
+def test_decode_lookahead_sampling_seed_reproduces(bundle, capsys):  # noqa: F811
+    def run(seed, batch):
+        argv = ["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"),
+                "--method", "lookahead", "--window", "3", "--ngram", "3", "--pool", "3", "--temperature", "1.5",
+                "--top-k", "0", "--top-p", "0.99", "--seed", str(seed), "--max-new-tokens", "16", "--json",
+                "--batch-size", str(batch)]
+        assert main(argv) == 0
+        recs = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+        assert all(r["method"].endswith(f"sampling T=1.5 top-k=0 top-p=0.99 seed={seed}") for r in recs)
+        return [r["tokens"] for r in recs]
+
+    first = run(3, 3)
+    assert run(3, 1) == first  # same seed: same tokens, one prompt at a time or batched
+    assert run(4, 3) != first
+    greedy = [_greedy(str(bundle / "base"), ids, 16) for ids in
+              [json.loads(x)["prompt_ids"] for x in _records(bundle, capsys)]]
+    assert first != greedy
+
+
+def _records(bundle, capsys):  # noqa: F811
+    assert main(["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"),
+                 "--method", "lookahead", "--max-new-tokens", "2", "--json"]) == 0
+    return capsys.readouterr().out.strip().splitlines()
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--method", "lookahead", "--top-k", "5"], "--top-k"),
+    (["--method", "lookahead", "--seed", "2"], "--seed"),
+    (["--method", "lookahead", "--temperature", "0"], "--temperature"),
+    (["--method", "lookahead", "--temperature", "nan"], "--temperature"),
+    (["--method", "lookahead", "--temperature", "1", "--top-p", "0"], "--top-p"),
+    (["--method", "lookahead", "--temperature", "1", "--top-p", "1.5"], "--top-p"),
+    (["--method", "lookahead", "--temperature", "1", "--top-k", "-1"], "--top-k"),
+    (["--method", "lookahead", "--temperature", "1", "--epsilon-b", "0.2"], "--epsilon-b"),
+    (["--method", "greedy", "--top-p", "0.9"], "--top-p"),
+    (["--method", "dynamo", "--top-p", "0.9"], "--top-p"),
+])
+def test_lookahead_sampling_options_are_checked_before_loading(tmp_path, capsys, flags, named):
+    assert main(["decode", "--model", str(tmp_path / "no-such-model"), "--prompt", "x", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and named in err and "no-such-model" not in err and "\n" not in err
