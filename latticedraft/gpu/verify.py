@@ -32,6 +32,7 @@ chain as one more batch row.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,7 +106,8 @@ def model_device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-UNEMBED_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)  # rows at which the output projection is timed once
+UNEMBED_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows at which the output projection is timed (once per model)
+_UNEMBED_CURVES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {(threads, device): s[]}
 
 
 class Forward:
@@ -320,7 +322,6 @@ class Verifier:
         self.draft_vocab = None if draft_vocab is None else DraftVocab(model, draft_vocab)
         self.draft_vocab_size = None if self.draft_vocab is None else len(self.draft_vocab)
         self.levels = 1.0  # running mean of the accept walk's levels (accepted drafts + 1) per row
-        self._unembed_s: np.ndarray | None = None  # seconds of the output projection at UNEMBED_ROWS
         self.position_limit = position_limit(model)
 
     # -- prefill -------------------------------------------------------------------------
@@ -359,8 +360,11 @@ class Verifier:
         return state, roots, out.draft_heads_at(last, self.draft_vocab)
 
     def unembed_seconds(self, rows: int) -> float:
-        """Measured seconds of the output projection over ``rows`` hidden states (timed once)."""
-        if self._unembed_s is None:
+        """Measured seconds of the output projection over ``rows`` hidden states. Timed once per
+        model, thread count and device (a decode creates a verifier per call)."""
+        curves = _UNEMBED_CURVES.setdefault(self.model, {})
+        key = (torch.get_num_threads(), str(self.device))
+        if key not in curves:
             H = int(base_config(self.model).hidden_size)
             times = []
             for r in UNEMBED_ROWS:
@@ -372,8 +376,10 @@ class Verifier:
                     self.model.unembed(x).argmax(dim=-1).cpu()
                     t.append(time.perf_counter() - t0)
                 times.append(sorted(t)[2])
-            self._unembed_s = np.asarray(times)
-        return float(np.interp(rows, UNEMBED_ROWS, self._unembed_s))
+            curves[key] = np.asarray(times)
+        x, y = np.asarray(UNEMBED_ROWS, float), curves[key]
+        slope = (y[-1] - y[-2]) / (x[-1] - x[-2])  # linear beyond the last measured size
+        return float(np.interp(rows, x, y) if rows <= x[-1] else y[-1] + slope * (rows - x[-1]))
 
     def _window(self, allowed, q_pos, k_pos):
         if self.window is None:

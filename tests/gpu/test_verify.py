@@ -139,3 +139,16 @@ def test_draft_vocabulary_projects_the_heads_onto_its_rows_only():
     assert torch.allclose(b.head_logits, a.head_logits[..., small.draft_vocab.ids], atol=1e-10)
     with pytest.raises(InputError, match="draft vocabulary"):
         Verifier(model, draft_vocab=[0, 64])
+
+
+def test_projection_cost_is_timed_once_per_model():
+    """Every decode call makes a verifier; the output projection's cost curve is measured once."""
+    from latticedraft.gpu import verify as verify_mod
+    from tests.decoding.tiny import blockwise
+
+    m = blockwise("gpt2", torch.float32, num_heads=3)
+    a = Verifier(m)
+    small, big = a.unembed_seconds(1), a.unembed_seconds(200)
+    curve = next(iter(verify_mod._UNEMBED_CURVES[m].values()))
+    assert Verifier(m).unembed_seconds(1) == small and next(iter(verify_mod._UNEMBED_CURVES[m].values())) is curve
+    assert big > 0 and len(curve) == len(verify_mod.UNEMBED_ROWS)
