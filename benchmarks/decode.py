@@ -50,11 +50,9 @@ DRAFTERS = {
     "bpd parallel-base p=8 slots=3 full vocab": DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto"),
     "bpd parallel-base p=8 slots=3 tree fixed": DrafterSpec("parallel-base", nbest=8, slots=3, draft_vocab="auto"),
     "bpd top1 slots=3 (heads only)": DrafterSpec("top1", slots=3, tree="auto", draft_vocab="auto"),
-    "bpd parallel p=8 slots=3 (heads only)": DrafterSpec("parallel", nbest=8, slots=3, tree="auto", draft_vocab="auto"),
     # the paper's drafters as published (tree fixed, full vocabulary, no context n-grams)
     "bpd top1 (paper)": DrafterSpec("top1"),
     "bpd parallel p=4 slots=3 (paper)": DrafterSpec("parallel", nbest=4, slots=3),
-    "bpd neural (paper)": DrafterSpec("neural"),
 }
 OWN = {  # latticedraft's own loop on the same forward as BPD, without head drafts (--drafter none)
     "greedy loop (latticedraft)": DrafterSpec("none"),

@@ -26,6 +26,7 @@ ROWS = [
     ("prompt lookup (HF)", "HF generate(prompt_lookup_num_tokens=10)", "prompt-lookup"),
     ("latticedraft (default)", "8 best head paths + context n-grams, cost-aware tree", FAST),
     ("heads only", "the same without context n-grams", replace(FAST, context_ngrams=0)),
+    ("context n-grams only", "--drafter none: prompt lookup on latticedraft's verifier", DrafterSpec("none").fast()),
     ("parallel 4-gram BPD", "8 best 4-gram-rescored paths + context n-grams", replace(FAST, name="parallel")),
     ("base BPD (paper)", "top-1 of every head, as published", DrafterSpec("top1")),
     ("neural BPD (paper)", "Algorithm 2, small GPT-2 rescorer", DrafterSpec("neural", alpha=1.0)),
