@@ -5,8 +5,9 @@ different lengths). Skipped until the bundled models are built (scripts/setup.sh
 import numpy as np
 import pytest
 
-from latticedraft.decoding.run import DrafterSpec, Session, default_model_dir, default_rescorer_dir, encode, read_prompts
-from latticedraft.paths import data_dir, default_lm_dir
+from latticedraft.decoding.run import DrafterSpec, default_model_dir, default_rescorer_dir
+from latticedraft.paths import default_lm_dir
+from tests.decoding.tiny import bundled_greedy
 
 READY = all(p.exists() for p in (default_model_dir() / "heads_config.json", default_lm_dir(), default_rescorer_dir()))
 pytestmark = [pytest.mark.skipif(not READY, reason="bundled models not built (bash scripts/setup.sh)"), pytest.mark.slow,
@@ -16,11 +17,7 @@ NEW = 32
 
 @pytest.fixture(scope="module")
 def setup():
-    s = Session()
-    recs = read_prompts(data_dir() / "prompts.jsonl", limit=4)
-    ids = encode(s.tokenizer, [r["prompt"] for r in recs])
-    greedy = s.decode(ids, "greedy", max_new_tokens=NEW)
-    return s, ids, [q.tokens for q in greedy.sequences]
+    return bundled_greedy(4, NEW)
 
 
 @pytest.mark.parametrize("spec", [

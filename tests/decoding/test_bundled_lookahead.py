@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from latticedraft.decoding.lookahead import lookahead_decode
-from latticedraft.decoding.run import Session, default_model_dir, encode, read_prompts
-from latticedraft.paths import data_dir
+from latticedraft.decoding.run import default_model_dir
+from tests.decoding.tiny import bundled_greedy
 
 READY = (default_model_dir() / "heads_config.json").exists()
 pytestmark = [pytest.mark.skipif(not READY, reason="bundled model not built (bash scripts/setup.sh)"), pytest.mark.slow,
@@ -16,11 +16,7 @@ NEW = 32
 
 @pytest.fixture(scope="module")
 def setup():
-    s = Session()
-    recs = read_prompts(data_dir() / "prompts.jsonl", limit=4)
-    ids = encode(s.tokenizer, [r["prompt"] for r in recs])
-    greedy = s.decode(ids, "greedy", max_new_tokens=NEW)
-    return s, ids, [q.tokens for q in greedy.sequences]
+    return bundled_greedy(4, NEW)
 
 
 @pytest.mark.parametrize("W,N,G,ref", [(15, 5, 15, False), (4, 3, 4, True), (1, 2, 0, False)])

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+from transformers import AutoModelForCausalLM
 
 from latticedraft.cli import main
-from latticedraft.gpu.blockwise import BlockwiseModel
 from latticedraft.paths import data_dir, default_lm_dir
+from tests.decoding.tiny import save_bpd_bundle
 
 TOKENIZER = data_dir() / "tokenizer" / "tokenizer.json"
 pytestmark = [pytest.mark.skipif(not TOKENIZER.is_file(), reason="bundled tokenizer missing (run scripts/setup.sh)"),
@@ -20,20 +20,8 @@ pytestmark = [pytest.mark.skipif(not TOKENIZER.is_file(), reason="bundled tokeni
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    d = tmp_path_factory.mktemp("bundle")
-    torch.manual_seed(0)
-    base = GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_positions=256, n_embd=16, n_layer=1, n_head=2)).eval()
-    base.save_pretrained(d / "base")
-    bm = BlockwiseModel.from_base(base, 4, seed=0)
-    with torch.no_grad():
-        for p in bm.heads.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    bm.save_pretrained(d / "heads", base_ref="../base")
-    GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_positions=256, n_embd=8, n_layer=1, n_head=2)).save_pretrained(d / "resc")
-    prompts = d / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": t}) for t in
-                                 ["def f(x):\n    return", "import os\n", "class A:\n    def __init__(self):\n"]) + "\n")
-    return d
+    return save_bpd_bundle(tmp_path_factory.mktemp("bundle"), ["def f(x):\n    return", "import os\n",
+                                                                "class A:\n    def __init__(self):\n"], rescorer=True)
 
 
 def _greedy(model_dir, ids, n):

@@ -7,14 +7,12 @@ import json
 import sys
 
 import pytest
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from latticedraft.cli import main
 from latticedraft.decoding.dataset_run import progress_bar
 from latticedraft.decoding.shards import World
-from latticedraft.gpu.blockwise import BlockwiseModel
 from latticedraft.paths import data_dir
+from tests.decoding.tiny import save_bpd_bundle
 
 TOKENIZER = data_dir() / "tokenizer" / "tokenizer.json"
 pytestmark = [pytest.mark.skipif(not TOKENIZER.is_file(), reason="bundled tokenizer missing (run scripts/setup.sh)"),
@@ -26,16 +24,7 @@ VARYING = ("seconds", "share_seconds", "rank", "world_size")  # timing and place
 
 def make_bundle(d):
     """A tiny 4-head BPD model saved like the bundled one, and 8 prompts of different lengths."""
-    torch.manual_seed(0)
-    base = GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_positions=256, n_embd=16, n_layer=1, n_head=2)).eval()
-    base.save_pretrained(d / "base")
-    bm = BlockwiseModel.from_base(base, 4, seed=0)
-    with torch.no_grad():
-        for p in bm.heads.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    bm.save_pretrained(d / "heads", base_ref="../base")
-    (d / "prompts.jsonl").write_text("".join(json.dumps({"prompt": t}) + "\n" for t in TEXTS))
-    return d
+    return save_bpd_bundle(d, TEXTS)
 
 
 def comparable(path) -> list[dict]:

@@ -102,3 +102,37 @@ def blockwise(arch: str = "gpt2", dtype=torch.float32, num_heads: int = 4, seed:
         for prm in m.heads.parameters():
             prm.add_(torch.randn(prm.shape, generator=g).to(prm.dtype) * noise)
     return m.eval()
+
+
+def save_bpd_bundle(d, texts, rescorer: bool = False, noise: float = 0.3):
+    """A tiny 4-head BPD model saved in ``d`` like the bundled one (``heads/`` naming ``../base``),
+    its heads perturbed by ``noise``; ``resc/`` a tiny rescorer if asked; ``prompts.jsonl`` of
+    ``texts``. Returns ``d``."""
+    import json
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from latticedraft.gpu.blockwise import BlockwiseModel
+
+    torch.manual_seed(0)
+    base = GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_positions=256, n_embd=16, n_layer=1, n_head=2)).eval()
+    base.save_pretrained(d / "base")
+    bm = BlockwiseModel.from_base(base, 4, seed=0)
+    with torch.no_grad():
+        for p in bm.heads.parameters():
+            p.add_(torch.randn_like(p) * noise)
+    bm.save_pretrained(d / "heads", base_ref="../base")
+    if rescorer:
+        GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_positions=256, n_embd=8, n_layer=1, n_head=2)).save_pretrained(d / "resc")
+    (d / "prompts.jsonl").write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    return d
+
+
+def bundled_greedy(num_prompts: int = 4, max_new_tokens: int = 32):
+    """(Session on the bundled model, the first held-out prompts' ids, their greedy tokens)."""
+    from latticedraft.decoding.run import Session, encode, read_prompts
+    from latticedraft.paths import data_dir
+
+    s = Session()
+    ids = encode(s.tokenizer, [r["prompt"] for r in read_prompts(data_dir() / "prompts.jsonl", limit=num_prompts)])
+    return s, ids, [q.tokens for q in s.decode(ids, "greedy", max_new_tokens=max_new_tokens).sequences]
