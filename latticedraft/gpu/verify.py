@@ -460,7 +460,7 @@ class Verifier:
             keep_valid[i, : len(p)] = True
         prefix = bool(keep_valid.all()) and bool((keep == np.arange(m)).all())
         state.commit(start, torch.as_tensor(keep, device=dev), torch.as_tensor(keep_valid, device=dev), prefix)
-        last = torch.as_tensor([p[-1] for p in paths], device=dev)
+        last = torch.as_tensor(keep[np.arange(b), keep_valid.sum(axis=1) - 1], device=dev)  # layout index
         accepted = [t.tokens[p[1:]] for t, p in zip(trees, paths)]
         return StepResult(accepted, bonus, self._heads(out, last, want_heads, accepted, bonus), side_argmax)
 

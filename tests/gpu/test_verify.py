@@ -152,3 +152,24 @@ def test_projection_cost_is_timed_once_per_model():
     curve = next(iter(verify_mod._UNEMBED_CURVES[m].values()))
     assert Verifier(m).unembed_seconds(1) == small and next(iter(verify_mod._UNEMBED_CURVES[m].values())) is curve
     assert big > 0 and len(curve) == len(verify_mod.UNEMBED_ROWS)
+
+
+def test_heads_come_from_the_accepted_node_when_a_side_branch_rides_along():
+    """Side nodes sit between the root and the tree: the heads must be read at the accepted
+    node's layout position, equal to a verify of the same drafts without the side branch."""
+    from latticedraft.gpu.side_branch import SideBranch
+    from tests.decoding.tiny import blockwise
+
+    m = blockwise("llama", torch.float32, num_heads=4)
+    p = prompts(1, seed=3)[0]
+    ref = reference(m, p, 3)
+    side = SideBranch(np.array([5, 6, 7]), np.array([1, 2, 1]), np.array([[1, 0, 0], [1, 1, 0], [0, 0, 1]], bool),
+                      np.array([1, 2]))
+    got = []
+    for sides in (None, [side]):
+        v = Verifier(m)
+        state, first, _ = v.prefill([p])
+        res = v.verify(state, first, [np.array([[ref[1], ref[2]]])], sides)
+        assert res.accepted[0].tolist() == ref[1:3]
+        got.append(res.head_logits)
+    assert torch.allclose(got[0], got[1], atol=1e-4)
