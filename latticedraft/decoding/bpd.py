@@ -129,8 +129,8 @@ def bpd_decode(
     per model, device, threads and batch size) and ``acceptance`` (calibrated rates; default
     the uncalibrated prior; ``cost`` overrides the measured curve) and, with context n-grams,
     lets ``HeadGate`` (``gate``, default a new one) skip the heads for a step where they measure
-    slower. context: context n-gram options (None: off). draft_vocab: token ids (int64[V']) the extra heads project onto (None:
-    the full vocabulary). lookahead: ``LookaheadOptions`` (None: off): every row also runs a
+    slower. context: context n-gram options (None: off). draft_vocab: token ids (int64[V']) the
+    extra heads project onto (None: the full vocabulary). lookahead: ``LookaheadOptions`` (None: off): every row also runs a
     lookahead Jacobi window in the verify call (a side branch) and the n-grams of its pool that
     start with the root become extra tree paths beside the head drafts and context n-grams.
     Verification always uses the full vocabulary, so the output is the same for every setting.
@@ -200,12 +200,16 @@ def bpd_decode(
         state.select_rows(torch.as_tensor(active, device=state.valid.device))
         heads = heads[torch.as_tensor(active, device=heads.device)]
 
+    found: dict[int, list] = {}  # row -> context candidates of its next history (searched for the gate)
+
     def longest_match(rows_new) -> int:
-        """The smallest, over live rows, longest context match after each row's new tokens."""
+        """The smallest, over live rows, longest context match after each row's new tokens; the
+        candidates are kept in ``found`` for the next step's plan."""
         best = []
         for (i, new) in rows_new:
             hist = np.concatenate([prompts[i], np.asarray(out[i], dtype=np.int64), np.asarray(new, dtype=np.int64)])
-            best.append(max((c.match for c in context.candidates(hist)), default=0))
+            found[i] = context.candidates(hist)
+            best.append(found[i][0].match if found[i] else 0)  # longest match first
         return min(best, default=0)
 
     gate_state = {"match": longest_match([(i, []) for i in active]) if gate else 0, "heads": True}
@@ -230,7 +234,7 @@ def bpd_decode(
             if windows is not None:
                 extra = windows[i][1].get(roots[j])[: lookahead.G]
                 sides.append(windows[i][0].side())
-            plan = planner.plan(sausage, _draft_tokens(d), history, room, extra)
+            plan = planner.plan(sausage, _draft_tokens(d), history, room, extra, found.pop(i, None))
             timing["lattice"] += t1 - t0
             timing["draft"] += time.perf_counter() - t1
             drafts.append(plan.drafts)

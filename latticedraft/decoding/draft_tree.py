@@ -65,11 +65,12 @@ class TreePlanner:
             self._T = np.asarray(cost.seconds(n), dtype=np.float64)  # _T[n - 1] = T(n)
         self.overhead = 0.0
 
-    def candidates(self, sausage, drafts: np.ndarray, history: np.ndarray,
-                   extra: list | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    def candidates(self, sausage, drafts: np.ndarray, history: np.ndarray, extra: list | None = None,
+                   found: list | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """(tokens int64[d], conditional acceptance rates float[d]) per candidate path. extra:
         more paths after the root (lookahead's pool n-grams: int64[d] each), rated as context
-        n-grams that matched one token (the root)."""
+        n-grams that matched one token (the root). found: ``self.context.candidates(history)``
+        where the caller has searched already (None: searched here)."""
         out = []
         acc, rated = self.acceptance, self.policy == "auto"
         if drafts is not None and drafts.size:
@@ -81,7 +82,7 @@ class TreePlanner:
                 d = neg[0] if len(neg) else len(row)  # a negative token ends a draft
                 out.append((row[:d], None if rates is None else rates[r, :d]))
         if self.context is not None:
-            for c in self.context.candidates(history):
+            for c in self.context.candidates(history) if found is None else found:
                 rates = acc.context_rates(c.match, len(c.tokens)) if rated else None
                 out.append((c.tokens, rates))
         for t in extra or []:
@@ -89,12 +90,12 @@ class TreePlanner:
         return out
 
     def plan(self, sausage, drafts: np.ndarray, history: np.ndarray, room: int | None = None,
-             extra: list | None = None) -> Plan:
+             extra: list | None = None, found: list | None = None) -> Plan:
         """The paths to verify after the root (the last token of ``history``), at most ``room``
-        tokens deep. drafts: int64[p, d] from the drafter (may be empty); extra: more paths
-        (int64[d] each; see ``candidates``)."""
+        tokens deep. drafts: int64[p, d] from the drafter (may be empty); extra, found: see
+        ``candidates``."""
         drafts = np.zeros((1, 0), np.int64) if drafts is None else np.atleast_2d(np.asarray(drafts, dtype=np.int64))
-        cands = self.candidates(sausage, drafts, history, extra)
+        cands = self.candidates(sausage, drafts, history, extra, found)
         if room is not None:
             cands = [(t[:room], None if r is None else r[:room]) for t, r in cands]
         if self.policy == "fixed":
