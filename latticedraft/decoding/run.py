@@ -20,9 +20,9 @@ from latticedraft.errors import InputError
 from latticedraft.paths import data_dir, default_lm_dir
 
 METHODS = ("bpd", "greedy", "lookahead")
-CALIBRATION_PROMPTS = slice(30, 42)
+CALIBRATION_PROMPTS = slice(30, 42)  # the tuning split (Appendix E): never in the benchmark or eval prompts
 AUTO_DRAFT_VOCAB = 1024  # V' of the bundled heads: 80% of corpus tokens, projection 8x cheaper
-FAST = {"tree": "auto", "context_ngrams": 3, "draft_vocab": "auto"}  # fastest in benchmarks/decode.py  # the tuning split (Appendix E): never in the benchmark or eval prompts
+FAST = {"tree": "auto", "context_ngrams": 3, "draft_vocab": "auto"}  # fastest in benchmarks/decode.py
 EOS_TEXT = "<|endoftext|>"
 
 
@@ -283,7 +283,7 @@ class Session:
         self.base_dir = base_dir_of(self.model, model_dir)
         self.lm_dir, self.rescorer_dir, self.device = lm_dir, rescorer_dir, device
         self._lm = self._rescorer = None
-        self._gates: dict = {}  # HeadGate per drafter spec (see ``gate``)
+        self._memo: dict = {}  # (what, key) -> the session's gates, draft vocabularies, acceptance rates
         self.notify = None  # notify(message): one-time work worth telling a user about (the CLI: stderr)
         self.eos = eos_id(self.tokenizer)
 
@@ -317,6 +317,7 @@ class Session:
             # run), so that streaming output and timings never include them
             warm = np.asarray(self.tokenizer.encode("import os\n").ids, dtype=np.int64)
             self.decode([warm] * batch_size, "bpd", spec, max_new_tokens=2, batch_size=batch_size)
+
     def drafter(self, spec: DrafterSpec, references=None):
         lm = self.lm if spec.name in ("ngram", "parallel") else None
         rescorer = self.rescorer if spec.name == "neural" else None
@@ -349,7 +350,13 @@ class Session:
         calls (a command decodes its prompts one call at a time)."""
         from latticedraft.decoding.head_gate import HeadGate
 
-        return self._gates.setdefault(repr(spec), HeadGate())
+        return self._once(("gate", repr(spec)), HeadGate)
+
+    def _once(self, key, build):
+        """``build()`` the first time ``key`` is asked for in this session, the same object after."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
 
     def draft_vocab(self, size: int | str | None):
         """The ``size`` most frequent token ids of the heads' training corpus (int64[size]),
@@ -363,11 +370,15 @@ class Session:
             size = AUTO_DRAFT_VOCAB if usable else None
         if size is None:
             return None
-        return load_ranked(where, int(size))
+        return self._once(("draft_vocab", str(where), int(size)), lambda: load_ranked(where, int(size)))
 
     def acceptance(self, spec: DrafterSpec):
         """Acceptance rates for ``spec``'s drafts, fitted on the held-out calibration prompts
-        (``CALIBRATION_PROMPTS`` of data/prompts.jsonl) and cached per model and lattice settings."""
+        (``CALIBRATION_PROMPTS`` of data/prompts.jsonl) and cached on disk per model and lattice
+        settings; looked up once per session and spec."""
+        return self._once(("acceptance", repr(spec)), lambda: self._fit_acceptance(spec))
+
+    def _fit_acceptance(self, spec: DrafterSpec):
         from latticedraft.decoding import acceptance
         from latticedraft.decoding.calibrate import calibrate
 
