@@ -8,6 +8,7 @@ Thin by design: no algorithm lives here. Each group registers its sub-commands i
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 import sys
 
@@ -188,24 +189,20 @@ def _add_train(groups) -> None:
     p.set_defaults(func=_cmd_train_heads)
 
 
+@contextlib.contextmanager
 def _stdin_corpus(specs: list[str]):
-    """A context giving ``specs`` with ``-`` replaced by a temporary copy of standard input (``stdin.txt``)."""
-    import contextlib
+    """``specs`` with ``-`` replaced by a temporary copy of standard input (``stdin.txt``)."""
+    if "-" not in specs:
+        yield list(specs)
+        return
     import tempfile
 
-    @contextlib.contextmanager
-    def spooled():
-        if "-" not in specs:
-            yield list(specs)
-            return
-        from latticedraft.textin import read_bytes_arg
+    from latticedraft.textin import read_bytes_arg
 
-        with tempfile.TemporaryDirectory(prefix="latticedraft-stdin-") as d:
-            f = Path(d) / "stdin.txt"
-            f.write_bytes(read_bytes_arg("-", "--corpus", "pipe the corpus text into --corpus -"))
-            yield [str(f) if x == "-" else x for x in specs]
-
-    return spooled()
+    with tempfile.TemporaryDirectory(prefix="latticedraft-stdin-") as d:
+        f = Path(d) / "stdin.txt"
+        f.write_bytes(read_bytes_arg("-", "--corpus", "pipe the corpus text into --corpus -"))
+        yield [str(f) if x == "-" else x for x in specs]
 
 
 def _cmd_lm_build(a) -> int:
