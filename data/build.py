@@ -251,14 +251,112 @@ def _models_md(m: dict) -> str:
               f"(the BPD paper's Figure 2 pattern: {_breaks(v['entropy'], rising=True)}); top-1 accuracy "
               f"{'falls strictly' if v['accuracy_falls'] else 'does not fall strictly'} ({_breaks(v['accuracy'], rising=False)}).",
               ""]
+    L += _self_draft_md()
     return "\n".join(L) + "\n"
+
+
+# Self-drafting modules on the bundled base (issue 12): Kangaroo's adapter (l = 2) and PPD's early-exit heads.
+SELF_DRAFT = {
+    "adapter-kangaroo": dict(exit_layer=2, opt=dict(steps=200, lr=2e-3, batch_size=8, seq_len=128, checkpoint_every=25)),
+    "exit-heads-ppd": dict(opt=dict(steps=150, lr=2e-3, batch_size=8, seq_len=128, checkpoint_every=25)),
+}
+SELF_DRAFT_EVAL = 32  # held-out windows of 128 tokens scored for the self-drafting report
+
+
+def _train_self_draft(name: str) -> None:
+    """Train ``name`` (SELF_DRAFT) on data/base, score it on held-out windows into NAME/report.json
+    (top-1 agreement with the full model's greedy token), and rewrite MODELS.md."""
+    import numpy as np
+    import torch
+
+    from latticedraft.gpu.data import encode_files
+    from latticedraft.gpu.layer_split import LayerSplit
+    from latticedraft.gpu.self_draft_train import adapter_loss, exit_heads_loss, train_adapter, train_exit_heads
+    from latticedraft.gpu.train import OptimConfig
+
+    spec, out = SELF_DRAFT[name], DATA / name
+    cfg = OptimConfig(seed=SEED, **spec["opt"])
+    resume = (out / "checkpoint.pt").is_file()
+    if name == "adapter-kangaroo":
+        res = train_adapter(DATA / "base", stdlib_split("train"), out, spec["exit_layer"], cfg, resume=resume,
+                            save_dtype="float16")
+    else:
+        res = train_exit_heads(DATA / "base", stdlib_split("train"), out, cfg, resume=resume, save_dtype="float16")
+    from latticedraft.decoding.run import load_model
+
+    split = LayerSplit(load_model(DATA / "base"))
+    tok = load_tokenizer(DATA / "tokenizer" / "tokenizer.json")
+    stream = encode_files(stdlib_split("heldout"), tok)
+    starts = np.linspace(0, len(stream) - 129, SELF_DRAFT_EVAL).astype(int)
+    batch = torch.as_tensor(np.stack([stream[s:s + 128] for s in starts]).astype(np.int64))
+    with torch.no_grad():
+        if name == "adapter-kangaroo":
+            from latticedraft.gpu.adapter import load_adapter
+
+            loss, parts = adapter_loss(split, load_adapter(out, split), batch)
+            scores = {"heldout_soft_ce": round(loss.item(), 4), "heldout_top1_agreement": round(parts["top1"], 4)}
+        else:
+            from latticedraft.gpu.exit_heads import load_exit_heads
+
+            heads = load_exit_heads(out, split)
+            _, parts = exit_heads_loss(split, heads, batch)
+            out_h = split.lm(input_ids=batch, output_hidden_states=True)
+            target = out_h.logits.argmax(-1)
+            agree = {j: round(float((heads(out_h.hidden_states[j], j).argmax(-1) == target).float().mean()), 4)
+                     for j in range(1, split.num_layers)}
+            shared = {j: round(float((split.logits(out_h.hidden_states[j]).argmax(-1) == target).float().mean()), 4)
+                      for j in range(1, split.num_layers)}
+            scores = {"heldout_soft_ce": {k: round(v, 4) for k, v in parts.items()},
+                      "heldout_top1_agreement": agree, "heldout_top1_agreement_shared_head": shared}
+    report = {"name": name, "steps": res.steps, "tokens_seen": res.tokens, "seconds": res.seconds,
+              "final_train_loss": res.losses, "parameters": sum(p.numel() for p in
+                                                                 (load_adapter(out, split) if name == "adapter-kangaroo"
+                                                                  else heads).parameters()),
+              "heldout_windows": SELF_DRAFT_EVAL, "window": 128, **scores, "opt": spec["opt"],
+              **({"exit_layer": spec["exit_layer"]} if "exit_layer" in spec else {})}
+    _write_atomic(out / "report.json", json.dumps(report, indent=1) + "\n")
+    print(f"{name}: {res.steps} steps, {res.seconds} s, held-out {scores}")
+    if (DATA / "metrics.json").is_file():
+        stage_report_md()
+
+
+def _self_draft_md() -> list[str]:
+    """The MODELS.md section on the self-drafting modules (from NAME/report.json where built)."""
+    L = []
+    for name in SELF_DRAFT:
+        f = DATA / name / "report.json"
+        if not f.is_file():
+            continue
+        r = json.loads(f.read_text())
+        if not L:
+            L = ["## Self-drafting modules on the base (`train adapter`, `train heads --early-exit`)", ""]
+        if name == "adapter-kangaroo":
+            L += [f"### `{name}/`: Kangaroo adapter after layer l = {r['exit_layer']}", "",
+                  f"One attention layer + two norms ({r['parameters'] / 1e6:.3f} M parameters), LM head shared; "
+                  f"distilled from the full base (soft cross-entropy) for {r['steps']} steps, "
+                  f"{r['tokens_seen'] / 1e6:.2f} M tokens, {r['seconds'] / 60:.1f} min. On {r['heldout_windows']} "
+                  f"held-out windows of {r['window']} tokens: soft cross-entropy {r['heldout_soft_ce']:.3f} nats, "
+                  f"top-1 agreement with the full model {r['heldout_top1_agreement']:.3f}.", ""]
+        else:
+            js = sorted(r["heldout_top1_agreement"], key=int)
+            L += [f"### `{name}/`: PPD early-exit heads, one per layer", "",
+                  f"{r['parameters'] / 1e6:.3f} M parameters, {r['steps']} steps, {r['tokens_seen'] / 1e6:.2f} M tokens, "
+                  f"{r['seconds'] / 60:.1f} min. Top-1 agreement with the full model on {r['heldout_windows']} held-out "
+                  f"windows:", "",
+                  "| exit after layer | " + " | ".join(js) + " |", "|---|" + "---|" * len(js),
+                  "| trained head | " + " | ".join(f"{r['heldout_top1_agreement'][j]:.3f}" for j in js) + " |",
+                  "| shared LM head | " + " | ".join(f"{r['heldout_top1_agreement_shared_head'][j]:.3f}" for j in js)
+                  + " |", ""]
+    return L
 
 
 STAGES = {"tokenizer": stage_tokenizer, "heldout": stage_heldout, "prompts": stage_prompts, "base": stage_base,
           "heads-stern": lambda: _train_heads("heads-stern"), "heads-dynamo": lambda: _train_heads("heads-dynamo"),
           "rescorer-small": lambda: _train_lm("rescorer-small", RESCORERS["rescorer-small"], RESCORER_OPT),
           "rescorer-medium": lambda: _train_lm("rescorer-medium", RESCORERS["rescorer-medium"], RESCORER_OPT),
-          "draft-vocab": stage_draft_vocab, "report": stage_report, "report-md": stage_report_md}
+          "draft-vocab": stage_draft_vocab, "report": stage_report, "report-md": stage_report_md,
+          "adapter-kangaroo": lambda: _train_self_draft("adapter-kangaroo"),
+          "exit-heads-ppd": lambda: _train_self_draft("exit-heads-ppd")}
 
 
 def main(argv=None) -> int:

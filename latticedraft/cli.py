@@ -138,6 +138,12 @@ def _cmd_train_heads(a) -> int:
     from latticedraft.lm.corpus import resolve_corpus
 
     _check_train(a)
+    if a.early_exit:
+        return _cmd_train_exit_heads(a)
+    if a.heads is None:
+        from latticedraft.errors import InputError
+
+        raise InputError("train heads needs --heads H (the number of heads), or --early-exit for PPD's per-layer heads")
 
     with _stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)
@@ -146,6 +152,39 @@ def _cmd_train_heads(a) -> int:
                           tokenizer_path=a.tokenizer, resume=a.resume, save_dtype=a.save_dtype, device=a.device,
                           encoding_errors=a.encoding_errors, stop_after=a.stop_after)
     return _print_trained(res, "final loss per head")
+
+
+def _cmd_train_exit_heads(a) -> int:
+    """``train heads --early-exit``: PPD's per-layer early-exit heads (``gpu/exit_heads.py``)."""
+    from latticedraft.cli_checks import refuse_given
+    from latticedraft.gpu.self_draft_train import train_exit_heads
+    from latticedraft.lm.corpus import resolve_corpus
+
+    refuse_given(a, ("heads", "lambdas", "ffn_dim"), "--early-exit trains one head per layer by distillation")
+    if a.kind != "stern" or a.unfreeze:
+        from latticedraft.errors import InputError
+
+        raise InputError("--early-exit trains early-exit heads on a frozen base; drop --kind and --unfreeze")
+    with _stdin_corpus(a.corpus) as corpus:
+        files = resolve_corpus(corpus)
+        res = train_exit_heads(a.base, files, a.out, _optim_config(a), tokenizer_path=a.tokenizer, resume=a.resume,
+                               save_dtype=a.save_dtype, device=a.device, encoding_errors=a.encoding_errors,
+                               stop_after=a.stop_after)
+    return _print_trained(res, "final distillation loss per layer")
+
+
+def _cmd_train_adapter(a) -> int:
+    """``train adapter``: Kangaroo's self-drafting adapter (``gpu/adapter.py``)."""
+    from latticedraft.gpu.self_draft_train import train_adapter
+    from latticedraft.lm.corpus import resolve_corpus
+
+    _check_train(a)
+    with _stdin_corpus(a.corpus) as corpus:
+        files = resolve_corpus(corpus)
+        res = train_adapter(a.base, files, a.out, a.exit_layer, _optim_config(a), tokenizer_path=a.tokenizer,
+                            resume=a.resume, save_dtype=a.save_dtype, device=a.device,
+                            encoding_errors=a.encoding_errors, stop_after=a.stop_after)
+    return _print_trained(res, "final")
 
 
 def _add_train(groups) -> None:
@@ -175,7 +214,7 @@ def _add_train(groups) -> None:
     p.add_argument("--base", required=True, help="base model directory (HF format)")
     p.add_argument("--corpus", nargs="+", required=True,
                    help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
-    p.add_argument("--heads", type=int, required=True, help="number of heads h, counting the base's own head 1 (≥ 2)")
+    p.add_argument("--heads", type=int, default=None, help="number of heads h, counting the base's own head 1 (≥ 2)")
     p.add_argument("--kind", choices=["stern", "dynamo"], default="stern", help="FFN heads (Stern) or decoder-layer heads (DynaMo)")
     p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
                    help="output directory (heads_config.json names the base relatively)")
@@ -185,8 +224,23 @@ def _add_train(groups) -> None:
     p.add_argument("--lr-base", type=float, default=1e-5, help="LR_B: the base's own parameters (with --unfreeze)")
     p.add_argument("--lr-stem", type=float, default=1e-6, help="LR_MB: gradient from heads 2..h into the base (with --unfreeze)")
     p.add_argument("--ffn-dim", type=int, default=None, help="Stern head hidden width (default 4 × hidden size)")
+    p.add_argument("--early-exit", action="store_true",
+                   help="instead: one early-exit head per layer 1..d-1 for PPD (--method ppd --exit-heads DIR), "
+                        "distilled from the full model")
     _optim_args(p, steps=300, lr=1e-3)
     p.set_defaults(func=_cmd_train_heads)
+    p = verbs.add_parser("adapter", help="train Kangaroo's self-drafting adapter on the base's first l layers",
+                         description="Train Kangaroo's adapter (one attention layer and two norms on the states after "
+                                     "layer l, the base's LM head shared) by distillation from the frozen full model; "
+                                     "saves adapter.json and adapter.safetensors (decode --method kangaroo --adapter DIR).")
+    p.add_argument("--base", required=True, help="base model directory (HF format; GPT-2, LLaMA or Mistral style)")
+    p.add_argument("--corpus", nargs="+", required=True,
+                   help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
+    p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR", help="output directory")
+    p.add_argument("--exit-layer", type=int, default=2, help="l: the adapter reads the states after layer l (default 2)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer (default: BASE/tokenizer.json)")
+    _optim_args(p, steps=300, lr=1e-3)
+    p.set_defaults(func=_cmd_train_adapter)
 
 
 @contextlib.contextmanager
@@ -572,6 +626,34 @@ def _lookahead_args(p: argparse.ArgumentParser) -> None:
                    help="W, N, G (and --prompt-as-reference) chosen by `latticedraft tune --method lookahead`")
 
 
+def _self_draft_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("early-layer self-drafting (--method kangaroo / ppd)")
+    g.add_argument("--adapter", default=None, metavar="DIR",
+                   help="kangaroo: the adapter from `train adapter` (default data/adapter-kangaroo; its exit layer is l)")
+    g.add_argument("--gamma", type=int, default=6, help="kangaroo: most drafts per step (default 6)")
+    g.add_argument("--eta", type=float, default=0.6,
+                   help="kangaroo: stop drafting when the adapter's top-1 probability is <= eta (default 0.6)")
+    g.add_argument("--exit-layer", type=int, default=None, metavar="DBAR",
+                   help="ppd: early prediction after this layer (default: half the layers)")
+    g.add_argument("--candidates", type=int, default=3, metavar="K",
+                   help="ppd: early top-k candidates started per token (default 3)")
+    g.add_argument("--exit-heads", default=None, metavar="DIR",
+                   help="ppd: per-layer early-exit heads from `train heads --early-exit` (default: the shared LM head)")
+
+
+def _self_draft(a):
+    """``KangarooOptions`` / ``PPDOptions`` of ``--method kangaroo`` / ``ppd`` (None otherwise)."""
+    if getattr(a, "method", None) == "kangaroo":
+        from latticedraft.decoding.kangaroo import KangarooOptions
+
+        return KangarooOptions(gamma=a.gamma, eta=a.eta, adapter=a.adapter)
+    if getattr(a, "method", None) == "ppd":
+        from latticedraft.decoding.ppd import PPDOptions
+
+        return PPDOptions(dbar=a.exit_layer, k=a.candidates, exit_heads=a.exit_heads)
+    return None
+
+
 def _lookahead(a):
     from latticedraft.decoding.lookahead import LookaheadOptions
 
@@ -634,21 +716,27 @@ def _cmd_decode(a) -> int:
         s.prepare(spec, batch_size=a.batch_size if a.json else 1)
     look = _lookahead(a) if a.method == "lookahead" else None
     smp = _sampling(a)
+    sd = _self_draft(a)
     label = {"bpd": f"bpd/{a.drafter}", "lookahead": None if look is None else
              f"lookahead W={look.W} N={look.N} G={look.G}" + ("" if smp is None else
-             f" sampling T={smp.temperature} top-k={smp.top_k} top-p={smp.top_p} seed={smp.seed}")
-             }.get(a.method, a.method)
+             f" sampling T={smp.temperature} top-k={smp.top_k} top-p={smp.top_p} seed={smp.seed}"),
+             "kangaroo": a.method == "kangaroo" and f"kangaroo gamma={sd.gamma} eta={sd.eta}",
+             "ppd": a.method == "ppd" and f"ppd exit-layer={sd.dbar or 'd/2'} k={sd.k}"}.get(a.method, a.method)
+    if sd is not None:
+        s.self_draft(a.method, sd)  # a missing or mismatching adapter fails before any output
     if a.json:  # each batch's records are written and flushed as soon as it completes
         for at in range(0, len(ids), a.batch_size):
             res = s.decode(ids[at:at + a.batch_size], a.method, spec, max_new_tokens=a.max_new_tokens,
-                           verify=a.verify, batch_size=a.batch_size, lookahead=look, sampling=smp, first_row=at)
+                           verify=a.verify, batch_size=a.batch_size, lookahead=look, sampling=smp, first_row=at,
+                           self_draft=sd)
             for rec in records(res, s.tokenizer, s.base_dir, texts[at:at + a.batch_size]):
                 print(json.dumps({**rec, "method": label}, ensure_ascii=False), flush=True)
         return 0
     for row, (text, p) in enumerate(zip(texts, ids)):
         sys.stdout.write(text)
         res = s.decode([p], a.method, spec, max_new_tokens=a.max_new_tokens, verify=a.verify,
-                       on_tokens=TextStream(s.tokenizer, sys.stdout), lookahead=look, sampling=smp, first_row=row)
+                       on_tokens=TextStream(s.tokenizer, sys.stdout), lookahead=look, sampling=smp, first_row=row,
+                       self_draft=sd)
         q = res.sequences[0]
         print()
         print(f"-- {len(q.tokens)} tokens, {q.calls} calls, block efficiency {q.block_efficiency:.2f}, "
@@ -721,9 +809,11 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
 def _add_decode(groups) -> None:
     p = groups.add_parser("decode", help="generate with parallel BPD (exactly the greedy output, fewer model calls)",
                           description="Generate with blockwise parallel decoding; the output equals greedy decoding.")
-    p.add_argument("--method", default="bpd", choices=["bpd", "greedy", "lookahead", "dynamo"],
+    p.add_argument("--method", default="bpd", choices=["bpd", "greedy", "lookahead", "kangaroo", "ppd", "dynamo"],
                    help="bpd (default), greedy (plain autoregressive baseline), lookahead (lookahead decoding: "
-                        "Jacobi window + n-gram pool, no heads needed) or dynamo (sampling with DynaMo heads)")
+                        "Jacobi window + n-gram pool, no heads needed), kangaroo (drafts from the first l layers "
+                        "+ an adapter), ppd (predictive pipelined decoding from an early exit) or dynamo "
+                        "(sampling with DynaMo heads)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text; - reads it from standard input (default: --prompts)")
     src.add_argument("--prompts", default=None, metavar="FILE.jsonl",
@@ -751,6 +841,7 @@ def _add_decode(groups) -> None:
     _drafter_args(p)
     _tree_args(p)
     _lookahead_args(p)
+    _self_draft_args(p)
     _dynamo_sampler_args(p)
     g = p.add_argument_group("lookahead sampling (--method lookahead --temperature T)")
     g.add_argument("--top-p", type=float, default=1.0,

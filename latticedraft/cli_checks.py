@@ -18,6 +18,8 @@ SAMPLING = ("epsilon_b", "seed", "top_k", "top_p", "temperature", "repetition_pe
 DRAFTING = ("drafter", "lm", "rescorer", "alpha", "nbest", "k", "prune", "eps", "backoff", "slots", "verify", "tree",
             "context_ngrams", "draft_vocab", "lookahead_pool")
 LOOKAHEAD = ("window", "ngram", "pool", "prompt_as_reference", "lookahead_config")
+KANGAROO = ("adapter", "gamma", "eta")  # --method kangaroo only
+PPD = ("exit_layer", "candidates", "exit_heads")  # --method ppd only
 DATASET = ("resume", "skip_bad", "sort_by_length", "quiet_ranks")  # decode --output only
 # which bpd drafters use an option (the others ignore it, so it is refused)
 DRAFTER_USES = {
@@ -154,12 +156,39 @@ def check_lookahead_sampling(a) -> None:
         raise InputError(f"--top-p {a.top_p} must be in (0, 1] (1 = no nucleus filter)")
 
 
+def check_self_draft(a) -> None:
+    """Ranges of the Kangaroo / PPD options, or their refusal for another method."""
+    m = getattr(a, "method", None)
+    if m != "kangaroo":
+        refuse_given(a, KANGAROO, f"--method {m} has no early-exit adapter (those options apply to --method kangaroo)")
+    if m != "ppd":
+        refuse_given(a, PPD, f"--method {m} makes no early prediction (those options apply to --method ppd)")
+    at_least(a, "gamma", 1)
+    at_least(a, "candidates", 1)
+    at_least(a, "exit_layer", 1)
+    eta = getattr(a, "eta", None)
+    if eta is not None and not (0.0 <= eta < 1.0):
+        raise InputError(f"{flag(a, 'eta')} {eta} must lie in [0, 1): drafting stops at a top-1 probability <= eta")
+
+
 def check_decode(a) -> None:
     """Everything ``decode`` can check before loading: ranges, and options that do not apply."""
     check_device(a.device)
     check_drafting(a)
     check_output(a)
     check_lookahead(a)
+    check_self_draft(a)
+    if a.method in ("kangaroo", "ppd"):
+        refuse_given(a, SAMPLING, f"--method {a.method} decodes greedily (the sampling options apply to --method dynamo)")
+        refuse_given(a, DRAFTING, f"--method {a.method} drafts from the model's own early layers, not from heads "
+                                  "(the drafting options apply to --method bpd)")
+        if getattr(a, "output", None) is not None:
+            raise InputError(f"--output (resumable dataset decoding) runs --method bpd, greedy or lookahead; "
+                             f"decode --method {a.method} with --json instead")
+        if not a.json:
+            refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
+                                             "to decode them in batches")
+        return
     if a.method == "lookahead":
         check_lookahead_sampling(a)
         refuse_given(a, tuple(d for d in DRAFTING if d != "verify"),

@@ -4,8 +4,9 @@
 Defaults (``latticedraft.paths``): model ``data/heads-stern`` (Stern heads on ``data/base``),
 tokenizer ``data/tokenizer/tokenizer.json``, n-gram LM ``.cache/lm/stdlib-4gram``, neural
 rescorer ``data/rescorer-small``. Methods: ``bpd`` (blockwise parallel decoding with a
-drafter), ``greedy`` (plain autoregressive decoding, the baseline) and ``lookahead``
-(lookahead decoding, ``lookahead.py``).
+drafter), ``greedy`` (plain autoregressive decoding, the baseline), ``lookahead``
+(lookahead decoding, ``lookahead.py``), ``kangaroo`` (early-exit self-drafting with an
+adapter, ``kangaroo.py``) and ``ppd`` (predictive pipelined decoding, ``ppd.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from latticedraft.errors import InputError
 from latticedraft.paths import data_dir, default_lm_dir
 
-METHODS = ("bpd", "greedy", "lookahead")
+METHODS = ("bpd", "greedy", "lookahead", "kangaroo", "ppd")
 CALIBRATION_PROMPTS = slice(30, 42)  # the tuning split (Appendix E): never in the benchmark or eval prompts
 AUTO_DRAFT_VOCAB = 1024  # V' of the bundled heads: 80% of corpus tokens, projection 8x cheaper
 FAST = {"tree": "auto", "context_ngrams": 3, "draft_vocab": "auto"}  # fastest in benchmarks/decode.py
@@ -188,12 +189,14 @@ def build_drafter(spec: DrafterSpec, lm=None, rescorer=None, references=None):
 
 def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_tokens=64, eos_token_id=None,
                verify="auto", batch_size: int = 1, on_tokens=None, record_steps=False, tree_kw: dict | None = None,
-               lookahead=None, sampling=None, first_row: int = 0):
+               lookahead=None, sampling=None, first_row: int = 0, self_draft=None):
     """Decode ``prompt_ids`` with ``method`` in batches; returns one merged ``DecodeResult``.
     tree_kw: ``bpd_decode``'s tree, context, acceptance and draft_vocab arguments;
     lookahead: ``LookaheadOptions`` of ``--method lookahead`` (None: the paper's defaults);
     sampling: its ``SamplingOptions`` (None: greedy); first_row: the index of ``prompt_ids[0]``
-    in the whole prompt set (lookahead seeds row r's window and draws with it)."""
+    in the whole prompt set (lookahead seeds row r's window and draws with it);
+    self_draft: (``KangarooOptions``, adapter) or (``PPDOptions``, early-exit heads or None)
+    for ``kangaroo`` / ``ppd`` (``Session.self_draft`` loads them)."""
     from latticedraft.decoding.bpd import DecodeResult, bpd_decode, greedy_decode
     from latticedraft.decoding.lookahead import LookaheadOptions, lookahead_decode
 
@@ -215,6 +218,18 @@ def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_to
             r = lookahead_decode(model, chunk, W=o.W, N=o.N, G=o.G, prompt_as_reference=o.prompt_as_reference,
                                  seed=o.seed, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                                  verify=verify, on_tokens=cb, first_row=first_row + s, sampling=sampling)
+        elif method == "kangaroo":
+            o, adapter = self_draft
+            from latticedraft.decoding.kangaroo import kangaroo_decode
+
+            r = kangaroo_decode(model, chunk, adapter, gamma=o.gamma, eta=o.eta, max_new_tokens=max_new_tokens,
+                                eos_token_id=eos_token_id, on_tokens=cb)
+        elif method == "ppd":
+            o, heads = self_draft
+            from latticedraft.decoding.ppd import ppd_decode
+
+            r = ppd_decode(model, chunk, dbar=o.dbar, k=o.k, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                           on_tokens=cb, exit_head=heads)
         else:
             r = bpd_decode(model, chunk, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                            verify=verify, on_tokens=cb, record_steps=record_steps, first_row=s, **(tree_kw or {}))
@@ -325,10 +340,12 @@ class Session:
 
     def decode(self, prompt_ids: list, method: str = "bpd", spec: DrafterSpec | None = None, *,
                max_new_tokens: int = 64, verify: str = "auto", batch_size: int = 1, on_tokens=None,
-               references=None, record_steps: bool = False, lookahead=None, sampling=None, first_row: int = 0):
+               references=None, record_steps: bool = False, lookahead=None, sampling=None, first_row: int = 0,
+               self_draft=None):
         """Decode token-id prompts; the oracle drafter gets greedy references computed here
         unless given. lookahead: ``LookaheadOptions`` for ``method="lookahead"``; sampling: its
-        ``SamplingOptions`` (None: greedy); first_row: index of prompt_ids[0] in the prompt set."""
+        ``SamplingOptions`` (None: greedy); first_row: index of prompt_ids[0] in the prompt set;
+        self_draft: ``KangarooOptions`` / ``PPDOptions`` for those methods (None: their defaults)."""
         spec = spec or DrafterSpec()
         drafter, tree_kw = None, None
         if method == "bpd":
@@ -343,7 +360,29 @@ class Session:
         return run_method(method, self.model, prompt_ids, drafter, max_new_tokens=max_new_tokens,
                           eos_token_id=self.eos, verify=verify, batch_size=batch_size, on_tokens=on_tokens,
                           record_steps=record_steps, tree_kw=tree_kw, lookahead=lookahead, sampling=sampling,
-                          first_row=first_row)
+                          first_row=first_row,
+                          self_draft=self.self_draft(method, self_draft) if method in ("kangaroo", "ppd") else None)
+
+    def self_draft(self, method: str, opts=None):
+        """(options, module) for ``kangaroo`` (the adapter; default ``data/adapter-kangaroo``) or
+        ``ppd`` (the early-exit heads, or None for the shared LM head); loaded once per session."""
+        from latticedraft.gpu.layer_split import LayerSplit
+
+        if method == "kangaroo":
+            from latticedraft.decoding.kangaroo import KangarooOptions
+            from latticedraft.gpu.adapter import load_adapter
+
+            o = opts or KangarooOptions()
+            where = Path(o.adapter) if o.adapter else data_dir() / "adapter-kangaroo"
+            return o, self._once(("adapter", str(where)), lambda: load_adapter(where, LayerSplit(self.model)))
+        from latticedraft.decoding.ppd import PPDOptions
+
+        o = opts or PPDOptions()
+        if o.exit_heads is None:
+            return o, None
+        from latticedraft.gpu.exit_heads import load_exit_heads
+
+        return o, self._once(("exit_heads", o.exit_heads), lambda: load_exit_heads(o.exit_heads, LayerSplit(self.model)))
 
     def gate(self, spec: DrafterSpec):
         """The ``HeadGate`` of ``spec`` for this session: what it measured carries over between

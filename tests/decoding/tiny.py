@@ -16,17 +16,18 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 VOCAB = 64
 
 
-def tiny_model(arch: str = "gpt2", dtype=torch.float32, seed: int = 0, vocab: int = VOCAB, attn: str = "sdpa"):
+def tiny_model(arch: str = "gpt2", dtype=torch.float32, seed: int = 0, vocab: int = VOCAB, attn: str = "sdpa",
+               layers: int = 2):
     torch.manual_seed(seed)
     if arch == "gpt2":
-        cfg = GPT2Config(vocab_size=vocab, n_positions=256, n_embd=32, n_layer=2, n_head=4)
+        cfg = GPT2Config(vocab_size=vocab, n_positions=256, n_embd=32, n_layer=layers, n_head=4)
         m = GPT2LMHeadModel(cfg)
     elif arch == "llama":
-        cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
         m = LlamaForCausalLM(cfg)
     elif arch == "mistral":
-        cfg = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        cfg = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                             sliding_window=7)
         m = MistralForCausalLM(cfg)
