@@ -654,6 +654,17 @@ def _self_draft(a):
     return None
 
 
+def _self_draft_rows(a):
+    """(KangarooOptions, PPDOptions) of eval's Kangaroo and PPD rows."""
+    from latticedraft.cli_checks import check_self_draft
+    from latticedraft.decoding.kangaroo import KangarooOptions
+    from latticedraft.decoding.ppd import PPDOptions
+
+    check_self_draft(argparse.Namespace(**{k: v for k, v in vars(a).items() if not k.startswith("_")}, method=None))
+    return (KangarooOptions(gamma=a.gamma, eta=a.eta, adapter=a.adapter),
+            PPDOptions(dbar=a.exit_layer, k=a.candidates, exit_heads=a.exit_heads))
+
+
 def _lookahead(a):
     from latticedraft.decoding.lookahead import LookaheadOptions
 
@@ -964,7 +975,7 @@ def _cmd_eval(a) -> int:
     cfg = EvalConfig(num_prompts=a.num_prompts, skip=a.skip, max_new_tokens=a.max_new_tokens, k=a.k, nbest=a.nbest,
                      prune=a.prune, eps=a.eps, backoff=a.backoff, verify=a.verify,
                      alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers,
-                     lookahead=_lookahead(a))
+                     lookahead=_lookahead(a), kangaroo=_self_draft_rows(a)[0], ppd=_self_draft_rows(a)[1])
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     s.notify = lambda m: print(m, file=sys.stderr)
@@ -1014,6 +1025,7 @@ def _add_eval(groups) -> None:
     _common_model_args(p)
     _drafter_args(p)
     _lookahead_args(p)
+    _self_draft_args(p)
     _dynamo_eval_args(p)
     p.set_defaults(func=_cmd_eval)
 

@@ -23,9 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from latticedraft.atomic import atomic_file, write_atomic
+from latticedraft.decoding.kangaroo import KangarooOptions
 from latticedraft.decoding.lookahead import LookaheadOptions
+from latticedraft.decoding.ppd import PPDOptions
 from latticedraft.decoding.run import DrafterSpec, Session, encode
-from latticedraft.errors import InputError
+from latticedraft.errors import InputError, ModelError
 
 
 @dataclass
@@ -50,6 +52,8 @@ class EvalConfig:
     lm2: str | None = None  # 2-gram build for Table 3 (default: the 4-gram, labelled so)
     rescorers: dict = field(default_factory=dict)  # label -> dir, for neural rows
     lookahead: LookaheadOptions | None = field(default_factory=LookaheadOptions)  # the lookahead row (None: none)
+    kangaroo: KangarooOptions | None = field(default_factory=KangarooOptions)  # the Kangaroo row (None: none)
+    ppd: PPDOptions | None = field(default_factory=PPDOptions)  # the PPD row (None: none)
 
     def validate(self):
         if self.num_prompts < 1 or self.skip < 0:
@@ -78,20 +82,68 @@ def machine() -> dict:
 
 
 def _method(spec) -> str:
-    """A plan entry's method: None = greedy, LookaheadOptions = lookahead, a DrafterSpec = bpd."""
-    return "greedy" if spec is None else "lookahead" if isinstance(spec, LookaheadOptions) else "bpd"
+    """A plan entry's method: None = greedy, LookaheadOptions = lookahead, Kangaroo/PPDOptions =
+    kangaroo/ppd, a DrafterSpec = bpd."""
+    if spec is None:
+        return "greedy"
+    return {LookaheadOptions: "lookahead", KangarooOptions: "kangaroo", PPDOptions: "ppd"}.get(type(spec), "bpd")
+
+
+def _decode_args(spec, method: str) -> dict:
+    """``Session.decode``'s spec / lookahead / self_draft arguments for a plan entry."""
+    return {"spec": spec if method == "bpd" else None, "lookahead": spec if method == "lookahead" else None,
+            "self_draft": spec if method in ("kangaroo", "ppd") else None}
 
 
 def _lookahead_name(o: LookaheadOptions) -> str:
     return f"Lookahead (W={o.W}, N={o.N}, G={o.G})"
 
 
+def _self_draft_name(o) -> str:
+    if isinstance(o, KangarooOptions):
+        return f"Kangaroo (gamma={o.gamma}, eta={o.eta})"
+    return f"PPD (exit layer {o.dbar or 'd/2'}, k={o.k}{', trained exit heads' if o.exit_heads else ''})"
+
+
+def _self_draft_stats(session: Session, spec, res) -> dict:
+    """Kangaroo: the early-exit acceptance rate per draft position; PPD: the measured match
+    rate and Theorem 4.1's predicted latency and compute per token against greedy."""
+    if isinstance(spec, KangarooOptions):
+        from latticedraft.decoding.kangaroo import acceptance_by_position
+
+        drafted = [n - 1 for s in res.sequences for n in s.tree_nodes]
+        return {"acceptance_per_position": acceptance_by_position(res.sequences),
+                "drafted_per_step": round(float(np.mean(drafted)) if drafted else 0.0, 3),
+                "tokens_per_call": round(res.block_efficiency, 4)}
+    from latticedraft.decoding.ppd_model import predicted
+    from latticedraft.gpu.layer_split import LayerSplit
+
+    d = LayerSplit(session.model).num_layers
+    return predicted(res.sequences, d, spec.dbar or d // 2, spec.k)
+
+
+def _self_draft_md(stats: dict) -> list[str]:
+    if not stats:
+        return []
+    L = ["", "## Early-layer self-drafting (Kangaroo, PPD)", ""]
+    for name, st in stats.items():
+        if "acceptance_per_position" in st:
+            L.append(f"- {name}: {st['tokens_per_call']:.2f} tokens per deep pass, {st['drafted_per_step']:.2f} drafts "
+                     "per step; acceptance rate per draft position: "
+                     + ", ".join(f"{j}: {x:.2f}" for j, x in enumerate(st["acceptance_per_position"], 1)))
+        else:
+            L.append(f"- {name}: match rate p_correct {st['p_correct']:.3f} over {st['steps']} steps; Theorem 4.1 "
+                     f"with d = {st['d']}, exit layer {st['dbar']}, k = {st['k']}, l = {st['l']}: latency "
+                     f"{st['latency_vs_greedy']:.3f}x greedy's per token, compute {st['compute_vs_greedy']:.3f}x "
+                     "(with k + 1 parallel units; on this CPU the candidates run after the main pass, no overlap)")
+    return L
+
+
 def _run(session: Session, name, ids, refs, spec, cfg: EvalConfig, method="bpd", record_steps=False):
-    look = spec if method == "lookahead" else None
-    res = session.decode(ids, method, None if look else spec, max_new_tokens=cfg.max_new_tokens,
+    res = session.decode(ids, method, max_new_tokens=cfg.max_new_tokens,
                          batch_size=cfg.batch_size, verify=cfg.verify,
                          references=refs if getattr(spec, "name", None) == "oracle" else None,
-                         record_steps=record_steps, lookahead=look)
+                         record_steps=record_steps, **_decode_args(spec, method))
     exact = refs is None or all(np.array_equal(s.tokens, r) for s, r in zip(res.sequences, refs))
     run = Run(name, asdict(spec) if spec else {"method": method}, round(res.block_efficiency, 4), res.tokens,
               res.calls, round(res.seconds, 4), round(res.tokens / max(res.seconds, 1e-9), 2), bool(exact),
@@ -134,18 +186,28 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
             plan.append((f"oracle h={hc} k={k}", replace(base, name="oracle", k=k, slots=hc - 1), "fig6"))
     if cfg.lookahead is not None:
         plan.append((_lookahead_name(cfg.lookahead), cfg.lookahead, "lookahead"))
+    if cfg.kangaroo is not None:
+        try:  # a model without a matching adapter gets no Kangaroo row, and is told why
+            session.self_draft("kangaroo", cfg.kangaroo)
+            plan.append((_self_draft_name(cfg.kangaroo), cfg.kangaroo, "self-draft"))
+        except (InputError, ModelError) as e:
+            notify(f"no Kangaroo row: {e}")
+    if cfg.ppd is not None:
+        plan.append((_self_draft_name(cfg.ppd), cfg.ppd, "self-draft"))
 
     _warm_up(session, ids[:1], plan, rescorers)
     runs: dict[str, Run] = {}
     done: dict[str, Run] = {}  # identical specs run once
     refs = None
     base_steps = None
+    self_draft: dict[str, dict] = {}
     t0 = time.perf_counter()
     bar = tqdm(plan, desc="eval", unit="run", disable=None)
     for name, spec, group in bar:
         bar.set_postfix_str(name)
         kind = getattr(spec, "name", None)
-        key = json.dumps(asdict(spec) if spec else {"greedy": 1}, sort_keys=True) + (name if kind == "neural" else "")
+        key = _method(spec) + json.dumps(asdict(spec) if spec else {"greedy": 1}, sort_keys=True) + (
+            name if kind == "neural" else "")
         if kind == "top1" and spec.slots in (None, h - 1):
             key = "top1-all"
         if key in done:
@@ -159,6 +221,8 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
             refs = [s.tokens for s in res.sequences]
         if name == "Base":
             base_steps = res.steps
+        if group == "self-draft":
+            self_draft[name] = _self_draft_stats(session, spec, res)
         runs[name] = done[key] = run
         if not run.exact:
             notify(f"warning: {name} differs from greedy decoding")
@@ -173,6 +237,7 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
         "runs": {k: asdict(v) for k, v in runs.items()},
         "table3": table3,
         "table5": table5,
+        "self_draft": self_draft,
         "all_exact": all(r.exact for r in runs.values()),
     }
     out = Path(out_dir)
@@ -196,8 +261,7 @@ def _warm_up(session: Session, ids, plan, rescorers) -> None:
         seen.add(kind)
         if kind == "neural":
             session.rescorer_dir, session._rescorer = rescorers[name], None
-        look = spec if kind == "lookahead" else None
-        session.decode(ids, _method(spec), None if look else spec, max_new_tokens=4, lookahead=look)
+        session.decode(ids, _method(spec), max_new_tokens=4, **_decode_args(spec, _method(spec)))
 
 
 def _repetition(session: Session, steps, cfg: EvalConfig, alpha: float) -> dict:
@@ -302,7 +366,7 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
          "`generate`:", "",
          "| run | block efficiency | tokens/s | vs greedy | exact |", "|---|---|---|---|---|",
          f"| greedy | 1.00 | {g['tokens_per_s']:.1f} | 1.00x | yes |"]
-    look = [n for n in runs if n.startswith("Lookahead (")]
+    look = [n for n in runs if n.startswith(("Lookahead (", "Kangaroo (", "PPD ("))]
     for n in cols + look:
         r = runs[n]
         L.append(f"| {n} | {r['block_efficiency']:.2f} | {r['tokens_per_s']:.1f} | "
@@ -323,6 +387,7 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
               "| Ties | Win | % Repair | % Regress | Loss | % Repair | % Regress |", "|---|---|---|---|---|---|---|",
               f"| {t5['ties']} | {w['total']} | {w['pct_repair']:.2f} | {w['pct_regress']:.2f} | {lo['total']} | "
               f"{lo['pct_repair']:.2f} | {lo['pct_regress']:.2f} |"]
+    L += _self_draft_md(results.get("self_draft") or {})
     L += ["", "## Table 10: block efficiency using the first h heads (vanilla BPD)", "",
           "| " + " | ".join(f"h = {hc}" for hc in head_counts) + " |", "|" + "---|" * len(head_counts),
           "| " + " | ".join(f"{runs[f'top1 h={hc}']['block_efficiency']:.2f}" for hc in head_counts) + " |", ""]

@@ -188,3 +188,17 @@ def kangaroo_decode(model, prompts: list, adapter, *, gamma: int = 6, eta: float
 def _prompt_valid(seg: SlotCache):
     """(valid, pos) of the slots the prefill just recorded in ``seg``."""
     return seg.valid, seg.pos
+
+
+def acceptance_by_position(sequences) -> list[float]:
+    """Early-exit acceptance rate per draft position j = 1, 2, ...: of the steps that drafted at
+    least j tokens, the fraction whose first j drafts were all accepted (from ``accepted_drafts``
+    and ``tree_nodes`` = 1 + drafted of each step)."""
+    drafted = [n - 1 for s in sequences for n in s.tree_nodes]
+    accepted = [a for s in sequences for a in s.accepted_drafts]
+    top = max(drafted, default=0)
+    out = []
+    for j in range(1, top + 1):
+        tried = [a for a, n in zip(accepted, drafted) if n >= j]
+        out.append(round(sum(a >= j for a in tried) / len(tried), 4) if tried else 0.0)
+    return out

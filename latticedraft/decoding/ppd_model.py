@@ -107,7 +107,7 @@ def match_rates(model, sequences: list[tuple[np.ndarray, int]], ks=(1, 3, 5), ex
     total = 0
     for ids, n_prompt in sequences:
         x = torch.as_tensor(np.asarray(ids, dtype=np.int64)[None], device=split.device)
-        out = split.lm(input_ids=x, output_hidden_states=True)
+        out = split.lm(input_ids=x, attention_mask=torch.ones_like(x), output_hidden_states=True)
         # positions n_prompt-1 .. T-2 predict the generated tokens n_prompt .. T-1
         sl = slice(n_prompt - 1, x.shape[1] - 1)
         target = out.logits[0, sl].argmax(-1)
@@ -119,3 +119,16 @@ def match_rates(model, sequences: list[tuple[np.ndarray, int]], ks=(1, 3, 5), ex
             for kk in ks:
                 hits[j][kk] += int((top[:, :kk] == target[:, None]).any(dim=1).sum())
     return {"rates": {j: {kk: hits[j][kk] / max(total, 1) for kk in ks} for j in hits}, "positions": total}
+
+
+def predicted(sequences, d: int, dbar: int, k: int) -> dict:
+    """PPD's measured match rate over decoded ``sequences`` (``accepted_drafts`` per step: 1 where
+    the early top-k held the greedy token) and Theorem 4.1's latency and compute per token,
+    in layer-time units and relative to greedy's d per token, for the mean output length l."""
+    hits = [a for s in sequences for a in s.accepted_drafts]
+    p = float(np.mean(hits)) if hits else 0.0
+    l = max(1, int(round(np.mean([len(s.tokens) for s in sequences])))) if sequences else 1
+    lat, comp = expected_latency(d, dbar, p, l) / l, expected_compute(d, dbar, p, k, l) / l
+    return {"p_correct": round(p, 4), "steps": len(hits), "d": d, "dbar": dbar, "k": k, "l": l,
+            "latency_per_token": round(lat, 4), "compute_per_token": round(comp, 4),
+            "latency_vs_greedy": round(lat / d, 4), "compute_vs_greedy": round(comp / d, 4)}

@@ -33,7 +33,7 @@ def soft_ce(student: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
 def _teacher(split: LayerSplit, batch: torch.Tensor):
     with torch.no_grad():
         split.lm.eval()
-        out = split.lm(input_ids=batch, output_hidden_states=True)
+        out = split.lm(input_ids=batch, attention_mask=torch.ones_like(batch), output_hidden_states=True)
     return out, torch.log_softmax(out.logits.float(), dim=-1)
 
 
