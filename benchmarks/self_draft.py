@@ -61,7 +61,8 @@ def main(argv=None) -> int:
     d = LayerSplit(s.model).num_layers
     recs = read_prompts(a.prompts)[a.skip: a.skip + a.num_prompts]
     ids = encode(s.tokenizer, [r["prompt"] for r in recs])
-    heads = a.exit_heads or (str(data_dir() / "exit-heads-ppd") if (data_dir() / "exit-heads-ppd").is_dir() else None)
+    built = (data_dir() / "exit-heads-ppd" / "exit_heads.json").is_file()
+    heads = a.exit_heads or (str(data_dir() / "exit-heads-ppd") if built else None)
     plan = {"HF greedy": ("greedy", None), "BPD top1 (bundled heads, fast settings)": ("bpd", DrafterSpec().fast()),
             "lookahead 7,4,7+ref": ("lookahead", LookaheadOptions(7, 4, 7, prompt_as_reference=True))}
     for g in a.gammas:
