@@ -33,38 +33,47 @@ from latticedraft.paths import data_dir  # noqa: E402
 KS = (1, 3, 5)
 
 
-def plot(rows: list[dict], d: int, path: Path) -> None:
+def plot(rows: list[dict], d: int, l: int, path: Path) -> None:
+    """Figures 3 and 4: for each k, Theorem 4.1's curve over p_correct in [0, 1] at dbar = d/2 (thin
+    line), and the points of the measured p_correct per exit layer (circles: shared LM head,
+    squares: trained per-layer heads; labelled with dbar)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.9))
-    styles = {"shared": "-", "trained": "--"}
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.2))
     colors = {1: "tab:blue", 3: "tab:orange", 5: "tab:green"}
-    for head in ("shared", "trained"):
-        for k in KS:
-            sel = sorted((r for r in rows if r["head"] == head and r["k"] == k), key=lambda r: r["dbar"])
-            if not sel:
-                continue
-            lat = [r["latency_per_token"] / d for r in sel]
-            per_time = [r["compute_per_token"] / r["latency_per_token"] for r in sel]
-            per_tok = [r["compute_per_token"] / d for r in sel]
-            lab = f"k={k}" + (" tr" if head == "trained" else "")
-            for ax, xs in ((axes[0], per_time), (axes[1], per_tok)):
-                ax.plot(xs, lat, styles[head], marker="o", color=colors[k], label=lab)
-                for x, y, r in zip(xs, lat, sel):
-                    ax.annotate(f"d̄={r['dbar']}", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    half = d // 2
+    ps = np.linspace(0, 1, 101)
+    for k in KS:
+        lat = np.array([expected_latency(d, half, p, l) / l for p in ps])
+        comp = np.array([expected_compute(d, half, p, k, l) / l for p in ps])
+        axes[0].plot(comp / lat, lat / d, color=colors[k], lw=1, alpha=0.6, label=f"k={k}, d̄={half}, p from 0 to 1")
+        axes[1].plot(comp / d, lat / d, color=colors[k], lw=1, alpha=0.6, label=f"k={k}, d̄={half}, p from 0 to 1")
+    for r in rows:
+        lat = r["latency_per_token"] / d
+        xs = (r["compute_per_token"] / r["latency_per_token"], r["compute_per_token"] / d)
+        for ax, x in zip(axes, xs):
+            ax.plot(x, lat, "o" if r["head"] == "shared" else "s", color=colors[r["k"]], ms=6,
+                    mfc="none" if r["head"] == "shared" else colors[r["k"]])
+            ax.annotate(f"{r['dbar']}", (x, lat), fontsize=7, xytext=(3, 2), textcoords="offset points")
     for ax in axes:
         ax.axhline(1.0, color="gray", ls=":", lw=1)
         ax.set_ylabel("latency per token (x greedy)")
         ax.grid(alpha=0.3)
     axes[0].set_xlabel("average compute units busy per time unit")
-    axes[0].set_title("Figure 3 shape: latency vs compute per time unit")
+    axes[0].set_title("Figure 3 shape", fontsize=10)
     axes[1].set_xlabel("compute per token (x greedy)")
-    axes[1].set_title("Figure 4 shape: latency vs compute per token")
-    axes[1].legend(fontsize=8, ncol=2)
-    fig.suptitle(f"PPD on the bundled base (d = {d}), Theorem 4.1 with measured p_correct", fontsize=10)
+    axes[1].set_title("Figure 4 shape", fontsize=10)
+    from matplotlib.lines import Line2D
+
+    marks = [Line2D([], [], marker="o", mfc="none", color="k", ls="", label="measured, shared LM head"),
+             Line2D([], [], marker="s", color="k", ls="", label="measured, trained exit heads")]
+    h, lab = axes[1].get_legend_handles_labels()
+    axes[1].legend(h + marks, lab + [m.get_label() for m in marks], fontsize=7)
+    fig.suptitle(f"PPD on the bundled base (d = {d}, l = {l}): Theorem 4.1 with the measured p_correct "
+                 "(point labels: exit layer d̄)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -119,7 +128,7 @@ def main(argv=None) -> int:
                                                                                             "seeds": a.seeds},
            "rows": rows}
     write_atomic(a.out, json.dumps(out, indent=1) + "\n")
-    plot(rows, d, a.png)
+    plot(rows, d, l, a.png)
     print(f"p_correct on {out['positions']} generated positions ({len(ids)} held-out prompts x {a.max_new_tokens} "
           f"tokens), bundled base d = {d}:\n")
     print("| exit layer d̄ | head | k=1 | k=3 | k=5 |\n|---|---|---|---|---|")

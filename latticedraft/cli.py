@@ -660,7 +660,9 @@ def _self_draft_rows(a):
     from latticedraft.decoding.kangaroo import KangarooOptions
     from latticedraft.decoding.ppd import PPDOptions
 
-    check_self_draft(argparse.Namespace(**{k: v for k, v in vars(a).items() if not k.startswith("_")}, method=None))
+    # ranges only: eval runs both rows, so neither method's options are refused
+    check_self_draft(argparse.Namespace(**{**{k: v for k, v in vars(a).items() if not k.startswith("_")},
+                                           "method": None}))
     return (KangarooOptions(gamma=a.gamma, eta=a.eta, adapter=a.adapter),
             PPDOptions(dbar=a.exit_layer, k=a.candidates, exit_heads=a.exit_heads))
 

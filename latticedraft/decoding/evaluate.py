@@ -193,7 +193,16 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
         except (InputError, ModelError) as e:
             notify(f"no Kangaroo row: {e}")
     if cfg.ppd is not None:
-        plan.append((_self_draft_name(cfg.ppd), cfg.ppd, "self-draft"))
+        from latticedraft.decoding.ppd import check_dbar
+        from latticedraft.gpu.layer_split import LayerSplit
+
+        try:  # a one-layer model has no early exit
+            d = LayerSplit(session.model).num_layers
+            check_dbar(cfg.ppd.dbar or d // 2, d)
+            session.self_draft("ppd", cfg.ppd)
+            plan.append((_self_draft_name(cfg.ppd), cfg.ppd, "self-draft"))
+        except (InputError, ModelError) as e:
+            notify(f"no PPD row: {e}")
 
     _warm_up(session, ids[:1], plan, rescorers)
     runs: dict[str, Run] = {}
