@@ -101,3 +101,15 @@ def test_self_draft_options_are_checked_before_loading(tmp_path, capsys, flags, 
     assert main(["decode", "--model", str(tmp_path / "no-such-model"), "--prompt", "x", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and named in err and "no-such-model" not in err and "\n" not in err
+
+
+@pytest.mark.parametrize("flags,needle", [
+    ([], "train heads needs --heads H"),
+    (["--early-exit", "--heads", "3"], "--heads does not apply here"),
+    (["--early-exit", "--unfreeze"], "drop --kind and --unfreeze"),
+])
+def test_train_heads_early_exit_options_are_one_line(tiny, tmp_path, capsys, flags, needle):
+    rc = main(["train", "heads", "--base", str(tiny / "base"), "--corpus", str(tiny / "corpus.txt"),
+               "-o", str(tmp_path / "h"), *flags, *TRAIN])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and needle in err
