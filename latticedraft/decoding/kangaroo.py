@@ -107,7 +107,7 @@ def kangaroo_decode(model, prompts: list, adapter, *, gamma: int = 6, eta: float
     def feed_adapter(j, h, bias, rot):
         if j == 1:  # the prompt's layer-l states enter the adapter's cache
             adapter(h, bias, rot, adapt.cache)
-            adapt.append_valid(*_prompt_valid(shallow))
+            adapt.append_valid(shallow.valid, shallow.pos)  # the slots the prefill just recorded
 
     t0 = time.perf_counter()
     last = prefill(split, [0, l, d], [shallow, deep], prompts, at_bound=feed_adapter)
@@ -183,11 +183,6 @@ def kangaroo_decode(model, prompts: list, adapter, *, gamma: int = 6, eta: float
         timing["model"] += t2 - t1
         timing["accept"] += time.perf_counter() - t2
     return rows.result("split", f"kangaroo l={l} gamma={gamma} eta={eta}", timing)
-
-
-def _prompt_valid(seg: SlotCache):
-    """(valid, pos) of the slots the prefill just recorded in ``seg``."""
-    return seg.valid, seg.pos
 
 
 def acceptance_by_position(sequences) -> list[float]:
