@@ -69,3 +69,28 @@ def test_adapter_roundtrip_and_mismatch(tmp_path):
         KangarooAdapter(split, 4)
     cfg = json.loads((tmp_path / "ad" / "adapter.json").read_text())
     assert cfg["exit_layer"] == 2 and cfg["base"]["num_layers"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral"])
+def test_adapter_and_exit_heads_distillation_steps_learn(arch):
+    from latticedraft.gpu.exit_heads import ExitHeads
+    from latticedraft.gpu.self_draft_train import adapter_loss, exit_heads_loss
+
+    m = tiny_model(arch, layers=3, seed=5)
+    split = LayerSplit(m)
+    for p in m.parameters():
+        p.requires_grad_(False)
+    batch = torch.as_tensor(np.stack(prompts(2, seed=1, lengths=(16,))))
+    for module, loss_fn in ((KangarooAdapter(split, 1), adapter_loss), (ExitHeads(split), exit_heads_loss)):
+        opt = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=3e-3)
+        with torch.no_grad():
+            first = loss_fn(split, module, batch)[0].item()
+        for _ in range(8):
+            loss, parts = loss_fn(split, module, batch)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            last = loss_fn(split, module, batch)[0].item()
+        assert last < first and all(np.isfinite(v) for v in parts.values()), (type(module).__name__, first, last)
