@@ -586,7 +586,7 @@ def _sampling(a):
     """``SamplingOptions`` of ``decode --method lookahead --temperature T`` (None: greedy)."""
     if getattr(a, "temperature", None) is None or getattr(a, "method", None) != "lookahead":
         return None
-    from latticedraft.decoding.onehot_sampling import SamplingOptions
+    from latticedraft.decoding.spec_sampling import SamplingOptions
 
     return SamplingOptions(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
 
