@@ -390,10 +390,9 @@ def _dynamo_sampler_args(p: argparse.ArgumentParser) -> None:
 
     addg("--epsilon-b", type=float, default=0.5, help="back-off threshold ε_b in [0, 1]: 0 always emits n tokens, 1 always one (default 0.5)")
     addg("--seed", type=int, default=0, help="sampling seed (default 0)")
-    addg("--top-k", type=int, default=50, help="top-k per head (default 50)")
-    addg("--temperature", type=float, default=None,
-         help="softmax temperature (dynamo: default 0.7; lookahead: sample at this temperature, greedy without it)")
-    addg("--repetition-penalty", type=float, default=1.1, help="divides the probability of repeated tokens (default 1.1)")
+    addg("--top-k", type=int, default=None, help="top-k per head (default 50)")
+    addg("--temperature", type=float, default=None, help="softmax temperature (default 0.7)")
+    addg("--repetition-penalty", type=float, default=None, help="divides the probability of repeated tokens (default 1.1)")
     addg("--alpha-c", type=float, default=1.0, help="co-occurrence mask exponent α_c (default 1.0)")
     addg("--unseen-weight", type=float, default=0.5, help="co-occurrence mask of pairs/triples the corpus lacks (default 0.5; 0 = hard)")
     addg("--max-n", type=int, default=None, help="most tokens per call (default: the model's heads, at most 3)")
@@ -408,11 +407,62 @@ def _dynamo_sampler_args(p: argparse.ArgumentParser) -> None:
     add("--device", default=None, help="torch device (default cpu)")
 
 
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    """generate's sampling flags, its meanings and defaults (``--method bpd`` and ``lookahead``
+    with ``--do-sample``; ``--method mtad`` always samples, default top-k 20 / top-p 0.9)."""
+    g = p.add_argument_group("sampling (--do-sample: as generate(do_sample=True), same meanings and defaults)")
+    g.add_argument("--do-sample", action="store_true",
+                   help="sample instead of decoding greedily; --method bpd and lookahead sample losslessly "
+                        "(speculative sampling: the output has the target's sampling distribution)")
+    g.add_argument("--temperature", type=float, default=None, help="softmax temperature (default 1.0; dynamo 0.7)")
+    g.add_argument("--top-k", type=int, default=None, help="keep the K most likely tokens, 0 = off (default 50; mtad 20)")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus filter, 1 = off (default 1.0; mtad 0.9)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed; row r draws from default_rng([S, r]) (default 0)")
+    g.add_argument("--repetition-penalty", type=float, default=None,
+                   help="generate's repetition penalty, 1 = off (default 1.0; dynamo 1.1)")
+
+
+def _sampling(a):
+    """``SamplingOptions`` of ``--do-sample`` (and of ``--method mtad``, which always samples);
+    None: greedy."""
+    method = getattr(a, "method", None)
+    if not (getattr(a, "do_sample", False) or method == "mtad"):
+        return None
+    from latticedraft.decoding.spec_sampling import SamplingOptions
+
+    mtad = method == "mtad"
+    pick = lambda v, default: default if v is None else v  # noqa: E731
+    return SamplingOptions(temperature=pick(a.temperature, 1.0), top_k=pick(a.top_k, 20 if mtad else 50),
+                           top_p=pick(a.top_p, 0.9 if mtad else 1.0), seed=a.seed,
+                           repetition_penalty=pick(a.repetition_penalty, 1.0))
+
+
+def _mtad_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("auxiliary draft model (--drafter model, --method mtad)")
+    g.add_argument("--draft-model", default=None, metavar="DIR",
+                   help="a small causal LM with the target's tokenizer that drafts (e.g. data/rescorer-medium)")
+    g.add_argument("--gamma", type=int, default=4, help="tokens drafted per step by the draft model (default 4)")
+    g.add_argument("--beams", type=int, default=8, help="MTAD: beams of the draft model's beam sampling (default 8)")
+    g.add_argument("--tau", type=float, default=0.1,
+                   help="MTAD: accept the longest draft prefix whose joint ratio min(1, p/q) exceeds TAU "
+                        "(default 0.1; >= 1: ordinary sampling). MTAD is approximate, not lossless")
+
+
+def _mtad(a):
+    if getattr(a, "method", None) != "mtad":
+        return None
+    from latticedraft.decoding.mtad import MtadOptions
+
+    return MtadOptions(gamma=a.gamma, beams=a.beams, tau=a.tau)
+
+
 def _dynamo_config(a):
     from latticedraft.decoding.dynamo import DynamoConfig, variant
 
-    cfg = DynamoConfig(epsilon_b=a.epsilon_b, top_k=a.top_k, temperature=0.7 if a.temperature is None else a.temperature,
-                       repetition_penalty=a.repetition_penalty, cooccurrence=not a.no_cooccurrence, alpha_c=a.alpha_c,
+    cfg = DynamoConfig(epsilon_b=a.epsilon_b, top_k=50 if a.top_k is None else a.top_k,
+                       temperature=0.7 if a.temperature is None else a.temperature,
+                       repetition_penalty=1.1 if a.repetition_penalty is None else a.repetition_penalty,
+                       cooccurrence=not a.no_cooccurrence, alpha_c=a.alpha_c,
                        unseen_weight=a.unseen_weight, adaptive_threshold=not a.no_adaptive_threshold,
                        blur=not a.no_blur, max_n=a.max_n)
     if getattr(a, "variant", None):
@@ -520,10 +570,11 @@ def _cmd_eval_dynamo(a) -> int:
 def _drafter_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("drafting (--method bpd)")
     g.add_argument("--drafter", default="top1",
-                   choices=["top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "none"],
+                   choices=["top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none"],
                    help="top1 = vanilla BPD; ngram/parallel = n-gram rescoring, p = 1 / --nbest; "
                         "parallel-base = --nbest paths of the un-rescored lattice; neural = Algorithm 2; "
-                        "oracle = best lattice path given the greedy output; none = no head drafts (with "
+                        "oracle = best lattice path given the greedy output; model = an auxiliary draft model "
+                        "(--draft-model DIR, classic speculative decoding); none = no head drafts (with "
                         "--context-ngrams: prompt lookup on latticedraft's verifier) (default top1)")
     g.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
     g.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
@@ -582,15 +633,6 @@ def _lookahead(a):
     return LookaheadOptions(W=a.window, N=a.ngram, G=a.pool, prompt_as_reference=a.prompt_as_reference)
 
 
-def _sampling(a):
-    """``SamplingOptions`` of ``decode --method lookahead --temperature T`` (None: greedy)."""
-    if getattr(a, "temperature", None) is None or getattr(a, "method", None) != "lookahead":
-        return None
-    from latticedraft.decoding.spec_sampling import SamplingOptions
-
-    return SamplingOptions(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
-
-
 def _spec(a):
     from latticedraft.decoding.run import DrafterSpec
     from latticedraft.errors import InputError
@@ -609,7 +651,8 @@ def _spec(a):
         raise InputError(f"--context-ngrams {tree['context_ngrams']}: give the longest suffix to match (>= 1), or 0 for off")
     look = _lookahead(a) if getattr(a, "lookahead_pool", False) else None
     return DrafterSpec(name=a.drafter, k=a.k, prune=a.prune, eps=a.eps, backoff=a.backoff, slots=a.slots,
-                       alpha=a.alpha, nbest=a.nbest, draft_vocab=vocab, lookahead=look, **tree)
+                       alpha=a.alpha, nbest=a.nbest, draft_vocab=vocab, lookahead=look,
+                       gamma=getattr(a, "gamma", 4), **tree)
 
 
 def _cmd_decode(a) -> int:
@@ -626,29 +669,35 @@ def _cmd_decode(a) -> int:
     if a.method == "dynamo":
         return _cmd_decode_dynamo(a, texts)
     spec = _spec(a)
-    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads, getattr(a, "draft_model", None))
     s.notify = lambda m: print(m, file=sys.stderr)
     check_model_limits(a, s.model)
     ids = encode(s.tokenizer, texts)
-    if a.method == "bpd":
-        s.prepare(spec, batch_size=a.batch_size if a.json else 1)
     look = _lookahead(a) if a.method == "lookahead" else None
-    smp = _sampling(a)
-    label = {"bpd": f"bpd/{a.drafter}", "lookahead": None if look is None else
-             f"lookahead W={look.W} N={look.N} G={look.G}" + ("" if smp is None else
-             f" sampling T={smp.temperature} top-k={smp.top_k} top-p={smp.top_p} seed={smp.seed}")
-             }.get(a.method, a.method)
+    smp, mtad = _sampling(a), _mtad(a)
+    if a.method == "bpd":
+        s.prepare(spec if smp is None else spec.for_sampling(), batch_size=a.batch_size if a.json else 1)
+    if a.method == "mtad":
+        _ = s.draft_model  # a missing or mismatched draft model fails before any output
+    how = "" if smp is None else (f" sampling T={smp.temperature} top-k={smp.top_k} top-p={smp.top_p} seed={smp.seed}"
+                                  + ("" if smp.repetition_penalty == 1.0 else f" rep={smp.repetition_penalty}"))
+    label = {"bpd": f"bpd/{a.drafter}" + how,
+             "lookahead": None if look is None else f"lookahead W={look.W} N={look.N} G={look.G}" + how,
+             "mtad": None if mtad is None else f"mtad gamma={mtad.gamma} beams={mtad.beams} tau={mtad.tau} (approximate)"
+                                               + how}.get(a.method, a.method)
     if a.json:  # each batch's records are written and flushed as soon as it completes
         for at in range(0, len(ids), a.batch_size):
             res = s.decode(ids[at:at + a.batch_size], a.method, spec, max_new_tokens=a.max_new_tokens,
-                           verify=a.verify, batch_size=a.batch_size, lookahead=look, sampling=smp, first_row=at)
+                           verify=a.verify, batch_size=a.batch_size, lookahead=look, sampling=smp, first_row=at,
+                           mtad=mtad)
             for rec in records(res, s.tokenizer, s.base_dir, texts[at:at + a.batch_size]):
                 print(json.dumps({**rec, "method": label}, ensure_ascii=False), flush=True)
         return 0
     for row, (text, p) in enumerate(zip(texts, ids)):
         sys.stdout.write(text)
         res = s.decode([p], a.method, spec, max_new_tokens=a.max_new_tokens, verify=a.verify,
-                       on_tokens=TextStream(s.tokenizer, sys.stdout), lookahead=look, sampling=smp, first_row=row)
+                       on_tokens=TextStream(s.tokenizer, sys.stdout), lookahead=look, sampling=smp, first_row=row,
+                       mtad=mtad)
         q = res.sequences[0]
         print()
         print(f"-- {len(q.tokens)} tokens, {q.calls} calls, block efficiency {q.block_efficiency:.2f}, "
@@ -721,9 +770,11 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
 def _add_decode(groups) -> None:
     p = groups.add_parser("decode", help="generate with parallel BPD (exactly the greedy output, fewer model calls)",
                           description="Generate with blockwise parallel decoding; the output equals greedy decoding.")
-    p.add_argument("--method", default="bpd", choices=["bpd", "greedy", "lookahead", "dynamo"],
+    p.add_argument("--method", default="bpd", choices=["bpd", "greedy", "lookahead", "mtad", "dynamo"],
                    help="bpd (default), greedy (plain autoregressive baseline), lookahead (lookahead decoding: "
-                        "Jacobi window + n-gram pool, no heads needed) or dynamo (sampling with DynaMo heads)")
+                        "Jacobi window + n-gram pool, no heads needed), mtad (multi-token assisted decoding with "
+                        "--draft-model: APPROXIMATE sampling, not lossless) or dynamo (sampling with DynaMo heads, "
+                        "approximate)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text; - reads it from standard input (default: --prompts)")
     src.add_argument("--prompts", default=None, metavar="FILE.jsonl",
@@ -750,12 +801,10 @@ def _add_decode(groups) -> None:
     _common_model_args(p)
     _drafter_args(p)
     _tree_args(p)
+    _mtad_args(p)
     _lookahead_args(p)
+    _sampling_args(p)
     _dynamo_sampler_args(p)
-    g = p.add_argument_group("lookahead sampling (--method lookahead --temperature T)")
-    g.add_argument("--top-p", type=float, default=1.0,
-                   help="nucleus filter of lookahead sampling, as generate's top_p (default 1.0 = off); --top-k "
-                        "(0 = off) and --seed apply too")
     p.set_defaults(func=_cmd_decode)
 
 

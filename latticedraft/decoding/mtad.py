@@ -20,6 +20,7 @@ after them. Paper defaults: gamma = 4, W = 8, tau = 0.1, top-k 20 then top-p 0.9
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,6 +30,18 @@ from latticedraft.decoding.spec_sampling import SamplingOptions, SeededDraws
 from latticedraft.errors import InputError
 
 MTAD_SAMPLING = SamplingOptions(temperature=1.0, top_k=20, top_p=0.9)  # the paper's warping
+
+
+@dataclass(frozen=True)
+class MtadOptions:
+    """gamma: draft tokens per step; beams: W of beam sampling; tau: the acceptance threshold."""
+
+    gamma: int = 4
+    beams: int = 8
+    tau: float = 0.1
+
+    def __post_init__(self):
+        check_mtad(self.gamma, self.beams, self.tau)
 
 
 def check_mtad(gamma: int, beams: int, tau: float) -> None:
