@@ -888,8 +888,8 @@ def _add_lattice(groups) -> None:
 
 def _cmd_eval(a) -> int:
     """``eval``: every drafter on a prompt set; results.json, results.md, Figure 6 and 7 PNGs."""
-    from latticedraft.cli_checks import (DRAFTING, LOOKAHEAD, SAMPLING, check_device, check_drafting,
-                                         check_lookahead_sizes, check_model_limits, refuse_given)
+    from latticedraft.cli_checks import (DRAFTING, DYNAMO_ONLY, LOOKAHEAD, check_device, check_drafting,
+                                         check_lookahead_sizes, check_model_limits, check_sampling, refuse_given)
     from latticedraft.paths import check_writable
 
     if a.records is not None:
@@ -898,11 +898,12 @@ def _cmd_eval(a) -> int:
     check_drafting(a)
     check_writable(a.out, "--out", "directory")
     if a.method == "dynamo":
-        refuse_given(a, DRAFTING + LOOKAHEAD + ("alphas", "lm2", "rescorers", "batch_size", "skip"),
+        refuse_given(a, DRAFTING + LOOKAHEAD + ("alphas", "lm2", "rescorers", "batch_size", "skip", "do_sample", "top_p"),
                      "eval --method dynamo runs the DynaMo ablation (those options apply to --method bpd)")
         return _cmd_eval_dynamo(a)
-    refuse_given(a, SAMPLING + ("epsilons", "variants", "seeds", "heldout_tokens", "dynamic_tokens"),
-                 "eval --method bpd is greedy; the sampling and ablation options apply to --method dynamo")
+    refuse_given(a, DYNAMO_ONLY + ("epsilons", "variants", "seeds", "heldout_tokens", "dynamic_tokens"),
+                 "the DynaMo ablation options apply to --method dynamo (eval --method bpd samples with --do-sample)")
+    check_sampling(a, "bpd")
     from latticedraft.decoding.evaluate import EvalConfig, evaluate
     from latticedraft.decoding.run import Session, read_prompts
     from latticedraft.decoding.tune import read_alphas
@@ -922,7 +923,7 @@ def _cmd_eval(a) -> int:
     cfg = EvalConfig(num_prompts=a.num_prompts, skip=a.skip, max_new_tokens=a.max_new_tokens, k=a.k, nbest=a.nbest,
                      prune=a.prune, eps=a.eps, backoff=a.backoff, verify=a.verify,
                      alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers,
-                     lookahead=_lookahead(a))
+                     lookahead=_lookahead(a), sampling=_sampling(a))
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     s.notify = lambda m: print(m, file=sys.stderr)
@@ -972,6 +973,7 @@ def _add_eval(groups) -> None:
     _common_model_args(p)
     _drafter_args(p)
     _lookahead_args(p)
+    _sampling_args(p)
     _dynamo_eval_args(p)
     p.set_defaults(func=_cmd_eval)
 

@@ -50,3 +50,22 @@ def test_a_draft_model_with_another_vocabulary_is_refused(bundle, tmp_path, caps
                  "--draft-model", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "--draft-model" in err and "100" in err and "\n" not in err
+
+
+@pytest.mark.slow
+def test_eval_do_sample_reports_sampled_runs(bundle, tmp_path, capsys):  # noqa: F811
+    from latticedraft.paths import default_lm_dir
+
+    if not default_lm_dir().exists():
+        pytest.skip("bundled 4-gram missing (run scripts/setup.sh)")
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(bundle / "heads"), "--rescorer", str(bundle / "resc"),
+                 "--prompts", str(bundle / "prompts.jsonl"), "--num-prompts", "1", "--max-new-tokens", "6",
+                 "--window", "3", "--pool", "2", "--do-sample", "--temperature", "0.7", "--seed", "3",
+                 "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["sampling"]["temperature"] == 0.7 and res["runs"]["greedy"]["exact"] is True
+    assert res["runs"]["Base"]["exact"] is None and not any(n.startswith("Oracle") for n in res["runs"])
+    assert "Sampled losslessly" in (out / "results.md").read_text() and not (out / "fig6_oracle_vs_k.png").exists()
+    assert main(["eval", "--model", str(bundle / "heads"), "--top-p", "0.5", "--out", str(tmp_path / "e2")]) == 2
+    assert "--do-sample" in capsys.readouterr().err
