@@ -355,7 +355,7 @@ class Verifier:
     @torch.inference_mode()
     def prefill(self, prompts: list[np.ndarray], choose=None) -> tuple[SlotCache, np.ndarray, torch.Tensor]:
         """Run the left-padded prompts; returns the cache, the base model's greedy next token
-        after each prompt (int64[b], the first root; ``choose(rows, logits, [[]] * b)`` picks it
+        after each prompt (int64[b], the first root; ``choose(rows, logits, [()] * b, None)`` picks it
         instead when given, with empty prefixes) and the extra heads' logits there ([b, h-1, V'], as
         ``StepResult.head_logits``)."""
         if not prompts or any(len(p) == 0 for p in prompts):
