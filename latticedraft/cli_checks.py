@@ -236,7 +236,7 @@ def check_output(a) -> None:
         raise InputError("--output needs --prompts FILE.jsonl (- reads standard input); use --prompts for a data set")
     refuse_given(a, ("json",), "--output writes one JSON record per prompt already")
     if a.method in ("dynamo", "lookahead", "mtad") or getattr(a, "do_sample", False):
-        raise InputError(f"--output applies to greedy --method bpd and greedy; for --method {a.method}"
+        raise InputError(f"--output applies to --method bpd and greedy without --do-sample; for --method {a.method}"
                          f"{' --do-sample' if getattr(a, 'do_sample', False) else ''} use --json")
 
 
