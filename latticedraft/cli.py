@@ -444,10 +444,9 @@ def _dynamo_sampler_args(p: argparse.ArgumentParser) -> None:
 
     addg("--epsilon-b", type=float, default=0.5, help="back-off threshold ε_b in [0, 1]: 0 always emits n tokens, 1 always one (default 0.5)")
     addg("--seed", type=int, default=0, help="sampling seed (default 0)")
-    addg("--top-k", type=int, default=50, help="top-k per head (default 50)")
-    addg("--temperature", type=float, default=None,
-         help="softmax temperature (dynamo: default 0.7; lookahead: sample at this temperature, greedy without it)")
-    addg("--repetition-penalty", type=float, default=1.1, help="divides the probability of repeated tokens (default 1.1)")
+    addg("--top-k", type=int, default=None, help="top-k per head (default 50)")
+    addg("--temperature", type=float, default=None, help="softmax temperature (default 0.7)")
+    addg("--repetition-penalty", type=float, default=None, help="divides the probability of repeated tokens (default 1.1)")
     addg("--alpha-c", type=float, default=1.0, help="co-occurrence mask exponent α_c (default 1.0)")
     addg("--unseen-weight", type=float, default=0.5, help="co-occurrence mask of pairs/triples the corpus lacks (default 0.5; 0 = hard)")
     addg("--max-n", type=int, default=None, help="most tokens per call (default: the model's heads, at most 3)")
@@ -462,11 +461,72 @@ def _dynamo_sampler_args(p: argparse.ArgumentParser) -> None:
     add("--device", default=None, help="torch device (default cpu)")
 
 
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    """generate's sampling flags, its meanings and defaults (``--method bpd`` and ``lookahead``
+    with ``--do-sample``; ``--method mtad`` always samples, default top-k 20 / top-p 0.9)."""
+    g = p.add_argument_group("sampling (--do-sample: as generate(do_sample=True), same meanings and defaults)")
+    g.add_argument("--do-sample", action="store_true",
+                   help="sample instead of decoding greedily; --method bpd and lookahead sample losslessly "
+                        "(speculative sampling: the output has the target's sampling distribution)")
+    g.add_argument("--temperature", type=float, default=None, help="softmax temperature (default 1.0; dynamo 0.7)")
+    g.add_argument("--top-k", type=int, default=None, help="keep the K most likely tokens, 0 = off (default 50; mtad 20)")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus filter, 1 = off (default 1.0; mtad 0.9)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed; row r draws from default_rng([S, r]) (default 0)")
+    g.add_argument("--repetition-penalty", type=float, default=None,
+                   help="generate's repetition penalty, 1 = off (default 1.0; dynamo 1.1)")
+
+
+def _sampling(a):
+    """``SamplingOptions`` of ``--do-sample`` (and of ``--method mtad``, which always samples);
+    None: greedy."""
+    method = getattr(a, "method", None)
+    if not (getattr(a, "do_sample", False) or method == "mtad"):
+        return None
+    from latticedraft.decoding.spec_sampling import SamplingOptions
+
+    mtad = method == "mtad"
+    pick = lambda v, default: default if v is None else v  # noqa: E731
+    return SamplingOptions(temperature=pick(a.temperature, 1.0), top_k=pick(a.top_k, 20 if mtad else 50),
+                           top_p=pick(a.top_p, 0.9 if mtad else 1.0), seed=a.seed,
+                           repetition_penalty=pick(a.repetition_penalty, 1.0))
+
+
+def _mtad_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("auxiliary draft model (--drafter model, --method mtad)")
+    g.add_argument("--draft-model", default=None, metavar="DIR",
+                   help="a small causal LM with the target's tokenizer that drafts (e.g. data/rescorer-medium)")
+    g.add_argument("--beams", type=int, default=8, help="MTAD: beams of the draft model's beam sampling (default 8)")
+    g.add_argument("--tau", type=float, default=0.1,
+                   help="MTAD: accept the longest draft prefix whose joint ratio min(1, p/q) exceeds TAU "
+                        "(default 0.1; >= 1: ordinary sampling). MTAD is approximate, not lossless")
+
+
+def _gamma_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gamma", type=int, default=None,
+                   help="most tokens drafted per step: by the draft model (--drafter model, --method mtad; default "
+                        "4) or by Kangaroo's adapter (--method kangaroo; default 6)")
+
+
+def gamma_of(a, default: int) -> int:
+    """``--gamma``, or the method's default when it was left out."""
+    return default if getattr(a, "gamma", None) is None else a.gamma
+
+
+def _mtad(a):
+    if getattr(a, "method", None) != "mtad":
+        return None
+    from latticedraft.decoding.mtad import MtadOptions
+
+    return MtadOptions(gamma=gamma_of(a, 4), beams=a.beams, tau=a.tau)
+
+
 def _dynamo_config(a):
     from latticedraft.decoding.dynamo import DynamoConfig, variant
 
-    cfg = DynamoConfig(epsilon_b=a.epsilon_b, top_k=a.top_k, temperature=0.7 if a.temperature is None else a.temperature,
-                       repetition_penalty=a.repetition_penalty, cooccurrence=not a.no_cooccurrence, alpha_c=a.alpha_c,
+    cfg = DynamoConfig(epsilon_b=a.epsilon_b, top_k=50 if a.top_k is None else a.top_k,
+                       temperature=0.7 if a.temperature is None else a.temperature,
+                       repetition_penalty=1.1 if a.repetition_penalty is None else a.repetition_penalty,
+                       cooccurrence=not a.no_cooccurrence, alpha_c=a.alpha_c,
                        unseen_weight=a.unseen_weight, adaptive_threshold=not a.no_adaptive_threshold,
                        blur=not a.no_blur, max_n=a.max_n)
     if getattr(a, "variant", None):
@@ -574,10 +634,11 @@ def _cmd_eval_dynamo(a) -> int:
 def _drafter_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("drafting (--method bpd)")
     g.add_argument("--drafter", default="top1",
-                   choices=["top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "none"],
+                   choices=["top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none"],
                    help="top1 = vanilla BPD; ngram/parallel = n-gram rescoring, p = 1 / --nbest; "
                         "parallel-base = --nbest paths of the un-rescored lattice; neural = Algorithm 2; "
-                        "oracle = best lattice path given the greedy output; none = no head drafts (with "
+                        "oracle = best lattice path given the greedy output; model = an auxiliary draft model "
+                        "(--draft-model DIR, classic speculative decoding); none = no head drafts (with "
                         "--context-ngrams: prompt lookup on latticedraft's verifier) (default top1)")
     g.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
     g.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
@@ -630,7 +691,6 @@ def _self_draft_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("early-layer self-drafting (--method kangaroo / ppd)")
     g.add_argument("--adapter", default=None, metavar="DIR",
                    help="kangaroo: the adapter from `train adapter` (default data/adapter-kangaroo; its exit layer is l)")
-    g.add_argument("--gamma", type=int, default=6, help="kangaroo: most drafts per step (default 6)")
     g.add_argument("--eta", type=float, default=0.6,
                    help="kangaroo: stop drafting when the adapter's top-1 probability is <= eta (default 0.6)")
     g.add_argument("--exit-layer", type=int, default=None, metavar="DBAR",
@@ -646,7 +706,7 @@ def _self_draft(a):
     if getattr(a, "method", None) == "kangaroo":
         from latticedraft.decoding.kangaroo import KangarooOptions
 
-        return KangarooOptions(gamma=a.gamma, eta=a.eta, adapter=a.adapter)
+        return KangarooOptions(gamma=gamma_of(a, 6), eta=a.eta, adapter=a.adapter)
     if getattr(a, "method", None) == "ppd":
         from latticedraft.decoding.ppd import PPDOptions
 
@@ -663,7 +723,7 @@ def _self_draft_rows(a):
     # ranges only: eval runs both rows, so neither method's options are refused
     check_self_draft(argparse.Namespace(**{**{k: v for k, v in vars(a).items() if not k.startswith("_")},
                                            "method": None}))
-    return (KangarooOptions(gamma=a.gamma, eta=a.eta, adapter=a.adapter),
+    return (KangarooOptions(gamma=gamma_of(a, 6), eta=a.eta, adapter=a.adapter),
             PPDOptions(dbar=a.exit_layer, k=a.candidates, exit_heads=a.exit_heads))
 
 
@@ -675,15 +735,6 @@ def _lookahead(a):
 
         return LookaheadOptions(**read_lookahead_config(a.lookahead_config))
     return LookaheadOptions(W=a.window, N=a.ngram, G=a.pool, prompt_as_reference=a.prompt_as_reference)
-
-
-def _sampling(a):
-    """``SamplingOptions`` of ``decode --method lookahead --temperature T`` (None: greedy)."""
-    if getattr(a, "temperature", None) is None or getattr(a, "method", None) != "lookahead":
-        return None
-    from latticedraft.decoding.onehot_sampling import SamplingOptions
-
-    return SamplingOptions(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
 
 
 def _spec(a):
@@ -704,7 +755,8 @@ def _spec(a):
         raise InputError(f"--context-ngrams {tree['context_ngrams']}: give the longest suffix to match (>= 1), or 0 for off")
     look = _lookahead(a) if getattr(a, "lookahead_pool", False) else None
     return DrafterSpec(name=a.drafter, k=a.k, prune=a.prune, eps=a.eps, backoff=a.backoff, slots=a.slots,
-                       alpha=a.alpha, nbest=a.nbest, draft_vocab=vocab, lookahead=look, **tree)
+                       alpha=a.alpha, nbest=a.nbest, draft_vocab=vocab, lookahead=look,
+                       gamma=gamma_of(a, 4), **tree)
 
 
 def _cmd_decode(a) -> int:
@@ -721,27 +773,31 @@ def _cmd_decode(a) -> int:
     if a.method == "dynamo":
         return _cmd_decode_dynamo(a, texts)
     spec = _spec(a)
-    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads, getattr(a, "draft_model", None))
     s.notify = lambda m: print(m, file=sys.stderr)
     check_model_limits(a, s.model)
     ids = encode(s.tokenizer, texts)
-    if a.method == "bpd":
-        s.prepare(spec, batch_size=a.batch_size if a.json else 1)
     look = _lookahead(a) if a.method == "lookahead" else None
-    smp = _sampling(a)
-    sd = _self_draft(a)
-    label = {"bpd": f"bpd/{a.drafter}", "lookahead": None if look is None else
-             f"lookahead W={look.W} N={look.N} G={look.G}" + ("" if smp is None else
-             f" sampling T={smp.temperature} top-k={smp.top_k} top-p={smp.top_p} seed={smp.seed}"),
-             "kangaroo": a.method == "kangaroo" and f"kangaroo gamma={sd.gamma} eta={sd.eta}",
-             "ppd": a.method == "ppd" and f"ppd exit-layer={sd.dbar or 'd/2'} k={sd.k}"}.get(a.method, a.method)
+    smp, mtad, sd = _sampling(a), _mtad(a), _self_draft(a)
+    if a.method == "bpd":
+        s.prepare(spec if smp is None else spec.for_sampling(), batch_size=a.batch_size if a.json else 1)
+    if a.method == "mtad":
+        _ = s.draft_model  # a missing or mismatched draft model fails before any output
     if sd is not None:
         s.self_draft(a.method, sd)  # a missing or mismatching adapter fails before any output
+    how = "" if smp is None else (f" sampling T={smp.temperature} top-k={smp.top_k} top-p={smp.top_p} seed={smp.seed}"
+                                  + ("" if smp.repetition_penalty == 1.0 else f" rep={smp.repetition_penalty}"))
+    label = {"bpd": f"bpd/{a.drafter}" + how,
+             "lookahead": None if look is None else f"lookahead W={look.W} N={look.N} G={look.G}" + how,
+             "mtad": None if mtad is None else f"mtad gamma={mtad.gamma} beams={mtad.beams} tau={mtad.tau} (approximate)"
+                                               + how,
+             "kangaroo": a.method == "kangaroo" and f"kangaroo gamma={sd.gamma} eta={sd.eta}",
+             "ppd": a.method == "ppd" and f"ppd exit-layer={sd.dbar or 'd/2'} k={sd.k}"}.get(a.method, a.method)
     if a.json:  # each batch's records are written and flushed as soon as it completes
         for at in range(0, len(ids), a.batch_size):
             res = s.decode(ids[at:at + a.batch_size], a.method, spec, max_new_tokens=a.max_new_tokens,
                            verify=a.verify, batch_size=a.batch_size, lookahead=look, sampling=smp, first_row=at,
-                           self_draft=sd)
+                           mtad=mtad, self_draft=sd)
             for rec in records(res, s.tokenizer, s.base_dir, texts[at:at + a.batch_size]):
                 print(json.dumps({**rec, "method": label}, ensure_ascii=False), flush=True)
         return 0
@@ -749,7 +805,7 @@ def _cmd_decode(a) -> int:
         sys.stdout.write(text)
         res = s.decode([p], a.method, spec, max_new_tokens=a.max_new_tokens, verify=a.verify,
                        on_tokens=TextStream(s.tokenizer, sys.stdout), lookahead=look, sampling=smp, first_row=row,
-                       self_draft=sd)
+                       mtad=mtad, self_draft=sd)
         q = res.sequences[0]
         print()
         print(f"-- {len(q.tokens)} tokens, {q.calls} calls, block efficiency {q.block_efficiency:.2f}, "
@@ -822,11 +878,12 @@ def _common_model_args(p: argparse.ArgumentParser) -> None:
 def _add_decode(groups) -> None:
     p = groups.add_parser("decode", help="generate with parallel BPD (exactly the greedy output, fewer model calls)",
                           description="Generate with blockwise parallel decoding; the output equals greedy decoding.")
-    p.add_argument("--method", default="bpd", choices=["bpd", "greedy", "lookahead", "kangaroo", "ppd", "dynamo"],
+    p.add_argument("--method", default="bpd", choices=["bpd", "greedy", "lookahead", "mtad", "kangaroo", "ppd", "dynamo"],
                    help="bpd (default), greedy (plain autoregressive baseline), lookahead (lookahead decoding: "
-                        "Jacobi window + n-gram pool, no heads needed), kangaroo (drafts from the first l layers "
-                        "+ an adapter), ppd (predictive pipelined decoding from an early exit) or dynamo "
-                        "(sampling with DynaMo heads)")
+                        "Jacobi window + n-gram pool, no heads needed), mtad (multi-token assisted decoding with "
+                        "--draft-model: APPROXIMATE sampling, not lossless), kangaroo (drafts from the first l layers "
+                        "+ an adapter), ppd (predictive pipelined decoding from an early exit) or dynamo (sampling "
+                        "with DynaMo heads, approximate)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text; - reads it from standard input (default: --prompts)")
     src.add_argument("--prompts", default=None, metavar="FILE.jsonl",
@@ -853,13 +910,12 @@ def _add_decode(groups) -> None:
     _common_model_args(p)
     _drafter_args(p)
     _tree_args(p)
+    _mtad_args(p)
     _lookahead_args(p)
     _self_draft_args(p)
+    _gamma_arg(p)
+    _sampling_args(p)
     _dynamo_sampler_args(p)
-    g = p.add_argument_group("lookahead sampling (--method lookahead --temperature T)")
-    g.add_argument("--top-p", type=float, default=1.0,
-                   help="nucleus filter of lookahead sampling, as generate's top_p (default 1.0 = off); --top-k "
-                        "(0 = off) and --seed apply too")
     p.set_defaults(func=_cmd_decode)
 
 
@@ -943,8 +999,8 @@ def _add_lattice(groups) -> None:
 
 def _cmd_eval(a) -> int:
     """``eval``: every drafter on a prompt set; results.json, results.md, Figure 6 and 7 PNGs."""
-    from latticedraft.cli_checks import (DRAFTING, LOOKAHEAD, SAMPLING, check_device, check_drafting,
-                                         check_lookahead_sizes, check_model_limits, refuse_given)
+    from latticedraft.cli_checks import (DRAFTING, DYNAMO_ONLY, LOOKAHEAD, check_device, check_drafting,
+                                         check_lookahead_sizes, check_model_limits, check_sampling, refuse_given)
     from latticedraft.paths import check_writable
 
     if a.records is not None:
@@ -953,11 +1009,12 @@ def _cmd_eval(a) -> int:
     check_drafting(a)
     check_writable(a.out, "--out", "directory")
     if a.method == "dynamo":
-        refuse_given(a, DRAFTING + LOOKAHEAD + ("alphas", "lm2", "rescorers", "batch_size", "skip"),
+        refuse_given(a, DRAFTING + LOOKAHEAD + ("alphas", "lm2", "rescorers", "batch_size", "skip", "do_sample", "top_p"),
                      "eval --method dynamo runs the DynaMo ablation (those options apply to --method bpd)")
         return _cmd_eval_dynamo(a)
-    refuse_given(a, SAMPLING + ("epsilons", "variants", "seeds", "heldout_tokens", "dynamic_tokens"),
-                 "eval --method bpd is greedy; the sampling and ablation options apply to --method dynamo")
+    refuse_given(a, DYNAMO_ONLY + ("epsilons", "variants", "seeds", "heldout_tokens", "dynamic_tokens"),
+                 "the DynaMo ablation options apply to --method dynamo (eval --method bpd samples with --do-sample)")
+    check_sampling(a, "bpd")
     from latticedraft.decoding.evaluate import EvalConfig, evaluate
     from latticedraft.decoding.run import Session, read_prompts
     from latticedraft.decoding.tune import read_alphas
@@ -977,7 +1034,8 @@ def _cmd_eval(a) -> int:
     cfg = EvalConfig(num_prompts=a.num_prompts, skip=a.skip, max_new_tokens=a.max_new_tokens, k=a.k, nbest=a.nbest,
                      prune=a.prune, eps=a.eps, backoff=a.backoff, verify=a.verify,
                      alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers,
-                     lookahead=_lookahead(a), kangaroo=_self_draft_rows(a)[0], ppd=_self_draft_rows(a)[1])
+                     lookahead=_lookahead(a), kangaroo=_self_draft_rows(a)[0], ppd=_self_draft_rows(a)[1],
+                     sampling=_sampling(a))
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     s.notify = lambda m: print(m, file=sys.stderr)
@@ -1028,6 +1086,8 @@ def _add_eval(groups) -> None:
     _drafter_args(p)
     _lookahead_args(p)
     _self_draft_args(p)
+    _gamma_arg(p)
+    _sampling_args(p)
     _dynamo_eval_args(p)
     p.set_defaults(func=_cmd_eval)
 

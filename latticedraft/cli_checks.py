@@ -13,12 +13,15 @@ import math
 from latticedraft.errors import InputError
 
 # options of `decode` / `eval` by what they apply to
-SAMPLING = ("epsilon_b", "seed", "top_k", "top_p", "temperature", "repetition_penalty", "alpha_c", "unseen_weight", "max_n",
-            "no_cooccurrence", "no_adaptive_threshold", "no_blur", "variant", "cooccurrence")
+SAMPLING = ("do_sample", "epsilon_b", "seed", "top_k", "top_p", "temperature", "repetition_penalty", "alpha_c",
+            "unseen_weight", "max_n", "no_cooccurrence", "no_adaptive_threshold", "no_blur", "variant", "cooccurrence")
+GENERATE_SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed", "repetition_penalty")  # generate's flags
+DYNAMO_ONLY = tuple(d for d in SAMPLING if d not in GENERATE_SAMPLING)
+MTAD = ("beams", "tau")
 DRAFTING = ("drafter", "lm", "rescorer", "alpha", "nbest", "k", "prune", "eps", "backoff", "slots", "verify", "tree",
-            "context_ngrams", "draft_vocab", "lookahead_pool")
+            "context_ngrams", "draft_vocab", "lookahead_pool", "draft_model", "gamma")
 LOOKAHEAD = ("window", "ngram", "pool", "prompt_as_reference", "lookahead_config")
-KANGAROO = ("adapter", "gamma", "eta")  # --method kangaroo only
+KANGAROO = ("adapter", "eta")  # --method kangaroo only (--gamma: kangaroo, mtad and --drafter model)
 PPD = ("exit_layer", "candidates", "exit_heads")  # --method ppd only
 DATASET = ("resume", "skip_bad", "sort_by_length", "quiet_ranks")  # decode --output only
 # which bpd drafters use an option (the others ignore it, so it is refused)
@@ -27,6 +30,8 @@ DRAFTER_USES = {
     "rescorer": ("neural",),
     "alpha": ("ngram", "parallel", "neural"),
     "nbest": ("parallel", "parallel-base"),
+    "draft_model": ("model",),
+    "gamma": ("model",),
 }
 HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")  # all but "none"
 DRAFTER_USES.update({d: HEAD_DRAFTERS for d in ("k", "prune", "eps", "backoff", "slots", "draft_vocab")})
@@ -135,25 +140,42 @@ def check_lookahead_sizes(a) -> None:
         read_lookahead_config(a.lookahead_config)
 
 
-LOOKAHEAD_SAMPLING = ("temperature", "top_k", "top_p", "seed")
-
-
-def check_lookahead_sampling(a) -> None:
-    """``--method lookahead`` samples with --temperature (then --top-k, --top-p, --seed apply);
-    without it, it decodes greedily and refuses them. DynaMo's other options never apply."""
-    refuse_given(a, tuple(d for d in SAMPLING if d not in LOOKAHEAD_SAMPLING),
-                 "--method lookahead samples with --temperature / --top-k / --top-p / --seed only "
-                 "(the others apply to --method dynamo)")
-    if getattr(a, "temperature", None) is None:
-        refuse_given(a, ("top_k", "top_p", "seed"), "--method lookahead decodes greedily without --temperature; "
-                                                    "add --temperature T to sample")
+def check_sampling(a, method: str) -> None:
+    """generate's sampling flags: they need ``--do-sample`` (``--method mtad`` always samples);
+    ranges as generate's; DynaMo's own options never apply to ``method``."""
+    refuse_given(a, DYNAMO_ONLY, f"--method {method} samples with --do-sample / --temperature / --top-k / --top-p / "
+                                 "--seed / --repetition-penalty only (the others apply to --method dynamo)")
+    if method != "mtad" and not getattr(a, "do_sample", False):
+        refuse_given(a, GENERATE_SAMPLING, f"--method {method} decodes greedily without --do-sample; add --do-sample "
+                                           "to sample")
         return
-    if not (math.isfinite(a.temperature) and a.temperature > 0):
-        raise InputError(f"--temperature {a.temperature} must be a finite number > 0 (leave it out to decode greedily)")
-    if a.top_k < 0:
+    t = getattr(a, "temperature", None)
+    if t is not None and not (math.isfinite(t) and t > 0):
+        raise InputError(f"--temperature {t} must be a finite number > 0 (leave out --do-sample to decode greedily)")
+    if getattr(a, "top_k", None) is not None and a.top_k < 0:
         raise InputError(f"--top-k {a.top_k} must be >= 0 (0 = no top-k filter)")
-    if not (math.isfinite(a.top_p) and 0.0 < a.top_p <= 1.0):
-        raise InputError(f"--top-p {a.top_p} must be in (0, 1] (1 = no nucleus filter)")
+    p = getattr(a, "top_p", None)
+    if p is not None and not (math.isfinite(p) and 0.0 < p <= 1.0):
+        raise InputError(f"--top-p {p} must be in (0, 1] (1 = no nucleus filter)")
+    r = getattr(a, "repetition_penalty", None)
+    if r is not None and not (math.isfinite(r) and r > 0):
+        raise InputError(f"--repetition-penalty {r} must be a finite number > 0 (1 = off)")
+
+
+def check_mtad(a) -> None:
+    """``--method mtad``: an auxiliary draft model and MTAD's ranges; no head drafting options."""
+    if a.method != "mtad":
+        refuse_given(a, MTAD, "it applies to --method mtad")
+        return
+    refuse_given(a, tuple(d for d in DRAFTING if d not in ("verify", "draft_model", "gamma")),
+                 "--method mtad drafts with the auxiliary --draft-model, not from heads (the drafting options "
+                 "apply to --method bpd)")
+    if getattr(a, "draft_model", None) is None:
+        raise InputError("--method mtad needs an auxiliary draft model: pass --draft-model DIR (e.g. data/rescorer-medium)")
+    at_least(a, "gamma", 1)
+    at_least(a, "beams", 1)
+    if not (math.isfinite(a.tau) and a.tau >= 0):
+        raise InputError(f"--tau {a.tau} must be a number >= 0 (>= 1: ordinary sampling from the target)")
 
 
 def check_self_draft(a) -> None:
@@ -177,11 +199,14 @@ def check_decode(a) -> None:
     check_drafting(a)
     check_output(a)
     check_lookahead(a)
+    check_mtad(a)
     check_self_draft(a)
     if a.method in ("kangaroo", "ppd"):
-        refuse_given(a, SAMPLING, f"--method {a.method} decodes greedily (the sampling options apply to --method dynamo)")
-        refuse_given(a, DRAFTING, f"--method {a.method} drafts from the model's own early layers, not from heads "
-                                  "(the drafting options apply to --method bpd)")
+        refuse_given(a, SAMPLING, f"--method {a.method} decodes greedily (the sampling options apply to --method bpd, "
+                                  "lookahead, mtad and dynamo)")
+        refuse_given(a, tuple(d for d in DRAFTING if not (d == "gamma" and a.method == "kangaroo")),
+                     f"--method {a.method} drafts from the model's own early layers, not from heads "
+                     "(the drafting options apply to --method bpd)")
         if getattr(a, "output", None) is not None:
             raise InputError(f"--output (resumable dataset decoding) runs --method bpd, greedy or lookahead; "
                              f"decode --method {a.method} with --json instead")
@@ -189,11 +214,12 @@ def check_decode(a) -> None:
             refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
                                              "to decode them in batches")
         return
-    if a.method == "lookahead":
-        check_lookahead_sampling(a)
-        refuse_given(a, tuple(d for d in DRAFTING if d != "verify"),
-                     "--method lookahead drafts from its own Jacobi window and n-gram pool, not from heads "
-                     "(the drafting options apply to --method bpd)")
+    if a.method in ("lookahead", "mtad"):
+        check_sampling(a, a.method)
+        if a.method == "lookahead":
+            refuse_given(a, tuple(d for d in DRAFTING if d != "verify"),
+                         "--method lookahead drafts from its own Jacobi window and n-gram pool, not from heads "
+                         "(the drafting options apply to --method bpd)")
         if not a.json:
             refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
                                              "to decode them in batches")
@@ -202,17 +228,31 @@ def check_decode(a) -> None:
         refuse_given(a, DRAFTING, "--method dynamo samples from the DynaMo heads without a drafter "
                                   "(the drafting options apply to --method bpd)")
         refuse_given(a, ("batch_size",), "--method dynamo decodes one prompt at a time")
-        refuse_given(a, ("top_p",), "--method dynamo samples each head's top-k (--top-p applies to --method lookahead)")
+        refuse_given(a, ("top_p", "do_sample"), "--method dynamo always samples each head's top-k (--do-sample and "
+                                                "--top-p apply to --method bpd, lookahead and mtad)")
         return
-    refuse_given(a, SAMPLING, f"--method {a.method} decodes greedily; the sampling options apply to --method dynamo")
     if a.method == "greedy":
+        refuse_given(a, SAMPLING, "--method greedy decodes greedily; the sampling options apply to --method bpd, "
+                                  "lookahead and mtad (with --do-sample) and dynamo")
         refuse_given(a, DRAFTING, "--method greedy is plain autoregressive decoding without drafts "
                                   "(the drafting options apply to --method bpd)")
     else:
+        check_sampling(a, a.method)
+        if getattr(a, "do_sample", False):
+            if a.drafter == "oracle":
+                raise InputError("--drafter oracle drafts the greedy output; choose another drafter with --do-sample")
+            why = ("--do-sample verifies the drafted paths as drawn (no cost-aware tree, context n-grams or "
+                   "lookahead pool: choices that look at sampled tokens would bias them)")
+            refuse_given(a, ("lookahead_pool",), why)
+            if given(a, "context_ngrams") and a.context_ngrams:
+                raise InputError(f"--context-ngrams {a.context_ngrams} does not apply here: {why}; drop it")
         for dest, users in DRAFTER_USES.items():
             if a.drafter not in users:
                 refuse_given(a, (dest,), f"--drafter {a.drafter} does not use it (it applies to --drafter "
                                          f"{' / '.join(users)})")
+        if a.drafter == "model" and getattr(a, "draft_model", None) is None:
+            raise InputError("--drafter model needs an auxiliary draft model: pass --draft-model DIR "
+                             "(e.g. data/rescorer-medium)")
     if not a.json and getattr(a, "output", None) is None:
         refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
                                          "or --output OUT.jsonl to decode them in batches")
@@ -226,8 +266,9 @@ def check_output(a) -> None:
     if a.prompts is None:
         raise InputError("--output needs --prompts FILE.jsonl (- reads standard input); use --prompts for a data set")
     refuse_given(a, ("json",), "--output writes one JSON record per prompt already")
-    if a.method in ("dynamo", "lookahead"):
-        raise InputError(f"--output applies to --method bpd and greedy; for --method {a.method} use --json")
+    if a.method in ("dynamo", "lookahead", "mtad") or getattr(a, "do_sample", False):
+        raise InputError(f"--output applies to --method bpd and greedy without --do-sample; for --method {a.method}"
+                         f"{' --do-sample' if getattr(a, 'do_sample', False) else ''} use --json")
 
 
 def check_model_limits(a, model) -> None:

@@ -5,6 +5,12 @@ logits at the last accepted token, which form the next step's lattice (Stern et 
 Prompts of different lengths decode together; each row stops on EOS or ``max_new_tokens``
 and leaves the batch. Output equals the target model's greedy decode token for token.
 
+With ``sampling`` (``spec_sampling.SamplingOptions``) the loop samples losslessly instead: the
+drafter draws its drafts (``Drafter.sample``: sampled paths with their q, or deterministic
+paths as one-hot drafts), every drafted path is verified as drawn (no cost-aware pruning, no
+context n-grams: a choice that looked at the sampled tokens would bias them) and the walk
+accepts by multi-step speculative sampling; the output has the target's sampling distribution.
+
 Counting: the prefill call emits 1 token (the base model's argmax); each verify call emits
 the n accepted draft tokens plus one bonus token. Block efficiency = tokens / calls, so plain
 greedy decoding has 1.0.
@@ -112,6 +118,9 @@ def bpd_decode(
     cost: CostModel | None = None,
     gate: HeadGate | None = None,
     lookahead=None,
+    sampling=None,
+    draws=None,
+    chooser=None,
 ) -> DecodeResult:
     """Decode every prompt with blockwise parallel decoding.
 
@@ -134,6 +143,10 @@ def bpd_decode(
     lookahead Jacobi window in the verify call (a side branch) and the n-grams of its pool that
     start with the root become extra tree paths beside the head drafts and context n-grams.
     Verification always uses the full vocabulary, so the output is the same for every setting.
+    sampling: ``SamplingOptions`` for lossless speculative sampling (None: greedy); draws: its
+    random source (default ``SeededDraws(sampling.seed)``; drafts and verification share it);
+    chooser: the acceptance rule (default ``SpeculativeChooser(sampling, draws)``, lossless;
+    ``mtad.MtadChooser`` for MTAD's approximate one).
     Returns a ``DecodeResult``.
     """
     if max_new_tokens < 1:
@@ -144,12 +157,20 @@ def bpd_decode(
     timing = {"model": 0.0, "lattice": 0.0, "draft": 0.0, "accept": 0.0}
     t_start = time.perf_counter()
     slots = getattr(getattr(drafter, "options", None), "slots", None)
-    heads_used = 1 if drafter is None else None if slots is None else slots + 1  # only the heads drafted from
-    verifier = Verifier(model, verify, num_heads=heads_used, draft_vocab=None if drafter is None else draft_vocab)
+    from_heads = drafter is not None and drafter.uses_heads
+    heads_used = 1 if not from_heads else None if slots is None else slots + 1  # only the heads drafted from
+    if sampling is not None:
+        if tree != "fixed" or context is not None or lookahead is not None:
+            raise InputError("lossless sampling verifies the drafted paths as drawn: use tree='fixed' without "
+                             "context n-grams or a lookahead pool")
+        from latticedraft.decoding.spec_sampling import DraftSampler, SpeculativeChooser
+
+        chooser = chooser if chooser is not None else SpeculativeChooser(sampling, draws)
+    verifier = Verifier(model, verify, num_heads=heads_used, draft_vocab=draft_vocab if from_heads else None)
     if tree == "auto" and cost is None:
         cost = CostModel.cached(verifier, batch=len(prompts))
-    planner = TreePlanner(tree, context, acceptance, cost)
-    if tree == "auto" and context is not None and drafter is not None:
+    planner = TreePlanner(tree if from_heads or drafter is None else "fixed", context, acceptance, cost)
+    if tree == "auto" and context is not None and from_heads:
         gate = gate or HeadGate()  # a caller's gate keeps what it measured across calls
     else:
         gate = None
@@ -167,6 +188,8 @@ def bpd_decode(
     steps: list[StepRecord] = []
     vocab_size = hf.model_vocab_size(getattr(model, "base", model))
     windows = None if lookahead is None else [lookahead.start(prompts[i], vocab_size, first_row + i) for i in range(b)]
+    samplers = None if sampling is None else [DraftSampler(sampling, chooser.draws, first_row + i, vocab_size)
+                                              for i in range(b)]
 
     def emit(i: int, new: list[int]) -> bool:
         """Append tokens to row i; True if the row is finished."""
@@ -185,7 +208,9 @@ def bpd_decode(
         return stop
 
     t0 = time.perf_counter()
-    state, first, heads = verifier.prefill(prompts)
+    state, first, heads = verifier.prefill(
+        prompts, choose=None if sampling is None else chooser.for_step(list(range(first_row, first_row + b)), None,
+                                                                       None, prompts))
     timing["model"] += time.perf_counter() - t0
     active = []  # original row index of each live batch row
     roots = []
@@ -222,14 +247,31 @@ def bpd_decode(
 
     t_step = time.perf_counter()
     while active:
-        drafts, sides = [], None if windows is None else []
+        drafts, sides, qs, histories = [], None if windows is None else [], [], []
         for j, i in enumerate(active):
             history = np.concatenate([prompts[i], np.asarray(out[i], dtype=np.int64)])
-            t0 = time.perf_counter()
-            sausage = drafters[i].lattice(heads[j], vocab) if heads.shape[1] > 0 and drafter is not None else None
-            t1 = time.perf_counter()
-            d = drafters[i].draft(sausage, history) if sausage is not None else np.zeros((1, 0), np.int64)
             room = max(max_new_tokens - len(out[i]) - 1, 0)  # the bonus token takes the last place
+            if sampling is not None:
+                t0 = time.perf_counter()
+                toks, q = np.zeros((1, 0), np.int64), None
+                if drafter is not None and room > 0 and (heads.shape[1] > 0 or not from_heads):
+                    toks, q = drafters[i].sample(heads[j] if from_heads else None, vocab, history, samplers[i], room)
+                drafts.append(toks)
+                qs.append(q)
+                histories.append(history)
+                tree_nodes[i].append(1 + len({tuple(r[: k + 1]) for r in toks.tolist() for k in range(len(r))}))
+                used_heads[i].append(int(from_heads))
+                timing["draft"] += time.perf_counter() - t0
+                if record_steps:
+                    steps.append(StepRecord(i, history, None, toks, None, -1))
+                continue
+            t0 = time.perf_counter()
+            sausage = drafters[i].lattice(heads[j], vocab) if heads.shape[1] > 0 and from_heads else None
+            t1 = time.perf_counter()
+            if sausage is not None or (drafter is not None and not from_heads):
+                d = drafters[i].draft(sausage, history)
+            else:
+                d = np.zeros((1, 0), np.int64)
             extra = None
             if windows is not None:
                 extra = windows[i][1].get(roots[j])[: lookahead.G]
@@ -243,8 +285,9 @@ def bpd_decode(
             if record_steps:
                 steps.append(StepRecord(i, history, sausage, drafts[-1], None, -1))
         t0 = time.perf_counter()
+        choose = None if sampling is None else chooser.for_step([first_row + i for i in active], drafts, qs, histories)
         res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts, sides,
-                              heads=want_heads if gate is not None else drafter is not None)
+                              heads=want_heads if gate is not None else from_heads, choose=choose)
         t1 = time.perf_counter()
         timing["model"] += t1 - t0
         if gate is not None:  # this step's arm, tokens and wall-clock time; then the next step's arm

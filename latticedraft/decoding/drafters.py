@@ -7,6 +7,7 @@ One small interface (after vLLM's proposers and HF's ``CandidateGenerator``)::
         draft(sausage, history: int64[t]) -> Drafts       # tokens int64[p, d], scores float32[p]
         update(accepted: int64[n]) -> None                # optional: what the target kept
         spawn(row: int) -> Drafter                        # per-sequence copy (own state)
+        sample(head_logits, vocab, history, sampler, room)  # lossless sampling: (tokens, q or None)
 
 The sausage's slot j holds candidates for the token j + 1 places after the root (the token
 the base model already chose, the last entry of ``history``). Every drafter is exact by
@@ -15,7 +16,17 @@ construction: verification only ever keeps tokens equal to the target's argmax.
 Names (``make_drafter``): ``top1`` (vanilla BPD), ``neural`` (Algorithm 2, local rescoring
 with a small LM), ``ngram`` (global n-gram rescoring, p = 1), ``parallel`` (p best rescored
 paths), ``parallel-base`` (p best paths of the un-rescored lattice), ``oracle`` (best path
-given the true continuation; an evaluation upper bound).
+given the true continuation; an evaluation upper bound), ``model`` (an auxiliary draft model,
+classic speculative decoding; ``uses_heads`` False: it drafts from the history alone).
+
+Sampling (``sample``): drafters with a distribution draw their drafts from it and return it as
+q (``spec_sampling.py`` then accepts with min(1, p/q)): ``top1`` one path and
+``parallel-base`` ``nbest`` i.i.d. paths from the heads' softmax (after the sampling warpers),
+``neural`` from its interpolated distribution, ``model`` from the draft model's. The lattice
+rescorers (``ngram``, ``parallel``) and ``oracle`` keep their deterministic paths: a path
+that is a function of the heads' logits and the history is a draw from a point mass, so it is
+verified as a one-hot draft (q = one-hot), which is exact, while sampling a path from the
+rescored lattice's normalised distribution would need that distribution over all k^h paths.
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ from latticedraft.lattice.rescoring import base_drafts, rescore
 from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage
 from latticedraft.lattice.threshold import prune
 
-DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")
+DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model")
 PRUNES = ("none", "otsu", "static")
 
 
@@ -99,6 +110,7 @@ class Drafter:
     """Base class; subclasses implement ``draft``. Stateless drafters share one instance."""
 
     name = "base"
+    uses_heads = True  # False: drafts from the history alone (``draft(None, history)``)
 
     def __init__(self, options: LatticeOptions | None = None):
         self.options = options or LatticeOptions()
@@ -117,6 +129,34 @@ class Drafter:
     def spawn(self, row: int = 0) -> "Drafter":
         return self
 
+    def sample(self, head_logits, vocab, history: np.ndarray, sampler, room: int):
+        """Drafts for lossless sampling: (tokens int64[p, d], q float64[p, d, V] the distribution
+        each token was drawn from, or None: deterministic drafts, verified as one-hot), d <= room
+        (nothing is drawn past it). head_logits ``[h-1, V']`` as ``lattice``; sampler: a
+        ``spec_sampling.DraftSampler``. Default: this drafter's deterministic paths."""
+        d = self.draft(self.lattice(head_logits, vocab), history)
+        return np.atleast_2d(np.asarray(getattr(d, "tokens", d), dtype=np.int64))[:, :room], None
+
+
+def sample_head_paths(head_logits, vocab, history: np.ndarray, sampler, paths: int):
+    """``paths`` i.i.d. drafts from the heads: token j of each is drawn from the softmax of head
+    j + 1 after the sampling processors. Returns (int64[paths, h-1], float64[paths, h-1, V])."""
+    h = head_logits.shape[0]
+    rep = sampler.options.repetition_penalty != 1.0
+    shared = None if rep else sampler.probs(torch.as_tensor(head_logits), columns=vocab)  # [h-1, V]
+    toks = np.zeros((paths, h), dtype=np.int64)
+    qs = np.zeros((paths, h, sampler.vocab_size))
+    for i in range(paths):
+        for j in range(h):
+            if rep:
+                ctx = [np.concatenate([history, toks[i, :j]])]
+                q = sampler.probs(torch.as_tensor(head_logits[j : j + 1]), ctx, columns=vocab)[0]
+            else:
+                q = shared[j]
+            qs[i, j] = q
+            toks[i, j] = sampler.draw(q)
+    return toks, qs
+
 
 def _one(tokens) -> Drafts:
     t = np.asarray(tokens, dtype=np.int64)[None]
@@ -131,6 +171,15 @@ class Top1Drafter(Drafter):
     def draft(self, sausage, history):
         return _one(sausage.top1())
 
+    def sample(self, head_logits, vocab, history, sampler, room):
+        return sample_head_paths(_slots(head_logits, self.options, room), vocab, history, sampler, 1)
+
+
+def _slots(head_logits, options, room: int):
+    """The heads drafted from: the first ``options.slots`` (all: None), at most ``room``."""
+    n = room if options.slots is None else min(options.slots, room)
+    return head_logits[:n]
+
 
 class ParallelBaseDrafter(Drafter):
     """Parallel BPD over the original lattice: the p best paths by head scores."""
@@ -143,6 +192,10 @@ class ParallelBaseDrafter(Drafter):
 
     def draft(self, sausage, history):
         return base_drafts(sausage, self.nbest)
+
+    def sample(self, head_logits, vocab, history, sampler, room):
+        """A tree of ``nbest`` i.i.d. sampled paths (SpecInfer's sampled token tree)."""
+        return sample_head_paths(_slots(head_logits, self.options, room), vocab, history, sampler, self.nbest)
 
 
 class NgramDrafter(Drafter):
@@ -194,13 +247,59 @@ class OracleDrafter(Drafter):
         return _one(oracle_path(sausage, ref).tokens)
 
 
+class IncrementalLM:
+    """A small causal LM that keeps its own KV cache over a growing history: ``next_logp(history)``
+    returns its log-softmax after ``history`` (float32[V]), feeding only the tokens the cache
+    lacks (it starts over where the history diverged from what it holds); ``push(token)`` feeds
+    one drafted token; ``rewind(n)`` crops back to the first n tokens. ``calls`` counts forwards."""
+
+    def __init__(self, model):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache, self.fed, self.calls = None, np.zeros(0, dtype=np.int64), 0
+
+    @torch.inference_mode()
+    def _run(self, ids: np.ndarray) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        if self.cache is None:
+            self.cache = DynamicCache()
+        x = torch.as_tensor(np.asarray(ids, dtype=np.int64)[None], device=self.device)
+        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True)
+        self.calls += 1
+        self.fed = np.concatenate([self.fed, np.asarray(ids, dtype=np.int64)])
+        return out.logits[0, -1]
+
+    def next_logits(self, history: np.ndarray) -> torch.Tensor:
+        """Raw logits [V] after ``history`` (int64[t], t >= 1)."""
+        history = np.asarray(history, dtype=np.int64)
+        n = len(self.fed)
+        if n == 0 or n > len(history) or not np.array_equal(history[:n], self.fed):
+            self.cache, self.fed, n = None, np.zeros(0, dtype=np.int64), 0  # diverged: start over
+        if n == len(history):  # nothing new: re-run the last token to get its logits
+            self.rewind(n - 1)
+            n -= 1
+        return self._run(history[n:])
+
+    def push(self, token: int) -> torch.Tensor:
+        """Feed one token; raw logits [V] after it."""
+        return self._run(np.asarray([token], dtype=np.int64))
+
+    def rewind(self, n: int) -> None:
+        crop_to(self.cache, n)
+        self.fed = self.fed[:n]
+        assert cache_length(self.cache) == n
+
+
 class NeuralDrafter(Drafter):
     """Algorithm 2: greedy local rescoring with a small causal LM, interpolation ``alpha``.
 
     For slot j the draft token is ``argmax_{y in S_j} head_logp_j(y) + alpha * r_j(y)``,
     where r_j is the rescorer's log-softmax after history + the draft so far. The rescorer
-    keeps its own KV cache over the history, so each step costs one small-model call per
-    slot (the first also catches up on the tokens accepted since the last step).
+    keeps its own KV cache over the history (``IncrementalLM``), so each step costs one
+    small-model call per slot (the first also catches up on the tokens accepted since the last
+    step). Sampling draws slot j from softmax(head_logp_j + alpha * r_j) over the vocabulary
+    (after the sampling processors): q is that interpolated distribution.
     """
 
     name = "neural"
@@ -208,37 +307,24 @@ class NeuralDrafter(Drafter):
     def __init__(self, rescorer, alpha: float = 1.0, options=None):
         super().__init__(options)
         self.rescorer, self.alpha = rescorer, alpha
-        self.device = next(rescorer.parameters()).device
-        self._cache = None
-        self._fed = np.zeros(0, dtype=np.int64)
-        self.small_calls = 0
+        self.lm = IncrementalLM(rescorer)
+
+    @property
+    def small_calls(self) -> int:
+        return self.lm.calls
 
     def spawn(self, row: int = 0):
         d = copy.copy(self)
-        d._cache, d._fed, d.small_calls = None, np.zeros(0, dtype=np.int64), 0
+        d.lm = IncrementalLM(self.rescorer)
         return d
 
-    @torch.inference_mode()
-    def _step(self, ids: np.ndarray) -> np.ndarray:
-        from transformers import DynamicCache
-
-        if self._cache is None:
-            self._cache = DynamicCache()
-        x = torch.as_tensor(ids[None], device=self.device)
-        out = self.rescorer(input_ids=x, past_key_values=self._cache, use_cache=True)
-        self.small_calls += 1
-        return torch.log_softmax(out.logits[0, -1].float(), dim=-1).cpu().numpy()
+    @staticmethod
+    def _logp(logits: torch.Tensor) -> np.ndarray:
+        return torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
 
     def draft(self, sausage, history):
         history = np.asarray(history, dtype=np.int64)
-        n = len(self._fed)
-        if n == 0 or n > len(history) or not np.array_equal(history[:n], self._fed):
-            self._cache, n = None, 0  # history diverged from what the cache holds: start over
-        if n == len(history):  # nothing new: re-run the last token to get its logits
-            n -= 1
-            crop_to(self._cache, n)
-        r = self._step(history[n:])
-        self._fed = history.copy()
+        r = self._logp(self.lm.next_logits(history))
         path = []
         for j in range(sausage.h):
             live = sausage.tokens[j] != PAD_TOKEN
@@ -247,10 +333,78 @@ class NeuralDrafter(Drafter):
             y = int(cand[int(np.argmax(score))])
             path.append(y)
             if j + 1 < sausage.h:
-                r = self._step(np.asarray([y], dtype=np.int64))
-        crop_to(self._cache, len(history))
-        assert cache_length(self._cache) == len(history)
+                r = self._logp(self.lm.push(y))
+        self.lm.rewind(len(history))
         return _one(path)
+
+    def sample(self, head_logits, vocab, history, sampler, room):
+        history = np.asarray(history, dtype=np.int64)
+        head_logits = _slots(head_logits, self.options, room)
+        h, V = head_logits.shape[0], sampler.vocab_size
+        head_logp = torch.log_softmax(torch.as_tensor(head_logits).double(), dim=-1)
+        full = torch.full((h, V), -float("inf"), dtype=torch.float64)
+        full[:, torch.as_tensor(vocab) if vocab is not None else torch.arange(head_logp.shape[-1])] = head_logp
+        r = self.lm.next_logits(history)
+        toks = np.zeros((1, h), dtype=np.int64)
+        qs = np.zeros((1, h, V))
+        for j in range(h):
+            score = full[j] + self.alpha * torch.log_softmax(r.double(), dim=-1)[:V]
+            ctx = [np.concatenate([history, toks[0, :j]])]
+            qs[0, j] = sampler.probs(score[None], ctx)[0]
+            toks[0, j] = sampler.draw(qs[0, j])
+            if j + 1 < h:
+                r = self.lm.push(int(toks[0, j]))
+        self.lm.rewind(len(history))
+        return toks, qs
+
+
+class ModelDrafter(Drafter):
+    """Classic speculative decoding's drafter: an auxiliary causal LM with the target's
+    vocabulary drafts ``gamma`` tokens after the history, greedily (its argmax: exact greedy
+    decoding) or, for sampling, each drawn from its distribution after the sampling processors
+    (q). Keeps its own KV cache (``IncrementalLM``); needs no heads."""
+
+    name = "model"
+    uses_heads = False
+
+    def __init__(self, draft_model, gamma: int = 4):
+        super().__init__(None)
+        if gamma < 1:
+            raise InputError(f"--gamma {gamma}: the draft model drafts at least 1 token per step")
+        self.draft_model, self.gamma = draft_model, int(gamma)
+        self.lm = IncrementalLM(draft_model)
+
+    def spawn(self, row: int = 0):
+        d = copy.copy(self)
+        d.lm = IncrementalLM(self.draft_model)
+        return d
+
+    def draft(self, sausage, history):
+        history = np.asarray(history, dtype=np.int64)
+        x = self.lm.next_logits(history)
+        path = []
+        for j in range(self.gamma):
+            path.append(int(torch.argmax(x)))
+            if j + 1 < self.gamma:
+                x = self.lm.push(path[-1])
+        self.lm.rewind(len(history))
+        return _one(path)
+
+    def sample(self, head_logits, vocab, history, sampler, room):
+        history = np.asarray(history, dtype=np.int64)
+        n = min(self.gamma, room)
+        toks = np.zeros((1, n), dtype=np.int64)
+        qs = np.zeros((1, n, sampler.vocab_size))
+        if n == 0:
+            return toks, qs
+        x = self.lm.next_logits(history)
+        for j in range(n):
+            qs[0, j] = sampler.probs(x[None], [np.concatenate([history, toks[0, :j]])])[0]
+            toks[0, j] = sampler.draw(qs[0, j])
+            if j + 1 < n:
+                x = self.lm.push(int(toks[0, j]))
+        self.lm.rewind(len(history))
+        return toks, qs
 
 
 def make_drafter(
@@ -262,6 +416,8 @@ def make_drafter(
     alpha: float = 1.0,
     nbest: int = 16,
     references: list | None = None,
+    draft_model=None,
+    gamma: int = 4,
 ) -> Drafter:
     """A drafter by name (see ``DRAFTERS``), with a message that says what is missing."""
     if name == "top1":
@@ -280,4 +436,8 @@ def make_drafter(
         if references is None:
             raise InputError("drafter 'oracle' needs the true continuations (greedy outputs) of the prompts")
         return OracleDrafter(references, options)
+    if name == "model":
+        if draft_model is None:
+            raise InputError("drafter 'model' needs an auxiliary draft model: pass --draft-model DIR")
+        return ModelDrafter(draft_model, gamma)
     raise InputError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")

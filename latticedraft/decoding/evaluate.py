@@ -54,6 +54,7 @@ class EvalConfig:
     lookahead: LookaheadOptions | None = field(default_factory=LookaheadOptions)  # the lookahead row (None: none)
     kangaroo: KangarooOptions | None = field(default_factory=KangarooOptions)  # the Kangaroo row (None: none)
     ppd: PPDOptions | None = field(default_factory=PPDOptions)  # the PPD row (None: none)
+    sampling: object = None  # SamplingOptions: every bpd / lookahead row samples losslessly (--do-sample)
 
     def validate(self):
         if self.num_prompts < 1 or self.skip < 0:
@@ -71,7 +72,7 @@ class Run:
     calls: int
     seconds: float
     tokens_per_s: float
-    exact: bool
+    exact: bool | None  # equals greedy; None for a sampled run (lossless by the rule, not by equality)
     verify: str
     timing: dict
 
@@ -140,13 +141,16 @@ def _self_draft_md(stats: dict) -> list[str]:
 
 
 def _run(session: Session, name, ids, refs, spec, cfg: EvalConfig, method="bpd", record_steps=False):
+    sampling = None if method in ("greedy", "kangaroo", "ppd") else cfg.sampling  # those two decode greedily
     res = session.decode(ids, method, max_new_tokens=cfg.max_new_tokens,
                          batch_size=cfg.batch_size, verify=cfg.verify,
                          references=refs if getattr(spec, "name", None) == "oracle" else None,
-                         record_steps=record_steps, **_decode_args(spec, method))
+                         record_steps=record_steps and sampling is None, sampling=sampling,
+                         **_decode_args(spec, method))
     exact = refs is None or all(np.array_equal(s.tokens, r) for s, r in zip(res.sequences, refs))
     run = Run(name, asdict(spec) if spec else {"method": method}, round(res.block_efficiency, 4), res.tokens,
-              res.calls, round(res.seconds, 4), round(res.tokens / max(res.seconds, 1e-9), 2), bool(exact),
+              res.calls, round(res.seconds, 4), round(res.tokens / max(res.seconds, 1e-9), 2),
+              None if sampling is not None else bool(exact),
               res.verify_mode, {k: round(v, 4) for k, v in res.timing.items()})
     return run, res
 
@@ -203,6 +207,8 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
             plan.append((_self_draft_name(cfg.ppd), cfg.ppd, "self-draft"))
         except (InputError, ModelError) as e:
             notify(f"no PPD row: {e}")
+    if cfg.sampling is not None:  # the oracle drafts the greedy output: nothing to sample
+        plan = [e for e in plan if getattr(e[1], "name", None) != "oracle"]
 
     _warm_up(session, ids[:1], plan, rescorers)
     runs: dict[str, Run] = {}
@@ -233,12 +239,12 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
         if group == "self-draft":
             self_draft[name] = _self_draft_stats(session, spec, res)
         runs[name] = done[key] = run
-        if not run.exact:
+        if run.exact is False:
             notify(f"warning: {name} differs from greedy decoding")
     table3 = _repetition(session, base_steps, cfg, a_ng)
     first = next(iter(rescorers))
     session.rescorer_dir, session._rescorer = rescorers[first], None
-    table5 = _wins(session, base_steps, ids, refs, a_nn, first)
+    table5 = _wins(session, base_steps, ids, refs, a_nn, first)  # both {} when sampling (no greedy steps)
     results = {
         "config": {**asdict(cfg), "model": session.base_dir, "heads": h, "prompts": len(recs)},
         "machine": machine(),
@@ -247,16 +253,18 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
         "table3": table3,
         "table5": table5,
         "self_draft": self_draft,
-        "all_exact": all(r.exact for r in runs.values()),
+        "all_exact": all(r.exact for r in runs.values() if r.exact is not None),
+        "sampling": None if cfg.sampling is None else asdict(cfg.sampling),
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
         "json": write_atomic(out / "results.json", json.dumps(results, indent=1) + "\n"),
         "table": write_atomic(out / "results.md", markdown(results, rescorers, head_counts)),
-        "fig6": plot_fig6(results, head_counts, cfg.ks, out / "fig6_oracle_vs_k.png"),
         "fig7": plot_fig7(results, cfg.ps, out / "fig7_parallel_vs_p.png"),
     }
+    if cfg.sampling is None:  # the oracle rows are greedy-only
+        paths["fig6"] = plot_fig6(results, head_counts, cfg.ks, out / "fig6_oracle_vs_k.png")
     return paths
 
 
@@ -361,12 +369,16 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
     base = runs["Base"]["block_efficiency"]
     g = runs["greedy"]
     cols = ["Base", "4-gram", *rescorers.keys(), "Parallel Base BPD", "Parallel 4-gram BPD", "Oracle (k=2)", "Oracle (k=16)"]
+    cols = [n for n in cols if n in runs]
     c = results["config"]
+    smp = results.get("sampling")
     L = [f"# Parallel BPD evaluation: {c['prompts']} prompts, {c['max_new_tokens']} new tokens, "
          f"k = {c['k']}, p = {c['nbest']}, h = {c['heads']} heads" + _pruning(c),
          "", f"Model `{c['model']}`; alphas {c['alphas']}; machine: {results['machine']['processor']}, "
-         f"{results['machine']['cpu_count']} CPUs. Every output equals greedy decoding: "
-         f"**{'yes' if results['all_exact'] else 'NO'}**.", "",
+         f"{results['machine']['cpu_count']} CPUs. " + (
+             f"Sampled losslessly (speculative sampling) with {smp}: outputs are draws from the target's "
+             "distribution, not equal to greedy." if smp else
+             f"Every output equals greedy decoding: **{'yes' if results['all_exact'] else 'NO'}**."), "",
          "## Table 4: block efficiency (relative % vs Base)", "",
          "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
          "| " + " | ".join(_rel(runs[n]["block_efficiency"], base) if n != "Base" else f"{base:.2f}" for n in cols) + " |",
@@ -379,7 +391,8 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
     for n in cols + look:
         r = runs[n]
         L.append(f"| {n} | {r['block_efficiency']:.2f} | {r['tokens_per_s']:.1f} | "
-                 f"{r['tokens_per_s'] / max(g['tokens_per_s'], 1e-9):.2f}x | {'yes' if r['exact'] else 'NO'} |")
+                 f"{r['tokens_per_s'] / max(g['tokens_per_s'], 1e-9):.2f}x | "
+                 f"{'sampled' if r['exact'] is None else 'yes' if r['exact'] else 'NO'} |")
     t3 = results.get("table3") or {}
     if t3:
         L += ["", f"## Table 3: consecutive repetition in drafts before/after {t3['lm']} rescoring "

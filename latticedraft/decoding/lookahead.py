@@ -9,7 +9,7 @@ n-grams). The longest continuation the target agrees with is accepted plus one b
 only the accepted nodes' KV is kept. Rows of a batch keep their own window and pool.
 
 With ``sampling`` (``SamplingOptions``: temperature / top-k / top-p / seed) the candidates are
-verified by Algorithm 4 (``onehot_sampling.py``): the output then has the target's sampling
+verified by Algorithm 4, the one-hot case of ``spec_sampling.py``: the output then has the target's sampling
 distribution, as ``generate(do_sample=True)`` with the same settings; the Jacobi window keeps
 taking the target's argmax (its guesses only decide what is drafted, never what is emitted).
 
@@ -30,7 +30,7 @@ import torch
 
 from latticedraft.decoding.bpd import DecodeResult, SequenceResult, _check_length, _eos_set
 from latticedraft.decoding.lookahead_pool import JacobiWindow, NgramPool
-from latticedraft.decoding.onehot_sampling import OneHotChooser
+from latticedraft.decoding.spec_sampling import SpeculativeChooser
 from latticedraft.errors import InputError
 from latticedraft.gpu import hf
 from latticedraft.gpu.verify import Verifier
@@ -94,7 +94,7 @@ def lookahead_decode(
     ``verify.choose_mode``; the result reports it). on_tokens(row, new_ids) streams tokens.
     first_row: index of prompts[0] in the whole prompt set (seeds each row's window and draws).
     sampling: ``SamplingOptions`` for lossless sampling (None: greedy); draws: its random source
-    (default ``SeededDraws(sampling.seed)``; see ``onehot_sampling``)."""
+    (default ``SeededDraws(sampling.seed)``; see ``spec_sampling``)."""
     opts = LookaheadOptions(W, N, G, prompt_as_reference, seed)
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -130,14 +130,15 @@ def lookahead_decode(
             done_at[i] = time.perf_counter() - t_start
         return finished
 
-    chooser = None if sampling is None else OneHotChooser(sampling, draws)
+    chooser = None if sampling is None else SpeculativeChooser(sampling, draws)
 
-    def choose_for(live: list[int]):
-        """The verifier's ``choose`` for the batch rows ``live`` (run-wide rows first_row + i)."""
+    def choose_for(live: list[int], drafts=None):
+        """The verifier's ``choose`` for the batch rows ``live`` (run-wide rows first_row + i);
+        the candidates are one-hot drafts."""
         if chooser is None:
             return None
-        ids = [first_row + i for i in live]
-        return lambda batch_rows, logits, cands: chooser(batch_rows, logits, cands, ids)
+        hist = [np.concatenate([prompts[i], np.asarray(out[i], dtype=np.int64)]) for i in live]
+        return chooser.for_step([first_row + i for i in live], drafts, None, hist)
 
     t0 = time.perf_counter()
     state, first, _ = verifier.prefill(prompts, choose=choose_for(list(range(b))))
@@ -157,7 +158,8 @@ def lookahead_decode(
             drafts.append(np.stack(cands) if cands else np.zeros((1, 0), np.int64))
             sides.append(window.side())
         t1 = time.perf_counter()
-        res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts, sides, choose=choose_for(active))
+        res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts, sides,
+                              choose=choose_for(active, drafts))
         t2 = time.perf_counter()
         still, new_roots, live = [], [], []
         for j, i in enumerate(active):

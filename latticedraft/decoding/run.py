@@ -4,9 +4,11 @@
 Defaults (``latticedraft.paths``): model ``data/heads-stern`` (Stern heads on ``data/base``),
 tokenizer ``data/tokenizer/tokenizer.json``, n-gram LM ``.cache/lm/stdlib-4gram``, neural
 rescorer ``data/rescorer-small``. Methods: ``bpd`` (blockwise parallel decoding with a
-drafter), ``greedy`` (plain autoregressive decoding, the baseline), ``lookahead``
-(lookahead decoding, ``lookahead.py``), ``kangaroo`` (early-exit self-drafting with an
-adapter, ``kangaroo.py``) and ``ppd`` (predictive pipelined decoding, ``ppd.py``).
+drafter; lossless speculative sampling with ``sampling``), ``greedy`` (plain autoregressive
+decoding, the baseline), ``lookahead`` (lookahead decoding, ``lookahead.py``), ``mtad``
+(multi-token assisted decoding with an auxiliary draft model, ``mtad.py``; approximate),
+``kangaroo`` (early-exit self-drafting with an adapter, ``kangaroo.py``) and ``ppd``
+(predictive pipelined decoding, ``ppd.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from latticedraft.errors import InputError
 from latticedraft.paths import data_dir, default_lm_dir
 
-METHODS = ("bpd", "greedy", "lookahead", "kangaroo", "ppd")
+METHODS = ("bpd", "greedy", "lookahead", "mtad", "kangaroo", "ppd")
 CALIBRATION_PROMPTS = slice(30, 42)  # the tuning split (Appendix E): never in the benchmark or eval prompts
 AUTO_DRAFT_VOCAB = 1024  # V' of the bundled heads: 80% of corpus tokens, projection 8x cheaper
 FAST = {"tree": "auto", "context_ngrams": 3, "draft_vocab": "auto"}  # fastest in benchmarks/decode.py
@@ -106,6 +108,34 @@ def load_rescorer(path=None, device=None, tokenizer=None):
     return m.eval()
 
 
+def load_draft_model(path, target, device=None, tokenizer=None):
+    """The auxiliary draft model of ``--drafter model`` and ``--method mtad``: a causal LM whose
+    vocabulary is the target's (same size, and the tokenizer fits it); refused otherwise."""
+    from latticedraft.gpu import hf
+
+    if path is None:
+        raise InputError("--drafter model and --method mtad need an auxiliary draft model: pass --draft-model DIR "
+                         "(e.g. data/rescorer-medium, a causal LM with the target's tokenizer)")
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"--draft-model {p} does not exist; pass a causal LM directory with the target's tokenizer")
+    m = hf.load_causal_lm(p, device=device).eval()
+    want, got = hf.model_vocab_size(getattr(target, "base", target)), hf.model_vocab_size(m)
+    if want != got:
+        raise InputError(f"--draft-model {p} has a vocabulary of {got} tokens, the target {want}; the draft model "
+                         "must share the target's tokenizer")
+    if tokenizer is not None:
+        hf.check_tokenizer_fits(tokenizer, m, where=str(p))
+        tok_file = p / "tokenizer.json"
+        if tok_file.is_file():
+            from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
+
+            if fingerprint(load_tokenizer(tok_file)) != fingerprint(tokenizer):
+                raise InputError(f"--draft-model {p} ships a tokenizer.json different from the target's; the draft "
+                                 "model must share the target's tokenizer")
+    return m
+
+
 def read_prompts(path, limit: int | None = None) -> list[dict]:
     """JSONL records with ``prompt`` (str) and optional ``reference``; InputError names the line."""
     from latticedraft.textin import read_text_arg
@@ -165,6 +195,13 @@ class DrafterSpec:
     context_ngrams: int = 0
     draft_vocab: int | str | None = None
     lookahead: object = None  # LookaheadOptions: a Jacobi window + n-gram pool as one more path source
+    gamma: int = 4  # tokens the auxiliary draft model drafts per step (--drafter model)
+
+    def for_sampling(self) -> "DrafterSpec":
+        """This drafter as lossless sampling verifies it: every drafted path as drawn (no
+        cost-aware tree, context n-grams or lookahead pool: choices that look at the drafted
+        tokens would bias them)."""
+        return replace(self, tree="fixed", context_ngrams=0, lookahead=None)
 
     def fast(self) -> "DrafterSpec":
         """This drafter with the fastest measured tree, context and vocabulary settings."""
@@ -176,7 +213,7 @@ class DrafterSpec:
         return ContextNgrams(max_ngram=self.context_ngrams) if self.context_ngrams else None
 
 
-def build_drafter(spec: DrafterSpec, lm=None, rescorer=None, references=None):
+def build_drafter(spec: DrafterSpec, lm=None, rescorer=None, references=None, draft_model=None):
     """The drafter of ``spec``; None for "none" (no head drafts: context n-grams only, or greedy)."""
     from latticedraft.decoding.drafters import LatticeOptions, make_drafter
 
@@ -184,19 +221,20 @@ def build_drafter(spec: DrafterSpec, lm=None, rescorer=None, references=None):
         return None
     opts = LatticeOptions(k=spec.k, prune=spec.prune, eps=spec.eps, backoff=spec.backoff, slots=spec.slots)
     return make_drafter(spec.name, options=opts, lm=lm, rescorer=rescorer, alpha=spec.alpha, nbest=spec.nbest,
-                        references=references)
+                        references=references, draft_model=draft_model, gamma=spec.gamma)
 
 
 def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_tokens=64, eos_token_id=None,
                verify="auto", batch_size: int = 1, on_tokens=None, record_steps=False, tree_kw: dict | None = None,
-               lookahead=None, sampling=None, first_row: int = 0, self_draft=None):
+               lookahead=None, sampling=None, first_row: int = 0, mtad=None, self_draft=None):
     """Decode ``prompt_ids`` with ``method`` in batches; returns one merged ``DecodeResult``.
     tree_kw: ``bpd_decode``'s tree, context, acceptance and draft_vocab arguments;
     lookahead: ``LookaheadOptions`` of ``--method lookahead`` (None: the paper's defaults);
-    sampling: its ``SamplingOptions`` (None: greedy); first_row: the index of ``prompt_ids[0]``
-    in the whole prompt set (lookahead seeds row r's window and draws with it);
-    self_draft: (``KangarooOptions``, adapter) or (``PPDOptions``, early-exit heads or None)
-    for ``kangaroo`` / ``ppd`` (``Session.self_draft`` loads them)."""
+    sampling: ``SamplingOptions`` (None: greedy; bpd and lookahead sample losslessly with it,
+    mtad needs it); first_row: the index of ``prompt_ids[0]`` in the whole prompt set (row r's
+    window and draws are seeded with it); mtad: (``MtadChooser``, ``MtadDrafter``) of
+    ``--method mtad``; self_draft: (``KangarooOptions``, adapter) or (``PPDOptions``, early-exit
+    heads or None) for ``kangaroo`` / ``ppd`` (``Session.self_draft`` loads them)."""
     from latticedraft.decoding.bpd import DecodeResult, bpd_decode, greedy_decode
     from latticedraft.decoding.lookahead import LookaheadOptions, lookahead_decode
 
@@ -218,6 +256,10 @@ def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_to
             r = lookahead_decode(model, chunk, W=o.W, N=o.N, G=o.G, prompt_as_reference=o.prompt_as_reference,
                                  seed=o.seed, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                                  verify=verify, on_tokens=cb, first_row=first_row + s, sampling=sampling)
+        elif method == "mtad":
+            chooser, mtad_drafter = mtad
+            r = bpd_decode(model, chunk, mtad_drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                           verify=verify, on_tokens=cb, first_row=first_row + s, sampling=sampling, chooser=chooser)
         elif method == "kangaroo":
             o, adapter = self_draft
             from latticedraft.decoding.kangaroo import kangaroo_decode
@@ -230,9 +272,10 @@ def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_to
 
             r = ppd_decode(model, chunk, dbar=o.dbar, k=o.k, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                            on_tokens=cb, exit_head=heads)
-        else:
+        else:  # sampling rows are numbered over the prompt set (seeds); the oracle's references per call
             r = bpd_decode(model, chunk, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                           verify=verify, on_tokens=cb, record_steps=record_steps, first_row=s, **(tree_kw or {}))
+                           verify=verify, on_tokens=cb, record_steps=record_steps,
+                           first_row=s if sampling is None else first_row + s, sampling=sampling, **(tree_kw or {}))
             for st in r.steps:
                 st.row += s
         parts.append(r)
@@ -285,7 +328,7 @@ class Session:
     """The model, tokenizer and (loaded on first use) LM and rescorer of one command."""
 
     def __init__(self, model_dir=None, tokenizer_path=None, lm_dir=None, rescorer_dir=None, device=None,
-                 threads: int | None = None):
+                 threads: int | None = None, draft_model_dir=None):
         if threads is not None:
             if threads < 1:
                 raise InputError(f"--threads must be >= 1, got {threads}")
@@ -297,7 +340,8 @@ class Session:
         self.tokenizer = load_tokenizer_for(self.model, model_dir, tokenizer_path)
         self.base_dir = base_dir_of(self.model, model_dir)
         self.lm_dir, self.rescorer_dir, self.device = lm_dir, rescorer_dir, device
-        self._lm = self._rescorer = None
+        self.draft_model_dir = draft_model_dir
+        self._lm = self._rescorer = self._draft_model = None
         self._memo: dict = {}  # (what, key) -> the session's gates, draft vocabularies, acceptance rates
         self.notify = None  # notify(message): one-time work worth telling a user about (the CLI: stderr)
         self.eos = eos_id(self.tokenizer)
@@ -314,6 +358,13 @@ class Session:
             self._rescorer = load_rescorer(self.rescorer_dir, self.device, self.tokenizer)
         return self._rescorer
 
+    @property
+    def draft_model(self):
+        """The auxiliary draft model (``--draft-model DIR``), checked against the target."""
+        if self._draft_model is None:
+            self._draft_model = load_draft_model(self.draft_model_dir, self.model, self.device, self.tokenizer)
+        return self._draft_model
+
     def prepare(self, spec: DrafterSpec, batch_size: int = 1) -> None:
         """Load what ``spec`` needs now, so that a missing LM or rescorer fails before any output
         and the first decode step does not pay for building search tables or loading kernels."""
@@ -325,6 +376,8 @@ class Session:
             warm_up()
         if spec.name == "neural":
             _ = self.rescorer
+        if spec.name == "model":
+            _ = self.draft_model
         self.draft_vocab(spec.draft_vocab)  # a missing or bad draft_vocab.json fails here
         spec.context()
         if spec.tree == "auto" and spec.name != "oracle":  # (the oracle's references come per call)
@@ -336,18 +389,32 @@ class Session:
     def drafter(self, spec: DrafterSpec, references=None):
         lm = self.lm if spec.name in ("ngram", "parallel") else None
         rescorer = self.rescorer if spec.name == "neural" else None
-        return build_drafter(spec, lm=lm, rescorer=rescorer, references=references)
+        draft = self.draft_model if spec.name == "model" else None
+        return build_drafter(spec, lm=lm, rescorer=rescorer, references=references, draft_model=draft)
 
     def decode(self, prompt_ids: list, method: str = "bpd", spec: DrafterSpec | None = None, *,
                max_new_tokens: int = 64, verify: str = "auto", batch_size: int = 1, on_tokens=None,
                references=None, record_steps: bool = False, lookahead=None, sampling=None, first_row: int = 0,
-               self_draft=None):
+               mtad=None, self_draft=None):
         """Decode token-id prompts; the oracle drafter gets greedy references computed here
-        unless given. lookahead: ``LookaheadOptions`` for ``method="lookahead"``; sampling: its
-        ``SamplingOptions`` (None: greedy); first_row: index of prompt_ids[0] in the prompt set;
+        unless given. lookahead: ``LookaheadOptions`` for ``method="lookahead"``; sampling:
+        ``SamplingOptions`` (None: greedy) for bpd (lossless speculative sampling; ``spec`` is
+        verified as ``spec.for_sampling()``), lookahead and mtad (default: the paper's top-20,
+        top-p 0.9); mtad: ``MtadOptions``; first_row: index of prompt_ids[0] in the prompt set;
         self_draft: ``KangarooOptions`` / ``PPDOptions`` for those methods (None: their defaults)."""
         spec = spec or DrafterSpec()
-        drafter, tree_kw = None, None
+        drafter, tree_kw, mtad_pair = None, None, None
+        if method == "mtad":
+            from latticedraft.decoding.mtad import MTAD_SAMPLING, MtadChooser, MtadDrafter, MtadOptions
+
+            o = mtad or MtadOptions()
+            sampling = sampling or MTAD_SAMPLING
+            mtad_pair = (MtadChooser(sampling, o.tau), MtadDrafter(self.draft_model, o.gamma, o.beams))
+        if method == "bpd" and sampling is not None:
+            if spec.name == "oracle":
+                raise InputError("--drafter oracle drafts the greedy output; it has nothing to offer sampling "
+                                 "(choose another drafter)")
+            spec = spec.for_sampling()
         if method == "bpd":
             if spec.name == "oracle" and references is None:
                 g = run_method("greedy", self.model, prompt_ids, max_new_tokens=max_new_tokens, eos_token_id=self.eos)
@@ -360,7 +427,7 @@ class Session:
         return run_method(method, self.model, prompt_ids, drafter, max_new_tokens=max_new_tokens,
                           eos_token_id=self.eos, verify=verify, batch_size=batch_size, on_tokens=on_tokens,
                           record_steps=record_steps, tree_kw=tree_kw, lookahead=lookahead, sampling=sampling,
-                          first_row=first_row,
+                          first_row=first_row, mtad=mtad_pair,
                           self_draft=self.self_draft(method, self_draft) if method in ("kangaroo", "ppd") else None)
 
     def self_draft(self, method: str, opts=None):

@@ -17,10 +17,14 @@ token (the argmax after the last accepted node), keep exactly the accepted nodes
 cache (``SlotCache.commit``) and return the heads' logits at the last accepted node, which
 drive the next step's lattice, so predicting and verifying share one call (Stern et al.).
 
-With ``choose`` (sampling verification, e.g. ``decoding/onehot_sampling.py``) the walk asks
-``choose(rows, logits [m, V], candidates)`` for the token at each walked node instead of the
-argmax: a returned child is accepted and the walk goes on, any other token is the bonus. The
-prefill's first token comes from it too. The verifier itself stays free of any algorithm.
+With ``choose`` (sampling verification, e.g. ``decoding/spec_sampling.py``) the walk asks
+``choose(rows, logits [m, V], prefixes, logits_at)`` for the token at each walked node instead
+of the argmax (``prefixes[j]``: the draft tokens from the root to that node; ``logits_at(rows,
+prefixes) -> [m, V]`` the target's logits at any other node of the same trees, for rules that
+look down a path, such as MTAD's): a returned child is accepted and the walk goes on, any
+other token is the bonus (a chooser may return ``(tokens, stop bool[m])`` to make a child
+token the bonus where ``stop``). The prefill's first token comes from it too (prefixes all empty).
+The verifier itself stays free of any algorithm.
 
 A step may carry a *side branch* per row (``side_branch.py``: lookahead decoding's Jacobi
 window): nodes run in the same forward with their own visibility, never accepted, whose
@@ -240,9 +244,12 @@ def _walk(trees, argmax_at) -> tuple[list[list[int]], np.ndarray]:
     live = list(range(b))
     while live:
         am = argmax_at(live, [paths[i][-1] for i in live])
+        stop = np.zeros(len(live), dtype=bool)
+        if isinstance(am, tuple):  # (tokens, stop): a chooser ending the walk at a token that is a child
+            am, stop = am
         nxt = []
-        for i, a in zip(live, am.tolist()):
-            child = trees[i].children[paths[i][-1]].get(a)
+        for i, a, end in zip(live, np.asarray(am).tolist(), np.asarray(stop).tolist()):
+            child = None if end else trees[i].children[paths[i][-1]].get(a)
             if child is None:
                 bonus[i] = a
             else:
@@ -250,6 +257,23 @@ def _walk(trees, argmax_at) -> tuple[list[list[int]], np.ndarray]:
                 nxt.append(i)
         live = nxt
     return paths, bonus
+
+
+def prefix_of(tree, node: int) -> tuple:
+    """The draft tokens from the root (excluded) down to ``node`` of a ``DraftTree``."""
+    out = []
+    while node > 0:
+        out.append(int(tree.tokens[node]))
+        node = int(tree.parent[node])
+    return tuple(reversed(out))
+
+
+def node_of(tree, prefix) -> int:
+    """The node of ``tree`` reached by the draft tokens ``prefix`` from the root."""
+    node = 0
+    for t in prefix:
+        node = tree.children[node][int(t)]
+    return node
 
 
 def _walk_batched(seq: np.ndarray, logits: torch.Tensor, choose) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -271,10 +295,13 @@ def _walk_batched(seq: np.ndarray, logits: torch.Tensor, choose) -> tuple[np.nda
                 at.setdefault(node, (j, k))
         where.append(at)
 
-    def pick(rows, nodes):
+    def at(rows, nodes):
         jk = [where[r][k] for r, k in zip(rows, nodes)]
-        sel = logits[torch.as_tensor(rows), torch.as_tensor([j for j, _ in jk]), torch.as_tensor([k for _, k in jk])]
-        return choose(rows, sel, [list(trees[r].children[k]) for r, k in zip(rows, nodes)])
+        return logits[torch.as_tensor(rows), torch.as_tensor([j for j, _ in jk]), torch.as_tensor([k for _, k in jk])]
+
+    def pick(rows, nodes):
+        return choose(rows, at(rows, nodes), [prefix_of(trees[r], k) for r, k in zip(rows, nodes)],
+                      lambda rs, pres: at(rs, [node_of(trees[r], pre) for r, pre in zip(rs, pres)]))
 
     paths, bonus = _walk(trees, pick)
     best = np.asarray([where[i][path[-1]][0] for i, path in enumerate(paths)], dtype=np.int64)
@@ -328,8 +355,8 @@ class Verifier:
     @torch.inference_mode()
     def prefill(self, prompts: list[np.ndarray], choose=None) -> tuple[SlotCache, np.ndarray, torch.Tensor]:
         """Run the left-padded prompts; returns the cache, the base model's greedy next token
-        after each prompt (int64[b], the first root; ``choose(rows, logits, [[]] * b)`` picks it
-        instead when given) and the extra heads' logits there ([b, h-1, V'], as
+        after each prompt (int64[b], the first root; ``choose(rows, logits, [()] * b, None)`` picks it
+        instead when given, with empty prefixes) and the extra heads' logits there ([b, h-1, V'], as
         ``StepResult.head_logits``)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise InputError("every prompt must have at least one token")
@@ -355,8 +382,8 @@ class Verifier:
         if choose is None:
             roots = out.argmax_at(list(range(b)), last.tolist()).astype(np.int64)
         else:
-            roots = np.asarray(choose(list(range(b)), out.logits_at(list(range(b)), last.tolist()), [[]] * b),
-                               dtype=np.int64)
+            picked = choose(list(range(b)), out.logits_at(list(range(b)), last.tolist()), [()] * b, None)
+            roots = np.asarray(picked[0] if isinstance(picked, tuple) else picked, dtype=np.int64)
         return state, roots, out.draft_heads_at(last, self.draft_vocab)
 
     def unembed_seconds(self, rows: int) -> float:
@@ -395,8 +422,8 @@ class Verifier:
         ``sides[i]``, if given, rides along and only its argmax comes back. heads: compute the
         extra heads at the accepted nodes (True), not (False: head_logits is [b, 0, V']), or
         ``heads(accepted, bonus) -> bool`` deciding once the walk is done. choose: None for
-        greedy acceptance, else ``choose(rows, logits [m, V], candidates) -> int64[m]``, the
-        token at each walked node given its children's tokens (sampling verification)."""
+        greedy acceptance, else ``choose(rows, logits [m, V], prefixes, logits_at) -> int64[m]``, the
+        token at each walked node given its draft prefix (sampling verification; see the module doc)."""
         if len(drafts) != state.batch or len(roots) != state.batch:
             raise InputError(f"{len(drafts)} draft sets and {len(roots)} roots for a batch of {state.batch}")
         if sides is not None and len(sides) != state.batch:
@@ -448,7 +475,9 @@ class Verifier:
             at = [int(layouts[r].tree_index[k]) for r, k in zip(rows, nodes)]
             if choose is None:
                 return out.argmax_at(rows, at)
-            return choose(rows, out.logits_at(rows, at), [list(trees[r].children[k]) for r, k in zip(rows, nodes)])
+            return choose(rows, out.logits_at(rows, at), [prefix_of(trees[r], k) for r, k in zip(rows, nodes)],
+                          lambda rs, pres: out.logits_at(rs, [int(layouts[r].tree_index[node_of(trees[r], pre)])
+                                                              for r, pre in zip(rs, pres)]))
 
         paths, bonus = _walk(trees, pick)
         self.levels = 0.8 * self.levels + 0.2 * float(np.mean([len(p) for p in paths]))

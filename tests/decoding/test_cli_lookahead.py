@@ -67,7 +67,7 @@ def test_lookahead_options_are_checked_before_loading(tmp_path, capsys, flags, n
 def test_decode_lookahead_sampling_seed_reproduces(bundle, capsys):  # noqa: F811
     def run(seed, batch):
         argv = ["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"),
-                "--method", "lookahead", "--window", "3", "--ngram", "3", "--pool", "3", "--temperature", "1.5",
+                "--method", "lookahead", "--window", "3", "--ngram", "3", "--pool", "3", "--do-sample", "--temperature", "1.5",
                 "--top-k", "0", "--top-p", "0.99", "--seed", str(seed), "--max-new-tokens", "16", "--json",
                 "--batch-size", str(batch)]
         assert main(argv) == 0
@@ -92,14 +92,27 @@ def _records(bundle, capsys):  # noqa: F811
 @pytest.mark.parametrize("flags,named", [
     (["--method", "lookahead", "--top-k", "5"], "--top-k"),
     (["--method", "lookahead", "--seed", "2"], "--seed"),
-    (["--method", "lookahead", "--temperature", "0"], "--temperature"),
-    (["--method", "lookahead", "--temperature", "nan"], "--temperature"),
-    (["--method", "lookahead", "--temperature", "1", "--top-p", "0"], "--top-p"),
-    (["--method", "lookahead", "--temperature", "1", "--top-p", "1.5"], "--top-p"),
-    (["--method", "lookahead", "--temperature", "1", "--top-k", "-1"], "--top-k"),
-    (["--method", "lookahead", "--temperature", "1", "--epsilon-b", "0.2"], "--epsilon-b"),
+    (["--method", "lookahead", "--temperature", "0.7"], "--temperature"),  # sampling needs --do-sample
+    (["--method", "lookahead", "--do-sample", "--temperature", "0"], "--temperature"),
+    (["--method", "lookahead", "--do-sample", "--temperature", "nan"], "--temperature"),
+    (["--method", "lookahead", "--do-sample", "--top-p", "0"], "--top-p"),
+    (["--method", "lookahead", "--do-sample", "--top-p", "1.5"], "--top-p"),
+    (["--method", "lookahead", "--do-sample", "--top-k", "-1"], "--top-k"),
+    (["--method", "lookahead", "--do-sample", "--epsilon-b", "0.2"], "--epsilon-b"),
     (["--method", "greedy", "--top-p", "0.9"], "--top-p"),
     (["--method", "dynamo", "--top-p", "0.9"], "--top-p"),
+    (["--method", "bpd", "--temperature", "0.7"], "--temperature"),
+    (["--method", "bpd", "--do-sample", "--repetition-penalty", "0"], "--repetition-penalty"),
+    (["--method", "bpd", "--do-sample", "--drafter", "oracle"], "--drafter oracle"),
+    (["--method", "bpd", "--do-sample", "--lookahead-pool"], "--lookahead-pool"),
+    (["--method", "bpd", "--drafter", "model"], "--draft-model"),
+    (["--method", "bpd", "--gamma", "3"], "--gamma"),
+    (["--method", "mtad"], "--draft-model"),
+    (["--method", "mtad", "--draft-model", "d", "--tau", "-1"], "--tau"),
+    (["--method", "mtad", "--draft-model", "d", "--beams", "0"], "--beams"),
+    (["--method", "mtad", "--draft-model", "d", "--drafter", "parallel"], "--drafter"),
+    (["--method", "bpd", "--tau", "0.5"], "--tau"),
+    (["--method", "greedy", "--do-sample"], "--do-sample"),
 ])
 def test_lookahead_sampling_options_are_checked_before_loading(tmp_path, capsys, flags, named):
     assert main(["decode", "--model", str(tmp_path / "no-such-model"), "--prompt", "x", *flags]) == 2

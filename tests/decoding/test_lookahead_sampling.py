@@ -8,7 +8,6 @@ tokens must equal the target's own sampling distribution, computed from full for
 logits processors ``generate(do_sample=True)`` builds, to 1e-9 (tiny LLaMA, V = 8, float64).
 """
 
-import itertools
 from collections import defaultdict
 
 import numpy as np
@@ -17,7 +16,7 @@ import torch
 from transformers import GenerationConfig
 
 from latticedraft.decoding.lookahead import lookahead_decode
-from latticedraft.decoding.onehot_sampling import SamplingOptions, SeededDraws, accept_one_hot
+from latticedraft.decoding.spec_sampling import SamplingOptions, SeededDraws, accept
 from tests.decoding.tiny import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -63,32 +62,37 @@ def enumerate_outcomes(run):
 
 
 def target_distribution(model, prompt, opts: SamplingOptions, length: int = 3) -> dict:
-    """P(first ``length`` tokens) of ``model`` sampling with generate's own logits processors."""
+    """P(first ``length`` tokens) of ``model`` sampling with generate's own logits processors
+    (one full forward per prefix of positive probability)."""
     procs = model._get_logits_processor(GenerationConfig(do_sample=True, temperature=opts.temperature,
-                                                         top_k=opts.top_k, top_p=opts.top_p))
+                                                         top_k=opts.top_k, top_p=opts.top_p,
+                                                         repetition_penalty=opts.repetition_penalty))
     dist = {}
-    for seq in itertools.product(range(V), repeat=length):
-        prob = 1.0
-        for t in range(length):
-            ids = torch.as_tensor([list(prompt) + list(seq[:t])])
-            with torch.no_grad():
-                logits = model(ids).logits[:, -1].to(torch.float64)
-            prob *= float(torch.softmax(procs(ids, logits), dim=-1)[0, seq[t]])
-            if prob == 0:
-                break
-        if prob > 0:
+
+    def walk(seq: tuple, prob: float):
+        if len(seq) == length:
             dist[seq] = prob
+            return
+        ids = torch.as_tensor([list(prompt) + list(seq)])
+        with torch.no_grad():
+            logits = model(ids).logits[:, -1].to(torch.float64)
+        p = torch.softmax(procs(ids, logits), dim=-1)[0].tolist()
+        for tok in range(V):
+            if p[tok] > 0:
+                walk(seq + (tok,), prob * p[tok])
+
+    walk((), 1.0)
     return dist
 
 
 def test_one_position_distribution_equals_p():
-    """accept_one_hot alone: every candidate order, candidates of zero mass, a full support."""
+    """accept with one-hot attempts alone: every candidate order, candidates of zero mass, a full support."""
     rng = np.random.default_rng(0)
     p = rng.dirichlet(np.ones(V))
     p[[2, 5]] = 0.0
     p /= p.sum()
     for cands in ([], [3], [3, 1, 7], [2, 3], [0, 1, 3, 4, 6, 7], [7, 6, 4, 3, 1, 0, 2]):
-        dist, _ = enumerate_outcomes(lambda d: accept_one_hot(p, cands, 0, d))
+        dist, _ = enumerate_outcomes(lambda d: accept(p, [(c, None) for c in cands], 0, d))
         got = np.zeros(V)
         for tok, q in dist.items():
             got[tok] += q

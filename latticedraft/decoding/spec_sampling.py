@@ -1,0 +1,226 @@
+"""Lossless speculative sampling over a draft tree (Leviathan et al. 2023; SpecInfer's
+multi-step speculative sampling, Miao et al. 2024), one-hot drafts as the special case.
+
+At a walked node the target's distribution is p (float64[V]); the node's *attempts* are the
+draft tokens tried there, in order, each with the distribution q it was drawn from (None:
+one-hot, a deterministic draft such as a lookahead n-gram or a rescored lattice path). Starting
+from the residual r = p, attempt (x, q) is accepted with probability min(1, r(x) / q(x)); on
+rejection r <- norm(max(0, r - q)) and the next attempt is tried; when all are rejected the
+token is drawn from r. Each attempt is one step of ordinary speculative sampling with target r,
+so the emitted token is distributed exactly as p whenever every attempt x_i was drawn from its
+q_i independently of the attempts before it: i.i.d. samples of one q (p sampled paths of a
+drafter) or distinct deterministic tokens (q = one-hot(x): accept with r(x), residual = r with
+x removed, Algorithm 4 of Fu et al. 2024). A one-hot attempt whose token has no residual mass
+is skipped without a draw (a repeat of a rejected token).
+
+Where the walk goes: an accepted token that is a child of the node moves the walk there, and
+that child's attempts are the next tokens of the drafts through it (still i.i.d. from q(. |
+prefix) for sampled paths: their continuations never influenced the decision above). The
+bonus token after the last accepted node is the residual draw, or a draw from p after a fully
+accepted path. So every emitted token has the target's sampling distribution.
+
+p is the target's distribution after the logits processing ``generate(do_sample=True)``
+applies (transformers' own processors, in its order: repetition penalty, temperature, top-k,
+top-p; top_k = 0, top_p = 1 and repetition_penalty = 1 switch those off), in float64.
+
+Randomness comes from a ``draws`` object with ``bernoulli(row, prob) -> bool`` and
+``categorical(row, probs) -> int``; ``SeededDraws`` gives row r of a run with seed s its own
+``numpy.random.default_rng([s, r])``, so outputs repeat and do not depend on the batch. Tests
+pass a source that enumerates every outcome to get exact output distributions.
+
+    >>> p = np.array([0.5, 0.3, 0.2])
+    >>> accept(p, [(1, None), (0, None)], row=0, draws=SeededDraws(0))    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from latticedraft.errors import InputError
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """generate's sampling settings and defaults: temperature > 0; top_k >= 0 (0 = off);
+    0 < top_p <= 1 (1 = off); repetition_penalty > 0 (1 = off); seed: row r draws from
+    ``default_rng([seed, r])``."""
+
+    temperature: float = 1.0
+    top_k: int = 50
+    top_p: float = 1.0
+    seed: int = 0
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self):
+        if not (np.isfinite(self.temperature) and self.temperature > 0):
+            raise InputError(f"--temperature {self.temperature} must be a finite number > 0")
+        if self.top_k < 0:
+            raise InputError(f"--top-k {self.top_k} must be >= 0 (0 = no top-k filter)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InputError(f"--top-p {self.top_p} must be in (0, 1] (1 = no nucleus filter)")
+        if not (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise InputError(f"--repetition-penalty {self.repetition_penalty} must be a finite number > 0 (1 = off)")
+
+    def processors(self):
+        """transformers' processors and warpers that ``generate(do_sample=True)`` builds for
+        these settings, in its order."""
+        from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                                  TopKLogitsWarper, TopPLogitsWarper)
+
+        procs = LogitsProcessorList()
+        if self.repetition_penalty != 1.0:
+            procs.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
+        if self.temperature != 1.0:
+            procs.append(TemperatureLogitsWarper(self.temperature))
+        if self.top_k != 0:
+            procs.append(TopKLogitsWarper(top_k=self.top_k, min_tokens_to_keep=1))
+        if self.top_p < 1.0:
+            procs.append(TopPLogitsWarper(top_p=self.top_p, min_tokens_to_keep=1))
+        return procs
+
+    def probs(self, logits: torch.Tensor, contexts=None) -> np.ndarray:
+        """Distributions from raw logits [m, V] -> float64 [m, V] (rows sum to 1). contexts: m
+        token-id sequences, the text each row continues (prompt + output so far + draft prefix);
+        needed only with a repetition penalty."""
+        x = logits.detach().to(torch.float64)
+        procs = self._procs()
+
+        def run(ids, scores):  # LogitsProcessorList's loop without its per-call signature inspection
+            for proc in procs:
+                scores = proc(ids, scores)
+            return scores
+
+        if self.repetition_penalty == 1.0:
+            x = run(torch.zeros(x.shape[0], 0, dtype=torch.long, device=x.device), x)
+        else:
+            if contexts is None or len(contexts) != x.shape[0]:
+                raise InputError("a repetition penalty needs the context of every row")
+            x = torch.cat([run(torch.as_tensor(np.asarray(c, dtype=np.int64)[None], device=x.device), x[i:i + 1])
+                           for i, c in enumerate(contexts)])
+        return torch.softmax(x, dim=-1).cpu().numpy()
+
+    def _procs(self):
+        """``processors()``, built once per options object."""
+        if "_built" not in self.__dict__:
+            object.__setattr__(self, "_built", self.processors())
+        return self.__dict__["_built"]
+
+
+class SeededDraws:
+    """Per-row generators ``default_rng([seed, row])``, created on first use."""
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+        self.rngs: dict[int, np.random.Generator] = {}
+
+    def _rng(self, row: int) -> np.random.Generator:
+        if row not in self.rngs:
+            self.rngs[row] = np.random.default_rng([self.seed, int(row)])
+        return self.rngs[row]
+
+    def bernoulli(self, row: int, prob: float) -> bool:
+        return bool(self._rng(row).random() < prob)
+
+    def categorical(self, row: int, probs: np.ndarray) -> int:
+        c = np.cumsum(probs)
+        i = int(np.searchsorted(c, self._rng(row).random() * c[-1], side="right"))
+        return int(np.flatnonzero(probs > 0)[-1]) if i >= len(probs) else i
+
+
+def accept(p: np.ndarray, attempts, row: int, draws) -> int:
+    """Multi-step speculative sampling at one node: p float64[V] the target's distribution;
+    ``attempts`` the (token, q float64[V] or None = one-hot) tried there, in order. Returns the
+    emitted token: an accepted attempt or a draw from the last residual."""
+    residual = np.array(p, dtype=np.float64)
+    for x, q in attempts:
+        x = int(x)
+        mass = residual.sum()
+        if q is None:
+            if residual[x] <= 0:  # a one-hot repeat of a rejected token (or of no mass): nothing to try
+                continue
+            if draws.bernoulli(row, residual[x] / mass):
+                return x
+            residual[x] = 0.0
+            continue
+        r = residual / mass
+        if draws.bernoulli(row, min(1.0, r[x] / q[x])):
+            return x
+        residual = np.maximum(r - q, 0.0)
+        if residual.sum() <= 0:  # r == q: rejection had probability 0
+            return x
+    if residual.sum() <= 0:  # every token with mass was tried and (measure-zero) rejected
+        return int(attempts[-1][0])
+    return draws.categorical(row, residual / residual.sum())
+
+
+def attempts_at(drafts: np.ndarray, qs, prefix) -> list:
+    """The attempts at the node ``prefix`` (draft tokens from the root, int[t]) of one row's
+    drafts int64[p, d] (negative = end): the t-th token of every draft that starts with
+    ``prefix``, in draft order, with its q (``qs`` float64[p, d, V], or None: one-hot)."""
+    t = len(prefix)
+    drafts = np.atleast_2d(np.asarray(drafts, dtype=np.int64))
+    if drafts.shape[1] <= t:
+        return []
+    match = (drafts[:, :t] == np.asarray(prefix, dtype=np.int64)[None]).all(axis=1) & (drafts[:, t] >= 0)
+    return [(int(drafts[j, t]), None if qs is None else qs[j, t]) for j in np.flatnonzero(match)]
+
+
+class SpeculativeChooser:
+    """The verifier's ``choose`` for lossless sampling (see ``gpu/verify.py``). One object per
+    decode; ``for_step`` binds one verify call's drafts.
+
+    options: ``SamplingOptions`` (what turns the target's logits into p); draws: the random
+    source (default ``SeededDraws(options.seed)``)."""
+
+    def __init__(self, options: SamplingOptions, draws=None):
+        self.options = options
+        self.draws = draws if draws is not None else SeededDraws(options.seed)
+
+    def for_step(self, rows, drafts=None, qs=None, histories=None):
+        """``choose`` for one verify call. rows[i]: the run-wide row id of batch row i (its
+        draws); drafts[i]: int64[p, d] verified after its root (None: prefill, no drafts);
+        qs[i]: float64[p, d, V] or None (one-hot); histories[i]: the tokens before the node's
+        prefix (prompt + output + root), for the repetition penalty."""
+
+        def choose(batch_rows, logits, prefixes, logits_at=None):
+            ctx = None
+            if self.options.repetition_penalty != 1.0:
+                ctx = [np.concatenate([np.asarray(histories[r], dtype=np.int64), np.asarray(pre, dtype=np.int64)])
+                       for r, pre in zip(batch_rows, prefixes)]
+            p = self.options.probs(logits, ctx)
+            out = []
+            for j, (r, pre) in enumerate(zip(batch_rows, prefixes)):
+                att = [] if drafts is None else attempts_at(drafts[r], None if qs is None else qs[r], pre)
+                out.append(accept(p[j], att, rows[r], self.draws))
+            return np.asarray(out, dtype=np.int64)
+
+        return choose
+
+
+class DraftSampler:
+    """What a drafter needs to draw sampled drafts for one row: q = ``probs(logits)`` over the
+    target's vocabulary (the same processors as p, so that q is close to p), ``draw(q)`` a token
+    from the row's random source. vocab_size: V of the target; row: the run-wide row id."""
+
+    def __init__(self, options: SamplingOptions, draws, row: int, vocab_size: int):
+        self.options, self.draws, self.row, self.vocab_size = options, draws, int(row), int(vocab_size)
+
+    def probs(self, logits: torch.Tensor, contexts=None, columns=None) -> np.ndarray:
+        """logits [m, V'] -> q float64[m, V]; columns: the token id of each of the V' columns
+        (a reduced draft vocabulary; the other tokens get probability 0), None: V' = V."""
+        logits = logits.detach().to(torch.float64)
+        if columns is not None or logits.shape[-1] != self.vocab_size:
+            full = logits.new_full((logits.shape[0], self.vocab_size), -float("inf"))
+            if columns is None:
+                n = min(logits.shape[-1], self.vocab_size)
+                full[:, :n] = logits[:, :n]
+            else:
+                full[:, torch.as_tensor(columns, device=logits.device)] = logits
+            logits = full
+        return self.options.probs(logits, contexts)
+
+    def draw(self, q: np.ndarray) -> int:
+        return self.draws.categorical(self.row, q)
