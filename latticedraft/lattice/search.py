@@ -30,7 +30,8 @@ import numpy as np
 
 from latticedraft.lattice.best_first import _base_pbest
 from latticedraft.lattice.bounded_search import _context_bound, _pbest
-from latticedraft.lattice.lm_tables import UNSEEN_COST, LMArrays, _build_arrays, _step, _walk
+from latticedraft.lattice.lm_tables import UNSEEN_COST, LMArrays, _step, _walk, build_arrays
+from latticedraft.lattice.state_dp import _state_pbest
 from latticedraft.lattice.triple_dp import _triple_pbest
 
 __all__ = ["context_bound", "exact_pbest", "history_state", "lm_step", "warm_up"]
@@ -38,7 +39,7 @@ __all__ = ["context_bound", "exact_pbest", "history_state", "lm_step", "warm_up"
 
 def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays: LMArrays | None,
                 start: int, alpha: float, p: int, hist_last: int = -1, with_counts: bool = False,
-                history=None):
+                history=None, bounded: bool = False):
     """Exact p best of a sausage (``tokens int64[h,k]``, ``logp float32[h,k]``, ``widths int64[h]``).
 
     ``start``: the LM state of the history; ``history``: its last ``order - 1`` ids (enables the
@@ -54,10 +55,12 @@ def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays
         T, W, H, hp = _extend(tokens, hl, widths, arrays.vocab_size, arrays.order, history)
         r = _triple_pbest(T, W, H, hp, float(alpha), int(p), int(start), *arrays.lm_args(), arrays.uni_logp,
                           *arrays.triple)
-    else:
+    elif bounded:
         A = arrays
         hb = A.vocab_size if hist_last < 0 else int(hist_last)
         r = _pbest(tokens, hl, widths, float(alpha), int(p), int(start), hb, *A.lm_args(), *A.bound_args())
+    else:
+        r = _state_pbest(tokens, hl, widths, float(alpha), int(p), int(start), *arrays.lm_args(), arrays.tok_ub)
     return r if with_counts else (r[0], r[1])
 
 
@@ -108,7 +111,7 @@ def warm_up(bounded: bool = True) -> None:
         state_offsets=np.array([0, 3, 4, 5], np.int64), arc_label=np.array([1, 2, 3, 1, 2], np.int32),
         arc_cost=np.array([1.0, 1.5, 2.0, 0.5, 0.7], np.float32), arc_next=np.array([2, 0, 0, 2, 0], np.int32),
         backoff_next=np.array([-1, 0, 0], np.int32), backoff_cost=np.array([0.0, 0.3, 0.4], np.float32))
-    A = _build_arrays(fst)
+    A = build_arrays(fst)
     tok = np.array([[0, 1], [1, 2]], np.int64)
     lp = np.log(np.array([[0.6, 0.4], [0.7, 0.3]], np.float32))
     w = np.array([2, 2], np.int64)
@@ -133,6 +136,7 @@ def context_bound(arrays: LMArrays, b_tok: int, a_tok: int, c_tok: int) -> float
     """Upper bound of ln p(c | any context ending in (b, a)) (``b = -1``: ``<s>``); for tests."""
     A = arrays
     b = A.vocab_size if b_tok < 0 else int(b_tok)
-    return float(_context_bound(b, int(a_tok), int(c_tok), A.offsets, A.labels, A.costs, A.uni_logp,
-                                A.ctx1, A.ctx1_gain, A.dflt, A.vocab_size, A.unk_cost, A.arc_hash,
-                                A.t1_off, A.t1_lab, A.t1_hash, A.t2_off, A.t2_lab, A.t2_val, A.t2_hash))
+    uni_logp, ctx1, ctx1_gain, dflt, t1_off, t1_lab, t1_hash, t2_off, t2_lab, t2_val, t2_hash = A.bound_args()
+    return float(_context_bound(b, int(a_tok), int(c_tok), A.offsets, A.labels, A.costs, uni_logp, ctx1,
+                                ctx1_gain, dflt, A.vocab_size, A.unk_cost, A.arc_hash, t1_off, t1_lab, t1_hash,
+                                t2_off, t2_lab, t2_val, t2_hash))
