@@ -5,7 +5,7 @@ adds the state's back-off cost and retries at its back-off state, exactly like K
 ``BaseScore``): short CSR rows are scanned, long rows go through the open-addressing hash
 table ``arc_hash`` (``_find``); ``_step_memo`` memoises the back-off tail per search.
 Costs are ``-ln p`` (float32 arrays, float64 in the kernels). The kernels here are inlined into
-``triple_dp``, ``state_dp``, ``bounded_search`` and ``batched``; numba's on-disk cache does not
+``triple_dp``, ``bounded_search`` and ``batched``; numba's on-disk cache does not
 notice edits in another file, so importing ``latticedraft.lattice`` drops caches older than any
 of their sources (``_numba_cache.drop_stale``).
 

@@ -14,7 +14,13 @@ B. *Any order* (``bounded_search``, used above order 4): admissible suffix bound
    LM states.
 
 Without an LM (or ``alpha = 0``) the p best by head score come from ``best_first``. The LM's
-arrays and tables are built by ``lm_tables.lm_arrays``.
+arrays and tables (``lm/search_tables.py``) are written by ``lm build`` and memory-mapped by
+``NgramLM``; for other ``NgramFst`` objects ``lm_tables.lm_arrays`` builds them in memory.
+
+A dynamic program over reachable LM states alone (no bound tables, merging prefixes only by
+state) was tried for orders 5-6 and dropped: on a 51 M n-gram 5-gram it kept ~1300 states
+per 8x16 lattice and cost 5x the bounded search at 8x16 (equal at 16x16), since a bound that
+ignores the context (each token's best ln p anywhere) prunes little.
 
 Why not more Python or a capped beam: a KenLM-state search in Python is exact but ~5 ms at
 8x16, and capping states per slot loses the exact best on a fifth of lattices; the bound lets
@@ -31,7 +37,6 @@ import numpy as np
 from latticedraft.lattice.best_first import _base_pbest
 from latticedraft.lattice.bounded_search import _context_bound, _pbest
 from latticedraft.lattice.lm_tables import UNSEEN_COST, LMArrays, _step, _walk, build_arrays
-from latticedraft.lattice.state_dp import _state_pbest
 from latticedraft.lattice.triple_dp import _triple_pbest
 
 __all__ = ["context_bound", "exact_pbest", "history_state", "lm_step", "warm_up"]
@@ -39,7 +44,7 @@ __all__ = ["context_bound", "exact_pbest", "history_state", "lm_step", "warm_up"
 
 def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays: LMArrays | None,
                 start: int, alpha: float, p: int, hist_last: int = -1, with_counts: bool = False,
-                history=None, bounded: bool = False):
+                history=None):
     """Exact p best of a sausage (``tokens int64[h,k]``, ``logp float32[h,k]``, ``widths int64[h]``).
 
     ``start``: the LM state of the history; ``history``: its last ``order - 1`` ids (enables the
@@ -55,12 +60,10 @@ def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays
         T, W, H, hp = _extend(tokens, hl, widths, arrays.vocab_size, arrays.order, history)
         r = _triple_pbest(T, W, H, hp, float(alpha), int(p), int(start), *arrays.lm_args(), arrays.uni_logp,
                           *arrays.triple)
-    elif bounded:
+    else:
         A = arrays
         hb = A.vocab_size if hist_last < 0 else int(hist_last)
         r = _pbest(tokens, hl, widths, float(alpha), int(p), int(start), hb, *A.lm_args(), *A.bound_args())
-    else:
-        r = _state_pbest(tokens, hl, widths, float(alpha), int(p), int(start), *arrays.lm_args(), arrays.tok_ub)
     return r if with_counts else (r[0], r[1])
 
 

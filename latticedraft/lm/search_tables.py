@@ -1,13 +1,15 @@
 """The n-gram LM as the arrays the exact searches read (``LMArrays``), built once and memory-mapped.
 
 ``LMArrays`` holds an ``NgramFst``'s CSR arrays in the dtypes the compiled kernels take
-(``lattice/lm_tables.py``, ``lattice/state_dp.py``, ``lattice/triple_dp.py``), plus:
+(``lattice/lm_tables.py``, ``lattice/triple_dp.py``, ``lattice/bounded_search.py``), plus:
 
 - ``arc_hash``: an open-addressing table (int32 arc ids, -1 empty) over the arcs of every CSR
   row longer than 16 arcs, so a look-up in a long row costs one or two probes (``_find``);
 - *triple tables* (order <= 4): the states of two and three tokens, addressable by their
   tokens, packed with their arc range and back-off (``_triple_tables``);
-- *bound tables* (``bounded_search`` only), built lazily on first use by ``bound_args``.
+- *bound tables* (order > 4, ``bounded_search``): per two-token context the best ln p of each
+  next token over all longer contexts (see ``LMArrays``); built lazily by ``bound_args`` when
+  not loaded from disk.
 
 **On disk.** ``save_tables`` writes them, with the FST's final costs, as uncompressed ``.npy``
 files in ``DIR/tables/`` (a directory renamed into place when complete; ``meta.json`` names the
@@ -42,6 +44,7 @@ P2_ENTRY = np.dtype([("lo", "i4"), ("hi", "i4"), ("xlo", "i4"), ("xhi", "i4"), (
                     align=True)
 X3_ENTRY = np.dtype([("lo", "i4"), ("hi", "i4"), ("boc", "f4")], align=True)
 _TRIPLE_NAMES = ("ctx1x", "p2_off", "p2_lab", "p2", "x_lab", "x3")
+_BOUND_NAMES = ("ctx1_gain", "dflt", "t1_off", "t1_lab", "t1_hash", "t2_off", "t2_lab", "t2_val", "t2_hash")
 
 
 @dataclass
@@ -56,8 +59,7 @@ class LMArrays:
     the largest back-off gain any longer context collects down to ``(a)``, ``dflt[a]``: the
     largest gain down to the null state; ``t1_*`` maps ``(b, a)`` (``b = V`` is ``<s>``) to a
     row of ``t2_*``, which holds, per label ``c+1``, the best ``ln p(c | s) + gain(s)`` over
-    the states ``s`` of two or more tokens ending in ``(b, a)``. ``tok_ub float64[V+1]``: an
-    upper bound of ``ln p(c | any context)`` (``state_dp``'s pruning bound).
+    the states ``s`` of two or more tokens ending in ``(b, a)``.
     """
 
     vocab_size: int
@@ -73,7 +75,6 @@ class LMArrays:
     arc_hash: np.ndarray
     uni_logp: np.ndarray
     ctx1: np.ndarray
-    tok_ub: np.ndarray  # float64[V+1]: the largest ln p of each id in any context ([V]: unknown ids)
     order: int = 0
     triple: tuple | None = None  # exact (x, b, a) context tables when order <= 4, see _triple_tables
     bound: tuple | None = None  # the bound tables (ctx1_gain ... t2_hash), built by bound_args on first use
@@ -170,8 +171,7 @@ def build_arrays(fst) -> LMArrays:
     last, ctx1, long_state, prev, arc_state = _structure(off, lab, nxt, bon, uni, int(fst.start), V)
     arrays = LMArrays(V, off, lab, cost, nxt, bon, boc, uni, int(fst.start),
                       float(getattr(fst, "unk_cost", UNSEEN_COST)), _build_hash(off, lab, uni), uni_logp,
-                      ctx1, _tok_ub(off, lab, cost, _gain(bon, boc), uni, V,
-                                    float(getattr(fst, "unk_cost", UNSEEN_COST))), int(fst.order))
+                      ctx1, int(fst.order))
     if int(fst.order) <= 4:
         arrays.triple = _triple_tables(V, int(fst.start), uni, off, nxt, bon, boc, last, long_state, prev, ctx1,
                                        arc_state)
@@ -230,22 +230,6 @@ def _gain(bon, boc) -> np.ndarray:
         idx = np.nonzero((depth == d) & (bon >= 0))[0]
         np.maximum.at(gain, bon[idx], gain[idx] - boc[idx].astype(np.float64))
     return gain
-
-
-@njit(cache=True)
-def _tok_ub(off, lab, cost, gain, uni, V, unk):
-    """float64[V+1]: per id, the best ``-cost + gain`` over its arcs from any state (an upper
-    bound of its ln p in any context); ``[V]``: ids outside the vocabulary (``-unk``)."""
-    ub = np.full(V + 1, -np.inf)
-    for s in range(off.shape[0] - 1):
-        g = gain[s]
-        for a in range(off[s], off[s + 1]):
-            v = g - cost[a]
-            c = lab[a] - 1
-            if v > ub[c]:
-                ub[c] = v
-    ub[V] = gain[uni] - unk
-    return ub
 
 
 def _triple_tables(V, start, uni, off, nxt, bon, boc, last, long_state, prev, ctx1, arc_state) -> tuple | None:
@@ -340,7 +324,7 @@ def _build_hash(off, lab, skip_row):
 # --------------------------------------------------------------------------------------------
 # on disk
 
-_CORE = ("offsets", "labels", "costs", "nexts", "bo_next", "bo_cost", "arc_hash", "uni_logp", "ctx1", "tok_ub")
+_CORE = ("offsets", "labels", "costs", "nexts", "bo_next", "bo_cost", "arc_hash", "uni_logp", "ctx1")
 
 
 def tables_present(build_dir: str | Path, expect: dict | None = None) -> bool:
@@ -378,8 +362,11 @@ def save_tables(fst, build_dir: str | Path, arrays: LMArrays | None = None) -> P
         if arrays.triple is not None:
             for name, a in zip(_TRIPLE_NAMES, arrays.triple):
                 np.save(work / f"{name}.npy", a)
+        else:  # order > 4: the bounded search's tables
+            for name, a in zip(_BOUND_NAMES, arrays.bound_args()[2:]):
+                np.save(work / f"{name}.npy", a)
         meta = {"version": TABLES_VERSION, **fst_meta(fst), "unk_arpa_cost": float(fst.unk_arpa_cost),
-                "triple": arrays.triple is not None,
+                "triple": arrays.triple is not None, "bound": arrays.triple is None,
                 "bytes": int(sum(p.stat().st_size for p in work.glob("*.npy")))}
         (work / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         publish_mode(work, directory=True)
@@ -414,7 +401,8 @@ def load_tables(build_dir: str | Path):
                        final_cost=a["final_cost"], unk_cost=m["unk_cost"], unk_arpa_cost=m["unk_arpa_cost"])
         arrays = LMArrays(m["vocab_size"], a["offsets"], a["labels"], a["costs"], a["nexts"], a["bo_next"],
                           a["bo_cost"], m["unigram"], m["start"], m["unk_cost"], a["arc_hash"], a["uni_logp"],
-                          a["ctx1"], a["tok_ub"], m["order"], triple)
+                          a["ctx1"], m["order"], triple,
+                          tuple(a[n] for n in _BOUND_NAMES) if m.get("bound") else None)
     except (OSError, KeyError, ValueError, json.JSONDecodeError) as e:
         raise ModelError(f"{d} cannot be read ({e}); rebuild the tables with `latticedraft lm index "
                          f"{Path(build_dir)}`") from e
