@@ -19,7 +19,7 @@ arrays and tables (``lm/search_tables.py``) are written by ``lm build`` and memo
 
 A dynamic program over reachable LM states alone (no bound tables, merging prefixes only by
 state) was tried for orders 5-6 and dropped: on a 51 M n-gram 5-gram it kept ~1300 states
-per 8x16 lattice and cost 5x the bounded search at 8x16 (equal at 16x16), since a bound that
+per 8x16 lattice and cost 3-5x the bounded search's CPU time at 8x16 (equal at 16x16): a bound that
 ignores the context (each token's best ln p anywhere) prunes little.
 
 Why not more Python or a capped beam: a KenLM-state search in Python is exact but ~5 ms at
