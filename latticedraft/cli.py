@@ -303,6 +303,20 @@ def _cmd_lm_score(a) -> int:
     return 0
 
 
+def _cmd_lm_index(a) -> int:
+    import time
+
+    from latticedraft.lm.build import read_manifest
+    from latticedraft.lm.ngram import ensure_tables
+
+    m = read_manifest(a.dir)
+    t0 = time.perf_counter()
+    wrote = ensure_tables(a.dir, m, force=a.force, notice=False)
+    print(f"{'wrote' if wrote else 'already present (--force rewrites):'} {a.dir}/tables"
+          f"{f' in {time.perf_counter() - t0:.1f} s' if wrote else ''}")
+    return 0
+
+
 def _cmd_lm_convert(a) -> int:
     import time
 
@@ -381,6 +395,12 @@ def _add_lm(groups) -> None:
                    help="cost of ids absent from the ARPA, >= 0 (default 1000)")
     c.add_argument("--force", action="store_true", help="replace an existing --out")
     c.set_defaults(func=_cmd_lm_convert)
+    x = sub.add_parser("index", help="write the memory-mapped search tables (tables/) into an older LM build",
+                       description="Write DIR/tables/, the exact searches' arrays as .npy files that every process "
+                                   "maps at load (lm build writes them; builds from before need this once).")
+    x.add_argument("dir", type=Path, metavar="DIR", help="an LM build directory (holds manifest.json)")
+    x.add_argument("--force", action="store_true", help="rewrite the tables even if present")
+    x.set_defaults(func=_cmd_lm_index)
     _add_lm_cooccurrence(sub, b)
 
 

@@ -12,13 +12,18 @@ from __future__ import annotations
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+# sources outside the package whose njit functions the kernels inline (the arc hash)
+INLINED = (PACKAGE_DIR.parent / "lm" / "search_tables.py",)
 
 
-def drop_stale(package_dir: Path = PACKAGE_DIR) -> int:
-    """Delete ``__pycache__/*.nbi|*.nbc`` older than the newest ``*.py`` in ``package_dir``;
-    returns how many were deleted. Never raises (a read-only install keeps its caches)."""
+def drop_stale(package_dir: Path = PACKAGE_DIR, inlined=None) -> int:
+    """Delete ``__pycache__/*.nbi|*.nbc`` older than the newest ``*.py`` in ``package_dir`` (or
+    than ``inlined``, default ``INLINED`` for the package itself); returns how many were deleted.
+    Never raises (a read-only install keeps its caches)."""
+    if inlined is None:
+        inlined = INLINED if package_dir == PACKAGE_DIR else ()
     try:
-        newest = max(p.stat().st_mtime for p in package_dir.glob("*.py"))
+        newest = max(p.stat().st_mtime for p in [*package_dir.glob("*.py"), *(Path(f) for f in inlined)])
         stale = [f for f in (package_dir / "__pycache__").glob("*.nb[ic]") if f.stat().st_mtime < newest]
     except (OSError, ValueError):
         return 0

@@ -14,7 +14,13 @@ B. *Any order* (``bounded_search``, used above order 4): admissible suffix bound
    LM states.
 
 Without an LM (or ``alpha = 0``) the p best by head score come from ``best_first``. The LM's
-arrays and tables are built by ``lm_tables.lm_arrays``.
+arrays and tables (``lm/search_tables.py``) are written by ``lm build`` and memory-mapped by
+``NgramLM``; for other ``NgramFst`` objects ``lm_tables.lm_arrays`` builds them in memory.
+
+A dynamic program over reachable LM states alone (no bound tables, merging prefixes only by
+state) was tried for orders 5-6 and dropped: on a 51 M n-gram 5-gram it kept ~1300 states
+per 8x16 lattice and cost 3-5x the bounded search's CPU time at 8x16 (equal at 16x16): a bound that
+ignores the context (each token's best ln p anywhere) prunes little.
 
 Why not more Python or a capped beam: a KenLM-state search in Python is exact but ~5 ms at
 8x16, and capping states per slot loses the exact best on a fifth of lattices; the bound lets
@@ -30,7 +36,7 @@ import numpy as np
 
 from latticedraft.lattice.best_first import _base_pbest
 from latticedraft.lattice.bounded_search import _context_bound, _pbest
-from latticedraft.lattice.lm_tables import UNSEEN_COST, LMArrays, _build_arrays, _step, _walk
+from latticedraft.lattice.lm_tables import UNSEEN_COST, LMArrays, _step, _walk, build_arrays
 from latticedraft.lattice.triple_dp import _triple_pbest
 
 __all__ = ["context_bound", "exact_pbest", "history_state", "lm_step", "warm_up"]
@@ -108,7 +114,7 @@ def warm_up(bounded: bool = True) -> None:
         state_offsets=np.array([0, 3, 4, 5], np.int64), arc_label=np.array([1, 2, 3, 1, 2], np.int32),
         arc_cost=np.array([1.0, 1.5, 2.0, 0.5, 0.7], np.float32), arc_next=np.array([2, 0, 0, 2, 0], np.int32),
         backoff_next=np.array([-1, 0, 0], np.int32), backoff_cost=np.array([0.0, 0.3, 0.4], np.float32))
-    A = _build_arrays(fst)
+    A = build_arrays(fst)
     tok = np.array([[0, 1], [1, 2]], np.int64)
     lp = np.log(np.array([[0.6, 0.4], [0.7, 0.3]], np.float32))
     w = np.array([2, 2], np.int64)
@@ -133,6 +139,7 @@ def context_bound(arrays: LMArrays, b_tok: int, a_tok: int, c_tok: int) -> float
     """Upper bound of ln p(c | any context ending in (b, a)) (``b = -1``: ``<s>``); for tests."""
     A = arrays
     b = A.vocab_size if b_tok < 0 else int(b_tok)
-    return float(_context_bound(b, int(a_tok), int(c_tok), A.offsets, A.labels, A.costs, A.uni_logp,
-                                A.ctx1, A.ctx1_gain, A.dflt, A.vocab_size, A.unk_cost, A.arc_hash,
-                                A.t1_off, A.t1_lab, A.t1_hash, A.t2_off, A.t2_lab, A.t2_val, A.t2_hash))
+    uni_logp, ctx1, ctx1_gain, dflt, t1_off, t1_lab, t1_hash, t2_off, t2_lab, t2_val, t2_hash = A.bound_args()
+    return float(_context_bound(b, int(a_tok), int(c_tok), A.offsets, A.labels, A.costs, uni_logp, ctx1,
+                                ctx1_gain, dflt, A.vocab_size, A.unk_cost, A.arc_hash, t1_off, t1_lab, t1_hash,
+                                t2_off, t2_lab, t2_val, t2_hash))

@@ -1,8 +1,9 @@
 """``latticedraft lm build``: corpus → tokenizer → token-id text → lmplz → ARPA → KenLM trie → WFST.
 
 A build directory holds ``lm.arpa``, ``lm.bin`` (KenLM trie), ``lm.fst`` (OpenFst binary),
-``lm.npz`` (the same automaton as CSR arrays, for fast loading), ``tokenizer.json`` and
-``manifest.json``. Everything is built in a temporary sibling directory which is renamed into
+``lm.npz`` (the same automaton as CSR arrays, for fast loading), ``tables/`` (the exact
+searches' arrays as ``.npy``, memory-mapped at load: ``lm/search_tables.py``), ``tokenizer.json``
+and ``manifest.json``. Everything is built in a temporary sibling directory which is renamed into
 place only when complete, so ``manifest.json`` is written last and a failed build leaves the
 target untouched: a directory without a manifest is not a build.
 """
@@ -160,8 +161,11 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
     from latticedraft.lm.arpa import float32_exact_unk, set_unk_log10
     from latticedraft.lm.wfst import arpa_to_fst
 
+    from latticedraft.lm.search_tables import save_tables
+
     t = opts.timings
     t_all = time.perf_counter()
+    stage = StageLog(opts.progress, t_all)
     # 1. tokenizer
     t0 = time.perf_counter()
     if opts.tokenizer is not None:
@@ -173,12 +177,14 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
     tok.save(str(work / "tokenizer.json"))
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
     t["tokenizer_s"] = time.perf_counter() - t0
+    stage(f"tokenizer: {vocab_size} tokens, {len(files)} corpus file(s)", t["tokenizer_s"])
 
     # 2. corpus → token ids (streamed to disk)
     ids_path = work / "corpus.ids"
     sentences = opts.sentences or default_sentences(files)
     stats = write_token_ids(files, tok, ids_path, opts.encoding_errors, opts.progress, sentences)
     t["tokenize_s"] = stats.seconds
+    stage(f"tokenized: {stats.tokens} tokens, {stats.chunks} {sentences}, {stats.bytes} bytes", stats.seconds)
     if stats.tokens == 0:
         raise InputError(f"the corpus ({len(files)} file(s), first {files[0]}) holds no text; give a non-empty corpus")
     if stats.tokens < opts.order:
@@ -193,6 +199,7 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
         t0 = time.perf_counter()
         lr = run_lmplz(ids_path, arpa, opts.order, opts.prune, opts.memory, tmp_dir)
         t["lmplz_s"] = time.perf_counter() - t0
+        stage(f"lmplz: order {opts.order} ARPA, {arpa.stat().st_size} bytes", t["lmplz_s"])
         ids_path.unlink()
         # Appendix D: unseen ids cost unk_cost; KenLM's <unk> gets the same so lm.bin agrees with lm.fst
         # (snapped to a float32 pair, see float32_exact_unk)
@@ -203,6 +210,7 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
         t0 = time.perf_counter()
         run_build_binary(arpa, work / "lm.bin", opts.memory, tmp_dir)
         t["build_binary_s"] = time.perf_counter() - t0
+        stage(f"build_binary: KenLM trie, {(work / 'lm.bin').stat().st_size} bytes", t["build_binary_s"])
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
@@ -211,6 +219,14 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
     fst = arpa_to_fst(arpa, work / "lm.fst", vocab_size=vocab_size, unk_cost=unk_cost)
     t["arpa_to_fst_s"] = time.perf_counter() - t0
     counts = _arpa_counts(arpa)
+    stage(f"WFST: {fst.num_states} states, {fst.num_arcs} arcs; n-grams per order {counts}", t["arpa_to_fst_s"])
+
+    # 6. the search tables, memory-mapped at load (lm/search_tables.py)
+    t0 = time.perf_counter()
+    tables = save_tables(fst, work)
+    t["tables_s"] = time.perf_counter() - t0
+    tables_meta = json.loads((tables / "meta.json").read_text())
+    stage(f"search tables: {tables_meta['bytes'] / 2**20:.0f} MiB", t["tables_s"])
     t["total_s"] = time.perf_counter() - t_all
 
     manifest = {
@@ -239,7 +255,8 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
                 "bytes": (work / "lm.fst").stat().st_size, "start": fst.start, "unigram": fst.unigram,
                 "unk_cost": unk_cost, "final_weights": "zero (prefix scores)"},
         "files": {"arpa": "lm.arpa", "kenlm_binary": "lm.bin", "fst": "lm.fst", "npz": "lm.npz",
-                  "tokenizer": "tokenizer.json"},
+                  "tables": "tables/", "tokenizer": "tokenizer.json"},
+        "tables": {"dir": "tables", "bytes": tables_meta["bytes"], "version": tables_meta["version"]},
         "tools": _versions(),
         "timings_s": {k: round(v, 4) for k, v in t.items()},
         "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -247,6 +264,25 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
     }
     write_manifest(work, manifest)
     return manifest
+
+
+class StageLog:
+    """One line per finished stage on stderr (what, counts, its seconds, elapsed) when stderr is
+    not a terminal, so a build piped to a log shows progress; on a terminal the tqdm bars do.
+    ``progress=False`` silences it, ``True`` forces it."""
+
+    def __init__(self, progress: bool | None, t_start: float):
+        import sys
+
+        self.on = (not sys.stderr.isatty()) if progress is None else bool(progress)
+        self.t_start = t_start
+
+    def __call__(self, what: str, seconds: float) -> None:
+        if self.on:
+            import sys
+
+            print(f"lm build: {what} ({seconds:.1f} s; elapsed {time.perf_counter() - self.t_start:.1f} s)",
+                  file=sys.stderr, flush=True)
 
 
 def _arpa_counts(arpa: Path) -> list[int]:

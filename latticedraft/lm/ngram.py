@@ -28,6 +28,7 @@ import numpy as np
 
 from latticedraft.errors import InputError, ModelError
 from latticedraft.lm.build import read_manifest
+from latticedraft.lm.search_tables import fst_meta, load_tables, save_tables, tables_present
 from latticedraft.lm.wfst import NgramFst
 
 
@@ -86,15 +87,22 @@ class NgramLM:
 
     @property
     def fst(self) -> NgramFst:
-        """The automaton (``lm.npz`` CSR arrays), loaded on first use."""
+        """The automaton, loaded on first use: memory-mapped from the build's ``tables/`` (with
+        the search tables attached, see ``lm.search_tables``), or from ``lm.npz`` when the
+        query re-prices unseen ids. A build without tables gets them once (``ensure_tables``)."""
         if self._fst is None:
-            fst = NgramFst.load(self.build_dir / "lm.fst")
-            if self._unk_cost == "kenlm":
-                if math.isnan(fst.unk_arpa_cost):
-                    raise ModelError(f"the ARPA of {self.build_dir} has no <unk>; pass a numeric unk_cost")
-                fst.set_unk_cost(fst.unk_arpa_cost)
-            elif self._unk_cost is not None and float(self._unk_cost) != fst.unk_cost:
-                fst.set_unk_cost(float(self._unk_cost))
+            fst = None
+            if self._unk_cost is None and (ensure_tables(self.build_dir, self.manifest) or
+                                           tables_present(self.build_dir, _expected_meta(self.manifest))):
+                fst, _ = load_tables(self.build_dir)
+            else:
+                fst = NgramFst.load(self.build_dir / "lm.fst")
+                if self._unk_cost == "kenlm":
+                    if math.isnan(fst.unk_arpa_cost):
+                        raise ModelError(f"the ARPA of {self.build_dir} has no <unk>; pass a numeric unk_cost")
+                    fst.set_unk_cost(fst.unk_arpa_cost)
+                elif float(self._unk_cost) != fst.unk_cost:
+                    fst.set_unk_cost(float(self._unk_cost))
             if fst.vocab_size != self.vocab_size:
                 raise ModelError(f"{self.build_dir}/lm.npz has {fst.vocab_size} labels but the manifest says "
                                  f"{self.vocab_size}; rebuild the LM")
@@ -150,3 +158,45 @@ class NgramLM:
 
     def __repr__(self) -> str:
         return f"NgramLM({str(self.build_dir)!r}, order={self.order}, vocab_size={self.vocab_size})"
+
+
+def _expected_meta(manifest: dict) -> dict:
+    f = manifest.get("fst", {})
+    return {"order": int(manifest["order"]), "vocab_size": int(manifest["vocab_size"]), "states": f.get("states")}
+
+
+def ensure_tables(build_dir: str | Path, manifest: dict | None = None, force: bool = False,
+                  notice: bool = True) -> bool:
+    """Write ``build_dir/tables/`` from ``lm.npz`` unless present and matching the manifest
+    (``force``: always). Returns whether they were written. With ``notice`` (first use by
+    ``NgramLM``) one line on stderr says so, since it takes seconds to a minute for tens of
+    millions of n-grams, and an unwritable directory falls back to tables in memory (False);
+    without it (``lm index``) that is a ``ModelError``."""
+    import sys
+    import time
+
+    d = Path(build_dir)
+    manifest = manifest if manifest is not None else read_manifest(d)
+    if not force and tables_present(d, _expected_meta(manifest)):
+        return False
+    if notice:
+        print(f"latticedraft: {d} has no search tables (an older build); writing {d}/tables once "
+              f"(`latticedraft lm index {d}` does this ahead of time)", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    fst = NgramFst.load(d / "lm.fst")
+    want = _expected_meta(manifest)
+    got = fst_meta(fst)
+    if any(want[k] is not None and want[k] != got[k] for k in want):
+        raise ModelError(f"{d}/lm.npz does not match its manifest ({got} vs {want}); rebuild the LM")
+    try:
+        save_tables(fst, d)
+    except PermissionError as e:
+        if not notice:
+            raise ModelError(f"cannot write the search tables into {d} ({e.strerror}); run `latticedraft lm "
+                             f"index {d}` as a user who may write there") from e
+        print(f"latticedraft: cannot write {d}/tables ({e.strerror}); this process builds them in memory",
+              file=sys.stderr, flush=True)
+        return False
+    if notice:
+        print(f"latticedraft: wrote {d}/tables in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    return True

@@ -91,7 +91,7 @@ def test_force_replaces_and_shared_tokenizer(tmp_path, tiny_build, corpus_file):
     m2 = json.loads((out / "manifest.json").read_text())
     assert m2["order"] == 4 and m2["tokenizer"]["fingerprint"] == m1["tokenizer"]["fingerprint"]
     assert sorted(p.name for p in out.iterdir()) == ["lm.arpa", "lm.bin", "lm.fst", "lm.npz", "manifest.json",
-                                                     "tokenizer.json"]
+                                                     "tables", "tokenizer.json"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporaries left
     NgramLM.load(out, tokenizer=tiny_build / "tokenizer.json")  # same vocabulary: accepted
 

@@ -24,7 +24,13 @@ def test_build_then_score_by_text_and_ids(tmp_path, corpus_file):
     r = _cli("build", "--corpus", corpus_file, "--train-tokenizer", 300, "--order", 3, "--out", out,
              "--memory", "64M")
     assert r.returncode == 0, r.stderr
-    assert "built 3-gram LM" in r.stdout and r.stderr == ""  # no progress bar when stderr is not a terminal
+    assert "built 3-gram LM" in r.stdout
+    # stderr is not a terminal: no progress bar, but one line per stage with its counts and times
+    lines = r.stderr.splitlines()
+    assert "\r" not in r.stderr and all(line.startswith("lm build: ") and "elapsed" in line for line in lines)
+    stages = [line.split(":")[1].strip() for line in lines]
+    assert stages == ["tokenizer", "tokenized", "lmplz", "build_binary", "WFST", "search tables"], lines
+    assert f"{json.loads((out / 'manifest.json').read_text())['corpus']['tokens']} tokens," in lines[1]
     r = _cli("score", "--lm", out, "--text", "def alpha(beta):\n    return beta", "--compact", check=True)
     doc = json.loads(r.stdout)
     ids = [t["id"] for t in doc["tokens"]]

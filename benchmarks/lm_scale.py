@@ -1,0 +1,271 @@
+"""N-gram LMs at the paper's scale: builds of order 4/5/6, unpruned and pruned, on a real corpus.
+
+For each configuration (``--configs``, e.g. ``o5`` = order 5 unpruned, ``o5p`` = order 5 with
+``--prune 0 0 1 1 1``), under ``--root``: build it if missing (``latticedraft lm build`` in a
+subprocess: wall time and the peak RSS of its largest process, kept in ``DIR/lm_scale_build.json``;
+an older build without ``tables/`` is indexed, timed), then report
+
+- n-grams per order, files on disk (ARPA, KenLM trie ``lm.bin``, ``lm.fst``, ``lm.npz``, ``tables/``),
+  the tables' bytes against the KenLM trie of the same ARPA;
+- process start to first exact rescore (a fresh interpreter: imports, ``NgramLM.load``, the
+  mapped tables, numba's cached kernels, one 8x16 rescore) and that process's peak RSS;
+- exact rescoring latency on held-out lattices (``benchmarks/rescore.py``'s simulated heads):
+  8x16 1-best and 16-best, 16x16 1-best (median of first calls on fresh lattices), batch 32 of
+  8x16 4-best (lattices per second); configurations interleaved round-robin lattice by lattice;
+- held-out perplexity on the held-out standard-library files (KenLM's ``lm.bin``, which the
+  tables equal: ``tests/lm/test_search_tables.py``), sentences as the build made them.
+
+The full run (``--corpus`` the shared venv's site-packages, 74 M tokens) takes tens of minutes
+per build on this 2-core machine; ``--slice-mb`` builds on the first N MB of the corpus instead
+(``tests/benchmarks/test_lm_scale.py`` runs a small slice of the same code path).
+
+    nice -n 15 .venv/bin/python benchmarks/lm_scale.py --root /work/biglm --configs o5 o6 o5p
+    .venv/bin/python benchmarks/lm_scale.py --root /tmp/s --configs o5 --slice-mb 5 --out /tmp/s.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from latticedraft.lattice import Sausage, SausageBatch, rescore, rescore_batch  # noqa: E402
+from latticedraft.lm.corpus import iter_sentences, read_text, stdlib_split  # noqa: E402
+from latticedraft.lm.ngram import NgramLM, ensure_tables  # noqa: E402
+from latticedraft.paths import default_lm_dir  # noqa: E402
+
+PRUNE = [0, 0, 1, 1, 1, 1]
+FIRST_RESCORE = r"""
+import time; t0 = time.perf_counter()
+import sys, numpy as np
+from latticedraft.lm.ngram import NgramLM
+from latticedraft.lattice import Sausage, rescore
+lm = NgramLM.load(sys.argv[1]); lm.fst
+t_map = time.perf_counter()
+rng = np.random.default_rng(0)
+s = Sausage.from_logits(rng.normal(size=(8, lm.vocab_size)) * 3.0, 16)
+rescore(s, lm, 1.0, 1, history=[11, 12, 13, 14, 15])
+t1 = time.perf_counter()
+hwm = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+print(t1 - t0, hwm * 1024, t_map - t0)
+"""
+
+
+def parse_config(name: str) -> tuple[int, list[int] | None]:
+    if not (name.startswith("o") and name[1:2].isdigit() and name[2:] in ("", "p")):
+        raise SystemExit(f"config {name!r}: use o<order> or o<order>p (pruned), e.g. o5 o5p")
+    order = int(name[1])
+    return order, (PRUNE[:order] if name.endswith("p") else None)
+
+
+def corpus_slice(corpus: Path, mb: float, dest: Path) -> Path:
+    """The first ``mb`` MB of ``.py`` files under ``corpus`` (sorted paths), copied to ``dest``."""
+    if dest.is_dir():
+        return dest
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    size = 0
+    for i, f in enumerate(sorted(corpus.rglob("*.py"))):
+        if size >= mb * 1e6:
+            break
+        if f.is_file():
+            shutil.copy(f, tmp / f"{i:06d}_{f.name}")
+            size += f.stat().st_size
+    os.replace(tmp, dest)
+    return dest
+
+
+def build_once(d: Path, order: int, prune, corpus: Path, tokenizer: str, memory: str) -> dict:
+    """Build ``d`` unless it holds a build; the build's wall time and peak RSS (largest process)."""
+    rec = d / "lm_scale_build.json"
+    if (d / "manifest.json").is_file():
+        info = json.loads(rec.read_text()) if rec.is_file() else {"wall_s": None, "peak_rss_bytes": None}
+        if not (d / "tables" / "meta.json").is_file():
+            t0 = time.perf_counter()
+            ensure_tables(d, notice=False)
+            info["index_s"] = time.perf_counter() - t0
+        return info
+    cmd = [sys.executable, "-m", "latticedraft", "lm", "build", "--corpus", str(corpus), "--tokenizer", tokenizer,
+           "--order", str(order), "--memory", memory, "--encoding-errors", "replace", "--out", str(d)]
+    if prune:
+        cmd += ["--prune", *map(str, prune)]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"build of {d} failed:\n{r.stderr[-2000:]}")
+    info = {"wall_s": wall, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+            "stages": r.stderr.splitlines(), "note": "peak RSS: the largest process of this and earlier builds"}
+    rec.write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def disk(d: Path) -> dict:
+    out = {p: (d / p).stat().st_size for p in ("lm.arpa", "lm.bin", "lm.fst", "lm.npz") if (d / p).is_file()}
+    out["tables"] = sum(p.stat().st_size for p in (d / "tables").glob("*"))
+    return out
+
+
+def first_rescore(d: Path, runs: int = 3) -> dict:
+    """Fresh interpreters: seconds from start to the first exact rescore, and peak RSS."""
+    res = []
+    for _ in range(runs):
+        r = subprocess.run([sys.executable, "-c", FIRST_RESCORE, str(d)], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if r.returncode != 0:
+            raise SystemExit(f"first rescore with {d} failed:\n{r.stderr[-2000:]}")
+        s, rss, t_map = r.stdout.split()
+        res.append((float(s), int(rss), float(t_map)))
+    return {"median_s": statistics.median(x[0] for x in res), "peak_rss_bytes": max(x[1] for x in res),
+            "runs": [x[0] for x in res], "to_tables_mapped_median_s": statistics.median(x[2] for x in res),
+            "note": "the rest is numba loading its cached kernels (it imports scipy.linalg) and the first call"}
+
+
+def heldout_perplexity(d: Path, lm: NgramLM, max_files: int) -> dict:
+    """Perplexity per token (``</s>`` included) of the held-out standard-library files, without
+    the ids the corpus never had (KenLM's "excluding OOVs": they cost the build's 1000-nat
+    ``<unk>``, which would swamp the mean); how many there were is reported."""
+    import kenlm
+
+    model = kenlm.Model(str(d / "lm.bin"))
+    unit = lm.manifest["corpus"]["sentences"]
+    total, n, oov = 0.0, 0, 0
+    for f in stdlib_split("heldout")[:max_files]:
+        for sent in iter_sentences(read_text(f, "replace"), unit):
+            ids = lm.tokenizer.encode(sent, add_special_tokens=False).ids
+            if ids:
+                for logp10, _, is_oov in model.full_scores(" ".join(map(str, ids)), bos=True, eos=True):
+                    if is_oov:
+                        oov += 1
+                    else:
+                        total += logp10 * math.log(10.0)
+                        n += 1
+    return {"tokens": n, "oov": oov, "perplexity": math.exp(-total / n),
+            "files": min(max_files, len(stdlib_split("heldout")))}
+
+
+def latency(lms: dict, maker, lattices: int) -> dict:
+    """Per configuration: median ms of first calls on fresh lattices, interleaved round-robin."""
+    cases = {"8x16_1best": (8, 16, 1), "8x16_16best": (8, 16, 16), "16x16_1best": (16, 16, 1)}
+    times = {(n, c): [] for n in lms for c in cases}
+    cpu = {(n, c): [] for n in lms for c in cases}
+    for case, (h, k, p) in cases.items():
+        for _ in range(lattices):
+            s, hist, _ = maker.make(h, k)
+            for name, lm in lms.items():
+                c0 = time.thread_time()
+                t0 = time.perf_counter()
+                rescore(Sausage(s.tokens, s.logp), lm, 1.0, p, hist)
+                times[(name, case)].append(time.perf_counter() - t0)
+                cpu[(name, case)].append(time.thread_time() - c0)
+    batch = {n: [] for n in lms}
+    for _ in range(max(3, lattices // 10)):
+        group = [maker.make(8, 16) for _ in range(32)]
+        T = np.stack([g[0].tokens for g in group])
+        L = np.stack([g[0].logp for g in group])
+        hs = [g[1] for g in group]
+        for name, lm in lms.items():
+            t0 = time.perf_counter()
+            rescore_batch(SausageBatch(T, L), lm, 1.0, 4, hs)
+            batch[name].append(32 / (time.perf_counter() - t0))
+    return {n: {**{c: 1e3 * statistics.median(times[(n, c)]) for c in cases},
+                **{c + "_cpu": 1e3 * statistics.median(cpu[(n, c)]) for c in cases},
+                "batch32_8x16_4best_per_s": statistics.median(batch[n])} for n in lms}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, required=True, help="where the builds live (outside the repository)")
+    ap.add_argument("--configs", nargs="+", default=["o4", "o5", "o6", "o4p", "o5p", "o6p"])
+    ap.add_argument("--corpus", type=Path, default=ROOT / ".venv" / "lib" / "python3.11" / "site-packages")
+    ap.add_argument("--tokenizer", default=str(ROOT / "data" / "tokenizer" / "tokenizer.json"))
+    ap.add_argument("--memory", default="5G", help="lmplz sorting memory (default 5G)")
+    ap.add_argument("--slice-mb", type=float, default=None, help="build on the first N MB of the corpus only")
+    ap.add_argument("--no-build", action="store_true", help="report only configurations already built")
+    ap.add_argument("--lattices", type=int, default=40, help="lattices per latency case (default 40)")
+    ap.add_argument("--heldout-files", type=int, default=1000, help="held-out stdlib files for perplexity")
+    ap.add_argument("--first-runs", type=int, default=3, help="fresh processes timed to the first rescore")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "lm_scale.json")
+    a = ap.parse_args(argv)
+    from rescore import LatticeMaker
+
+    corpus = a.corpus if a.slice_mb is None else corpus_slice(a.corpus, a.slice_mb, a.root / f"corpus-{a.slice_mb}MB")
+    rows = {}
+    for name in a.configs:
+        order, prune = parse_config(name)
+        d = a.root / name
+        if a.no_build and not (d / "manifest.json").is_file():
+            continue
+        rows[name] = {"order": order, "prune": prune, "build": build_once(d, order, prune, corpus, a.tokenizer,
+                                                                         a.memory)}
+    lms = {}
+    for name in rows:
+        d = a.root / name
+        lm = NgramLM.load(d)
+        m = lm.manifest
+        sizes = disk(d)
+        rows[name].update({"ngrams": m["ngram_counts"], "ngrams_total": sum(m["ngram_counts"]),
+                           "corpus_tokens": m["corpus"]["tokens"], "disk_bytes": sizes,
+                           "tables_vs_kenlm_trie": sizes["tables"] / sizes["lm.bin"],
+                           "first_rescore": first_rescore(d, a.first_runs),
+                           "heldout": heldout_perplexity(d, lm, a.heldout_files)})
+        lms[name] = lm
+    base = NgramLM.load(default_lm_dir())
+    tok = base.tokenizer
+    ids = np.concatenate([np.array(tok.encode(read_text(f, "replace")).ids, dtype=np.int64)
+                          for f in stdlib_split("heldout")[:30]])
+    maker = LatticeMaker(base, ids)
+    for name, lm in lms.items():  # warm: kernels loaded, tables' first pages touched once
+        s, hist, _ = maker.make(8, 16)
+        rescore(s, lm, 1.0, 1, hist)
+    for name, lat in latency(lms, maker, a.lattices).items():
+        rows[name]["latency"] = lat
+    doc = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg": os.getloadavg()},
+           "corpus": str(corpus), "configs": rows,
+           "paper_targets_ms": {"8x16_1best": 1.63, "8x16_16best": 1.98, "16x16_1best": 2.17}}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(table(doc))
+    return 0
+
+
+def table(doc: dict) -> str:
+    mb = lambda b: f"{b / 2**20:.0f}" if b is not None else "-"  # noqa: E731
+    cols = ["LM", "n-grams", "build s", "build peak RSS MiB", "ARPA / trie / fst / npz / tables MiB", "tables/trie",
+            "start→1st rescore s (peak RSS MiB); tables mapped at s", "8x16 1-best ms wall (CPU)",
+            "8x16 16-best ms wall (CPU)", "16x16 1-best ms wall (CPU)",
+            "batch32 8x16 4-best /s", "held-out ppl"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for name, r in doc["configs"].items():
+        d, b, f, lat = r["disk_bytes"], r["build"], r["first_rescore"], r.get("latency", {})
+        wall = f"{b['wall_s']:.0f}" if b.get("wall_s") else "-"
+        cells = [name, f"{r['ngrams_total'] / 1e6:.1f} M ({'/'.join(map(str, r['ngrams']))})", wall,
+                 mb(b.get("peak_rss_bytes")),
+                 " / ".join(mb(d.get(k)) for k in ("lm.arpa", "lm.bin", "lm.fst", "lm.npz", "tables")),
+                 f"{r['tables_vs_kenlm_trie']:.2f}",
+                 f"{f['median_s']:.2f} ({mb(f['peak_rss_bytes'])}); mapped at {f['to_tables_mapped_median_s']:.2f}",
+                 *(f"{lat.get(c, float('nan')):.2f} ({lat.get(c + '_cpu', float('nan')):.2f})"
+                   for c in ("8x16_1best", "8x16_16best", "16x16_1best")),
+                 f"{lat.get('batch32_8x16_4best_per_s', 0):.0f}", f"{r['heldout']['perplexity']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\nload average {doc['machine']['loadavg'][0]:.1f} on {doc['machine']['cpus']} CPUs"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
