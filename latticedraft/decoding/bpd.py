@@ -22,10 +22,11 @@ from latticedraft.decoding.acceptance import AcceptanceModel
 from latticedraft.decoding.context_ngrams import ContextNgrams
 from latticedraft.decoding.draft_tree import TreePlanner
 from latticedraft.decoding.head_gate import HeadGate
+from latticedraft.decoding.prompt_length import check_fits
 from latticedraft.errors import InputError
 from latticedraft.gpu import hf
 from latticedraft.gpu.cost_model import CostModel
-from latticedraft.gpu.verify import Verifier
+from latticedraft.gpu.verify import Verifier, position_limit
 
 
 @dataclass
@@ -51,7 +52,7 @@ class SequenceResult:
 class DecodeResult:
     """sequences: one per prompt, in order; verify_mode: "tree" | "batched" | "generate";
     timing: seconds spent per part (model, lattice, draft, accept) over the whole run;
-    steps: list of per-step records (only when ``record_steps``)."""
+    steps: list of per-step records (only when ``record_steps``); kv_peak_bytes: 0 where not measured."""
 
     sequences: list[SequenceResult]
     verify_mode: str
@@ -59,6 +60,7 @@ class DecodeResult:
     seconds: float
     timing: dict
     steps: list = field(default_factory=list)
+    kv_peak_bytes: int = 0  # the verifier's largest KV cache (keys + values, in-flight nodes included)
 
     @property
     def tokens(self) -> int:
@@ -112,6 +114,7 @@ def bpd_decode(
     cost: CostModel | None = None,
     gate: HeadGate | None = None,
     lookahead=None,
+    kv_cache: str = "auto",
 ) -> DecodeResult:
     """Decode every prompt with blockwise parallel decoding.
 
@@ -134,7 +137,8 @@ def bpd_decode(
     lookahead Jacobi window in the verify call (a side branch) and the n-grams of its pool that
     start with the root become extra tree paths beside the head drafts and context n-grams.
     Verification always uses the full vocabulary, so the output is the same for every setting.
-    Returns a ``DecodeResult``.
+    kv_cache: "auto" | "full" | "rolling" (``verify.choose_kv_cache``: sliding-window models keep
+    a rolling buffer of W slots and prefill in chunks of W). Returns a ``DecodeResult``.
     """
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -145,7 +149,8 @@ def bpd_decode(
     t_start = time.perf_counter()
     slots = getattr(getattr(drafter, "options", None), "slots", None)
     heads_used = 1 if drafter is None else None if slots is None else slots + 1  # only the heads drafted from
-    verifier = Verifier(model, verify, num_heads=heads_used, draft_vocab=None if drafter is None else draft_vocab)
+    verifier = Verifier(model, verify, num_heads=heads_used, draft_vocab=None if drafter is None else draft_vocab,
+                        kv_cache=kv_cache)
     if tree == "auto" and cost is None:
         cost = CostModel.cached(verifier, batch=len(prompts))
     planner = TreePlanner(tree, context, acceptance, cost)
@@ -288,17 +293,13 @@ def bpd_decode(
         )
         for i in range(b)
     ]
-    return DecodeResult(seqs, verifier.mode, verifier.mode_reason, time.perf_counter() - t_start, timing, steps)
+    return DecodeResult(seqs, verifier.mode, verifier.mode_reason, time.perf_counter() - t_start, timing, steps,
+                        verifier.peak_cache_bytes)
 
 
 def _check_length(model, prompts, max_new_tokens) -> None:
-    """Prompt + new tokens must fit the model's positions (GPT-2's n_positions and the like)."""
-    cfg = getattr(getattr(model, "base", model), "config", None)
-    limit = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
-    longest = max(len(p) for p in prompts)
-    if limit and longest + max_new_tokens > int(limit):
-        raise InputError(f"a prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-                         f"{limit} positions; shorten the prompt or lower --max-new-tokens")
+    """Prompt + new tokens must fit the model's positions (``prompt_length.check_fits``)."""
+    check_fits(position_limit(model), [len(p) for p in prompts], max_new_tokens)
 
 
 def _draft_tokens(drafts) -> np.ndarray:
@@ -319,6 +320,7 @@ def greedy_decode(model, prompts: list, *, max_new_tokens: int = 64, eos_token_i
     """Plain autoregressive greedy decoding with transformers' ``generate`` on the base model,
     one prompt at a time (no padding): the baseline every table compares against."""
     base = getattr(model, "base", model)
+    _check_length(model, prompts, max_new_tokens)
     eos = _eos_set(eos_token_id)
     t_start = time.perf_counter()
     seqs = []

@@ -25,6 +25,7 @@ import numpy as np
 from latticedraft.atomic import atomic_file, write_atomic
 from latticedraft.decoding.lookahead import LookaheadOptions
 from latticedraft.decoding.run import DrafterSpec, Session, encode
+from latticedraft.decoding.prompt_length import fit_prompts
 from latticedraft.errors import InputError
 
 
@@ -50,6 +51,7 @@ class EvalConfig:
     lm2: str | None = None  # 2-gram build for Table 3 (default: the 4-gram, labelled so)
     rescorers: dict = field(default_factory=dict)  # label -> dir, for neural rows
     lookahead: LookaheadOptions | None = field(default_factory=LookaheadOptions)  # the lookahead row (None: none)
+    truncate_left: int | None = None  # keep the last N tokens of each prompt (``prompt_length``)
 
     def validate(self):
         if self.num_prompts < 1 or self.skip < 0:
@@ -107,7 +109,8 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
     recs = prompts[cfg.skip : cfg.skip + cfg.num_prompts]
     if not recs:
         raise InputError(f"no prompts left after skipping {cfg.skip}; lower --skip or give more prompts")
-    ids = encode(session.tokenizer, [r["prompt"] for r in recs])
+    ids = fit_prompts(session.model, encode(session.tokenizer, [r["prompt"] for r in recs]), cfg.max_new_tokens,
+                      cfg.truncate_left)
     h = int(getattr(session.model, "num_heads", 1))
     head_counts = sorted({min(c, h) for c in cfg.head_counts if c >= 2})
     if h < 2:
