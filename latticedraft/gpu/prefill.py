@@ -40,15 +40,17 @@ def chunked_prefill(run, ids: torch.Tensor, valid: torch.Tensor, window: int, ch
     ``window`` slots, ``chunk`` tokens (default W) per call.
 
     run(ids [b, C], allowed bool[b, C, L + C], pos int64[b, C], cache) -> the call's result (a
-    ``verify.Forward``). Returns (the ``SlotCache``, the list of every chunk's result)."""
+    ``verify.Forward``). Returns (the ``SlotCache``, the last chunk's result); earlier results are
+    dropped as soon as the next chunk runs, so their logits never pile up."""
     b, n = ids.shape
     chunk = chunk or window
     state = SlotCache.empty(b, ids.device, window=window)
     pos = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)
-    outs = []
+    out = None
     for c0 in range(0, n, chunk):
         v, p = valid[:, c0:c0 + chunk], pos[:, c0:c0 + chunk]
         start = state.length
-        outs.append(run(ids[:, c0:c0 + chunk], chunk_mask(state, v, p, window), p, state.cache))
+        out = None  # release the previous chunk's logits before the next call
+        out = run(ids[:, c0:c0 + chunk], chunk_mask(state, v, p, window), p, state.cache)
         state.roll_in(start, torch.where(v, p, torch.full_like(p, -1)))
-    return state, outs
+    return state, out

@@ -367,8 +367,8 @@ class Verifier:
             valid[i, n - len(p):] = True
         pos = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)
         if self.rolling:  # chunks of W into a rolling buffer; the last chunk's results give the roots
-            state, outs = chunked_prefill(self._run_tree, ids, valid, self.window)
-            out, last = outs[-1], torch.full((b,), (n - 1) % self.window, dtype=torch.long)
+            state, out = chunked_prefill(self._run_tree, ids, valid, self.window)
+            last = torch.full((b,), (n - 1) % self.window, dtype=torch.long)
             return (state, *self._prefill_result(out, last, choose, b))
         state = SlotCache.empty(b, self.device)
         if self.mode == "tree":

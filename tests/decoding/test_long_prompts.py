@@ -101,3 +101,44 @@ def test_cli_refuses_before_decoding_then_truncate_left_decodes(tmp_path, capsys
     assert len(rec["tokens"]) == 6
     assert main(args + ["--truncate-left", "0"]) == 2
     assert "--truncate-left 0" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (data_dir() / "tokenizer" / "tokenizer.json").is_file(), reason="bundled tokenizer missing")
+def test_cli_decodes_a_1500_token_prompt_on_a_long_context_mistral_bundle(tmp_path, capsys):
+    """A bundle shaped like the long-context default (Mistral base, 2048 positions, window 16 here):
+    a 1 500-token held-out prompt decodes through the CLI (rolling cache, ~94 prefill chunks) to
+    HF greedy's tokens, in BPD and lookahead."""
+    import json
+
+    from transformers import AutoModelForCausalLM, MistralConfig, MistralForCausalLM
+
+    from latticedraft.gpu.blockwise import BlockwiseModel
+    from latticedraft.lm.corpus import read_text, stdlib_split
+
+    torch.manual_seed(0)
+    base = MistralForCausalLM(MistralConfig(vocab_size=8192, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
+                                            sliding_window=16, tie_word_embeddings=True)).eval()
+    base.save_pretrained(tmp_path / "base")
+    BlockwiseModel.from_base(base, 4, seed=0).save_pretrained(tmp_path / "heads", base_ref="../base")
+    from latticedraft.lm.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(data_dir() / "tokenizer")
+    text = "".join(read_text(f) for f in stdlib_split("heldout")[:3])[:12000]
+    ids = tok.encode(text).ids[-1500:]  # what --truncate-left 1500 keeps
+    assert len(ids) == 1500
+    capsys.readouterr()
+    ref = None
+    for method in ("bpd", "lookahead"):
+        rc = main(["decode", "--model", str(tmp_path / "heads"), "--prompt", text, "--max-new-tokens", "8", "--json",
+                   "--truncate-left", "1500", "--method", method])
+        assert rc == 0
+        rec = json.loads(capsys.readouterr().out)
+        assert rec["prompt_ids"] == ids
+        if ref is None:
+            m = AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
+            x = torch.tensor([ids])
+            ref = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=8,
+                             pad_token_id=0)[0, 1500:].tolist()
+        assert rec["tokens"] == ref

@@ -31,8 +31,14 @@ def test_chunked_prefill_equals_full_prefill_logits(window):
     ps = prompts(3, seed=5, lengths=(3 * window, 3 * window - 5, window + 1))
     v = Verifier(model, kv_cache="rolling")
     ids, valid = _left_padded(ps)
-    state, outs = chunked_prefill(v._run_tree, ids, valid, window)
-    assert len(outs) == 3 and [o.out.logits.shape[1] for o in outs] == [window] * 3  # chunks of W
+    outs = []
+
+    def run(*args):
+        outs.append(v._run_tree(*args))
+        return outs[-1]
+
+    state, last = chunked_prefill(run, ids, valid, window)
+    assert last is outs[-1] and [o.out.logits.shape[1] for o in outs] == [window] * 3  # chunks of W
     got = torch.cat([o.out.logits for o in outs], dim=1)
     for i, p in enumerate(ps):
         full = model(input_ids=torch.as_tensor(p)[None]).logits[0]  # one full-context forward
