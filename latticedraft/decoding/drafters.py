@@ -28,6 +28,7 @@ import torch
 
 from latticedraft.errors import InputError
 from latticedraft.gpu.kvcache import cache_length, crop_to
+from latticedraft.gpu.verify import position_limit
 from latticedraft.lattice.oracle import oracle_path
 from latticedraft.lattice.rescoring import base_drafts, rescore
 from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage
@@ -200,7 +201,9 @@ class NeuralDrafter(Drafter):
     For slot j the draft token is ``argmax_{y in S_j} head_logp_j(y) + alpha * r_j(y)``,
     where r_j is the rescorer's log-softmax after history + the draft so far. The rescorer
     keeps its own KV cache over the history, so each step costs one small-model call per
-    slot (the first also catches up on the tokens accepted since the last step).
+    slot (the first also catches up on the tokens accepted since the last step). A rescorer
+    with fewer positions than history + h sees the latest ones only (its cache then restarts
+    every step; drafts only, so the output stays exact).
     """
 
     name = "neural"
@@ -231,6 +234,9 @@ class NeuralDrafter(Drafter):
 
     def draft(self, sausage, history):
         history = np.asarray(history, dtype=np.int64)
+        limit = position_limit(self.rescorer)
+        if limit and len(history) + sausage.h > limit:  # a rescorer with fewer positions sees the latest ones
+            history = history[len(history) + sausage.h - limit:]
         n = len(self._fed)
         if n == 0 or n > len(history) or not np.array_equal(history[:n], self._fed):
             self._cache, n = None, 0  # history diverged from what the cache holds: start over

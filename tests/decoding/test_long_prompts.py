@@ -49,6 +49,17 @@ def test_every_drafter_over_the_rolling_cache_equals_generate(name, batch, toy_l
     assert r.verify_mode == "tree"
 
 
+def test_neural_drafter_with_a_rescorer_of_fewer_positions_sees_the_latest_ones():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model, ps, refs = _case(8, 4)  # prompts of 24..31 tokens + 20 new
+    torch.manual_seed(0)
+    short = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)).eval()
+    d = make_drafter("neural", options=LatticeOptions(k=8), rescorer=short, alpha=1.0)
+    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+
+
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_loop_context_ngrams_and_lookahead_pool_over_the_rolling_cache(batch, toy_lm):
     model, ps, refs = _case(8, batch)
