@@ -112,7 +112,7 @@ def _check_train(a) -> None:
 
     check_device(a.device)
     check_writable(a.out, "--out", "directory")
-    for d in ("steps", "batch_size", "seq_len", "grad_accum", "checkpoint_every", "stop_after"):
+    for d in ("steps", "batch_size", "seq_len", "grad_accum", "checkpoint_every", "stop_after", "sliding_window", "ffn_dim"):
         at_least(a, d, 1)
     for d in ("lr", "warmup_frac", "weight_decay"):
         finite(a, d)
@@ -127,7 +127,8 @@ def _cmd_train_lm(a) -> int:
     with _stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)
         res = train_lm(a.tokenizer, files, a.out,
-                       LMArch(n_embd=a.n_embd, n_layer=a.n_layer, n_head=a.n_head, n_positions=a.n_positions),
+                       LMArch(n_embd=a.n_embd, n_layer=a.n_layer, n_head=a.n_head, n_positions=a.n_positions,
+                              family=a.family, sliding_window=a.sliding_window, ffn_dim=a.ffn_dim),
                        _optim_config(a), resume=a.resume, save_dtype=a.save_dtype, device=a.device,
                        encoding_errors=a.encoding_errors, stop_after=a.stop_after)
     return _print_trained(res, "final loss")
@@ -192,8 +193,8 @@ def _add_train(groups) -> None:
                             description="Train the models latticedraft decodes with: a small causal LM from scratch "
                                         "(`train lm`) or multi-token heads on a base LM (`train heads`).")
     verbs = grp.add_subparsers(dest="verb", required=True, metavar="<verb>")
-    p = verbs.add_parser("lm", help="train a GPT-2-style causal LM from scratch (the base, the neural rescorers)",
-                         description="Train a GPT-2-style causal LM from scratch on a corpus (files, directories or "
+    p = verbs.add_parser("lm", help="train a GPT-2- or Mistral-style causal LM from scratch (the base, the rescorers)",
+                         description="Train a GPT-2- or Mistral-style causal LM from scratch on a corpus (files, directories or "
                                      "the standard library; - reads standard input) and save it in HF format with "
                                      "its tokenizer. Checkpoints every --checkpoint-every steps; --resume continues.")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json or a directory holding one")
@@ -205,6 +206,11 @@ def _add_train(groups) -> None:
     p.add_argument("--n-layer", type=int, default=4, help="decoder layers")
     p.add_argument("--n-head", type=int, default=4, help="attention heads per layer")
     p.add_argument("--n-positions", type=int, default=256, help="context length")
+    p.add_argument("--family", choices=["gpt2", "mistral"], default="gpt2",
+                   help="gpt2 (learned positions, GELU MLP) or mistral (RoPE, SwiGLU, optional sliding window)")
+    p.add_argument("--sliding-window", type=int, default=None, metavar="W",
+                   help="mistral: attend to the last W positions only (default: full causal attention)")
+    p.add_argument("--ffn-dim", type=int, default=None, help="mistral: SwiGLU width (default 8/3 x --n-embd)")
     _optim_args(p, steps=500, lr=2e-3)
     p.set_defaults(func=_cmd_train_lm)
     p = verbs.add_parser("heads", help="train heads 2..h of a BlockwiseModel on a base causal LM (loss Σ λ_h L_h)",
@@ -585,6 +591,7 @@ def _cmd_decode_dynamo(a, texts: list[str]) -> int:
 
     from latticedraft.cli_checks import check_model_limits
     from latticedraft.decoding.dynamo import decode_texts, load_model, load_tokenizer_for
+    from latticedraft.decoding.prompt_length import fit_prompts
     from latticedraft.lm.cooccurrence import resolve_table
 
     cfg = _dynamo_config(a)
@@ -593,12 +600,14 @@ def _cmd_decode_dynamo(a, texts: list[str]) -> int:
     model = load_model(model_dir, device=getattr(a, "device", None))
     check_model_limits(a, model)
     tok = load_tokenizer_for(model, model_dir, getattr(a, "tokenizer", None))
+    max_new = getattr(a, "max_new_tokens", 64) or 64
+    fit_prompts(model, [tok.encode(t, add_special_tokens=False).ids for t in texts], max_new, a.truncate_left)
     cooc = None
     if cfg.cooccurrence and cfg.alpha_c > 0:
         cooc = resolve_table(a.cooccurrence, tok, notify=lambda m: print(m, file=sys.stderr))
     for i, text in enumerate(texts):  # one prompt at a time: each record is out before the next prompt starts
-        r = decode_texts(model, tok, [text], cfg, cooc, max_new_tokens=getattr(a, "max_new_tokens", 64) or 64,
-                         seed=a.seed, eos_token_id=tok.token_to_id("<|endoftext|>"), first_row=i)[0]
+        r = decode_texts(model, tok, [text], cfg, cooc, max_new_tokens=max_new, seed=a.seed,
+                         eos_token_id=tok.token_to_id("<|endoftext|>"), first_row=i, truncate_left=a.truncate_left)[0]
         r["model"] = str(getattr(model, "base_ref", None) or "")
         r["method"] = "dynamo"
         if getattr(a, "json", False):
@@ -784,6 +793,7 @@ def _cmd_decode(a) -> int:
     import json
 
     from latticedraft.cli_checks import check_decode, check_model_limits
+    from latticedraft.decoding.prompt_length import fit_prompts
     from latticedraft.decoding.run import Session, TextStream, encode, records
 
     check_decode(a)
@@ -796,7 +806,7 @@ def _cmd_decode(a) -> int:
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads, getattr(a, "draft_model", None))
     s.notify = lambda m: print(m, file=sys.stderr)
     check_model_limits(a, s.model)
-    ids = encode(s.tokenizer, texts)
+    ids = fit_prompts(s.model, encode(s.tokenizer, texts), a.max_new_tokens, a.truncate_left)
     look = _lookahead(a) if a.method == "lookahead" else None
     smp, mtad, sd = _sampling(a), _mtad(a), _self_draft(a)
     if a.method == "bpd":
@@ -909,6 +919,9 @@ def _add_decode(groups) -> None:
     src.add_argument("--prompts", default=None, metavar="FILE.jsonl",
                      help="one {\"prompt\": ...} per line; - reads standard input (default: --prompt)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
+    p.add_argument("--truncate-left", type=int, default=None, metavar="N",
+                   help="keep the last N tokens of each prompt (prompt + --max-new-tokens must fit the model's "
+                        "positions; default: refuse a prompt that does not)")
     p.add_argument("--batch-size", type=int, default=1, help="prompts decoded together; needs --json or --output (default 1)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object per prompt, each as soon as its batch completes, "
@@ -1019,17 +1032,20 @@ def _add_lattice(groups) -> None:
 
 def _cmd_eval(a) -> int:
     """``eval``: every drafter on a prompt set; results.json, results.md, Figure 6 and 7 PNGs."""
-    from latticedraft.cli_checks import (DRAFTING, DYNAMO_ONLY, LOOKAHEAD, check_device, check_drafting,
-                                         check_lookahead_sizes, check_model_limits, check_sampling, refuse_given)
+    from latticedraft.cli_checks import (DRAFTING, DYNAMO_ONLY, LOOKAHEAD, at_least, check_device,
+                                         check_drafting, check_lookahead_sizes, check_model_limits, check_sampling,
+                                         refuse_given)
     from latticedraft.paths import check_writable
 
     if a.records is not None:
         return _cmd_eval_records(a)
     check_device(a.device)
+    at_least(a, "truncate_left", 1)
     check_drafting(a)
     check_writable(a.out, "--out", "directory")
     if a.method == "dynamo":
-        refuse_given(a, DRAFTING + LOOKAHEAD + ("alphas", "lm2", "rescorers", "batch_size", "skip", "do_sample", "top_p"),
+        refuse_given(a, DRAFTING + LOOKAHEAD + ("alphas", "lm2", "rescorers", "batch_size", "skip", "do_sample", "top_p",
+                                                "truncate_left"),
                      "eval --method dynamo runs the DynaMo ablation (those options apply to --method bpd)")
         return _cmd_eval_dynamo(a)
     refuse_given(a, DYNAMO_ONLY + ("epsilons", "variants", "seeds", "heldout_tokens", "dynamic_tokens"),
@@ -1055,7 +1071,7 @@ def _cmd_eval(a) -> int:
                      prune=a.prune, eps=a.eps, backoff=a.backoff, verify=a.verify,
                      alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers,
                      lookahead=_lookahead(a), kangaroo=_self_draft_rows(a)[0], ppd=_self_draft_rows(a)[1],
-                     sampling=_sampling(a))
+                     sampling=_sampling(a), truncate_left=a.truncate_left)
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     s.notify = lambda m: print(m, file=sys.stderr)
@@ -1095,6 +1111,8 @@ def _add_eval(groups) -> None:
     p.add_argument("--num-prompts", type=int, default=20, help="prompts evaluated (default 20)")
     p.add_argument("--skip", type=int, default=0, help="skip the first N prompts (the tuning split of `tune`)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    p.add_argument("--truncate-left", type=int, default=None, metavar="N",
+                   help="keep the last N tokens of each prompt (default: refuse a prompt that does not fit)")
     p.add_argument("--batch-size", type=int, default=4, help="prompts decoded together (default 4)")
     p.add_argument("--alphas", default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (else --alpha for all)")
     p.add_argument("--lm2", default=None, metavar="DIR", help="2-gram build for Table 3 (default: the --lm model)")

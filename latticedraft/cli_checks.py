@@ -196,6 +196,7 @@ def check_self_draft(a) -> None:
 def check_decode(a) -> None:
     """Everything ``decode`` can check before loading: ranges, and options that do not apply."""
     check_device(a.device)
+    at_least(a, "truncate_left", 1)
     check_drafting(a)
     check_output(a)
     check_lookahead(a)
@@ -265,6 +266,7 @@ def check_output(a) -> None:
         return
     if a.prompts is None:
         raise InputError("--output needs --prompts FILE.jsonl (- reads standard input); use --prompts for a data set")
+    refuse_given(a, ("truncate_left",), "a data set run decodes its prompts as given; truncate them in IN.jsonl")
     refuse_given(a, ("json",), "--output writes one JSON record per prompt already")
     if a.method in ("dynamo", "lookahead", "mtad") or getattr(a, "do_sample", False):
         raise InputError(f"--output applies to --method bpd and greedy without --do-sample; for --method {a.method}"

@@ -28,10 +28,11 @@ from latticedraft.decoding.acceptance import AcceptanceModel
 from latticedraft.decoding.context_ngrams import ContextNgrams
 from latticedraft.decoding.draft_tree import TreePlanner
 from latticedraft.decoding.head_gate import HeadGate
+from latticedraft.decoding.prompt_length import check_fits
 from latticedraft.errors import InputError
 from latticedraft.gpu import hf
 from latticedraft.gpu.cost_model import CostModel
-from latticedraft.gpu.verify import Verifier
+from latticedraft.gpu.verify import Verifier, position_limit
 
 
 @dataclass
@@ -57,7 +58,7 @@ class SequenceResult:
 class DecodeResult:
     """sequences: one per prompt, in order; verify_mode: "tree" | "batched" | "generate";
     timing: seconds spent per part (model, lattice, draft, accept) over the whole run;
-    steps: list of per-step records (only when ``record_steps``)."""
+    steps: list of per-step records (only when ``record_steps``); kv_peak_bytes: 0 where not measured."""
 
     sequences: list[SequenceResult]
     verify_mode: str
@@ -65,6 +66,7 @@ class DecodeResult:
     seconds: float
     timing: dict
     steps: list = field(default_factory=list)
+    kv_peak_bytes: int = 0  # the verifier's largest KV cache (keys + values, in-flight nodes included)
 
     @property
     def tokens(self) -> int:
@@ -121,6 +123,7 @@ def bpd_decode(
     sampling=None,
     draws=None,
     chooser=None,
+    kv_cache: str = "auto",
 ) -> DecodeResult:
     """Decode every prompt with blockwise parallel decoding.
 
@@ -147,7 +150,8 @@ def bpd_decode(
     random source (default ``SeededDraws(sampling.seed)``; drafts and verification share it);
     chooser: the acceptance rule (default ``SpeculativeChooser(sampling, draws)``, lossless;
     ``mtad.MtadChooser`` for MTAD's approximate one).
-    Returns a ``DecodeResult``.
+    kv_cache: "auto" | "full" | "rolling" (``verify.choose_kv_cache``: sliding-window models keep
+    a rolling buffer of W slots and prefill in chunks of W). Returns a ``DecodeResult``.
     """
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -166,7 +170,8 @@ def bpd_decode(
         from latticedraft.decoding.spec_sampling import DraftSampler, SpeculativeChooser
 
         chooser = chooser if chooser is not None else SpeculativeChooser(sampling, draws)
-    verifier = Verifier(model, verify, num_heads=heads_used, draft_vocab=draft_vocab if from_heads else None)
+    verifier = Verifier(model, verify, num_heads=heads_used, draft_vocab=draft_vocab if from_heads else None,
+                        kv_cache=kv_cache)
     if tree == "auto" and cost is None:
         cost = CostModel.cached(verifier, batch=len(prompts))
     planner = TreePlanner(tree if from_heads or drafter is None else "fixed", context, acceptance, cost)
@@ -331,17 +336,13 @@ def bpd_decode(
         )
         for i in range(b)
     ]
-    return DecodeResult(seqs, verifier.mode, verifier.mode_reason, time.perf_counter() - t_start, timing, steps)
+    return DecodeResult(seqs, verifier.mode, verifier.mode_reason, time.perf_counter() - t_start, timing, steps,
+                        verifier.peak_cache_bytes)
 
 
 def _check_length(model, prompts, max_new_tokens) -> None:
-    """Prompt + new tokens must fit the model's positions (GPT-2's n_positions and the like)."""
-    cfg = getattr(getattr(model, "base", model), "config", None)
-    limit = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
-    longest = max(len(p) for p in prompts)
-    if limit and longest + max_new_tokens > int(limit):
-        raise InputError(f"a prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the model's "
-                         f"{limit} positions; shorten the prompt or lower --max-new-tokens")
+    """Prompt + new tokens must fit the model's positions (``prompt_length.check_fits``)."""
+    check_fits(position_limit(model), [len(p) for p in prompts], max_new_tokens)
 
 
 def _draft_tokens(drafts) -> np.ndarray:
@@ -362,6 +363,7 @@ def greedy_decode(model, prompts: list, *, max_new_tokens: int = 64, eos_token_i
     """Plain autoregressive greedy decoding with transformers' ``generate`` on the base model,
     one prompt at a time (no padding): the baseline every table compares against."""
     base = getattr(model, "base", model)
+    _check_length(model, prompts, max_new_tokens)
     eos = _eos_set(eos_token_id)
     t_start = time.perf_counter()
     seqs = []

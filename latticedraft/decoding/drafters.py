@@ -39,6 +39,7 @@ import torch
 
 from latticedraft.errors import InputError
 from latticedraft.gpu.kvcache import cache_length, crop_to
+from latticedraft.gpu.verify import position_limit
 from latticedraft.lattice.oracle import oracle_path
 from latticedraft.lattice.rescoring import base_drafts, rescore
 from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage
@@ -251,12 +252,15 @@ class IncrementalLM:
     """A small causal LM that keeps its own KV cache over a growing history: ``next_logp(history)``
     returns its log-softmax after ``history`` (float32[V]), feeding only the tokens the cache
     lacks (it starts over where the history diverged from what it holds); ``push(token)`` feeds
-    one drafted token; ``rewind(n)`` crops back to the first n tokens. ``calls`` counts forwards."""
+    one drafted token; ``rewind()`` crops back to the last history fed. A model with fewer
+    positions than the history + the tokens to be pushed sees the latest positions only (drafts
+    only: the cache then starts over each step). ``calls`` counts forwards."""
 
     def __init__(self, model):
         self.model = model
         self.device = next(model.parameters()).device
-        self.cache, self.fed, self.calls = None, np.zeros(0, dtype=np.int64), 0
+        self.cache, self.fed, self.calls, self.mark = None, np.zeros(0, dtype=np.int64), 0, 0
+        self.limit = position_limit(model)
 
     @torch.inference_mode()
     def _run(self, ids: np.ndarray) -> torch.Tensor:
@@ -270,22 +274,28 @@ class IncrementalLM:
         self.fed = np.concatenate([self.fed, np.asarray(ids, dtype=np.int64)])
         return out.logits[0, -1]
 
-    def next_logits(self, history: np.ndarray) -> torch.Tensor:
-        """Raw logits [V] after ``history`` (int64[t], t >= 1)."""
+    def next_logits(self, history: np.ndarray, room: int = 0) -> torch.Tensor:
+        """Raw logits [V] after ``history`` (int64[t], t >= 1); room: tokens to be pushed after it."""
         history = np.asarray(history, dtype=np.int64)
+        if self.limit and len(history) + room > self.limit:  # fewer positions: the latest ones only
+            history = history[len(history) + room - self.limit:]
         n = len(self.fed)
         if n == 0 or n > len(history) or not np.array_equal(history[:n], self.fed):
             self.cache, self.fed, n = None, np.zeros(0, dtype=np.int64), 0  # diverged: start over
         if n == len(history):  # nothing new: re-run the last token to get its logits
             self.rewind(n - 1)
             n -= 1
-        return self._run(history[n:])
+        out = self._run(history[n:])
+        self.mark = len(self.fed)
+        return out
 
     def push(self, token: int) -> torch.Tensor:
         """Feed one token; raw logits [V] after it."""
         return self._run(np.asarray([token], dtype=np.int64))
 
-    def rewind(self, n: int) -> None:
+    def rewind(self, n: int | None = None) -> None:
+        """Crop back to the first n tokens (default: the history of the last ``next_logits``)."""
+        n = self.mark if n is None else n
         crop_to(self.cache, n)
         self.fed = self.fed[:n]
         assert cache_length(self.cache) == n
@@ -298,8 +308,9 @@ class NeuralDrafter(Drafter):
     where r_j is the rescorer's log-softmax after history + the draft so far. The rescorer
     keeps its own KV cache over the history (``IncrementalLM``), so each step costs one
     small-model call per slot (the first also catches up on the tokens accepted since the last
-    step). Sampling draws slot j from softmax(head_logp_j + alpha * r_j) over the vocabulary
-    (after the sampling processors): q is that interpolated distribution.
+    step). A rescorer with fewer positions than history + h sees the latest ones only (drafts
+    only, so the output stays exact). Sampling draws slot j from softmax(head_logp_j + alpha *
+    r_j) over the vocabulary (after the sampling processors): q is that interpolated distribution.
     """
 
     name = "neural"
@@ -324,7 +335,7 @@ class NeuralDrafter(Drafter):
 
     def draft(self, sausage, history):
         history = np.asarray(history, dtype=np.int64)
-        r = self._logp(self.lm.next_logits(history))
+        r = self._logp(self.lm.next_logits(history, room=sausage.h))
         path = []
         for j in range(sausage.h):
             live = sausage.tokens[j] != PAD_TOKEN
@@ -334,7 +345,7 @@ class NeuralDrafter(Drafter):
             path.append(y)
             if j + 1 < sausage.h:
                 r = self._logp(self.lm.push(y))
-        self.lm.rewind(len(history))
+        self.lm.rewind()
         return _one(path)
 
     def sample(self, head_logits, vocab, history, sampler, room):
@@ -344,7 +355,7 @@ class NeuralDrafter(Drafter):
         head_logp = torch.log_softmax(torch.as_tensor(head_logits).double(), dim=-1)
         full = torch.full((h, V), -float("inf"), dtype=torch.float64)
         full[:, torch.as_tensor(vocab) if vocab is not None else torch.arange(head_logp.shape[-1])] = head_logp
-        r = self.lm.next_logits(history)
+        r = self.lm.next_logits(history, room=h)
         toks = np.zeros((1, h), dtype=np.int64)
         qs = np.zeros((1, h, V))
         for j in range(h):
@@ -354,7 +365,7 @@ class NeuralDrafter(Drafter):
             toks[0, j] = sampler.draw(qs[0, j])
             if j + 1 < h:
                 r = self.lm.push(int(toks[0, j]))
-        self.lm.rewind(len(history))
+        self.lm.rewind()
         return toks, qs
 
 
@@ -381,13 +392,13 @@ class ModelDrafter(Drafter):
 
     def draft(self, sausage, history):
         history = np.asarray(history, dtype=np.int64)
-        x = self.lm.next_logits(history)
+        x = self.lm.next_logits(history, room=self.gamma)
         path = []
         for j in range(self.gamma):
             path.append(int(torch.argmax(x)))
             if j + 1 < self.gamma:
                 x = self.lm.push(path[-1])
-        self.lm.rewind(len(history))
+        self.lm.rewind()
         return _one(path)
 
     def sample(self, head_logits, vocab, history, sampler, room):
@@ -397,13 +408,13 @@ class ModelDrafter(Drafter):
         qs = np.zeros((1, n, sampler.vocab_size))
         if n == 0:
             return toks, qs
-        x = self.lm.next_logits(history)
+        x = self.lm.next_logits(history, room=n)
         for j in range(n):
             qs[0, j] = sampler.probs(x[None], [np.concatenate([history, toks[0, :j]])])[0]
             toks[0, j] = sampler.draw(qs[0, j])
             if j + 1 < n:
                 x = self.lm.push(int(toks[0, j]))
-        self.lm.rewind(len(history))
+        self.lm.rewind()
         return toks, qs
 
 

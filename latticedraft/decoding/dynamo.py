@@ -489,15 +489,18 @@ def load_tokenizer_for(model, model_dir=None, tokenizer_path=None):
 
 def decode_texts(model, tokenizer, texts: Sequence[str], config: DynamoConfig, cooc=None, max_new_tokens: int = 64,
                  seed: int = 0, eos_token_id: int | None = 0, progress: bool | None = None,
-                 first_row: int = 0) -> list[dict]:
-    """Encode ``texts``, sample with DynaMo, decode. One dict per prompt: ``prompt_ids``, ``tokens``,
-    ``text``, ``calls``, ``tokens_per_call``, ``ns`` (tokens emitted per call), ``seconds``."""
+                 first_row: int = 0, truncate_left: int | None = None) -> list[dict]:
+    """Encode ``texts`` (keeping the last ``truncate_left`` tokens of each), sample with DynaMo, decode.
+    One dict per prompt: ``prompt_ids``, ``tokens``, ``text``, ``calls``, ``tokens_per_call``, ``ns``
+    (tokens emitted per call), ``seconds``."""
+    from latticedraft.decoding.prompt_length import fit_prompts
     from latticedraft.lm.tokenizer import fingerprint
 
     prompts = [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
     for t, p in zip(texts, prompts):
         if not p:
             raise InputError(f"prompt {t!r} encodes to no tokens; give a non-empty prompt")
+    prompts = [p.tolist() for p in fit_prompts(model, prompts, max_new_tokens, truncate_left)]
     res = generate(model, prompts, config, cooc, max_new_tokens=max_new_tokens, seed=seed, eos_token_id=eos_token_id,
                    tokenizer_fingerprint=fingerprint(tokenizer), progress=progress, first_row=first_row)
     return [{"prompt_ids": r.prompt_ids, "tokens": r.tokens, "text": tokenizer.decode(r.tokens, skip_special_tokens=False),

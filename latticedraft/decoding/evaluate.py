@@ -27,6 +27,7 @@ from latticedraft.decoding.kangaroo import KangarooOptions
 from latticedraft.decoding.lookahead import LookaheadOptions
 from latticedraft.decoding.ppd import PPDOptions
 from latticedraft.decoding.run import DrafterSpec, Session, encode
+from latticedraft.decoding.prompt_length import fit_prompts
 from latticedraft.errors import InputError, ModelError
 
 
@@ -55,6 +56,7 @@ class EvalConfig:
     kangaroo: KangarooOptions | None = field(default_factory=KangarooOptions)  # the Kangaroo row (None: none)
     ppd: PPDOptions | None = field(default_factory=PPDOptions)  # the PPD row (None: none)
     sampling: object = None  # SamplingOptions: every bpd / lookahead row samples losslessly (--do-sample)
+    truncate_left: int | None = None  # keep the last N tokens of each prompt (``prompt_length``)
 
     def validate(self):
         if self.num_prompts < 1 or self.skip < 0:
@@ -163,7 +165,8 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
     recs = prompts[cfg.skip : cfg.skip + cfg.num_prompts]
     if not recs:
         raise InputError(f"no prompts left after skipping {cfg.skip}; lower --skip or give more prompts")
-    ids = encode(session.tokenizer, [r["prompt"] for r in recs])
+    ids = fit_prompts(session.model, encode(session.tokenizer, [r["prompt"] for r in recs]), cfg.max_new_tokens,
+                      cfg.truncate_left)
     h = int(getattr(session.model, "num_heads", 1))
     head_counts = sorted({min(c, h) for c in cfg.head_counts if c >= 2})
     if h < 2:

@@ -85,6 +85,7 @@ def lookahead_decode(
     first_row: int = 0,
     sampling=None,
     draws=None,
+    kv_cache: str = "auto",
 ) -> DecodeResult:
     """Greedy lookahead decoding of every prompt; output equals ``generate(do_sample=False)``.
 
@@ -94,7 +95,8 @@ def lookahead_decode(
     ``verify.choose_mode``; the result reports it). on_tokens(row, new_ids) streams tokens.
     first_row: index of prompts[0] in the whole prompt set (seeds each row's window and draws).
     sampling: ``SamplingOptions`` for lossless sampling (None: greedy); draws: its random source
-    (default ``SeededDraws(sampling.seed)``; see ``spec_sampling``)."""
+    (default ``SeededDraws(sampling.seed)``; see ``spec_sampling``). kv_cache: "auto" | "full" |
+    "rolling" (``verify.choose_kv_cache``)."""
     opts = LookaheadOptions(W, N, G, prompt_as_reference, seed)
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -103,7 +105,7 @@ def lookahead_decode(
     eos = _eos_set(eos_token_id)
     timing = {"model": 0.0, "draft": 0.0, "accept": 0.0}
     t_start = time.perf_counter()
-    verifier = Verifier(model, verify, num_heads=1)
+    verifier = Verifier(model, verify, num_heads=1, kv_cache=kv_cache)
     vocab = hf.model_vocab_size(getattr(model, "base", model))
 
     b = len(prompts)
@@ -189,4 +191,5 @@ def lookahead_decode(
     ]
     reason = f"{verifier.mode_reason}; lookahead W={W} N={N} G={G}" + ("" if sampling is None else
                                                                       f"; sampling {sampling}")
-    return DecodeResult(seqs, verifier.mode, reason, time.perf_counter() - t_start, timing)
+    return DecodeResult(seqs, verifier.mode, reason, time.perf_counter() - t_start, timing,
+                        kv_peak_bytes=verifier.peak_cache_bytes)

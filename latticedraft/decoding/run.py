@@ -237,11 +237,13 @@ def run_method(method: str, model, prompt_ids: list, drafter=None, *, max_new_to
     heads or None) for ``kangaroo`` / ``ppd`` (``Session.self_draft`` loads them)."""
     from latticedraft.decoding.bpd import DecodeResult, bpd_decode, greedy_decode
     from latticedraft.decoding.lookahead import LookaheadOptions, lookahead_decode
+    from latticedraft.decoding.prompt_length import fit_prompts
 
     if method not in METHODS:
         raise InputError(f"--method {method!r} is not one of {', '.join(METHODS)} (dynamo: see `decode --method dynamo`)")
     if batch_size < 1:
         raise InputError(f"--batch-size must be >= 1, got {batch_size}")
+    fit_prompts(model, prompt_ids, max_new_tokens)  # every prompt, before the first batch runs
     parts = []
     for s in range(0, len(prompt_ids), batch_size):
         chunk = prompt_ids[s : s + batch_size]

@@ -13,15 +13,18 @@ from latticedraft.gpu.data import progress_enabled
 
 
 @torch.no_grad()
-def perplexity(model, windows: np.ndarray, batch_size: int = 8) -> float:
-    """exp(mean next-token NLL) over ``windows`` (int64[n, s]); every position but the first is scored."""
+def perplexity(model, windows: np.ndarray, batch_size: int = 8, from_position: int = 1) -> float:
+    """exp(mean next-token NLL) over ``windows`` (int64[n, s]); the tokens at positions
+    ``from_position`` .. s-1 are scored (default every position but the first; a later start
+    scores only tokens with at least that much context)."""
     model.eval()
     nll, count = 0.0, 0
+    k = max(1, from_position)
     for i in tqdm(range(0, len(windows), batch_size), desc="perplexity", disable=not progress_enabled()):
         b = torch.from_numpy(windows[i : i + batch_size]).to(next(model.parameters()).device)
-        logits = model(input_ids=b, attention_mask=torch.ones_like(b)).logits[:, :-1].float()
-        nll += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), b[:, 1:].reshape(-1), reduction="sum").item()
-        count += b[:, 1:].numel()
+        logits = model(input_ids=b, attention_mask=torch.ones_like(b)).logits[:, k - 1:-1].float()
+        nll += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), b[:, k:].reshape(-1), reduction="sum").item()
+        count += b[:, k:].numel()
     return math.exp(nll / count)
 
 

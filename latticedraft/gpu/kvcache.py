@@ -6,6 +6,13 @@ batch row and cache slot, whether the slot holds a real token (``valid``) and it
 id (``pos``). Rows of one batch accept different numbers of draft tokens; the cache keeps
 one common length and marks the surplus slots invalid, so they are masked out of every
 later attention. Keys/values are tensors ``[b, heads, L, head_dim]`` in ``cache.layers[i]``.
+
+Rolling buffer (Mistral 7B, section 2; ``window`` = W set): the cache holds at most W slots
+per layer and position ``p`` of a row lives in slot ``p mod W``. A forward appends its nodes
+(a verification tree, a prefill chunk) after the W slots; ``commit`` / ``roll_in`` then write
+the kept ones to their slots, overwriting position ``p - W``, which no later query can see
+(a key is visible iff ``key_pos > query_pos - W``), and drop the appended tail. Slot order is
+no longer position order, so only an explicit position-based mask (tree mode) may read it.
 """
 
 from __future__ import annotations
@@ -25,15 +32,30 @@ class SlotCache:
     valid: torch.Tensor
     pos: torch.Tensor
     next_pos: torch.Tensor
+    window: int | None = None  # W: rolling buffer of W slots (None: every position is kept)
 
     @classmethod
-    def empty(cls, batch: int, device: torch.device | str = "cpu") -> "SlotCache":
+    def empty(cls, batch: int, device: torch.device | str = "cpu", window: int | None = None) -> "SlotCache":
         return cls(
             cache=DynamicCache(),
             valid=torch.zeros(batch, 0, dtype=torch.bool, device=device),
             pos=torch.zeros(batch, 0, dtype=torch.long, device=device),
             next_pos=torch.zeros(batch, dtype=torch.long, device=device),
+            window=window,
         )
+
+    @property
+    def rolling(self) -> bool:
+        return self.window is not None
+
+    def nbytes(self) -> int:
+        """Bytes held by the keys and values of every layer."""
+        return cache_bytes(self.cache)
+
+    def appended(self, start: int) -> int:
+        """Slots the last forward appended after ``start``."""
+        layers = self._layers()
+        return int(layers[0].keys.shape[2]) - start if layers else 0
 
     @property
     def length(self) -> int:
@@ -56,6 +78,13 @@ class SlotCache:
         valid (computed when None).
         """
         m = keep.shape[1]
+        if self.rolling:
+            n_app = self.appended(start)  # one extra column takes the padding entries, then goes
+            app = torch.full((self.batch, n_app + 1), -1, dtype=torch.long, device=keep.device)
+            new_pos = self.next_pos[:, None] + torch.cumsum(keep_valid.long(), dim=1) - 1
+            app.scatter_(1, torch.where(keep_valid, keep, n_app), torch.where(keep_valid, new_pos, -1))
+            self.roll_in(start, app[:, :n_app])
+            return
         if prefix is None:  # callers that know it (from host-side paths) save two device syncs
             prefix = bool(keep_valid.all()) and bool((keep == torch.arange(m, device=keep.device)).all())
         for layer in self._layers():
@@ -72,6 +101,35 @@ class SlotCache:
         self.valid = torch.cat([self.valid[:, :start], keep_valid], dim=1)
         self.pos = torch.cat([self.pos[:, :start], new_pos], dim=1)
         self.next_pos = self.next_pos + keep_valid.long().sum(dim=1)
+
+    def roll_in(self, start: int, app_pos: torch.Tensor) -> None:
+        """Rolling buffer: write the slots appended after ``start`` whose position is given
+        (``app_pos`` int64[b, m], -1 = drop) to slots ``pos mod W`` and drop the appended tail.
+        Positions of a row must continue its ``next_pos`` without gaps. The buffer then holds
+        ``min(W, max next_pos)`` slots; slot ``s`` of row ``i`` holds the latest position
+        ``≡ s (mod W)`` below ``next_pos[i]`` (invalid while there is none)."""
+        W = int(self.window)
+        dev = app_pos.device
+        nxt = torch.maximum(self.next_pos, app_pos.max(dim=1).values + 1)
+        size = min(W, int(nxt.max()))
+        s = torch.arange(size, device=dev)
+        last = nxt[:, None] - 1
+        p = last - torch.remainder(last - s[None], W)  # [b, size]: the position slot s must hold
+        match = (app_pos[:, None, :] == p[:, :, None]) & (p >= 0)[:, :, None]  # [b, size, m]
+        found = match.any(dim=2)
+        j = match.long().argmax(dim=2)
+        old_pos = torch.full_like(p, -1)  # start <= size: the buffer only grows
+        old_pos[:, :start] = self.pos[:, :start]
+        valid = (found | (old_pos == p)) & (p >= 0)
+        src = torch.where(found, start + j, torch.where(s[None] < start, s[None], 0))
+        for layer in self._layers():
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                idx = src[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
+                setattr(layer, name, torch.take_along_dim(t, idx, dim=2))
+        self.valid = valid
+        self.pos = torch.where(valid, p, torch.full_like(p, -1))
+        self.next_pos = nxt
 
     def append_valid(self, valid: torch.Tensor, pos: torch.Tensor) -> None:
         """Record slots the last forward appended without selection (the prefill)."""
@@ -131,3 +189,9 @@ def cache_length(cache: DynamicCache) -> int:
         if getattr(layer, "is_initialized", False) and layer.keys is not None and layer.keys.numel():
             return int(layer.keys.shape[-2])
     return 0
+
+
+def cache_bytes(cache: DynamicCache) -> int:
+    """Bytes of the keys and values held by every initialized layer of a ``DynamicCache``."""
+    return sum(t.numel() * t.element_size() for layer in cache.layers
+               if getattr(layer, "is_initialized", False) and layer.keys is not None for t in (layer.keys, layer.values))

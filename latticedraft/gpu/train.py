@@ -35,12 +35,40 @@ from latticedraft.gpu.trainloop import (CHECKPOINT, OptimConfig, TrainResult, ch
 
 @dataclass
 class LMArch:
-    """GPT-2-style architecture: learned absolute positions, tied embeddings, no dropout."""
+    """A small causal LM, tied embeddings, no dropout.
+
+    ``family="gpt2"``: GPT-2 (learned absolute positions, GELU MLP of 4 × ``n_embd``).
+    ``family="mistral"``: Mistral (RoPE, RMSNorm, SwiGLU MLP of ``ffn_dim``, sliding-window attention
+    over the last ``sliding_window`` positions; ``None`` means full causal attention).
+    """
 
     n_embd: int = 256
     n_layer: int = 4
     n_head: int = 4
     n_positions: int = 256
+    family: str = "gpt2"
+    sliding_window: int | None = None
+    ffn_dim: int | None = None  # Mistral only; default 8/3 × n_embd rounded up to a multiple of 8
+
+    def hf_config(self, vocab: int):
+        """The transformers config for this architecture and a ``vocab``-token tokenizer."""
+        if self.family == "gpt2":
+            from transformers import GPT2Config
+
+            return GPT2Config(
+                vocab_size=vocab, n_positions=self.n_positions, n_embd=self.n_embd, n_layer=self.n_layer,
+                n_head=self.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                pad_token_id=0,
+            )
+        from transformers import MistralConfig
+
+        ffn = self.ffn_dim or -(-8 * self.n_embd // 3 // 8) * 8
+        return MistralConfig(
+            vocab_size=vocab, hidden_size=self.n_embd, intermediate_size=ffn, num_hidden_layers=self.n_layer,
+            num_attention_heads=self.n_head, num_key_value_heads=self.n_head, max_position_embeddings=self.n_positions,
+            sliding_window=self.sliding_window, tie_word_embeddings=True, attention_dropout=0.0, rope_theta=10000.0,
+            bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        )
 
 
 def _lm_loss(model, batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -62,9 +90,9 @@ def train_lm(
     encoding_errors: str = "strict",
     stop_after: int | None = None,
 ) -> TrainResult:
-    """Train a GPT-2-style causal LM on ``corpus`` and save it (HF format + ``tokenizer.json`` +
-    ``training.json``) into ``out_dir``, loadable by ``AutoModelForCausalLM.from_pretrained``."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    """Train a causal LM (``arch.family``: GPT-2 or Mistral) on ``corpus`` and save it (HF format +
+    ``tokenizer.json`` + ``training.json``) into ``out_dir``, loadable by ``AutoModelForCausalLM``."""
+    from transformers import AutoModelForCausalLM
 
     from latticedraft.gpu.hf import resolve_dtype
     from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
@@ -75,19 +103,20 @@ def train_lm(
         raise InputError(f"--seq-len {cfg.seq_len} exceeds the model's context --n-positions {arch.n_positions}")
     if arch.n_embd % arch.n_head:
         raise InputError(f"--n-embd {arch.n_embd} is not divisible by --n-head {arch.n_head}")
+    if arch.family not in ("gpt2", "mistral"):
+        raise InputError(f"--family {arch.family!r} is not known; choose gpt2 or mistral")
+    if arch.sliding_window is not None and (arch.family != "mistral" or arch.sliding_window < 1):
+        raise InputError(f"--sliding-window {arch.sliding_window} needs --family mistral and a window of at least 1")
     tok = load_tokenizer(tokenizer_path)
     tokens = encode_files(corpus, tok, encoding_errors)
     windows = TokenWindows(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, source=f"the corpus ({len(corpus)} files)")
     vocab = tok.get_vocab_size(with_added_tokens=True)
     torch.manual_seed(cfg.seed)
-    config = GPT2Config(
-        vocab_size=vocab, n_positions=arch.n_positions, n_embd=arch.n_embd, n_layer=arch.n_layer, n_head=arch.n_head,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-    )
-    model = GPT2LMHeadModel(config)
+    model = AutoModelForCausalLM.from_config(arch.hf_config(vocab))
     if device is not None:
         model = model.to(device)
-    key = {"kind": "lm", "arch": asdict(arch), "optim": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"},
+    arch_key = {k: v for k, v in asdict(arch).items() if k in ("n_embd", "n_layer", "n_head", "n_positions") or v not in (None, "gpt2")}
+    key = {"kind": "lm", "arch": arch_key, "optim": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"},
            "tokenizer": fingerprint(tok), "tokens": int(len(tokens))}
     out = Path(out_dir)
     res = run_training(model, [{"params": [p for p in model.parameters() if p.requires_grad]}],

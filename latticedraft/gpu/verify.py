@@ -26,6 +26,11 @@ other token is the bonus (a chooser may return ``(tokens, stop bool[m])`` to mak
 token the bonus where ``stop``). The prefill's first token comes from it too (prefixes all empty).
 The verifier itself stays free of any algorithm.
 
+Sliding-window models in tree mode keep a rolling-buffer cache by default (``kv_cache``, see
+``choose_kv_cache``): W slots per layer, position p in slot p mod W (``kvcache.py``), prompts
+prefilled in chunks of W (``prefill.py``); the masks above are built from slot positions, so trees,
+side branches and rows of different accepted lengths read exactly the keys inside their window.
+
 A step may carry a *side branch* per row (``side_branch.py``: lookahead decoding's Jacobi
 window): nodes run in the same forward with their own visibility, never accepted, whose
 argmax is returned in ``StepResult.side_argmax``. In tree mode they sit between the root and
@@ -44,7 +49,8 @@ import torch
 
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu import hf
-from latticedraft.gpu.kvcache import SlotCache
+from latticedraft.gpu.kvcache import SlotCache, cache_bytes
+from latticedraft.gpu.prefill import chunked_prefill, window_mask
 from latticedraft.gpu.side_branch import SideBranch, step_layout
 from latticedraft.gpu.tree import build_tree, pack_trees
 
@@ -87,6 +93,23 @@ def choose_mode(model, requested: str = "auto") -> tuple[str, str]:
     if problem:
         return "batched", problem
     return "tree", f"{impl} attention accepts a 4-D tree mask"
+
+
+KV_CACHES = ("auto", "full", "rolling")
+
+
+def choose_kv_cache(window: int | None, mode: str, requested: str = "auto") -> bool:
+    """Whether verification keeps a rolling buffer of W slots (``kvcache.SlotCache``) instead of
+    every position. "auto": rolling for sliding-window models in tree mode (the only mode whose
+    masks are built from positions, not slot order); "rolling" fails where it cannot apply."""
+    if requested not in KV_CACHES:
+        raise InputError(f"--kv-cache {requested!r} is not one of {', '.join(KV_CACHES)}")
+    if requested == "rolling" and window is None:
+        raise ModelError("--kv-cache rolling needs a sliding-window model (config.sliding_window); use --kv-cache full")
+    if requested == "rolling" and mode != "tree":
+        raise ModelError(f"--kv-cache rolling needs tree verification (this model verifies in {mode} mode); "
+                         "use --kv-cache full")
+    return requested != "full" and window is not None and mode == "tree"
 
 
 def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -333,12 +356,14 @@ class Verifier:
     >>> res = v.verify(state, roots, [drafts_row0, drafts_row1])
     """
 
-    def __init__(self, model, mode: str = "auto", num_heads: int | None = None, draft_vocab=None):
+    def __init__(self, model, mode: str = "auto", num_heads: int | None = None, draft_vocab=None,
+                 kv_cache: str = "auto"):
         if getattr(model, "kind", None) == "dynamo":
             raise ModelError("BPD verification runs Stern heads; a DynaMo model decodes with --method dynamo")
         self.model = model
         self.mode, self.mode_reason = choose_mode(model, mode)
         self.window = sliding_window(model)
+        self.rolling = choose_kv_cache(self.window, self.mode, kv_cache)
         self.lazy = self.mode == "tree" and lazy_logits_ok(model)
         total = int(getattr(model, "num_heads", 1))
         if num_heads is not None and num_heads < 1:
@@ -350,6 +375,7 @@ class Verifier:
         self.draft_vocab_size = None if self.draft_vocab is None else len(self.draft_vocab)
         self.levels = 1.0  # running mean of the accept walk's levels (accepted drafts + 1) per row
         self.position_limit = position_limit(model)
+        self.peak_cache_bytes = 0  # the largest KV cache seen right after a forward (in-flight nodes included)
 
     # -- prefill -------------------------------------------------------------------------
     @torch.inference_mode()
@@ -367,6 +393,10 @@ class Verifier:
             ids[i, n - len(p):] = torch.as_tensor(np.asarray(p, dtype=np.int64), device=self.device)
             valid[i, n - len(p):] = True
         pos = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)
+        if self.rolling:  # chunks of W into a rolling buffer; the last chunk's results give the roots
+            state, out = chunked_prefill(self._run_tree, ids, valid, self.window)
+            last = torch.full((b,), (n - 1) % self.window, dtype=torch.long)
+            return (state, *self._prefill_result(out, last, choose, b))
         state = SlotCache.empty(b, self.device)
         if self.mode == "tree":
             causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
@@ -377,14 +407,25 @@ class Verifier:
         else:
             mask = valid.long()
         out = forward(self.model, ids, mask, pos, state.cache, lazy=self.lazy, num_heads=self.num_heads)
+        self._track(state)
         state.append_valid(valid, pos)
         last = torch.full((b,), n - 1, dtype=torch.long)
+        return (state, *self._prefill_result(out, last, choose, b))
+
+    def _prefill_result(self, out: "Forward", last: torch.Tensor, choose, b: int):
         if choose is None:
             roots = out.argmax_at(list(range(b)), last.tolist()).astype(np.int64)
         else:
             picked = choose(list(range(b)), out.logits_at(list(range(b)), last.tolist()), [()] * b, None)
             roots = np.asarray(picked[0] if isinstance(picked, tuple) else picked, dtype=np.int64)
-        return state, roots, out.draft_heads_at(last, self.draft_vocab)
+        return roots, out.draft_heads_at(last, self.draft_vocab)
+
+    def _run_tree(self, ids, allowed, pos, cache) -> "Forward":
+        """One tree-mode call: ``allowed`` bool[b, N, K] becomes the additive 4-D mask."""
+        out = forward(self.model, ids, attention_bias(allowed, self.dtype), pos, cache, lazy=self.lazy,
+                      num_heads=self.num_heads)
+        self.peak_cache_bytes = max(self.peak_cache_bytes, cache_bytes(cache))
+        return out
 
     def unembed_seconds(self, rows: int) -> float:
         """Measured seconds of the output projection over ``rows`` hidden states. Timed once per
@@ -408,10 +449,11 @@ class Verifier:
         slope = (y[-1] - y[-2]) / (x[-1] - x[-2])  # linear beyond the last measured size
         return float(np.interp(rows, x, y) if rows <= x[-1] else y[-1] + slope * (rows - x[-1]))
 
+    def _track(self, state: SlotCache) -> None:
+        self.peak_cache_bytes = max(self.peak_cache_bytes, state.nbytes())
+
     def _window(self, allowed, q_pos, k_pos):
-        if self.window is None:
-            return allowed
-        return allowed & (k_pos[:, None, :] > q_pos[:, :, None] - self.window)
+        return window_mask(allowed, q_pos, k_pos, self.window)
 
     # -- verify --------------------------------------------------------------------------
     @torch.inference_mode()
@@ -460,6 +502,7 @@ class Verifier:
             self.model, torch.as_tensor(packed.tokens, device=dev),
             attention_bias(allowed, self.dtype), q_pos, state.cache, lazy=self.lazy, num_heads=self.num_heads,
         )
+        self._track(state)
         if self.lazy:  # one projection of all b * n nodes, or b rows per expected level (+ the side nodes)
             n_side = 0 if sides is None else sum(len(sd.wanted) for sd in sides)
             walk = self.levels * self.unembed_seconds(b) + (self.unembed_seconds(n_side) if n_side else 0.0)
@@ -524,6 +567,7 @@ class Verifier:
         mask = torch.cat([state.valid, torch.ones_like(live)], dim=1).long()
         q_pos = self._clamp(state.next_pos[:, None] + torch.arange(1 + d, device=dev)[None])
         out = forward(self.model, flat.clamp(min=0), mask, q_pos, state.cache, num_heads=self.num_heads)
+        self._track(state)
         argmax_all = out.logits.argmax(dim=-1).view(b, q, 1 + d).cpu().numpy()
         side_argmax = None if sides is None else [
             np.asarray([argmax_all[i, p + j, len(c)] for j, c in enumerate(chains[i])], dtype=np.int64)

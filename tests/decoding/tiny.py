@@ -17,7 +17,7 @@ VOCAB = 64
 
 
 def tiny_model(arch: str = "gpt2", dtype=torch.float32, seed: int = 0, vocab: int = VOCAB, attn: str = "sdpa",
-               layers: int = 2):
+               layers: int = 2, window: int = 7):
     torch.manual_seed(seed)
     if arch == "gpt2":
         cfg = GPT2Config(vocab_size=vocab, n_positions=256, n_embd=32, n_layer=layers, n_head=4)
@@ -29,7 +29,7 @@ def tiny_model(arch: str = "gpt2", dtype=torch.float32, seed: int = 0, vocab: in
     elif arch == "mistral":
         cfg = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                            sliding_window=7)
+                            sliding_window=window)
         m = MistralForCausalLM(cfg)
     else:
         raise ValueError(arch)
@@ -92,12 +92,13 @@ def prompts(n: int, seed: int = 0, lengths=(3, 9, 5, 14), vocab: int = VOCAB):
     return [rng.integers(1, vocab, size=lengths[i % len(lengths)]).astype(np.int64) for i in range(n)]
 
 
-def blockwise(arch: str = "gpt2", dtype=torch.float32, num_heads: int = 4, seed: int = 0, noise: float = 0.5):
-    """A real ``BlockwiseModel`` (Stern heads) on a tiny random base; the heads are perturbed
-    so that they disagree with each other and the drafts differ from step to step."""
+def blockwise(arch: str = "gpt2", dtype=torch.float32, num_heads: int = 4, seed: int = 0, noise: float = 0.5,
+              window: int = 7):
+    """A real ``BlockwiseModel`` (Stern heads) on a tiny random base (Mistral: sliding ``window``);
+    the heads are perturbed so that they disagree with each other and the drafts differ from step to step."""
     from latticedraft.gpu.blockwise import BlockwiseModel
 
-    m = BlockwiseModel.from_base(tiny_model(arch, dtype, seed), num_heads, kind="stern", seed=seed)
+    m = BlockwiseModel.from_base(tiny_model(arch, dtype, seed, window=window), num_heads, kind="stern", seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for prm in m.heads.parameters():

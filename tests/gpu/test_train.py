@@ -105,6 +105,29 @@ def test_train_lm_output_loads_with_auto_class(tiny_base):
     assert info["steps"] == 3 and info["tokens_seen"] == 3 * 4 * 32
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_mistral_lm_trains_with_its_sliding_window(corpus, tmp_path, attn):
+    """family="mistral": a tied-embedding MistralForCausalLM whose training forward (train mode, no
+    cache) already applies the window: changing tokens 0..4 moves no logit past 4 + L·(W-1)."""
+    from transformers import AutoModelForCausalLM
+
+    arch = LMArch(n_embd=32, n_layer=2, n_head=4, n_positions=128, family="mistral", sliding_window=8)
+    res = train_lm(TOK, corpus, tmp_path / "m", arch, OptimConfig(steps=2, lr=3e-3, batch_size=2, seq_len=48))
+    assert res.steps == 2 and math.isfinite(res.losses["loss"])
+    m = AutoModelForCausalLM.from_pretrained(tmp_path / "m", attn_implementation=attn).train()
+    assert type(m).__name__ == "MistralForCausalLM" and m.config.sliding_window == 8
+    assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()  # tied
+    x = torch.randint(0, 8192, (1, 40), generator=torch.Generator().manual_seed(0))
+    y = x.clone()
+    y[0, :5] = (y[0, :5] + 1) % 8192
+    moved = (m(input_ids=x).logits - m(input_ids=y).logits).abs().amax(-1)[0] > 0
+    reach = 4 + 2 * (8 - 1)  # two layers, each reaching W - 1 positions back
+    assert bool(moved[: reach + 1].all()) and not bool(moved[reach + 1:].any())
+    with pytest.raises(InputError, match="--sliding-window"):
+        train_lm(TOK, corpus, tmp_path / "g", LMArch(n_embd=32, n_layer=1, n_head=2, sliding_window=8),
+                 OptimConfig(steps=1, batch_size=2, seq_len=16))
+
+
 def _heads_cfg(**kw):
     return OptimConfig(**{**dict(steps=4, lr=3e-3, batch_size=4, seq_len=32, checkpoint_every=2, seed=7), **kw})
 
