@@ -106,19 +106,20 @@ class SlotCache:
         """Rolling buffer: write the slots appended after ``start`` whose position is given
         (``app_pos`` int64[b, m], -1 = drop) to slots ``pos mod W`` and drop the appended tail.
         Positions of a row must continue its ``next_pos`` without gaps. The buffer then holds
-        ``min(W, max next_pos)`` slots; slot ``s`` of row ``i`` holds the latest position
+        ``max(start, min(W, max next_pos))`` slots (``start`` exceeds the second when the row with
+        the most positions has left the batch); slot ``s`` of row ``i`` holds the latest position
         ``≡ s (mod W)`` below ``next_pos[i]`` (invalid while there is none)."""
         W = int(self.window)
         dev = app_pos.device
         nxt = torch.maximum(self.next_pos, app_pos.max(dim=1).values + 1)
-        size = min(W, int(nxt.max()))
+        size = max(min(W, int(nxt.max())), start)  # start <= W: the buffer never exceeds W
         s = torch.arange(size, device=dev)
         last = nxt[:, None] - 1
         p = last - torch.remainder(last - s[None], W)  # [b, size]: the position slot s must hold
         match = (app_pos[:, None, :] == p[:, :, None]) & (p >= 0)[:, :, None]  # [b, size, m]
         found = match.any(dim=2)
         j = match.long().argmax(dim=2)
-        old_pos = torch.full_like(p, -1)  # start <= size: the buffer only grows
+        old_pos = torch.full_like(p, -1)
         old_pos[:, :start] = self.pos[:, :start]
         valid = (found | (old_pos == p)) & (p >= 0)
         src = torch.where(found, start + j, torch.where(s[None] < start, s[None], 0))

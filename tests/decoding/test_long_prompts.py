@@ -156,3 +156,19 @@ def test_cli_decodes_a_1500_token_prompt_on_a_long_context_mistral_bundle(tmp_pa
             ref = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=8,
                              pad_token_id=0)[0, 1500:].tolist()
         assert rec["tokens"] == ref
+
+
+@pytest.mark.parametrize("row", [0, 3])
+def test_rows_leaving_the_batch_on_eos_over_the_rolling_cache(row, toy_lm):
+    """Prompts shorter than the window: the buffer holds as many slots as the longest row has
+    positions. When that row stops and leaves the batch, the buffer is longer than any
+    remaining row's positions, and must keep working (it used to fail to roll in)."""
+    model = blockwise("mistral", torch.float32, num_heads=4, seed=3, window=64)
+    ps = prompts(4, seed=5, lengths=(3, 9, 5, 14))
+    free = [reference(model, p, MAX_NEW) for p in ps]
+    eos = free[row][1]
+    refs = [reference(model, p, MAX_NEW, eos=eos) for p in ps]
+    d = make_drafter("parallel", options=LatticeOptions(k=8), lm=toy_lm, nbest=4)
+    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, eos_token_id=eos, kv_cache="rolling")
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert len(refs[row]) < MAX_NEW  # the row did stop early
