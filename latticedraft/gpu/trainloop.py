@@ -60,8 +60,10 @@ class OptimConfig:
 
 @dataclass
 class TrainResult:
-    """What a training run did. ``losses`` maps a loss name (``"loss"``, ``"h1"``, ``"h2"`` …) to its
-    mean over the last 10% of steps (nats/token); ``history`` holds one dict per step."""
+    """What a training run did. ``tokens`` and ``seconds``: over every slice of a resumed run
+    (``resumed_from``: the step this slice started at). ``losses`` maps a loss name (``"loss"``,
+    ``"h1"``, ``"h2"`` …) to its mean over the last 10% of steps (nats/token); ``history`` holds
+    one dict per step."""
 
     out_dir: str
     steps: int
@@ -117,7 +119,7 @@ def run_training(
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW(param_groups, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_lr_lambda(cfg.steps, cfg.warmup_frac))
-    start, history = 0, []
+    start, history, before = 0, [], 0.0  # before: seconds the earlier slices trained
     if resume:
         if not ckpt_path.is_file():
             raise InputError(f"--resume given but {ckpt_path} does not exist; drop --resume to start afresh")
@@ -135,7 +137,7 @@ def run_training(
         opt.load_state_dict(ck["optimizer"])
         sched.load_state_dict(ck["scheduler"])
         torch.set_rng_state(ck["rng"])
-        start, history = int(ck["step"]), list(ck["history"])
+        start, history, before = int(ck["step"]), list(ck["history"]), float(ck.get("seconds", 0.0))
         if start >= cfg.steps:
             raise InputError(f"checkpoint {ckpt_path} already finished all {cfg.steps} steps; nothing to resume")
 
@@ -143,7 +145,8 @@ def run_training(
         state = {n: p.detach().cpu().clone() for n, p in module.named_parameters() if n in trainable}
         _atomic_torch_save(
             {"step": step, "trainable": state, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-             "rng": torch.get_rng_state(), "config_key": config_key, "history": history},
+             "rng": torch.get_rng_state(), "config_key": config_key, "history": history,
+             "seconds": before + time.time() - t0},
             ckpt_path,
         )
 
@@ -190,8 +193,8 @@ def run_training(
     losses = {k: float(np.mean([h[k] for h in tail])) for k in tail[0] if k != "step"} if tail else {}
     done = history[-1]["step"] if history else start
     return TrainResult(
-        out_dir=str(out_dir), steps=done, tokens=(done - start) * cfg.batch_size * cfg.grad_accum * cfg.seq_len,
-        seconds=round(time.time() - t0, 1), resumed_from=start, losses=losses, history=history,
+        out_dir=str(out_dir), steps=done, tokens=done * cfg.batch_size * cfg.grad_accum * cfg.seq_len,
+        seconds=round(before + time.time() - t0, 1), resumed_from=start, losses=losses, history=history,
         finished=done == cfg.steps,
     )
 

@@ -158,6 +158,10 @@ def test_resume_continues_exactly(tiny_base, corpus, tmp_path):
     rest = train_heads(tiny_base, corpus, tmp_path / "part", 3, "dynamo", _heads_cfg(), resume=True)
     assert rest.resumed_from == 2 and rest.finished
     assert _same_heads(tmp_path / "full", tmp_path / "part")
+    full = json.loads((tmp_path / "full" / "training.json").read_text())
+    resumed = json.loads((tmp_path / "part" / "training.json").read_text())
+    assert resumed["tokens_seen"] == full["tokens_seen"] == rest.tokens  # every slice's tokens, not the last one's
+    assert rest.seconds >= part.seconds  # the first slice's time is carried over
 
 
 def test_resume_from_another_configuration_fails(tiny_base, corpus, tmp_path):
