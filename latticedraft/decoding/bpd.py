@@ -153,10 +153,7 @@ def bpd_decode(
     kv_cache: "auto" | "full" | "rolling" (``verify.choose_kv_cache``: sliding-window models keep
     a rolling buffer of W slots and prefill in chunks of W). Returns a ``DecodeResult``.
     """
-    if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
-    _check_length(model, prompts, max_new_tokens)
+    prompts = checked_prompts(model, prompts, max_new_tokens)
     eos = _eos_set(eos_token_id)
     timing = {"model": 0.0, "lattice": 0.0, "draft": 0.0, "accept": 0.0}
     t_start = time.perf_counter()
@@ -340,9 +337,14 @@ def bpd_decode(
                         verifier.peak_cache_bytes)
 
 
-def _check_length(model, prompts, max_new_tokens) -> None:
-    """Prompt + new tokens must fit the model's positions (``prompt_length.check_fits``)."""
+def checked_prompts(model, prompts, max_new_tokens: int) -> list[np.ndarray]:
+    """Every decoder's first step: ``max_new_tokens >= 1``, prompts as int64 arrays, and prompt +
+    new tokens within the model's positions (``prompt_length.check_fits``)."""
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
     check_fits(position_limit(model), [len(p) for p in prompts], max_new_tokens)
+    return prompts
 
 
 def _draft_tokens(drafts) -> np.ndarray:
@@ -363,12 +365,11 @@ def greedy_decode(model, prompts: list, *, max_new_tokens: int = 64, eos_token_i
     """Plain autoregressive greedy decoding with transformers' ``generate`` on the base model,
     one prompt at a time (no padding): the baseline every table compares against."""
     base = getattr(model, "base", model)
-    _check_length(model, prompts, max_new_tokens)
+    prompts = checked_prompts(model, prompts, max_new_tokens)
     eos = _eos_set(eos_token_id)
     t_start = time.perf_counter()
     seqs = []
     for p in prompts:
-        p = np.asarray(p, dtype=np.int64).reshape(-1)
         t0 = time.perf_counter()
         ids = torch.as_tensor(p[None], device=next(base.parameters()).device)
         gen = base.generate(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from latticedraft.decoding.bpd import DecodeResult, SequenceResult, _check_length, _eos_set
+from latticedraft.decoding.bpd import DecodeResult, SequenceResult, _eos_set, checked_prompts
 from latticedraft.errors import InputError
 from latticedraft.gpu.kvcache import SlotCache
 from latticedraft.gpu.layer_split import LayerSplit
@@ -92,10 +92,7 @@ def kangaroo_decode(model, prompts: list, adapter, *, gamma: int = 6, eta: float
     model: an HF causal LM (or a BlockwiseModel: its base runs); adapter: a ``KangarooAdapter``
     for that base (its ``exit_layer`` is l). prompts: int sequences (>= 1 token each)."""
     KangarooOptions(gamma, eta)
-    if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
-    _check_length(model, prompts, max_new_tokens)
+    prompts = checked_prompts(model, prompts, max_new_tokens)
     split = LayerSplit(model)
     l, d, dev = adapter.exit_layer, split.num_layers, split.device
     timing = {"model": 0.0, "draft": 0.0, "accept": 0.0}

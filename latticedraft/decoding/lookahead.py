@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from latticedraft.decoding.bpd import DecodeResult, SequenceResult, _check_length, _eos_set
+from latticedraft.decoding.bpd import DecodeResult, SequenceResult, _eos_set, checked_prompts
 from latticedraft.decoding.lookahead_pool import JacobiWindow, NgramPool
 from latticedraft.decoding.spec_sampling import SpeculativeChooser
 from latticedraft.errors import InputError
@@ -98,10 +98,7 @@ def lookahead_decode(
     (default ``SeededDraws(sampling.seed)``; see ``spec_sampling``). kv_cache: "auto" | "full" |
     "rolling" (``verify.choose_kv_cache``)."""
     opts = LookaheadOptions(W, N, G, prompt_as_reference, seed)
-    if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
-    _check_length(model, prompts, max_new_tokens)
+    prompts = checked_prompts(model, prompts, max_new_tokens)
     eos = _eos_set(eos_token_id)
     timing = {"model": 0.0, "draft": 0.0, "accept": 0.0}
     t_start = time.perf_counter()

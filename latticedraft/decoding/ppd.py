@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from latticedraft.decoding.bpd import _check_length, _eos_set
+from latticedraft.decoding.bpd import _eos_set, checked_prompts
 from latticedraft.decoding.kangaroo import Rows
 from latticedraft.errors import InputError
 from latticedraft.gpu.kvcache import SlotCache
@@ -64,10 +64,7 @@ def ppd_decode(model, prompts: list, *, dbar: int | None = None, k: int = 3, max
     """Greedy PPD; output equals ``generate(do_sample=False)``. exit_head: ``f(h [n, H], dbar) ->
     logits [n, V]`` at the early exit (None: the shared final norm + LM head)."""
     PPDOptions(dbar, k)
-    if max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
-    _check_length(model, prompts, max_new_tokens)
+    prompts = checked_prompts(model, prompts, max_new_tokens)
     split = LayerSplit(model)
     d, dev = split.num_layers, split.device
     dbar = d // 2 if dbar is None else int(dbar)
