@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import pytest
@@ -13,9 +12,9 @@ from latticedraft.lattice.rescoring import base_drafts, lattice_fst_bytes, resco
 from latticedraft.lattice.sausage import Sausage
 from latticedraft.lattice.lm_tables import lm_arrays
 from latticedraft.lattice.search import context_bound, lm_step
+from tests.lm.kenlm_ref import kenlm_logp
 from toylm import BOS, make_toy_lm
 
-LN10 = math.log(10.0)
 
 
 def brute(s: Sausage, lm_score, alpha: float):
@@ -240,19 +239,6 @@ def test_exact_matches_kenlm_brute_force(real_lm):
     fst, arpa, ids = real_lm
     model = kenlm.Model(str(arpa))
 
-    def kenlm_logp(hist, toks):
-        st = kenlm.State()
-        model.NullContextWrite(st)
-        for w in hist:
-            out = kenlm.State()
-            model.BaseScore(st, str(w), out)
-            st = out
-        total = 0.0
-        for w in toks:
-            out = kenlm.State()
-            total += model.BaseScore(st, str(w), out)
-            st = out
-        return total * LN10
 
     rng = np.random.default_rng(0)
     for s, hist in _real_cases(ids, fst, rng, 25):
@@ -261,7 +247,7 @@ def test_exact_matches_kenlm_brute_force(real_lm):
             continue
         p = int(rng.integers(1, 9))
         d = rescore(s, fst, 0.8, p, hist)
-        assert_same(d, brute(s, lambda t: kenlm_logp(hist, t), 0.8), p, atol=2e-3)
+        assert_same(d, brute(s, lambda t: kenlm_logp(model, hist, t), 0.8), p, atol=2e-3)
 
 
 def test_wfst_on_a_real_model_never_beats_exact_unless_it_undercuts(real_lm):

@@ -23,6 +23,7 @@ from latticedraft.lm.corpus import read_text, stdlib_split
 from latticedraft.lm.ngram import NgramLM
 from latticedraft.lm.search_tables import TABLES_DIR, tables_present
 from latticedraft.paths import data_dir
+from tests.lm.kenlm_ref import kenlm_logp
 
 LN10 = math.log(10.0)
 kenlm = pytest.importorskip("kenlm")
@@ -75,22 +76,8 @@ def _heldout_ids(lm: NgramLM, n_files: int = 3) -> list[list[int]]:
 
 def _kenlm_logp(model, hist, toks, order):
     """ln p of ``toks`` after ``hist`` as ``NgramLM.begin`` defines it (``<s>`` before a history
-    shorter than n-1), by KenLM's own ``BaseScore`` (log10 -> ln)."""
-    st = kenlm.State()
-    if len(hist) < order - 1:
-        model.BeginSentenceWrite(st)
-    else:
-        model.NullContextWrite(st)
-    for w in hist:
-        out = kenlm.State()
-        model.BaseScore(st, str(w), out)
-        st = out
-    total = 0.0
-    for w in toks:
-        out = kenlm.State()
-        total += model.BaseScore(st, str(w), out)
-        st = out
-    return total * LN10
+    shorter than n-1)."""
+    return kenlm_logp(model, hist, toks, begin=len(hist) < order - 1)
 
 
 @pytest.mark.slow
