@@ -16,7 +16,6 @@ from tests.lm.kenlm_ref import kenlm_logp
 from toylm import BOS, make_toy_lm
 
 
-
 def brute(s: Sausage, lm_score, alpha: float):
     """All paths scored as head + alpha * lm_score(ids), best first: [(score, ids)]."""
     out = []
