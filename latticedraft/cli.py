@@ -188,6 +188,11 @@ def _cmd_train_adapter(a) -> int:
     return _print_trained(res, "final")
 
 
+def _train_corpus_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--corpus", nargs="+", required=True,
+                   help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
+
+
 def _add_train(groups) -> None:
     grp = groups.add_parser("train", help="train a small causal LM or multi-token heads",
                             description="Train the models latticedraft decodes with: a small causal LM from scratch "
@@ -198,8 +203,7 @@ def _add_train(groups) -> None:
                                      "the standard library; - reads standard input) and save it in HF format with "
                                      "its tokenizer. Checkpoints every --checkpoint-every steps; --resume continues.")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json or a directory holding one")
-    p.add_argument("--corpus", nargs="+", required=True,
-                   help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
+    _train_corpus_arg(p)
     p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
                    help="output directory (HF format, loadable by AutoModelForCausalLM)")
     p.add_argument("--n-embd", type=int, default=256, help="hidden size")
@@ -218,8 +222,7 @@ def _add_train(groups) -> None:
                                      "frozen (or --unfreeze) base causal LM; saves heads_config.json and "
                                      "heads.safetensors, naming the base relatively.")
     p.add_argument("--base", required=True, help="base model directory (HF format)")
-    p.add_argument("--corpus", nargs="+", required=True,
-                   help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
+    _train_corpus_arg(p)
     p.add_argument("--heads", type=int, default=None, help="number of heads h, counting the base's own head 1 (≥ 2)")
     p.add_argument("--kind", choices=["stern", "dynamo"], default="stern", help="FFN heads (Stern) or decoder-layer heads (DynaMo)")
     p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
@@ -240,8 +243,7 @@ def _add_train(groups) -> None:
                                      "layer l, the base's LM head shared) by distillation from the frozen full model; "
                                      "saves adapter.json and adapter.safetensors (decode --method kangaroo --adapter DIR).")
     p.add_argument("--base", required=True, help="base model directory (HF format; GPT-2, LLaMA or Mistral style)")
-    p.add_argument("--corpus", nargs="+", required=True,
-                   help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
+    _train_corpus_arg(p)
     p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR", help="output directory")
     p.add_argument("--exit-layer", type=int, default=2, help="l: the adapter reads the states after layer l (default 2)")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: BASE/tokenizer.json)")
