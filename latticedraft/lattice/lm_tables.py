@@ -3,9 +3,9 @@
 ``_step`` is the exact LM step with true back-off semantics (a lookup that misses a state
 adds the state's back-off cost and retries at its back-off state, exactly like KenLM's
 ``BaseScore``): short CSR rows are scanned, long rows go through the open-addressing hash
-table ``arc_hash`` (``_find``); ``_step_memo`` memoises the back-off tail per search.
+table ``arc_hash`` (``_find``).
 Costs are ``-ln p`` (float32 arrays, float64 in the kernels). The kernels here are inlined into
-``triple_dp``, ``bounded_search`` and ``batched``; numba's on-disk cache does not
+``triple_dp``, ``state_dp`` and ``batched``; numba's on-disk cache does not
 notice edits in another file, so importing ``latticedraft.lattice`` drops caches older than any
 of their sources (``_numba_cache.drop_stale``).
 
@@ -66,40 +66,6 @@ def _step(s, label, off, lab, cost, nxt, bon, boc, uni, V, unk, tab):
             return uni, acc + unk
         acc += boc[s]
         s = b
-
-
-@njit(cache=True, inline="always")
-def _step_memo(s, label, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, mk, mn, mc):
-    """``_step`` with the back-off tail memoised: after a miss at ``s`` the result for
-    (back-off state, label) comes from a small per-search table (keys ``mk``, -1 empty),
-    since many nodes of a slot back off to the same shorter contexts."""
-    if s != uni:
-        a = _find(s, label, off, lab, tab)
-        if a >= 0:
-            return nxt[a], np.float64(cost[a])
-        b = bon[s]
-        if b < 0:
-            return uni, np.float64(unk)
-        acc = np.float64(boc[s])
-        s = b
-    else:
-        acc = 0.0
-    key = s * (V + 2) + label
-    mask = mk.shape[0] - 1
-    slot = _hash(s, label, mask)
-    for _ in range(8):
-        kk = mk[slot]
-        if kk == key:
-            return mn[slot], acc + mc[slot]
-        if kk < 0:
-            break
-        slot = (slot + 1) & mask
-    ns, c = _step(s, label, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
-    if mk[slot] < 0 or mk[slot] != key:
-        mk[slot] = key
-        mn[slot] = ns
-        mc[slot] = c
-    return ns, acc + c
 
 
 @njit(cache=True)

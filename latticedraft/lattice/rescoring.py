@@ -6,8 +6,8 @@
 - ``"exact"`` (default): the exact p best under true back-off semantics (``search.py``,
   compiled with numba: for n-gram orders <= 4 an exact backward dynamic program over the
   lattice's candidate triples, then best-first enumeration of distinct paths (``triple_dp``);
-  above order 4 (``bounded_search``) a dynamic program over (slot, LM state) with merged states and admissible
-  branch-and-bound). Equal scores are ordered deterministically.
+  above order 4 (``state_dp``) a dynamic program over the LM states each slot reaches, closed
+  under back-off). Equal scores are ordered deterministically.
 - ``"wfst"``: as the paper does with OpenFST: lattice acceptor ∘ n-gram WFST (from the
   history's state) then ``shortestpath(nshortest=…)``, read until ``p`` distinct strings.
   The WFST's back-off arcs are epsilons, so a string's WFST score is the best over all its
@@ -51,25 +51,24 @@ def _fst_of(lm):
     return fst
 
 
-def _history_state(fst, history) -> tuple[int, int, list[int]]:
-    """(LM state after the last n-1 history ids, last history id or -1 when empty, those ids)."""
+def _history_state(fst, history) -> tuple[int, list[int]]:
+    """(LM state after the last n-1 history ids, those ids)."""
     hist = [int(t) for t in (history if history is not None else ())]
     keep = max(int(fst.order) - 1, 0)
     hist = hist[-keep:] if keep else []
     if any(t < 0 for t in hist):
         raise InputError(f"history ids must be >= 0, got {hist}")
     V = int(fst.vocab_size)
-    last = hist[-1] if hist else -1
     if any(t >= V for t in hist):
         # unknown to the LM: the context restarts at the null state, like KenLM's <unk>
         cut = max(i for i, t in enumerate(hist) if t >= V)
         state = int(fst.unigram)
         for t in hist[cut + 1:]:
             state = int(fst.arc_lookup(state, t)[0])
-        return state, (last if last < V else V + 1), hist
+        return state, hist
     if isinstance(fst, NgramFst):  # the same walk as NgramFst.state_for_history, compiled
-        return history_state(lm_arrays(fst), int(fst.order), hist), last, hist
-    return int(fst.state_for_history(hist)), last, hist
+        return history_state(lm_arrays(fst), int(fst.order), hist), hist
+    return int(fst.state_for_history(hist)), hist
 
 
 def _check_args(alpha: float, nbest: int, method: str) -> None:
@@ -104,10 +103,10 @@ def rescore(sausage: Sausage, lm, alpha: float = 1.0, nbest: int = 1, history: S
     if arrays is not None and arrays.triple is not None:  # order <= 4: the batch kernel, B = 1
         return _exact_batch(sausage.tokens[None], sausage.logp[None], sausage.widths[None], [history],
                             arrays, float(alpha), int(nbest), 1)[0]
-    start, last, _ = _history_state(fst, history)
+    start, _ = _history_state(fst, history)
     if arrays is not None:
         cand, scores = exact_pbest(sausage.tokens, sausage.logp, sausage.widths, arrays,
-                                   start, float(alpha), int(nbest), hist_last=last)
+                                   start, float(alpha), int(nbest))
         return _drafts(sausage, cand, scores, nbest)
     return _wfst_pbest(sausage, fst, start, float(alpha), int(nbest))
 

@@ -9,23 +9,22 @@ and retries at its back-off state, exactly like KenLM's ``BaseScore``).
 A. *Order <= 4* (``triple_dp``, the bundled 4-gram): a backward dynamic program over the
    lattice's candidate triples gives the exact best score of every suffix; a best-first
    search over prefixes with it as the heuristic pops the p best paths.
-B. *Any order* (``bounded_search``, used above order 4): admissible suffix bounds from the
-   LM's bound tables, a beam pass for a lower bound, then a pruned exact dynamic program over
-   LM states.
+B. *Any order* (``state_dp``, used above order 4): a forward dynamic program over the LM
+   states the lattice reaches, each keeping its p best partial paths; the states of a slot are
+   closed under back-off so that a state's step to each candidate reuses its back-off
+   state's (one read of its own arcs, no back-off walks).
 
 Without an LM (or ``alpha = 0``) the p best by head score come from ``best_first``. The LM's
 arrays and tables (``lm/search_tables.py``) are written by ``lm build`` and memory-mapped by
 ``NgramLM``; for other ``NgramFst`` objects ``lm_tables.lm_arrays`` builds them in memory.
 
-A dynamic program over reachable LM states alone (no bound tables, merging prefixes only by
-state) was tried for orders 5-6 and dropped: on a 51 M n-gram 5-gram it kept ~1300 states
-per 8x16 lattice and cost 3-5x the bounded search's CPU time at 8x16 (equal at 16x16): a bound that
-ignores the context (each token's best ln p anywhere) prunes little.
-
-Why not more Python or a capped beam: a KenLM-state search in Python is exact but ~5 ms at
-8x16, and capping states per slot loses the exact best on a fifth of lattices; the bound lets
-the compiled search drop almost everything while staying exact (tests compare against
-brute-force enumeration, KenLM's own scores and random back-off LMs with weights above 1).
+Why not a bounded search with precomputed context bounds (the previous algorithm above order
+4): its bound tables cost a 5.5 GB, 3.5-minute pass per 51 M n-gram build and it still
+explored tens of thousands of nodes at 16x16 (21 ms); the state program touches a few
+hundred states per slot and needs no table beyond the CSR arrays. Its cost on a virtual
+machine is dominated by TLB misses on the gigabyte-sized tables, so rows of up to
+``state_dp.SCAN_ROW`` arcs are read whole and longer ones binary-searched (a few pages)
+rather than probed through the arc hash (two random pages per candidate).
 
 Everything inside is float64; returned scores are float32.
 """
@@ -35,23 +34,22 @@ from __future__ import annotations
 import numpy as np
 
 from latticedraft.lattice.best_first import _base_pbest
-from latticedraft.lattice.bounded_search import _context_bound, _pbest
 from latticedraft.lattice.lm_tables import UNSEEN_COST, LMArrays, _step, _walk, build_arrays
+from latticedraft.lattice.state_dp import SCAN_ROW, _state_pbest
 from latticedraft.lattice.triple_dp import _triple_pbest
 
-__all__ = ["context_bound", "exact_pbest", "history_state", "lm_step", "warm_up"]
+__all__ = ["exact_pbest", "history_state", "lm_step", "warm_up"]
 
 
 def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays: LMArrays | None,
-                start: int, alpha: float, p: int, hist_last: int = -1, with_counts: bool = False,
-                history=None):
+                start: int, alpha: float, p: int, with_counts: bool = False, history=None):
     """Exact p best of a sausage (``tokens int64[h,k]``, ``logp float32[h,k]``, ``widths int64[h]``).
 
     ``start``: the LM state of the history; ``history``: its last ``order - 1`` ids (enables the
-    triple dynamic program for LMs of order <= 4); ``hist_last``: the history's last id (-1: an
-    empty history, i.e. ``<s>``). ``arrays=None`` or ``alpha=0`` ranks by head log-probability
-    alone. Returns ``(cand int64[m, h], scores float64[m])``: candidate indices per slot, best
-    first; with ``with_counts`` also two work counters (nodes of the two passes).
+    triple dynamic program for LMs of order <= 4; without it the state program runs).
+    ``arrays=None`` or ``alpha=0`` ranks by head log-probability alone. Returns
+    ``(cand int64[m, h], scores float64[m])``: candidate indices per slot, best first; with
+    ``with_counts`` also two work counters (search nodes, partial paths kept).
     """
     hl = logp.astype(np.float64)
     if arrays is None or alpha == 0.0:
@@ -61,9 +59,7 @@ def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays
         r = _triple_pbest(T, W, H, hp, float(alpha), int(p), int(start), *arrays.lm_args(), arrays.uni_logp,
                           *arrays.triple)
     else:
-        A = arrays
-        hb = A.vocab_size if hist_last < 0 else int(hist_last)
-        r = _pbest(tokens, hl, widths, float(alpha), int(p), int(start), hb, *A.lm_args(), *A.bound_args())
+        r = _state_pbest(tokens, hl, widths, float(alpha), int(p), int(start), SCAN_ROW, *arrays.lm_args())
     return r if with_counts else (r[0], r[1])
 
 
@@ -102,9 +98,10 @@ def history_state(arrays: LMArrays, order: int, history: list[int]) -> int:
     return int(_walk(s, np.asarray(h, dtype=np.int64), *arrays.lm_args()))
 
 
-def warm_up(bounded: bool = True) -> None:
-    """Compile (or load from numba's on-disk cache) every kernel on a tiny hand-made LM, so the
-    first real call does not pay for compilation (~20-40 s on a cold cache, 2 cores)."""
+def warm_up(order: int = 0) -> None:
+    """Compile (or load from numba's on-disk cache) the kernels an LM of ``order`` uses (0:
+    every kernel) on a tiny hand-made LM, so the first real call does not pay for compilation
+    (~20-40 s on a cold cache, 2 cores)."""
     from types import SimpleNamespace
 
     V = 3
@@ -118,28 +115,19 @@ def warm_up(bounded: bool = True) -> None:
     tok = np.array([[0, 1], [1, 2]], np.int64)
     lp = np.log(np.array([[0.6, 0.4], [0.7, 0.3]], np.float32))
     w = np.array([2, 2], np.int64)
-    exact_pbest(tok, lp, w, A, 1, 1.0, 2, history=[])
-    from latticedraft.lattice.batched import pbest_batch  # the kernel rescore uses (order <= 4)
+    if order <= 4:
+        exact_pbest(tok, lp, w, A, 1, 1.0, 2, history=[])
+        from latticedraft.lattice.batched import pbest_batch  # the kernel rescore uses (order <= 4)
 
-    pbest_batch(tok[None], lp[None], w[None], np.array([2]), np.zeros((1, 2), np.int64), np.zeros(1, np.int64),
-                A, 1.0, 2)
+        pbest_batch(tok[None], lp[None], w[None], np.array([2]), np.zeros((1, 2), np.int64),
+                    np.zeros(1, np.int64), A, 1.0, 2)
+    if order == 0 or order > 4:
+        exact_pbest(tok, lp, w, A, 1, 1.0, 2)
     exact_pbest(tok, lp, w, None, 0, 0.0, 2)
     history_state(A, 3, [0, 1])
-    if bounded:
-        exact_pbest(tok, lp, w, A, 1, 1.0, 2)
 
 
 def lm_step(arrays: LMArrays, state: int, token_id: int) -> tuple[int, float]:
     """(next_state, cost) with exact back-off; the kernels' own lookup, exposed for tests."""
     ns, c = _step(int(state), int(token_id) + 1, *arrays.lm_args())
     return int(ns), float(c)
-
-
-def context_bound(arrays: LMArrays, b_tok: int, a_tok: int, c_tok: int) -> float:
-    """Upper bound of ln p(c | any context ending in (b, a)) (``b = -1``: ``<s>``); for tests."""
-    A = arrays
-    b = A.vocab_size if b_tok < 0 else int(b_tok)
-    uni_logp, ctx1, ctx1_gain, dflt, t1_off, t1_lab, t1_hash, t2_off, t2_lab, t2_val, t2_hash = A.bound_args()
-    return float(_context_bound(b, int(a_tok), int(c_tok), A.offsets, A.labels, A.costs, uni_logp, ctx1,
-                                ctx1_gain, dflt, A.vocab_size, A.unk_cost, A.arc_hash, t1_off, t1_lab, t1_hash,
-                                t2_off, t2_lab, t2_val, t2_hash))

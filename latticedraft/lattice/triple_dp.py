@@ -106,7 +106,7 @@ def _match_row(lo, hi, lab, labels, w, out, posmap, base):
 
 @njit(cache=True, inline="always")
 def _expand(s, labels, w, off, lab, cost, nxt, bon, boc, uni, V, unk, idx, base, ns, lc):
-    """``_step_memo(s, labels[c])`` for every c < w (same values, same float association),
+    """``_step(s, labels[c])`` for every c < w (same values, same float association),
     walking the back-off chain one row at a time: into ``ns`` (int64[>=w]) and ``lc`` (float64)."""
     if s != uni:
         _match_ls(off[s], off[s + 1], lab, labels, w, idx, base)

@@ -1,15 +1,13 @@
 """The n-gram LM as the arrays the exact searches read (``LMArrays``), built once and memory-mapped.
 
 ``LMArrays`` holds an ``NgramFst``'s CSR arrays in the dtypes the compiled kernels take
-(``lattice/lm_tables.py``, ``lattice/triple_dp.py``, ``lattice/bounded_search.py``), plus:
+(``lattice/lm_tables.py``, ``lattice/triple_dp.py``, ``lattice/state_dp.py``), plus:
 
 - ``arc_hash``: an open-addressing table (int32 arc ids, -1 empty) over the arcs of every CSR
   row longer than 16 arcs, so a look-up in a long row costs one or two probes (``_find``);
 - *triple tables* (order <= 4): the states of two and three tokens, addressable by their
-  tokens, packed with their arc range and back-off (``_triple_tables``);
-- *bound tables* (order > 4, ``bounded_search``): per two-token context the best ln p of each
-  next token over all longer contexts (see ``LMArrays``); built lazily by ``bound_args`` when
-  not loaded from disk.
+  tokens, packed with their arc range and back-off (``_triple_tables``). Orders above 4 need
+  nothing beyond the CSR arrays (``state_dp`` reads the states' own rows).
 
 **On disk.** ``save_tables`` writes them, with the FST's final costs, as uncompressed ``.npy``
 files in ``DIR/tables/`` (a directory renamed into place when complete; ``meta.json`` names the
@@ -44,7 +42,6 @@ P2_ENTRY = np.dtype([("lo", "i4"), ("hi", "i4"), ("xlo", "i4"), ("xhi", "i4"), (
                     align=True)
 X3_ENTRY = np.dtype([("lo", "i4"), ("hi", "i4"), ("boc", "f4")], align=True)
 _TRIPLE_NAMES = ("ctx1x", "p2_off", "p2_lab", "p2", "x_lab", "x3")
-_BOUND_NAMES = ("ctx1_gain", "dflt", "t1_off", "t1_lab", "t1_hash", "t2_off", "t2_lab", "t2_val", "t2_hash")
 
 
 @dataclass
@@ -54,12 +51,7 @@ class LMArrays:
     ``offsets int64[S+1]``, ``labels int32[A]`` (token+1), ``costs float32[A]`` (-ln p),
     ``nexts int32[A]``, ``bo_next int32[S]``, ``bo_cost float32[S]``; ``uni_logp float64[V]``:
     the null state's ln p; ``ctx1 int64[V]``: the state of the one-token context ``(a)`` (-1
-    if the model keeps none). Bound tables (natural log, float64; ``bound_args`` builds them
-    on first use), for a token ``c`` after a context ending in ``(b, a)``: ``ctx1_gain[a]``:
-    the largest back-off gain any longer context collects down to ``(a)``, ``dflt[a]``: the
-    largest gain down to the null state; ``t1_*`` maps ``(b, a)`` (``b = V`` is ``<s>``) to a
-    row of ``t2_*``, which holds, per label ``c+1``, the best ``ln p(c | s) + gain(s)`` over
-    the states ``s`` of two or more tokens ending in ``(b, a)``.
+    if the model keeps none).
     """
 
     vocab_size: int
@@ -77,12 +69,6 @@ class LMArrays:
     ctx1: np.ndarray
     order: int = 0
     triple: tuple | None = None  # exact (x, b, a) context tables when order <= 4, see _triple_tables
-    bound: tuple | None = None  # the bound tables (ctx1_gain ... t2_hash), built by bound_args on first use
-
-    def bound_args(self) -> tuple:
-        if self.bound is None:
-            self.bound = _bound_tables(self)
-        return (self.uni_logp, self.ctx1, *self.bound)
 
     def lm_args(self) -> tuple:
         return (self.offsets, self.labels, self.costs, self.nexts, self.bo_next, self.bo_cost,
@@ -91,7 +77,7 @@ class LMArrays:
     @property
     def nbytes(self) -> int:
         """Bytes of every array held (the memory-mapped size when loaded from disk)."""
-        arrs = [getattr(self, f.name) for f in fields(self)] + list(self.triple or ()) + list(self.bound or ())
+        arrs = [getattr(self, f.name) for f in fields(self)] + list(self.triple or ())
         return int(sum(a.nbytes for a in arrs if isinstance(a, np.ndarray)))
 
 
@@ -176,60 +162,6 @@ def build_arrays(fst) -> LMArrays:
         arrays.triple = _triple_tables(V, int(fst.start), uni, off, nxt, bon, boc, last, long_state, prev, ctx1,
                                        arc_state)
     return arrays
-
-
-def _bound_tables(A: LMArrays) -> tuple:
-    """The bound tables of ``bounded_search`` (``_BOUND_NAMES``), from the CSR arrays."""
-    V, off, lab, cost, nxt, bon, boc, uni = (A.vocab_size, A.offsets, A.labels, A.costs, A.nexts, A.bo_next,
-                                             A.bo_cost, A.unigram)
-    last, ctx1, long_state, prev, arc_state = _structure(off, lab, nxt, bon, uni, A.start, V)
-    gain = _gain(bon, boc)
-    ok = long_state & (prev >= 0)
-    sel = ok[arc_state]
-    a_state = arc_state[sel]
-    key1 = prev[a_state] * (V + 1) + last[a_state]
-    a_lab = lab[sel].astype(np.int64)
-    a_val = -cost[sel].astype(np.float64) + gain[a_state]
-    order = np.lexsort((a_lab, key1))
-    key1, a_lab, a_val = key1[order], a_lab[order], a_val[order]
-    if len(key1):
-        brk = np.concatenate([[True], (np.diff(key1) != 0) | (np.diff(a_lab) != 0)])
-        starts = np.nonzero(brk)[0]
-        key1, a_lab = key1[starts], a_lab[starts]
-        a_val = np.maximum.reduceat(a_val, starts)
-        rstart = np.nonzero(np.concatenate([[True], np.diff(key1) != 0]))[0]
-    else:
-        rstart = np.zeros(0, np.int64)
-    rkeys = key1[rstart]
-    t1_off = np.searchsorted(rkeys // (V + 1), np.arange(V + 2)).astype(np.int64)
-    t1_lab = (rkeys % (V + 1) + 1).astype(np.int32)
-    t2_off = np.concatenate([rstart, [len(key1)]]).astype(np.int64)
-    t2_lab = a_lab.astype(np.int32)
-    ctx1_gain = np.where(ctx1 >= 0, gain[np.maximum(ctx1, 0)], 0.0)
-    dflt = np.zeros(V, dtype=np.float64)
-    to_uni = np.nonzero((bon == uni) & (last >= 0) & (last < V))[0]
-    np.maximum.at(dflt, last[to_uni], gain[to_uni] - boc[to_uni].astype(np.float64))
-    return (ctx1_gain, dflt, t1_off, t1_lab, _build_hash(t1_off, t1_lab, -1), t2_off, t2_lab,
-            a_val.astype(np.float64), _build_hash(t2_off, t2_lab, -1))
-
-
-def _gain(bon, boc) -> np.ndarray:
-    """float64[S]: the largest total back-off log-weight a context can collect on its way down
-    its back-off chain to each state (0: the context is the state itself; weights may exceed 1)."""
-    S = len(bon)
-    depth = np.zeros(S, dtype=np.int64)
-    cur = bon.astype(np.int64)
-    for _ in range(64):
-        live = cur >= 0
-        if not live.any():
-            break
-        depth += live
-        cur = np.where(live, bon[np.maximum(cur, 0)], -1)
-    gain = np.zeros(S, dtype=np.float64)
-    for d in range(int(depth.max()) if S else 0, 0, -1):
-        idx = np.nonzero((depth == d) & (bon >= 0))[0]
-        np.maximum.at(gain, bon[idx], gain[idx] - boc[idx].astype(np.float64))
-    return gain
 
 
 def _triple_tables(V, start, uni, off, nxt, bon, boc, last, long_state, prev, ctx1, arc_state) -> tuple | None:
@@ -336,8 +268,8 @@ def tables_present(build_dir: str | Path, expect: dict | None = None) -> bool:
         m = json.loads(meta.read_text())
     except (OSError, json.JSONDecodeError):
         return False
-    if m.get("version") != TABLES_VERSION or (m.get("order", 0) > 4 and not m.get("bound")):
-        return False  # another layout, or order > 4 without the bounded search's tables
+    if m.get("version") != TABLES_VERSION:
+        return False  # another layout
     return all(m.get(k) == v for k, v in (expect or {}).items())
 
 
@@ -362,11 +294,8 @@ def save_tables(fst, build_dir: str | Path, arrays: LMArrays | None = None) -> P
         if arrays.triple is not None:
             for name, a in zip(_TRIPLE_NAMES, arrays.triple):
                 np.save(work / f"{name}.npy", a)
-        else:  # order > 4: the bounded search's tables
-            for name, a in zip(_BOUND_NAMES, arrays.bound_args()[2:]):
-                np.save(work / f"{name}.npy", a)
         meta = {"version": TABLES_VERSION, **fst_meta(fst), "unk_arpa_cost": float(fst.unk_arpa_cost),
-                "triple": arrays.triple is not None, "bound": arrays.triple is None,
+                "triple": arrays.triple is not None,
                 "bytes": int(sum(p.stat().st_size for p in work.glob("*.npy")))}
         (work / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         publish_mode(work, directory=True)
@@ -393,7 +322,8 @@ def load_tables(build_dir: str | Path):
     d = Path(build_dir) / TABLES_DIR
     try:
         m = json.loads((d / "meta.json").read_text())
-        a = {p.stem: np.load(p, mmap_mode="c", allow_pickle=False) for p in d.glob("*.npy")}
+        names = (*_CORE, "final_cost", *(_TRIPLE_NAMES if m["triple"] else ()))
+        a = {n: np.load(d / f"{n}.npy", mmap_mode="c", allow_pickle=False) for n in names}
         triple = tuple(a[n] for n in _TRIPLE_NAMES) if m["triple"] else None
         fst = NgramFst(order=m["order"], vocab_size=m["vocab_size"], state_offsets=a["offsets"],
                        arc_label=a["labels"], arc_cost=a["costs"], arc_next=a["nexts"], backoff_next=a["bo_next"],
@@ -401,8 +331,7 @@ def load_tables(build_dir: str | Path):
                        final_cost=a["final_cost"], unk_cost=m["unk_cost"], unk_arpa_cost=m["unk_arpa_cost"])
         arrays = LMArrays(m["vocab_size"], a["offsets"], a["labels"], a["costs"], a["nexts"], a["bo_next"],
                           a["bo_cost"], m["unigram"], m["start"], m["unk_cost"], a["arc_hash"], a["uni_logp"],
-                          a["ctx1"], m["order"], triple,
-                          tuple(a[n] for n in _BOUND_NAMES) if m.get("bound") else None)
+                          a["ctx1"], m["order"], triple)
     except (OSError, KeyError, ValueError, json.JSONDecodeError) as e:
         raise ModelError(f"{d} cannot be read ({e}); rebuild the tables with `latticedraft lm index "
                          f"{Path(build_dir)}`") from e

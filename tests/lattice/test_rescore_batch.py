@@ -49,9 +49,8 @@ def _histories(rng, B, V, order):
 def _old_path(s, lm, alpha, p, history):
     """The pre-batch single-lattice route: Python history state and pseudo-slots, then the
     triple dynamic program one lattice at a time (an independent reference for the kernel)."""
-    start, last, hist = _history_state(lm, history)
-    cand, scores = exact_pbest(s.tokens, s.logp, s.widths, lm_arrays(lm), start, alpha, p, hist_last=last,
-                               history=hist)
+    start, hist = _history_state(lm, history)
+    cand, scores = exact_pbest(s.tokens, s.logp, s.widths, lm_arrays(lm), start, alpha, p, history=hist)
     return s.tokens[np.arange(s.h)[None, :], cand], scores.astype(np.float32)
 
 

@@ -11,9 +11,10 @@ from latticedraft.errors import InputError
 from latticedraft.lattice.rescoring import base_drafts, lattice_fst_bytes, rescore, rescore_batch
 from latticedraft.lattice.sausage import Sausage
 from latticedraft.lattice.lm_tables import lm_arrays
-from latticedraft.lattice.search import context_bound, lm_step
+from latticedraft.lattice.search import exact_pbest, lm_step
+from latticedraft.lattice.state_dp import _state_pbest
 from tests.lm.kenlm_ref import kenlm_logp
-from toylm import BOS, make_toy_lm
+from toylm import make_toy_lm
 
 
 def brute(s: Sausage, lm_score, alpha: float):
@@ -45,10 +46,10 @@ def random_case(rng, V, n_paths_max=256):
     return Sausage.from_logits(logits, k)
 
 
-@pytest.mark.parametrize("order", [2, 3, 4, pytest.param(5, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("order", [2, 3, 4, 5, 6])
 def test_exact_matches_brute_force_on_random_backoff_lms(order):
     """Random unnormalised LMs with back-off weights above 1: the exact p best, always.
-    Orders <= 4 use the triple dynamic program, order 5 the bounded state search."""
+    Orders <= 4 use the triple dynamic program, orders 5 and 6 the state program."""
     rng = np.random.default_rng(order)
     for trial in range(60):
         lm = make_toy_lm(V=7, order=order, seed=100 * order + trial, undercut=True)
@@ -60,11 +61,8 @@ def test_exact_matches_brute_force_on_random_backoff_lms(order):
         assert_same(d, brute(s, lambda ids: lm.ref_score(hist[-(order - 1):], ids), alpha), p)
 
 
-@pytest.mark.slow  # compiles the second (bounded) search kernel: ~20 s on a cold numba cache
-def test_triple_program_and_bounded_search_agree():
-    """The two exact algorithms (``history`` given: triple DP; not given: bounded search)."""
-    from latticedraft.lattice.search import exact_pbest
-
+def test_triple_program_and_state_program_agree():
+    """The two exact algorithms (``history`` given: triple DP; not given: the state program)."""
     rng = np.random.default_rng(9)
     for trial in range(30):
         lm = make_toy_lm(V=12, order=int(rng.integers(2, 5)), seed=500 + trial, density=0.7)
@@ -73,10 +71,32 @@ def test_triple_program_and_bounded_search_agree():
         hist = rng.integers(0, 12, size=int(rng.integers(0, 4))).tolist()[-(lm.order - 1):]
         st = lm.state_for_history(hist)
         p = int(rng.integers(1, 9))
-        a = exact_pbest(s.tokens, s.logp, s.widths, A, st, 1.3, p, hist_last=hist[-1] if hist else -1,
-                        history=hist)
-        b = exact_pbest(s.tokens, s.logp, s.widths, A, st, 1.3, p, hist_last=hist[-1] if hist else -1)
+        a = exact_pbest(s.tokens, s.logp, s.widths, A, st, 1.3, p, history=hist)
+        b = exact_pbest(s.tokens, s.logp, s.widths, A, st, 1.3, p)
         np.testing.assert_allclose(a[1], b[1], atol=1e-6)
+
+
+@pytest.mark.parametrize("scan_row", [0, 10 ** 9])
+def test_state_program_row_reads_and_repeated_candidates(scan_row):
+    """Rows binary-searched (``scan_row=0``) or scanned whole, and a slot that repeats a token
+    (the kernel then binary-searches every row; ``Sausage`` itself refuses repeats): the exact
+    p best either way, against brute force over the raw arrays."""
+    rng = np.random.default_rng(31 + (scan_row > 0))
+    for trial in range(25):
+        lm = make_toy_lm(V=40, order=5, seed=700 + trial, density=0.5)
+        h, k = int(rng.integers(1, 5)), int(rng.integers(2, 5))
+        tok = np.stack([rng.choice(40, size=k, replace=False) for _ in range(h)]).astype(np.int64)
+        if trial % 3 == 0:
+            tok[0, 1] = tok[0, 0]  # a repeated candidate
+        hl = rng.normal(size=(h, k)) - 1.0
+        widths = np.full(h, k, np.int64)
+        hist = rng.integers(0, 40, size=int(rng.integers(0, 7))).tolist()[-4:]
+        p = int(rng.integers(1, 10))
+        cand, scores, _, _ = _state_pbest(tok, hl, widths, 1.0, p, lm.state_for_history(hist), scan_row,
+                                          *lm_arrays(lm).lm_args())
+        ref = sorted((sum(hl[i, c] for i, c in enumerate(cs)) + lm.ref_score(hist, [int(tok[i, c]) for i, c in
+                      enumerate(cs)]) for cs in itertools.product(range(k), repeat=h)), reverse=True)
+        np.testing.assert_allclose(scores, ref[:p], atol=1e-4, rtol=1e-6)
 
 
 def test_exact_with_long_states_uses_hashed_rows():
@@ -92,7 +112,7 @@ def test_exact_with_long_states_uses_hashed_rows():
         assert_same(d, brute(s, lambda ids: lm.ref_score(hist, ids), 1.0), 5)
 
 
-def test_lookup_and_bounds_match_reference_semantics():
+def test_lookup_matches_reference_semantics():
     lm = make_toy_lm(V=9, order=4, seed=11)
     A = lm_arrays(lm)
     for st, ctx in enumerate(lm.contexts):
@@ -100,17 +120,6 @@ def test_lookup_and_bounds_match_reference_semantics():
             ns, cost = lm_step(A, st, c)
             rc, rn = lm.ref_cost(ctx, c)
             assert cost == pytest.approx(rc, abs=1e-5) and lm.contexts[ns] == rn
-    # admissibility: every reachable context ending in (b, a) scores c at most the bound
-    for ctx in lm.contexts:
-        if len(ctx) == 0 or ctx == (BOS,):
-            continue
-        bs = [ctx[-2]] if len(ctx) >= 2 else list(range(9)) + [BOS]
-        for b in bs:
-            full = ctx if len(ctx) >= 2 else (b,) + ctx
-            st = lm.ref_state(full)
-            for c in range(10):
-                actual = -lm.ref_cost(st, c)[0]
-                assert actual <= context_bound(A, -1 if b == BOS else b, ctx[-1], c) + 1e-6
 
 
 def test_out_of_vocabulary_ids_cost_the_unseen_unigram():
