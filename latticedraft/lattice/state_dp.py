@@ -1,23 +1,28 @@
 """Exact p best for n-gram LMs of any order: a dynamic program over the LM states the lattice reaches.
 
 The LM state after a prefix (the automaton state: the longest suffix of the history that the
-model keeps as a context) fixes the score of every continuation, so prefixes that reach the
-same state at the same slot compete only with each other: per slot and reached state the
-program keeps the ``p`` best partial paths, best first. A path among the global p best is
-among the p best of its state at every slot (a better path into the same state would beat it
-to the end), so the p best over the last slot's states are the exact p best, as distinct
-token strings.
+model keeps as a context) fixes the score of every continuation, so the prefixes reaching the
+same state at the same slot can be merged: the search graph's nodes are (slot, state).
+
+1. *Forward* (``_state_pbest``): slot by slot, the states reached and the best path into each
+   (1-best: done, read back through the back-pointers).
+2. *Backward* (``_pbest_paths``, p > 1): from the recorded edges, every node's exact best
+   completion score.
+3. *Best first*: from the start node, partial paths ordered by score + exact best completion;
+   complete paths pop in score order after expanding only the nodes on them (about ``p * h``
+   pops of ``k`` pushes each). Distinct graph paths are distinct token strings (the tokens fix
+   the states), so the p popped paths are the exact p best, distinct.
 
 *Shared back-off.* The LM step from a state ``s`` to candidate ``c`` is the arc ``(s, c)``
 if the model has it, else ``-ln bo(s)`` plus the step from ``s``'s back-off state. The
-program keeps, per slot, the reached states closed under back-off (shorter contexts are
-added as nodes without partial paths) and fills a table ``step[node, c]`` from the shortest
-context up: a node copies its back-off parent's row (plus its back-off cost) and overwrites
-the candidates it has arcs for. Each step thus costs one read of the state's own arcs,
-never a walk down the back-off chain, and the work grows with the states reached (a few
-hundred per slot on a 51 M n-gram 5-gram), linearly in ``h`` and ``k``, not with the order.
-The target of a step inherited from a back-off parent is the parent's, so the next slot's
-state map is probed once per arc actually used (``owner``), not once per node and candidate.
+forward pass keeps, per slot, the reached states closed under back-off (shorter contexts are
+added as nodes without a path) and fills ``step[node, c]`` from the shortest context up: a
+node copies its back-off parent's row (plus its back-off cost) and overwrites the candidates
+it has arcs for. Each step thus costs one read of the state's own arcs, never a walk down the
+back-off chain, and the work grows with the states reached (a few hundred per slot on a 51 M
+n-gram 5-gram), linearly in ``h`` and ``k``, not with the order. A step inherited from a
+back-off parent has the parent's target, so the next slot's state map is probed once per arc
+actually used (``owner``), not once per node and candidate.
 
 *Memory.* On gigabyte tables a random read is a TLB miss as well as a cache miss (and on a
 virtual machine a two-level page walk), so reads are few and grouped: a row of up to
@@ -28,7 +33,8 @@ back-off reads as prefetches over all nodes before using them.
 
 Scores: ``sum_i head_logp[i, y_i] + alpha * ln p(y_i | history, y_<i)`` (float64), the
 history entering as the start state. Returns ``(cand int64[m, h], scores float64[m],
-nodes, partials)``, best first; equal scores keep the order in which they were reached.
+nodes, items)``, best first (``nodes``: forward nodes over all slots; ``items``: paths kept
+plus best-first items).
 """
 
 from __future__ import annotations
@@ -68,13 +74,14 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
     e_cd[0] = 0
     e_par[0] = -1
     n_ent = 1
-    # the current slot's nodes (in back-off order: a node's back-off parent comes first)
+    # the current slot's nodes (``order``: a node's back-off parent comes first); ``has``: the
+    # node has a path (closure nodes have none), ``g`` its best score, ``ent`` its entry
     cap = 64
     st = np.empty(cap, np.int64)
     bo = np.empty(cap, np.int64)
-    cnt = np.zeros(cap, np.int64)
-    g = np.empty((cap, p))
-    ent = np.empty((cap, p), np.int64)
+    has = np.zeros(cap, np.bool_)
+    g = np.empty(cap)
+    ent = np.empty(cap, np.int64)
     order = np.empty(cap, np.int64)
     n = 0
     n_nodes = 0
@@ -82,6 +89,12 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
     cmap = np.full(V + 2, -1, np.int16)
     srt = np.empty(k, np.int64)
     chain = np.empty(64, np.int64)
+    # p > 1: every slot's edges, for _pbest_paths
+    ev = np.empty(4096 if p > 1 else 1, np.int64)
+    ew = np.empty(4096 if p > 1 else 1)
+    eb = np.zeros(h + 1, np.int64)
+    nb = np.zeros(h + 2, np.int64)
+    e_used = 0
     # slot 0 starts from the history's state, closed under back-off
     tsize = 64
     table = np.full(tsize, -1, np.int64)
@@ -96,14 +109,14 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
     for q in range(m - 1, -1, -1):
         st[n] = chain[q]
         bo[n] = n - 1 if q < m - 1 else -1
-        cnt[n] = 0
         order[n] = n
         r = _node(table, tsize - 1, st, n, chain[q])
         table[-r - 1] = n
         n += 1
-    cnt[n - 1] = 1
-    g[n - 1, 0] = 0.0
-    ent[n - 1, 0] = 0
+    start_node = n - 1
+    has[start_node] = True
+    g[start_node] = 0.0
+    ent[start_node] = 0
     for i in range(h):
         w = widths[i]
         n_nodes += n
@@ -217,8 +230,9 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
             t = tok[i, c]
             if 0 <= t < V:
                 cmap[t + 1] = -1
-        # relax every partial path of every node over every candidate; the next slot's nodes
-        # are the distinct targets (at most one per owner and candidate: n_own)
+        # relax: the best path into each next-slot state (a node without one is a back-off
+        # closure node). The next slot's nodes are the distinct targets, at most one per owner
+        # and candidate (n_own).
         n2cap = 16
         while n2cap < 2 * n_own:
             n2cap *= 2
@@ -226,26 +240,14 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
         table = np.full(tsize, -1, np.int64)
         mask = tsize - 1
         st2 = np.empty(n2cap, np.int64)
-        cnt2 = np.zeros(n2cap, np.int64)
-        g2 = np.empty((n_own, p))
-        par2 = np.empty((n_own, p), np.int64)
+        has2 = np.zeros(n2cap, np.bool_)
+        g2 = np.empty(n_own)
+        par2 = np.empty(n_own, np.int64)
         m2 = 0
-        # p > 1: the nodes with the best partials first, so targets fill with good paths early
-        # and later sources stop at their first partial
-        if p > 1:
-            key = np.empty(n)
-            for u in range(n):
-                key[u] = -g[u, 0] if cnt[u] > 0 else np.inf
-            by = np.argsort(key)
-        else:
-            by = np.arange(n)
-        for ui in range(n):
-            u = by[ui]
-            cu = cnt[u]
-            if cu == 0:
+        for u in range(n):
+            if not has[u]:
                 continue
             for c in range(w):
-                stepv = hl[i, c] + alpha * s_lp[u, c]
                 ow = owner[u, c]
                 v = tgt[ow, c]
                 if v < 0:
@@ -253,59 +255,55 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
                     if r < 0:
                         v = m2
                         st2[v] = s_ns[u, c]
-                        cnt2[v] = 0
                         table[-r - 1] = v
                         m2 += 1
                     else:
                         v = r
                     tgt[ow, c] = v
-                if p == 1:
-                    gg = g[u, 0] + stepv
-                    if cnt2[v] == 0 or gg > g2[v, 0]:
-                        g2[v, 0] = gg
-                        par2[v, 0] = ent[u, 0] * k + c
-                        cnt2[v] = 1
-                    continue
-                cv = cnt2[v]
-                for t in range(cu):
-                    gg = g[u, t] + stepv
-                    if cv == p and gg <= g2[v, p - 1]:
-                        break  # this and u's later (worse) partials cannot enter v's p best
-                    pos = cv if cv < p else p - 1
-                    while pos > 0 and g2[v, pos - 1] < gg:
-                        g2[v, pos] = g2[v, pos - 1]
-                        par2[v, pos] = par2[v, pos - 1]
-                        pos -= 1
-                    g2[v, pos] = gg
-                    par2[v, pos] = ent[u, t] * k + c
-                    if cv < p:
-                        cv += 1
-                cnt2[v] = cv
-        # back-pointer entries of the new partials
-        need = n_ent
-        for v in range(m2):
-            need += cnt2[v]
-            n_part += cnt2[v]
-        if need > e_cd.shape[0]:
-            size = max(need, 2 * e_cd.shape[0])
+                gg = g[u] + (hl[i, c] + alpha * s_lp[u, c])
+                if not has2[v] or gg > g2[v]:
+                    g2[v] = gg
+                    par2[v] = ent[u] * k + c
+                    has2[v] = True
+        if p > 1:  # keep the slot's edges (node, candidate) -> (next node, step score)
+            if e_used + n * w > ev.shape[0]:
+                size = max(e_used + n * w, 2 * ev.shape[0])
+                t1 = np.empty(size, np.int64)
+                t1[:e_used] = ev[:e_used]
+                ev = t1
+                t3 = np.empty(size)
+                t3[:e_used] = ew[:e_used]
+                ew = t3
+            eb[i] = e_used
+            nb[i + 1] = nb[i] + n
+            for u in range(n):
+                row = e_used + u * w
+                for c in range(w):
+                    if has[u]:
+                        ev[row + c] = tgt[owner[u, c], c]
+                        ew[row + c] = hl[i, c] + alpha * s_lp[u, c]
+                    else:
+                        ev[row + c] = -1
+            e_used += n * w
+        n_part += m2
+        # back-pointer entries of the new best paths
+        if n_ent + m2 > e_cd.shape[0]:
+            size = max(n_ent + m2, 2 * e_cd.shape[0])
             t1 = np.empty(size, np.int64)
             t1[:n_ent] = e_cd[:n_ent]
             e_cd = t1
             t2 = np.empty(size, np.int64)
             t2[:n_ent] = e_par[:n_ent]
             e_par = t2
+        ent = np.empty(max(m2, 1), np.int64)
+        for v in range(m2):
+            e_cd[n_ent] = par2[v] % k
+            e_par[n_ent] = par2[v] // k
+            ent[v] = n_ent
+            n_ent += 1
         if i == h - 1:
             n = m2
-            st = st2
-            cnt = cnt2
             g = g2
-            ent = np.empty((max(m2, 1), p), np.int64)
-            for v in range(m2):
-                for t in range(cnt2[v]):
-                    e_cd[n_ent] = par2[v, t] % k
-                    e_par[n_ent] = par2[v, t] // k
-                    ent[v, t] = n_ent
-                    n_ent += 1
             break
         # close the reached states under back-off; nodes ordered parents first
         n_real = m2
@@ -340,16 +338,16 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
                         break
                     v = r
                 else:
-                    if m2 == n2cap:  # grow the node arrays (virtual nodes can outnumber the real ones)
+                    if m2 == n2cap:  # grow the node arrays (closure nodes can outnumber the rest)
                         n2cap *= 2
                         st2 = _grow1(st2, n2cap)
-                        cnt2 = _grow1(cnt2, n2cap)
+                        has2 = _grow1(has2, n2cap)
                         bo2 = _grow1(bo2, n2cap)
                         order2 = _grow1(order2, n2cap)
                         placed = _grow1(placed, n2cap)
                     v = m2
                     st2[v] = b
-                    cnt2[v] = 0
+                    has2[v] = False
                     placed[v] = False
                     m2 += 1
                     if 2 * m2 > tsize:  # keep the map at most half full
@@ -367,39 +365,133 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
         n = m2
         st = st2
         bo = bo2
-        cnt = cnt2
+        has = has2
         g = g2
         order = order2
-        ent = np.empty((max(n_real, 1), p), np.int64)
-        for v in range(n_real):
-            for t in range(cnt2[v]):
-                e_cd[n_ent] = par2[v, t] % k
-                e_par[n_ent] = par2[v, t] // k
-                ent[v, t] = n_ent
-                n_ent += 1
-    # the p best over the last slot's states
-    total = 0
-    for v in range(n):
-        total += cnt[v]
-    fg = np.empty(total)
-    fid = np.empty(total, np.int64)
-    q = 0
-    for v in range(n):
-        for t in range(cnt[v]):
-            fg[q] = g[v, t]
-            fid[q] = ent[v, t]
-            q += 1
-    sel = np.argsort(-fg, kind="mergesort")[:p]
-    m = sel.shape[0]
-    cand = np.empty((m, h), np.int64)
-    scores = np.empty(m)
-    for r in range(m):
-        scores[r] = fg[sel[r]]
-        e = fid[sel[r]]
+    if p == 1:  # the best final state's path
+        best = 0
+        for v in range(1, n):
+            if g[v] > g[best]:
+                best = v
+        cand = np.empty((1, h), np.int64)
+        scores = np.full(1, g[best])
+        e = ent[best]
         for i in range(h - 1, -1, -1):
-            cand[r, i] = e_cd[e]
+            cand[0, i] = e_cd[e]
             e = e_par[e]
-    return cand, scores, n_nodes, n_part
+        return cand, scores, n_nodes, n_part
+    nb[h + 1] = nb[h] + n
+    return _pbest_paths(widths, p, start_node, ev, ew, eb, nb, n_nodes, n_part)
+
+
+@njit(cache=True)
+def _pbest_paths(widths, p, start_node, ev, ew, eb, nb, n_nodes, n_part):
+    """The p best paths of the state graph the forward pass recorded (slot ``i``'s node ``u``
+    has edges ``ev/ew[eb[i] + u * w + c]`` to slot ``i + 1``'s nodes; node ``u`` of slot ``i``
+    is ``nb[i] + u`` overall). A backward pass gives every node's exact best completion, so a
+    best-first search from the start pops complete paths best first after expanding only the
+    nodes on them (about ``p * h`` pops)."""
+    h = widths.shape[0]
+    sb = np.empty(nb[h + 1])
+    for v in range(nb[h], nb[h + 1]):
+        sb[v] = 0.0
+    for i in range(h - 1, -1, -1):
+        w = widths[i]
+        for u in range(nb[i + 1] - nb[i]):
+            row = eb[i] + u * w
+            best = -np.inf
+            if ev[row] >= 0:
+                for c in range(w):
+                    val = ew[row + c] + sb[nb[i + 1] + ev[row + c]]
+                    if val > best:
+                        best = val
+            sb[nb[i] + u] = best
+    # best-first over (slot, node) items; priority g + exact best completion
+    cap = 64
+    it_g = np.empty(cap)
+    it_slot = np.empty(cap, np.int64)
+    it_node = np.empty(cap, np.int64)
+    it_par = np.empty(cap, np.int64)
+    it_c = np.empty(cap, np.int64)
+    hf = np.empty(cap)
+    hid = np.empty(cap, np.int64)
+    it_g[0] = 0.0
+    it_slot[0] = 0
+    it_node[0] = start_node
+    it_par[0] = -1
+    it_c[0] = -1
+    n_it = 1
+    hf[0] = sb[start_node]
+    hid[0] = 0
+    n_heap = 1
+    done = np.empty(p, np.int64)
+    found = 0
+    while found < p and n_heap > 0:
+        top = hid[0]
+        n_heap -= 1  # pop: the last entry sifts down from the root
+        if n_heap > 0:
+            lf = hf[n_heap]
+            lid = hid[n_heap]
+            q = 0
+            while True:
+                ch = 2 * q + 1
+                if ch >= n_heap:
+                    break
+                if ch + 1 < n_heap and hf[ch + 1] > hf[ch]:
+                    ch += 1
+                if hf[ch] <= lf:
+                    break
+                hf[q] = hf[ch]
+                hid[q] = hid[ch]
+                q = ch
+            hf[q] = lf
+            hid[q] = lid
+        i = it_slot[top]
+        if i == h:
+            done[found] = top
+            found += 1
+            continue
+        w = widths[i]
+        row = eb[i] + it_node[top] * w
+        if n_it + w > cap or n_heap + w > hf.shape[0]:
+            cap = 2 * (cap + w)
+            it_g = _grow1(it_g, cap)
+            it_slot = _grow1(it_slot, cap)
+            it_node = _grow1(it_node, cap)
+            it_par = _grow1(it_par, cap)
+            it_c = _grow1(it_c, cap)
+            hf = _grow1(hf, cap)
+            hid = _grow1(hid, cap)
+        for c in range(w):
+            v = ev[row + c]
+            gg = it_g[top] + ew[row + c]
+            it_g[n_it] = gg
+            it_slot[n_it] = i + 1
+            it_node[n_it] = v
+            it_par[n_it] = top
+            it_c[n_it] = c
+            f = gg + sb[nb[i + 1] + v]
+            q = n_heap  # push: sift up
+            n_heap += 1
+            while q > 0:
+                pq = (q - 1) >> 1
+                if hf[pq] >= f:
+                    break
+                hf[q] = hf[pq]
+                hid[q] = hid[pq]
+                q = pq
+            hf[q] = f
+            hid[q] = n_it
+            n_it += 1
+    cand = np.empty((found, h), np.int64)
+    scores = np.empty(found)
+    for r in range(found):
+        x = done[r]
+        scores[r] = it_g[x]
+        for i in range(h - 1, -1, -1):
+            cand[r, i] = it_c[x]
+            x = it_par[x]
+    return cand, scores, n_nodes, n_part + n_it
 
 
 @njit(cache=True)
