@@ -378,8 +378,8 @@ def _add_lm(groups) -> None:
     b.add_argument("--unk-cost", type=float, default=1000.0, help="cost (-ln p) of ids never seen, >= 0 (default 1000)")
     b.add_argument("--sentences", choices=["lines", "paragraphs", "files"], default=None,
                    help="the LM's sentence unit (<s> ... </s>): each line (KenLM's convention), each blank-line "
-                        "paragraph, or each file (default: paragraphs when every corpus file is .py code, else "
-                        "lines; the manifest records which)")
+                        "paragraph, or each file (default: paragraphs when .py code is most of the corpus by bytes, "
+                        "else lines; the manifest records which)")
     b.set_defaults(func=_cmd_lm_build)
     s = sub.add_parser("score", help="per-token natural-log probabilities as JSON",
                        description="Score text (tokenized with the LM's tokenizer; - reads standard input) or token "

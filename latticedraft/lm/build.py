@@ -69,10 +69,19 @@ def parse_memory(value: str, flag: str = "--memory") -> str:
 
 
 def default_sentences(files: Sequence[Path]) -> str:
-    """The n-gram "sentence" unit for a corpus: ``paragraphs`` for source code (every file ``.py``, where
-    blank lines separate blocks), ``lines`` for anything else (KenLM's one sentence per line)."""
-    code = all(p.name.endswith((".py", ".py.gz")) for p in files)
-    return "paragraphs" if code else "lines"
+    """The n-gram "sentence" unit for a corpus: ``paragraphs`` when ``.py`` source is most of it
+    (by bytes; blank lines separate blocks, and the newlines inside a block stay in the text),
+    ``lines`` otherwise (KenLM's one sentence per line). A code corpus with a few ``.txt`` files
+    (licences, package metadata) stays ``paragraphs``: as ``lines`` its LM would never see a
+    newline token, and every draft that crosses a line end would cost the unseen-id penalty."""
+    code = total = 0
+    for p in files:
+        size = p.stat().st_size
+        total += size
+        code += size if p.name.endswith((".py", ".py.gz")) else 0
+    if total == 0:
+        return "paragraphs" if all(p.name.endswith((".py", ".py.gz")) for p in files) else "lines"
+    return "paragraphs" if 2 * code >= total else "lines"
 
 
 def validate(opts: BuildOptions) -> None:
@@ -239,8 +248,8 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
             "tokens": stats.tokens,
             "chunks": stats.chunks,
             "sentences": sentences,
-            "sentences_chosen_by": "--sentences" if opts.sentences else "corpus kind (paragraphs for .py code, "
-                                                                        "else lines)",
+            "sentences_chosen_by": "--sentences" if opts.sentences else "corpus kind (paragraphs when .py code "
+                                                                        "is most of its bytes, else lines)",
             "bytes": stats.bytes,
             "encoding_errors": opts.encoding_errors,
             "files": stats.files,

@@ -233,3 +233,21 @@ def test_fewer_ngrams_than_tokens_is_fine_for_tiny_text(tmp_path):
     p.write_text(synthetic_text(30, seed=5))
     m = build(_opts(p, tmp_path / "lm", train_tokenizer=260, order=5))
     assert len(m["ngram_counts"]) == 5
+
+
+def test_default_sentence_unit_follows_most_of_the_corpus(tmp_path):
+    """A code corpus with a licence and metadata ``.txt`` stays ``paragraphs`` (as ``lines`` its
+    LM would never see a newline token); a corpus that is mostly text is ``lines``."""
+    from latticedraft.lm.build import default_sentences
+
+    code = tmp_path / "m.py"
+    code.write_text("def f(x):\n    return x\n" * 50)
+    lic = tmp_path / "LICENSE.txt"
+    lic.write_text("Permission is hereby granted.\n")
+    prose = tmp_path / "book.txt"
+    prose.write_text("Call me Ishmael.\n" * 500)
+    assert default_sentences([code]) == "paragraphs"
+    assert default_sentences([code, lic]) == "paragraphs"
+    assert default_sentences([code, lic, prose]) == "lines"
+    assert default_sentences([lic]) == "lines"
+
