@@ -10,8 +10,10 @@ an older build without ``tables/`` is indexed, timed), then report
 - process start to first exact rescore (a fresh interpreter: imports, ``NgramLM.load``, the
   mapped tables, numba's cached kernels, one 8x16 rescore) and that process's peak RSS;
 - exact rescoring latency on held-out lattices (``benchmarks/rescore.py``'s simulated heads):
-  8x16 1-best and 16-best, 16x16 1-best (median of first calls on fresh lattices), batch 32 of
-  8x16 4-best (lattices per second); configurations interleaved round-robin lattice by lattice;
+  8x16 1-best and 16-best, 16x16 1-best (median of first calls on fresh lattices, the same
+  lattices for every configuration), in a run (one LM's lattices back to back after a warm-up)
+  and cold (configurations interleaved lattice by lattice); batch 32 of 8x16 4-best (lattices
+  per second);
 - held-out perplexity on the held-out standard-library files (KenLM's ``lm.bin``, which the
   tables equal: ``tests/lm/test_search_tables.py``), sentences as the build made them.
 
@@ -19,7 +21,7 @@ The full run (``--corpus`` the shared venv's site-packages, 74 M tokens) takes t
 per build on this 2-core machine; ``--slice-mb`` builds on the first N MB of the corpus instead
 (``tests/benchmarks/test_lm_scale.py`` runs a small slice of the same code path).
 
-    nice -n 15 .venv/bin/python benchmarks/lm_scale.py --root /work/biglm --configs o5 o6 o5p
+    .venv/bin/python benchmarks/lm_scale.py --root /work/biglm2   # o4 o5 o6 o4p o5p o6p bundled
     .venv/bin/python benchmarks/lm_scale.py --root /tmp/s --configs o5 --slice-mb 5 --out /tmp/s.json
 """
 
@@ -68,7 +70,7 @@ print(t1 - t0, hwm * 1024, t_map - t0)
 
 def parse_config(name: str) -> tuple[int, list[int] | None]:
     if not (name.startswith("o") and name[1:2].isdigit() and name[2:] in ("", "p")):
-        raise SystemExit(f"config {name!r}: use o<order> or o<order>p (pruned), e.g. o5 o5p")
+        raise SystemExit(f"config {name!r}: use o<order>, o<order>p (pruned) or bundled, e.g. o5 o5p bundled")
     order = int(name[1])
     return order, (PRUNE[:order] if name.endswith("p") else None)
 
@@ -144,7 +146,7 @@ def heldout_perplexity(d: Path, lm: NgramLM, max_files: int) -> dict:
     import kenlm
 
     model = kenlm.Model(str(d / "lm.bin"))
-    unit = lm.manifest["corpus"]["sentences"]
+    unit = lm.manifest["corpus"].get("sentences") or "paragraphs"  # older manifests: .py corpora were paragraphs
     total, n, oov = 0.0, 0, 0
     for f in stdlib_split("heldout")[:max_files]:
         for sent in iter_sentences(read_text(f, "replace"), unit):
@@ -160,45 +162,68 @@ def heldout_perplexity(d: Path, lm: NgramLM, max_files: int) -> dict:
             "files": min(max_files, len(stdlib_split("heldout")))}
 
 
-def latency(lms: dict, maker, lattices: int) -> dict:
-    """Per configuration: median ms of first calls on fresh lattices, interleaved round-robin."""
-    cases = {"8x16_1best": (8, 16, 1), "8x16_16best": (8, 16, 16), "16x16_1best": (16, 16, 1)}
-    times = {(n, c): [] for n in lms for c in cases}
-    cpu = {(n, c): [] for n in lms for c in cases}
-    for case, (h, k, p) in cases.items():
-        for _ in range(lattices):
-            s, hist, _ = maker.make(h, k)
-            for name, lm in lms.items():
-                c0 = time.thread_time()
-                t0 = time.perf_counter()
-                rescore(Sausage(s.tokens, s.logp), lm, 1.0, p, hist)
-                times[(name, case)].append(time.perf_counter() - t0)
-                cpu[(name, case)].append(time.thread_time() - c0)
-    batch = {n: [] for n in lms}
-    for _ in range(max(3, lattices // 10)):
-        group = [maker.make(8, 16) for _ in range(32)]
-        T = np.stack([g[0].tokens for g in group])
-        L = np.stack([g[0].logp for g in group])
-        hs = [g[1] for g in group]
-        for name, lm in lms.items():
+CASES = {"8x16_1best": (8, 16, 1), "8x16_16best": (8, 16, 16), "16x16_1best": (16, 16, 1)}
+
+
+def _timed(lm, lat, p) -> tuple[float, float]:
+    s, hist, _ = lat
+    c0 = time.thread_time()
+    t0 = time.perf_counter()
+    rescore(Sausage(s.tokens, s.logp), lm, 1.0, p, hist)
+    return time.perf_counter() - t0, time.thread_time() - c0
+
+
+def latency(lms: dict, maker, lattices: int, warm: int = 200) -> dict:
+    """Per configuration, on the same fresh lattices: median ms of the first call on each.
+
+    *In a run* (the headline): the LM's lattices back to back, after ``warm`` others (which map
+    the table pages a search keeps touching), as in a decoding run with that LM. *Cold* (``_cold`` keys): configurations interleaved lattice by
+    lattice, so every call follows calls on the other LMs (caches and TLB hold none of its
+    pages). Batch 32 of 8x16 4-best: lattices per second, in a run."""
+    lat = {c: [maker.make(h, k) for _ in range(lattices)] for c, (h, k, _) in CASES.items()}
+    warmup = [maker.make(8, 16) for _ in range(warm)]
+    groups = [[maker.make(8, 16) for _ in range(32)] for _ in range(max(3, lattices // 10))]
+    out = {n: {} for n in lms}
+    for name, lm in lms.items():
+        for s, hist, _ in warmup:
+            rescore(s, lm, 1.0, 4, hist)
+    for name, lm in lms.items():
+        for s, hist, _ in warmup[-20:]:  # this LM's pages back in cache after the others'
+            rescore(s, lm, 1.0, 4, hist)
+        for c, (_, _, p) in CASES.items():
+            t = [_timed(lm, x, p) for x in lat[c]]
+            out[name][c] = 1e3 * statistics.median(w for w, _ in t)
+            out[name][c + "_cpu"] = 1e3 * statistics.median(u for _, u in t)
+        rates = []
+        for group in groups:
+            T = np.stack([g[0].tokens for g in group])
+            L = np.stack([g[0].logp for g in group])
             t0 = time.perf_counter()
-            rescore_batch(SausageBatch(T, L), lm, 1.0, 4, hs)
-            batch[name].append(32 / (time.perf_counter() - t0))
-    return {n: {**{c: 1e3 * statistics.median(times[(n, c)]) for c in cases},
-                **{c + "_cpu": 1e3 * statistics.median(cpu[(n, c)]) for c in cases},
-                "batch32_8x16_4best_per_s": statistics.median(batch[n])} for n in lms}
+            rescore_batch(SausageBatch(T, L), lm, 1.0, 4, [g[1] for g in group])
+            rates.append(32 / (time.perf_counter() - t0))
+        out[name]["batch32_8x16_4best_per_s"] = statistics.median(rates)
+    for c, (_, _, p) in CASES.items():
+        cold = {n: [] for n in lms}
+        for x in lat[c]:
+            for name, lm in lms.items():
+                cold[name].append(_timed(lm, x, p)[0])
+        for name in lms:
+            out[name][c + "_cold"] = 1e3 * statistics.median(cold[name])
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, required=True, help="where the builds live (outside the repository)")
-    ap.add_argument("--configs", nargs="+", default=["o4", "o5", "o6", "o4p", "o5p", "o6p"])
+    ap.add_argument("--configs", nargs="+", default=["o4", "o5", "o6", "o4p", "o5p", "o6p", "bundled"],
+                    help="o<order>[p] builds under --root; bundled: the bundled 4-gram as the reference row")
     ap.add_argument("--corpus", type=Path, default=ROOT / ".venv" / "lib" / "python3.11" / "site-packages")
     ap.add_argument("--tokenizer", default=str(ROOT / "data" / "tokenizer" / "tokenizer.json"))
     ap.add_argument("--memory", default="5G", help="lmplz sorting memory (default 5G)")
     ap.add_argument("--slice-mb", type=float, default=None, help="build on the first N MB of the corpus only")
     ap.add_argument("--no-build", action="store_true", help="report only configurations already built")
     ap.add_argument("--lattices", type=int, default=40, help="lattices per latency case (default 40)")
+    ap.add_argument("--warm", type=int, default=200, help="warm-up lattices per LM before timing (default 200)")
     ap.add_argument("--heldout-files", type=int, default=1000, help="held-out stdlib files for perplexity")
     ap.add_argument("--first-runs", type=int, default=3, help="fresh processes timed to the first rescore")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "lm_scale.json")
@@ -206,17 +231,22 @@ def main(argv=None) -> int:
     from rescore import LatticeMaker
 
     corpus = a.corpus if a.slice_mb is None else corpus_slice(a.corpus, a.slice_mb, a.root / f"corpus-{a.slice_mb}MB")
-    rows = {}
+    rows, dirs = {}, {}
     for name in a.configs:
+        if name == "bundled":  # the reference: the bundled 4-gram, built by setup
+            dirs[name] = default_lm_dir()
+            m = NgramLM.load(dirs[name]).manifest
+            rows[name] = {"order": m["order"], "prune": None, "build": {"wall_s": None, "peak_rss_bytes": None}}
+            continue
         order, prune = parse_config(name)
-        d = a.root / name
+        d = dirs[name] = a.root / name
         if a.no_build and not (d / "manifest.json").is_file():
             continue
         rows[name] = {"order": order, "prune": prune, "build": build_once(d, order, prune, corpus, a.tokenizer,
                                                                          a.memory)}
     lms = {}
     for name in rows:
-        d = a.root / name
+        d = dirs[name]
         lm = NgramLM.load(d)
         m = lm.manifest
         sizes = disk(d)
@@ -231,10 +261,7 @@ def main(argv=None) -> int:
     ids = np.concatenate([np.array(tok.encode(read_text(f, "replace")).ids, dtype=np.int64)
                           for f in stdlib_split("heldout")[:30]])
     maker = LatticeMaker(base, ids)
-    for name, lm in lms.items():  # warm: kernels loaded, tables' first pages touched once
-        s, hist, _ = maker.make(8, 16)
-        rescore(s, lm, 1.0, 1, hist)
-    for name, lat in latency(lms, maker, a.lattices).items():
+    for name, lat in latency(lms, maker, a.lattices, a.warm).items():
         rows[name]["latency"] = lat
     doc = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg": os.getloadavg()},
            "corpus": str(corpus), "configs": rows,
@@ -248,8 +275,8 @@ def main(argv=None) -> int:
 def table(doc: dict) -> str:
     mb = lambda b: f"{b / 2**20:.0f}" if b is not None else "-"  # noqa: E731
     cols = ["LM", "n-grams", "build s", "build peak RSS MiB", "ARPA / trie / fst / npz / tables MiB", "tables/trie",
-            "start→1st rescore s (peak RSS MiB); tables mapped at s", "8x16 1-best ms wall (CPU)",
-            "8x16 16-best ms wall (CPU)", "16x16 1-best ms wall (CPU)",
+            "start→1st rescore s (peak RSS MiB); tables mapped at s", "8x16 1-best ms in a run (cold)",
+            "8x16 16-best ms in a run (cold)", "16x16 1-best ms in a run (cold)",
             "batch32 8x16 4-best /s", "held-out ppl"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for name, r in doc["configs"].items():
@@ -260,8 +287,8 @@ def table(doc: dict) -> str:
                  " / ".join(mb(d.get(k)) for k in ("lm.arpa", "lm.bin", "lm.fst", "lm.npz", "tables")),
                  f"{r['tables_vs_kenlm_trie']:.2f}",
                  f"{f['median_s']:.2f} ({mb(f['peak_rss_bytes'])}); mapped at {f['to_tables_mapped_median_s']:.2f}",
-                 *(f"{lat.get(c, float('nan')):.2f} ({lat.get(c + '_cpu', float('nan')):.2f})"
-                   for c in ("8x16_1best", "8x16_16best", "16x16_1best")),
+                 *(f"{lat.get(c, float('nan')):.2f} ({lat.get(c + '_cold', float('nan')):.2f})"
+                   for c in CASES),
                  f"{lat.get('batch32_8x16_4best_per_s', 0):.0f}", f"{r['heldout']['perplexity']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + f"\n\nload average {doc['machine']['loadavg'][0]:.1f} on {doc['machine']['cpus']} CPUs"
