@@ -375,7 +375,7 @@ class Session:
             from latticedraft.lattice.search import warm_up
 
             lm_arrays(self.lm.fst)
-            warm_up()
+            warm_up(int(self.lm.fst.order))
         if spec.name == "neural":
             _ = self.rescorer
         if spec.name == "model":

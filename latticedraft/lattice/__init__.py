@@ -4,7 +4,7 @@
 - ``threshold``: static / Otsu (OpenCV) thresholds and back-off depth (DynaMo §3.2);
 - ``rescoring``: ``rescore``, ``rescore_batch``, ``base_drafts`` (``exact`` or ``wfst``);
 - ``search``: the compiled exact p-best search over ``NgramFst`` arrays (``lm_tables``: the LM's arrays and
-  tables; ``state_dp``: the exact search for any order; ``best_first``: heap helpers and the
+  tables; ``triple_dp``: orders <= 4; ``state_dp``: higher orders; ``best_first``: heap helpers and the
   head-score-only search); ``batched``: many lattices per call;
 - ``oracle``, ``stats``: oracle paths, repetition and entropy statistics (BPD paper §6);
 - ``draw``: Figure-4 style pictures.

@@ -2,7 +2,7 @@
 
 numba's on-disk cache (``njit(cache=True)``) checks only the source file that defines a kernel,
 but the exact search kernels inline ``njit`` functions from sibling modules (``lm_tables._step``
-into ``state_dp`` and ``batched``). After an edit to one module the cached
+into ``triple_dp``, ``state_dp`` and ``batched``). After an edit to one module the cached
 machine code of the others would still run the old version. ``drop_stale`` removes every cache
 file older than the newest source file of the package, so numba compiles afresh (once) instead.
 """

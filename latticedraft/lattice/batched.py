@@ -1,9 +1,11 @@
-"""Exact p best of many sausages in one compiled call: the batch kernel.
+"""Exact p best of many sausages in one compiled call (n-gram order <= 4): the batch kernel.
 
-``rescore`` and ``rescore_batch`` both end here for ``method="exact"``, so a lattice gets the
-same drafts alone or in a batch. Per lattice the kernel computes the LM state of the history
-and runs the state program (``state_dp``), with no Python in between. The GIL is released;
-``pbest_batch`` splits the batch over threads.
+``rescore`` and ``rescore_batch`` both end here for ``method="exact"`` with an LM of order
+<= 4 (the bundled 4-gram), so a lattice gets the same drafts alone or in a batch. Per
+lattice the kernel does what ``search.exact_pbest`` does after ``search._extend`` — the LM
+state of the history, the history's last tokens as width-1 pseudo-slots, the triple dynamic
+program and the best-first read-out — with the scratch arrays allocated once per call and
+no Python in between. The GIL is released; ``pbest_batch`` splits the batch over threads.
 
 Inputs (padded, one row per lattice): ``tokens int64[B, h, k]`` (-1 padding),
 ``logp float32[B, h, k]``, ``widths int64[B, h]`` (0 past a lattice's depth), ``depth
@@ -17,16 +19,23 @@ import numpy as np
 from numba import njit
 
 from latticedraft.lattice.lm_tables import LMArrays, _step
-from latticedraft.lattice.state_dp import SCAN_ROW, _state_pbest
+from latticedraft.lattice.triple_dp import _triple_best_first, _triple_values
 
 
 @njit(cache=True, nogil=True)
-def _batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, order, start, scan_row, off, lab, cost, nxt,
-                  bon, boc, uni, V, unk, tab, out_tok, out_score, out_n):
+def _batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, order, start, off, lab, cost, nxt, bon,
+                  boc, uni, V, unk, tab, uni_logp, ctx1x, p2_off, p2_lab, p2, x_lab, x3,
+                  out_tok, out_score, out_n):
     """Fills ``out_tok int64[B, p, h]`` (token ids), ``out_score float32[B, p]`` and
     ``out_n int64[B]`` (paths found: ``min(p, number of paths)``), best first per lattice."""
-    B = tok.shape[0]
+    B, H, K = tok.shape
     n = order - 1
+    T = np.full((H + 3, K), -1, np.int64)
+    W = np.ones(H + 3, np.int64)
+    hl = np.zeros((H + 3, K))
+    Vv = np.empty((H + 4, K, K, K))
+    posmap = np.full((2, V + 3), -1, np.int64)
+    ctx = np.empty(n + 1, np.int64)
     for b in range(B):
         L = hist_len[b]
         # the LM state after the history: an unknown id restarts the context at the null state
@@ -37,11 +46,38 @@ def _batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, order, sta
         s = uni if cut >= 0 or L >= n else start
         for i in range(cut + 1, L):
             s = _step(s, hist[b, i] + 1, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)[0]
+        # the context as pseudo-slots: <s> (code V) before a short history, unknown ids -> V + 1
+        m = 0
+        if n > 0:
+            if L < n:
+                ctx[0] = V
+                m = 1
+            for i in range(L):
+                t = hist[b, i]
+                ctx[m] = t if t < V else V + 1
+                m += 1
+        hp = min(m, 3)
+        for q in range(hp):
+            T[q, 0] = ctx[m - hp + q]
+            for c in range(1, K):
+                T[q, c] = -1
+            W[q] = 1
+            for c in range(K):
+                hl[q, c] = 0.0
         h = depth[b]
-        hl = logp[b, :h].astype(np.float64)
-        cand, scores, _, _ = _state_pbest(tok[b, :h], hl, widths[b, :h], alpha, p, s, scan_row, off, lab, cost,
-                                          nxt, bon, boc, uni, V, unk, tab)
-        found = scores.shape[0]
+        for i in range(h):
+            W[hp + i] = widths[b, i]
+            for c in range(K):
+                t = tok[b, i, c]
+                T[hp + i, c] = V + 1 if t >= V else t
+                hl[hp + i, c] = logp[b, i, c]
+        E = hp + h
+        _triple_values(T[:E], W[:E], hl[:E], hp, alpha, off, lab, cost, nxt, bon, boc, uni, V, unk, tab,
+                       uni_logp, ctx1x, p2_off, p2_lab, p2, x_lab, x3, Vv, posmap)
+        cand = np.empty((p, h), np.int64)
+        scores = np.empty(p)
+        found, _ = _triple_best_first(T[:E], W[:E], hl[:E], hp, alpha, p, s, off, lab, cost, nxt, bon, boc, uni,
+                                      V, unk, tab, Vv, cand, scores)
         out_n[b] = found
         for q in range(found):
             out_score[b, q] = scores[q]
@@ -52,8 +88,8 @@ def _batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, order, sta
 def pbest_batch(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, depth: np.ndarray, hist: np.ndarray,
                 hist_len: np.ndarray, arrays: LMArrays, alpha: float, p: int, pool=None, chunks: int = 1):
     """``(tok int64[B, p, h], scores float32[B, p], found int64[B])`` for padded inputs (see the
-    module docstring). With a thread ``pool`` the batch is cut into ``chunks`` contiguous parts,
-    one kernel call each."""
+    module docstring); ``arrays.triple`` must exist (order <= 4). With a thread ``pool`` the
+    batch is cut into ``chunks`` contiguous parts, one kernel call each."""
     A = arrays
     B, H, _ = tokens.shape
     out_tok = np.zeros((B, p, H), np.int64)
@@ -62,7 +98,7 @@ def pbest_batch(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, depth:
 
     def run(lo, hi):
         _batch_kernel(tokens[lo:hi], logp[lo:hi], widths[lo:hi], depth[lo:hi], hist[lo:hi], hist_len[lo:hi],
-                      float(alpha), int(p), int(A.order), int(A.start), SCAN_ROW, *A.lm_args(),
+                      float(alpha), int(p), int(A.order), int(A.start), *A.lm_args(), A.uni_logp, *A.triple,
                       out_tok[lo:hi], out_score[lo:hi], out_n[lo:hi])
 
     chunks = max(1, min(int(chunks), B))

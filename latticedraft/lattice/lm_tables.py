@@ -5,7 +5,7 @@ adds the state's back-off cost and retries at its back-off state, exactly like K
 ``BaseScore``): short CSR rows are scanned, long rows go through the open-addressing hash
 table ``arc_hash`` (``_find``).
 Costs are ``-ln p`` (float32 arrays, float64 in the kernels). The kernels here are inlined into
-``state_dp`` and ``batched``; numba's on-disk cache does not
+``triple_dp``, ``state_dp`` and ``batched``; numba's on-disk cache does not
 notice edits in another file, so importing ``latticedraft.lattice`` drops caches older than any
 of their sources (``_numba_cache.drop_stale``).
 
@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 from latticedraft.lm.search_tables import (  # noqa: F401  (re-exported)
-    UNSEEN_COST, LMArrays, _fingerprint, _hash, build_arrays, lm_arrays,
+    P2_ENTRY, UNSEEN_COST, X3_ENTRY, LMArrays, _fingerprint, _hash, build_arrays, lm_arrays,
 )
 
 

@@ -3,10 +3,11 @@
 ``score = head_logp + alpha * lm_logp`` (natural log), the LM conditioned on the last
 ``n-1`` emitted tokens (``history``). Two methods:
 
-- ``"exact"`` (default): the exact p best under true back-off semantics, for any order
-  (``state_dp``, compiled with numba: a dynamic program over the LM states each slot
-  reaches, then best-first enumeration of distinct paths). Equal scores are ordered
-  deterministically.
+- ``"exact"`` (default): the exact p best under true back-off semantics (``search.py``,
+  compiled with numba: for n-gram orders <= 4 an exact backward dynamic program over the
+  lattice's candidate triples, then best-first enumeration of distinct paths (``triple_dp``);
+  above order 4 (``state_dp``) a dynamic program over the LM states each slot reaches, closed
+  under back-off). Equal scores are ordered deterministically.
 - ``"wfst"``: as the paper does with OpenFST: lattice acceptor ∘ n-gram WFST (from the
   history's state) then ``shortestpath(nshortest=…)``, read until ``p`` distinct strings.
   The WFST's back-off arcs are epsilons, so a string's WFST score is the best over all its
@@ -14,8 +15,8 @@
   n-gram; then ``wfst`` may rank differently from ``exact``. ``scores`` are the WFST's.
 
 ``rescore_batch`` rescores one lattice per prompt of a batch (a ``SausageBatch`` [B,h,k] or a
-list of ``Sausage``); for ``exact`` both it and ``rescore`` run the compiled batch kernel
-(``batched.py``), so the drafts of a lattice do not depend on its batch.
+list of ``Sausage``); for ``exact`` with order <= 4 both it and ``rescore`` run the compiled
+batch kernel (``batched.py``), so the drafts of a lattice do not depend on its batch.
 
 ``lm`` may be an ``NgramLM`` (uses ``lm.fst``) or an ``NgramFst``; ``lm=None`` or
 ``alpha=0`` ranks by the head scores alone (the "parallel-base" drafter: ``base_drafts``).
@@ -98,10 +99,15 @@ def rescore(sausage: Sausage, lm, alpha: float = 1.0, nbest: int = 1, history: S
     fst = _fst_of(lm)
     if fst is None or alpha == 0.0:
         return base_drafts(sausage, nbest)
-    if method == "exact":  # the batch kernel, B = 1
+    arrays = lm_arrays(fst) if method == "exact" else None
+    if arrays is not None and arrays.triple is not None:  # order <= 4: the batch kernel, B = 1
         return _exact_batch(sausage.tokens[None], sausage.logp[None], sausage.widths[None], [history],
-                            lm_arrays(fst), float(alpha), int(nbest), 1)[0]
+                            arrays, float(alpha), int(nbest), 1)[0]
     start, _ = _history_state(fst, history)
+    if arrays is not None:
+        cand, scores = exact_pbest(sausage.tokens, sausage.logp, sausage.widths, arrays,
+                                   start, float(alpha), int(nbest))
+        return _drafts(sausage, cand, scores, nbest)
     return _wfst_pbest(sausage, fst, start, float(alpha), int(nbest))
 
 
@@ -113,8 +119,8 @@ def rescore_batch(lattices: SausageBatch | Sequence[Sausage], lm, alpha: float =
     decoder with a batch of prompts has) or a list of ``Sausage`` (any shapes). ``histories``:
     one id sequence per lattice, or an int array ``[B, L]``; ``None``: all empty (``<s>``).
     Results are in input order and equal ``rescore``'s lattice by lattice. ``method="exact"``
-    runs one compiled call per thread over parts of the batch (``workers``, default: the CPU
-    count); ``wfst`` maps ``rescore``.
+    with an LM of order <= 4 runs one compiled call per thread over parts of the batch
+    (``workers``, default: the CPU count); above order 4 a thread pool maps ``rescore``.
     """
     _check_args(alpha, nbest, method)
     batch = isinstance(lattices, SausageBatch)
@@ -132,7 +138,7 @@ def rescore_batch(lattices: SausageBatch | Sequence[Sausage], lm, alpha: float =
     workers = max(1, min(B, workers or os.cpu_count() or 1))
     fst = _fst_of(lm)
     arrays = lm_arrays(fst) if method == "exact" and fst is not None and alpha != 0.0 else None
-    if arrays is not None and B:
+    if arrays is not None and arrays.triple is not None and B:
         if batch:
             tok, lp, wid = lattices.tokens, lattices.logp, lattices.widths
         else:
@@ -140,7 +146,10 @@ def rescore_batch(lattices: SausageBatch | Sequence[Sausage], lm, alpha: float =
         return _exact_batch(tok, lp, wid, histories, arrays, float(alpha), int(nbest), workers)
     if batch:
         lattices = list(lattices)
-    return [rescore(s, lm, alpha, nbest, h, method) for s, h in zip(lattices, histories)]
+    if method != "exact" or fst is None or alpha == 0.0 or workers <= 1 or B < 4:
+        return [rescore(s, lm, alpha, nbest, h, method) for s, h in zip(lattices, histories)]
+    pool = _pool(workers)
+    return list(pool.map(lambda sh: rescore(sh[0], lm, alpha, nbest, sh[1], method), zip(lattices, histories)))
 
 
 def _stack(sausages: list[Sausage]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

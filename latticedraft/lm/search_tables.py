@@ -1,10 +1,13 @@
 """The n-gram LM as the arrays the exact searches read (``LMArrays``), built once and memory-mapped.
 
 ``LMArrays`` holds an ``NgramFst``'s CSR arrays in the dtypes the compiled kernels take
-(``lattice/lm_tables.py``, ``lattice/state_dp.py``), plus ``arc_hash``: an open-addressing
-table (int32 arc ids, -1 empty) over the arcs of every CSR row longer than 16 arcs, so a single
-look-up in a long row costs one or two probes (``_find``: the history's walk). The lattice
-search itself reads rows whole or binary-searches them (``state_dp``).
+(``lattice/lm_tables.py``, ``lattice/triple_dp.py``, ``lattice/state_dp.py``), plus:
+
+- ``arc_hash``: an open-addressing table (int32 arc ids, -1 empty) over the arcs of every CSR
+  row longer than 16 arcs, so a look-up in a long row costs one or two probes (``_find``);
+- *triple tables* (order <= 4): the states of two and three tokens, addressable by their
+  tokens, packed with their arc range and back-off (``_triple_tables``). Orders above 4 need
+  nothing beyond the CSR arrays (``state_dp`` reads the states' own rows).
 
 **On disk.** ``save_tables`` writes them, with the FST's final costs, as uncompressed ``.npy``
 files in ``DIR/tables/`` (a directory renamed into place when complete; ``meta.json`` names the
@@ -34,15 +37,21 @@ UNSEEN_COST = 1000.0  # -ln p of an id the LM has never seen (the paper's Append
 TABLES_DIR = "tables"
 TABLES_VERSION = 1
 HASH_MIN_ROW = 16  # rows with more arcs than this are looked up through arc_hash
+# packed context entries of the order <= 4 tables (see _triple_tables); arc indices are int32
+P2_ENTRY = np.dtype([("lo", "i4"), ("hi", "i4"), ("xlo", "i4"), ("xhi", "i4"), ("bo", "i4"), ("boc", "f4")],
+                    align=True)
+X3_ENTRY = np.dtype([("lo", "i4"), ("hi", "i4"), ("boc", "f4")], align=True)
+_TRIPLE_NAMES = ("ctx1x", "p2_off", "p2_lab", "p2", "x_lab", "x3")
 
 
 @dataclass
 class LMArrays:
-    """The CSR arrays of an ``NgramFst`` in the dtypes the kernels take, plus the arc hash.
+    """The CSR arrays of an ``NgramFst`` in the dtypes the kernels take, plus search tables.
 
-    ``offsets int64[S+1]``, ``labels int32[A]`` (token+1, ascending per row), ``costs
-    float32[A]`` (-ln p), ``nexts int32[A]``, ``bo_next int32[S]`` (-1: none), ``bo_cost
-    float32[S]``, ``arc_hash int32[2^m]``.
+    ``offsets int64[S+1]``, ``labels int32[A]`` (token+1), ``costs float32[A]`` (-ln p),
+    ``nexts int32[A]``, ``bo_next int32[S]``, ``bo_cost float32[S]``; ``uni_logp float64[V]``:
+    the null state's ln p; ``ctx1 int64[V]``: the state of the one-token context ``(a)`` (-1
+    if the model keeps none).
     """
 
     vocab_size: int
@@ -56,7 +65,10 @@ class LMArrays:
     start: int
     unk_cost: float
     arc_hash: np.ndarray
+    uni_logp: np.ndarray
+    ctx1: np.ndarray
     order: int = 0
+    triple: tuple | None = None  # exact (x, b, a) context tables when order <= 4, see _triple_tables
 
     def lm_args(self) -> tuple:
         return (self.offsets, self.labels, self.costs, self.nexts, self.bo_next, self.bo_cost,
@@ -65,7 +77,7 @@ class LMArrays:
     @property
     def nbytes(self) -> int:
         """Bytes of every array held (the memory-mapped size when loaded from disk)."""
-        arrs = [getattr(self, f.name) for f in fields(self)]
+        arrs = [getattr(self, f.name) for f in fields(self)] + list(self.triple or ())
         return int(sum(a.nbytes for a in arrs if isinstance(a, np.ndarray)))
 
 
@@ -98,8 +110,32 @@ def attach(fst, arrays: LMArrays) -> None:
         pass
 
 
+def _structure(off, lab, nxt, bon, uni, start, V):
+    """Per-state facts the tables need: ``last`` token of each state (-1: null/<s>), ``code``
+    (``last`` with ``<s>`` = V), ``ctx1``, ``long_state`` (two or more tokens), ``prev`` (the
+    second-to-last token of a long state, -1 unknown) and ``arc_state`` (the source of each arc)."""
+    S = len(bon)
+    last = np.full(S, -1, dtype=np.int64)
+    last[nxt] = lab.astype(np.int64) - 1
+    last[uni] = -1
+    arc_state = np.repeat(np.arange(S, dtype=np.int64), np.diff(off))
+    ulo = off[uni]
+    ctx1 = nxt[ulo:ulo + V].astype(np.int64)
+    ctx1[ctx1 == uni] = -1
+    is_ctx1 = np.zeros(S, dtype=bool)
+    is_ctx1[ctx1[ctx1 >= 0]] = True
+    long_state = (last >= 0) & ~is_ctx1
+    long_state[uni] = False
+    code = last.copy()
+    code[int(start)] = V  # <s>
+    prev = np.full(S, -1, dtype=np.int64)
+    into_long = long_state[nxt]
+    prev[nxt[into_long]] = code[arc_state[into_long]]
+    return last, ctx1, long_state, prev, arc_state
+
+
 def build_arrays(fst) -> LMArrays:
-    """``LMArrays`` of an ``NgramFst`` (its CSR arrays and the arc hash)."""
+    """``LMArrays`` of an ``NgramFst`` (CSR, arc hash, and the triple tables when order <= 4)."""
     V = int(fst.vocab_size)
     off = np.ascontiguousarray(fst.state_offsets, dtype=np.int64)
     lab = np.ascontiguousarray(fst.arc_label, dtype=np.int32)
@@ -117,8 +153,67 @@ def build_arrays(fst) -> LMArrays:
             f"the n-gram FST's unigram state has {uhi - ulo} arcs, expected one for every label 1..{V}; "
             "rebuild the LM with `latticedraft lm build`"
         )
-    return LMArrays(V, off, lab, cost, nxt, bon, boc, uni, int(fst.start),
-                    float(getattr(fst, "unk_cost", UNSEEN_COST)), _build_hash(off, lab, uni), int(fst.order))
+    uni_logp = -cost[ulo:uhi].astype(np.float64)
+    last, ctx1, long_state, prev, arc_state = _structure(off, lab, nxt, bon, uni, int(fst.start), V)
+    arrays = LMArrays(V, off, lab, cost, nxt, bon, boc, uni, int(fst.start),
+                      float(getattr(fst, "unk_cost", UNSEEN_COST)), _build_hash(off, lab, uni), uni_logp,
+                      ctx1, int(fst.order))
+    if int(fst.order) <= 4:
+        arrays.triple = _triple_tables(V, int(fst.start), uni, off, nxt, bon, boc, last, long_state, prev, ctx1,
+                                       arc_state)
+    return arrays
+
+
+def _triple_tables(V, start, uni, off, nxt, bon, boc, last, long_state, prev, ctx1, arc_state) -> tuple | None:
+    """The states of two and three tokens, addressable by their tokens (order <= 4 only).
+
+    Returns ``(ctx1x, p2_off, p2_lab, p2, x_lab, x3)``: ``ctx1x[a]`` the one-token state of
+    ``a`` (``a = V``: ``<s>``, the start state); a CSR over ``b`` (0..V) with labels ``a+1``
+    whose entry ``r`` is the context ``(b, a)``: ``p2[r]`` (``P2_ENTRY``) holds its state's arc
+    range ``lo:hi``, its back-off state and cost, and the range ``xlo:xhi`` of its three-token
+    contexts ``(x, b, a)`` in ``x_lab`` (labels ``x+1``, ascending; ``x = V``: ``<s>``) and
+    ``x3`` (``X3_ENTRY``: arc range and back-off cost; they back off to ``(b, a)``). The packing
+    saves the chained look-ups state -> offsets -> back-off (~16 bytes per context, ~20 MB for
+    the bundled 4-gram). ``None`` when arc indices exceed int32 (the state search is used).
+    """
+    S = len(bon)
+    if off[-1] >= 2 ** 31:
+        return None
+    ctx1x = np.concatenate([ctx1, [start]]).astype(np.int64)
+    three = long_state & (bon >= 0)
+    three &= long_state[np.maximum(bon, 0)]
+    two = long_state & ~three & (prev >= 0)
+    # third-to-last token of a three-token state = second-to-last of a state with an arc into it
+    third = np.full(S, -1, dtype=np.int64)
+    into3 = three[nxt]
+    src = arc_state[into3]
+    third[nxt[into3]] = np.where(long_state[src], prev[src], -1)
+    three &= third >= 0
+    s2 = np.nonzero(two)[0]
+    key2 = prev[s2] * (V + 1) + last[s2]
+    o = np.argsort(key2, kind="stable")
+    s2, key2 = s2[o], key2[o]
+    p2_off = np.searchsorted(key2 // (V + 1), np.arange(V + 2)).astype(np.int64)
+    p2_lab = (key2 % (V + 1) + 1).astype(np.int32)
+    s3 = np.nonzero(three)[0]
+    # parent two-token entry of each three-token state: its back-off state
+    pos = np.full(S, -1, dtype=np.int64)
+    pos[s2] = np.arange(len(s2))
+    par = pos[bon[s3]]
+    ok = par >= 0
+    s3, par = s3[ok], par[ok]
+    o = np.lexsort((third[s3], par))
+    s3, par = s3[o], par[o]
+    x_off = np.searchsorted(par, np.arange(len(s2) + 1)).astype(np.int64)
+    x_lab = (third[s3] + 1).astype(np.int32)
+    # packed entries: a context's arc range and back-off next to each other (one cache line)
+    p2 = np.empty(len(s2), P2_ENTRY)
+    p2["lo"], p2["hi"] = off[s2], off[s2 + 1]
+    p2["xlo"], p2["xhi"] = x_off[:-1], x_off[1:]
+    p2["bo"], p2["boc"] = bon[s2], boc[s2]
+    x3 = np.empty(len(s3), X3_ENTRY)
+    x3["lo"], x3["hi"], x3["boc"] = off[s3], off[s3 + 1], boc[s3]
+    return (ctx1x, p2_off, p2_lab, p2, x_lab, x3)
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,7 +256,7 @@ def _build_hash(off, lab, skip_row):
 # --------------------------------------------------------------------------------------------
 # on disk
 
-_CORE = ("offsets", "labels", "costs", "nexts", "bo_next", "bo_cost", "arc_hash")
+_CORE = ("offsets", "labels", "costs", "nexts", "bo_next", "bo_cost", "arc_hash", "uni_logp", "ctx1")
 
 
 def tables_present(build_dir: str | Path, expect: dict | None = None) -> bool:
@@ -196,7 +291,11 @@ def save_tables(fst, build_dir: str | Path, arrays: LMArrays | None = None) -> P
         for name in _CORE:
             np.save(work / f"{name}.npy", getattr(arrays, name))
         np.save(work / "final_cost.npy", np.ascontiguousarray(fst.final_cost, dtype=np.float32))
+        if arrays.triple is not None:
+            for name, a in zip(_TRIPLE_NAMES, arrays.triple):
+                np.save(work / f"{name}.npy", a)
         meta = {"version": TABLES_VERSION, **fst_meta(fst), "unk_arpa_cost": float(fst.unk_arpa_cost),
+                "triple": arrays.triple is not None,
                 "bytes": int(sum(p.stat().st_size for p in work.glob("*.npy")))}
         (work / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         publish_mode(work, directory=True)
@@ -223,13 +322,16 @@ def load_tables(build_dir: str | Path):
     d = Path(build_dir) / TABLES_DIR
     try:
         m = json.loads((d / "meta.json").read_text())
-        a = {n: np.load(d / f"{n}.npy", mmap_mode="c", allow_pickle=False) for n in (*_CORE, "final_cost")}
+        names = (*_CORE, "final_cost", *(_TRIPLE_NAMES if m["triple"] else ()))
+        a = {n: np.load(d / f"{n}.npy", mmap_mode="c", allow_pickle=False) for n in names}
+        triple = tuple(a[n] for n in _TRIPLE_NAMES) if m["triple"] else None
         fst = NgramFst(order=m["order"], vocab_size=m["vocab_size"], state_offsets=a["offsets"],
                        arc_label=a["labels"], arc_cost=a["costs"], arc_next=a["nexts"], backoff_next=a["bo_next"],
                        backoff_cost=a["bo_cost"], start=m["start"], unigram=m["unigram"],
                        final_cost=a["final_cost"], unk_cost=m["unk_cost"], unk_arpa_cost=m["unk_arpa_cost"])
         arrays = LMArrays(m["vocab_size"], a["offsets"], a["labels"], a["costs"], a["nexts"], a["bo_next"],
-                          a["bo_cost"], m["unigram"], m["start"], m["unk_cost"], a["arc_hash"], m["order"])
+                          a["bo_cost"], m["unigram"], m["start"], m["unk_cost"], a["arc_hash"], a["uni_logp"],
+                          a["ctx1"], m["order"], triple)
     except (OSError, KeyError, ValueError, json.JSONDecodeError) as e:
         raise ModelError(f"{d} cannot be read ({e}); rebuild the tables with `latticedraft lm index "
                          f"{Path(build_dir)}`") from e

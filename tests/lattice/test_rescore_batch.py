@@ -47,10 +47,10 @@ def _histories(rng, B, V, order):
 
 
 def _old_path(s, lm, alpha, p, history):
-    """The single-lattice route without the batch kernel: the history's state in Python, then
-    the state program on one lattice (a reference for the kernel's history handling)."""
-    start, _ = _history_state(lm, history)
-    cand, scores = exact_pbest(s.tokens, s.logp, s.widths, lm_arrays(lm), start, alpha, p)
+    """The pre-batch single-lattice route: Python history state and pseudo-slots, then the
+    triple dynamic program one lattice at a time (an independent reference for the kernel)."""
+    start, hist = _history_state(lm, history)
+    cand, scores = exact_pbest(s.tokens, s.logp, s.widths, lm_arrays(lm), start, alpha, p, history=hist)
     return s.tokens[np.arange(s.h)[None, :], cand], scores.astype(np.float32)
 
 
@@ -61,7 +61,7 @@ def _assert_equal(d, e):
     assert d.requested == e.requested and d.truncated == e.truncated
 
 
-@pytest.mark.parametrize("order", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("order", [1, 2, 3, 4])
 def test_batch_equals_rescore_and_brute_force(order):
     rng = np.random.default_rng(40 + order)
     V = 7

@@ -11,7 +11,7 @@ from latticedraft.errors import InputError
 from latticedraft.lattice.rescoring import base_drafts, lattice_fst_bytes, rescore, rescore_batch
 from latticedraft.lattice.sausage import Sausage
 from latticedraft.lattice.lm_tables import lm_arrays
-from latticedraft.lattice.search import lm_step
+from latticedraft.lattice.search import exact_pbest, lm_step
 from latticedraft.lattice.state_dp import _state_pbest
 from tests.lm.kenlm_ref import kenlm_logp
 from toylm import make_toy_lm
@@ -49,7 +49,7 @@ def random_case(rng, V, n_paths_max=256):
 @pytest.mark.parametrize("order", [2, 3, 4, 5, 6])
 def test_exact_matches_brute_force_on_random_backoff_lms(order):
     """Random unnormalised LMs with back-off weights above 1: the exact p best, always.
-    (one algorithm, ``state_dp``, for every order)."""
+    Orders <= 4 use the triple dynamic program, orders 5 and 6 the state program."""
     rng = np.random.default_rng(order)
     for trial in range(60):
         lm = make_toy_lm(V=7, order=order, seed=100 * order + trial, undercut=True)
@@ -59,6 +59,21 @@ def test_exact_matches_brute_force_on_random_backoff_lms(order):
         p = int(rng.integers(1, 12))
         d = rescore(s, lm, alpha, p, hist)
         assert_same(d, brute(s, lambda ids: lm.ref_score(hist[-(order - 1):], ids), alpha), p)
+
+
+def test_triple_program_and_state_program_agree():
+    """The two exact algorithms (``history`` given: triple DP; not given: the state program)."""
+    rng = np.random.default_rng(9)
+    for trial in range(30):
+        lm = make_toy_lm(V=12, order=int(rng.integers(2, 5)), seed=500 + trial, density=0.7)
+        A = lm_arrays(lm)
+        s = Sausage.from_logits(rng.normal(size=(int(rng.integers(1, 7)), 12)), int(rng.integers(1, 6)))
+        hist = rng.integers(0, 12, size=int(rng.integers(0, 4))).tolist()[-(lm.order - 1):]
+        st = lm.state_for_history(hist)
+        p = int(rng.integers(1, 9))
+        a = exact_pbest(s.tokens, s.logp, s.widths, A, st, 1.3, p, history=hist)
+        b = exact_pbest(s.tokens, s.logp, s.widths, A, st, 1.3, p)
+        np.testing.assert_allclose(a[1], b[1], atol=1e-6)
 
 
 @pytest.mark.parametrize("scan_row", [0, 10 ** 9])
