@@ -1,11 +1,12 @@
-"""Exact p best of many sausages in one compiled call (n-gram order <= 4): the batch kernel.
+"""Exact p best of many sausages in one compiled call: the batch kernels.
 
-``rescore`` and ``rescore_batch`` both end here for ``method="exact"`` with an LM of order
-<= 4 (the bundled 4-gram), so a lattice gets the same drafts alone or in a batch. Per
-lattice the kernel does what ``search.exact_pbest`` does after ``search._extend`` — the LM
+``rescore`` and ``rescore_batch`` both end here for ``method="exact"``, so a lattice gets the
+same drafts alone or in a batch. Order <= 4 (``_batch_kernel``): per lattice the kernel does
+what ``search.exact_pbest`` does after ``search._extend`` — the LM
 state of the history, the history's last tokens as width-1 pseudo-slots, the triple dynamic
 program and the best-first read-out — with the scratch arrays allocated once per call and
-no Python in between. The GIL is released; ``pbest_batch`` splits the batch over threads.
+no Python in between. Above order 4 (``_state_batch_kernel``): the history's state, then the
+state program (``state_dp``). The GIL is released; ``pbest_batch`` splits the batch over threads.
 
 Inputs (padded, one row per lattice): ``tokens int64[B, h, k]`` (-1 padding),
 ``logp float32[B, h, k]``, ``widths int64[B, h]`` (0 past a lattice's depth), ``depth
@@ -19,6 +20,7 @@ import numpy as np
 from numba import njit
 
 from latticedraft.lattice.lm_tables import LMArrays, _step
+from latticedraft.lattice.state_dp import SCAN_ROW, _state_pbest
 from latticedraft.lattice.triple_dp import _triple_best_first, _triple_values
 
 
@@ -38,14 +40,7 @@ def _batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, order, sta
     ctx = np.empty(n + 1, np.int64)
     for b in range(B):
         L = hist_len[b]
-        # the LM state after the history: an unknown id restarts the context at the null state
-        cut = -1
-        for i in range(L):
-            if hist[b, i] >= V:
-                cut = i
-        s = uni if cut >= 0 or L >= n else start
-        for i in range(cut + 1, L):
-            s = _step(s, hist[b, i] + 1, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)[0]
+        s = _history_start(hist[b], L, n, start, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
         # the context as pseudo-slots: <s> (code V) before a short history, unknown ids -> V + 1
         m = 0
         if n > 0:
@@ -85,11 +80,42 @@ def _batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, order, sta
                 out_tok[b, q, i] = tok[b, i, cand[q, i]]
 
 
+@njit(cache=True, inline="always")
+def _history_start(hist, L, n, start, off, lab, cost, nxt, bon, boc, uni, V, unk, tab):
+    """The LM state after ``hist[:L]`` (the last ``n`` ids, ``<s>`` before a shorter history);
+    an unknown id restarts the context at the null state."""
+    cut = -1
+    for i in range(L):
+        if hist[i] >= V:
+            cut = i
+    s = uni if cut >= 0 or L >= n else start
+    for i in range(cut + 1, L):
+        s = _step(s, hist[i] + 1, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)[0]
+    return s
+
+
+@njit(cache=True, nogil=True)
+def _state_batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, order, start, scan_row, off, lab, cost,
+                        nxt, bon, boc, uni, V, unk, tab, out_tok, out_score, out_n):
+    """``_batch_kernel``'s contract for any order, by the state program."""
+    for b in range(tok.shape[0]):
+        s = _history_start(hist[b], hist_len[b], order - 1, start, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
+        h = depth[b]
+        cand, scores, _, _ = _state_pbest(tok[b, :h], logp[b, :h].astype(np.float64), widths[b, :h], alpha, p, s,
+                                          scan_row, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
+        out_n[b] = scores.shape[0]
+        for q in range(scores.shape[0]):
+            out_score[b, q] = scores[q]
+            for i in range(h):
+                out_tok[b, q, i] = tok[b, i, cand[q, i]]
+
+
 def pbest_batch(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, depth: np.ndarray, hist: np.ndarray,
                 hist_len: np.ndarray, arrays: LMArrays, alpha: float, p: int, pool=None, chunks: int = 1):
     """``(tok int64[B, p, h], scores float32[B, p], found int64[B])`` for padded inputs (see the
-    module docstring); ``arrays.triple`` must exist (order <= 4). With a thread ``pool`` the
-    batch is cut into ``chunks`` contiguous parts, one kernel call each."""
+    module docstring): the triple program when ``arrays.triple`` exists (order <= 4), else the
+    state program. With a thread ``pool`` the batch is cut into ``chunks`` contiguous parts,
+    one kernel call each."""
     A = arrays
     B, H, _ = tokens.shape
     out_tok = np.zeros((B, p, H), np.int64)
@@ -97,9 +123,13 @@ def pbest_batch(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, depth:
     out_n = np.zeros(B, np.int64)
 
     def run(lo, hi):
-        _batch_kernel(tokens[lo:hi], logp[lo:hi], widths[lo:hi], depth[lo:hi], hist[lo:hi], hist_len[lo:hi],
-                      float(alpha), int(p), int(A.order), int(A.start), *A.lm_args(), A.uni_logp, *A.triple,
-                      out_tok[lo:hi], out_score[lo:hi], out_n[lo:hi])
+        args = (tokens[lo:hi], logp[lo:hi], widths[lo:hi], depth[lo:hi], hist[lo:hi], hist_len[lo:hi],
+                float(alpha), int(p), int(A.order), int(A.start))
+        out = (out_tok[lo:hi], out_score[lo:hi], out_n[lo:hi])
+        if A.triple is not None:
+            _batch_kernel(*args, *A.lm_args(), A.uni_logp, *A.triple, *out)
+        else:
+            _state_batch_kernel(*args, SCAN_ROW, *A.lm_args(), *out)
 
     chunks = max(1, min(int(chunks), B))
     if pool is None or chunks == 1:

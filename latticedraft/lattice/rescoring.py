@@ -15,8 +15,8 @@
   n-gram; then ``wfst`` may rank differently from ``exact``. ``scores`` are the WFST's.
 
 ``rescore_batch`` rescores one lattice per prompt of a batch (a ``SausageBatch`` [B,h,k] or a
-list of ``Sausage``); for ``exact`` with order <= 4 both it and ``rescore`` run the compiled
-batch kernel (``batched.py``), so the drafts of a lattice do not depend on its batch.
+list of ``Sausage``); for ``exact`` both it and ``rescore`` run the compiled batch kernels
+(``batched.py``), so the drafts of a lattice do not depend on its batch.
 
 ``lm`` may be an ``NgramLM`` (uses ``lm.fst``) or an ``NgramFst``; ``lm=None`` or
 ``alpha=0`` ranks by the head scores alone (the "parallel-base" drafter: ``base_drafts``).
@@ -99,15 +99,10 @@ def rescore(sausage: Sausage, lm, alpha: float = 1.0, nbest: int = 1, history: S
     fst = _fst_of(lm)
     if fst is None or alpha == 0.0:
         return base_drafts(sausage, nbest)
-    arrays = lm_arrays(fst) if method == "exact" else None
-    if arrays is not None and arrays.triple is not None:  # order <= 4: the batch kernel, B = 1
+    if method == "exact":  # the batch kernel, B = 1
         return _exact_batch(sausage.tokens[None], sausage.logp[None], sausage.widths[None], [history],
-                            arrays, float(alpha), int(nbest), 1)[0]
+                            lm_arrays(fst), float(alpha), int(nbest), 1)[0]
     start, _ = _history_state(fst, history)
-    if arrays is not None:
-        cand, scores = exact_pbest(sausage.tokens, sausage.logp, sausage.widths, arrays,
-                                   start, float(alpha), int(nbest))
-        return _drafts(sausage, cand, scores, nbest)
     return _wfst_pbest(sausage, fst, start, float(alpha), int(nbest))
 
 
@@ -119,8 +114,8 @@ def rescore_batch(lattices: SausageBatch | Sequence[Sausage], lm, alpha: float =
     decoder with a batch of prompts has) or a list of ``Sausage`` (any shapes). ``histories``:
     one id sequence per lattice, or an int array ``[B, L]``; ``None``: all empty (``<s>``).
     Results are in input order and equal ``rescore``'s lattice by lattice. ``method="exact"``
-    with an LM of order <= 4 runs one compiled call per thread over parts of the batch
-    (``workers``, default: the CPU count); above order 4 a thread pool maps ``rescore``.
+    runs one compiled call per thread over parts of the batch (``workers``, default: the CPU
+    count); ``wfst`` maps ``rescore``.
     """
     _check_args(alpha, nbest, method)
     batch = isinstance(lattices, SausageBatch)
@@ -138,7 +133,7 @@ def rescore_batch(lattices: SausageBatch | Sequence[Sausage], lm, alpha: float =
     workers = max(1, min(B, workers or os.cpu_count() or 1))
     fst = _fst_of(lm)
     arrays = lm_arrays(fst) if method == "exact" and fst is not None and alpha != 0.0 else None
-    if arrays is not None and arrays.triple is not None and B:
+    if arrays is not None and B:
         if batch:
             tok, lp, wid = lattices.tokens, lattices.logp, lattices.widths
         else:
@@ -146,10 +141,7 @@ def rescore_batch(lattices: SausageBatch | Sequence[Sausage], lm, alpha: float =
         return _exact_batch(tok, lp, wid, histories, arrays, float(alpha), int(nbest), workers)
     if batch:
         lattices = list(lattices)
-    if method != "exact" or fst is None or alpha == 0.0 or workers <= 1 or B < 4:
-        return [rescore(s, lm, alpha, nbest, h, method) for s, h in zip(lattices, histories)]
-    pool = _pool(workers)
-    return list(pool.map(lambda sh: rescore(sh[0], lm, alpha, nbest, sh[1], method), zip(lattices, histories)))
+    return [rescore(s, lm, alpha, nbest, h, method) for s, h in zip(lattices, histories)]
 
 
 def _stack(sausages: list[Sausage]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

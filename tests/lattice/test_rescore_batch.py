@@ -61,7 +61,7 @@ def _assert_equal(d, e):
     assert d.requested == e.requested and d.truncated == e.truncated
 
 
-@pytest.mark.parametrize("order", [1, 2, 3, 4])
+@pytest.mark.parametrize("order", [1, 2, 3, 4, 5, 6])
 def test_batch_equals_rescore_and_brute_force(order):
     rng = np.random.default_rng(40 + order)
     V = 7
