@@ -154,11 +154,13 @@ def build_arrays(fst) -> LMArrays:
             "rebuild the LM with `latticedraft lm build`"
         )
     uni_logp = -cost[ulo:uhi].astype(np.float64)
-    last, ctx1, long_state, prev, arc_state = _structure(off, lab, nxt, bon, uni, int(fst.start), V)
+    ctx1 = nxt[ulo:uhi].astype(np.int64)
+    ctx1[ctx1 == uni] = -1
     arrays = LMArrays(V, off, lab, cost, nxt, bon, boc, uni, int(fst.start),
                       float(getattr(fst, "unk_cost", UNSEEN_COST)), _build_hash(off, lab, uni), uni_logp,
                       ctx1, int(fst.order))
-    if int(fst.order) <= 4:
+    if int(fst.order) <= 4:  # the per-state facts (an int64 per arc among them) only the triple tables need
+        last, ctx1, long_state, prev, arc_state = _structure(off, lab, nxt, bon, uni, int(fst.start), V)
         arrays.triple = _triple_tables(V, int(fst.start), uni, off, nxt, bon, boc, last, long_state, prev, ctx1,
                                        arc_state)
     return arrays
