@@ -43,6 +43,7 @@ import numpy as np
 from numba import njit
 
 from latticedraft.lattice._prefetch import prefetch
+from latticedraft.lattice.best_first import _grow_to, _heap_pop, _heap_push, _read_path
 from latticedraft.lattice.lm_tables import _hash
 
 SCAN_ROW = 1024  # rows with at most this many arcs are scanned whole; longer ones binary-searched
@@ -340,11 +341,11 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
                 else:
                     if m2 == n2cap:  # grow the node arrays (closure nodes can outnumber the rest)
                         n2cap *= 2
-                        st2 = _grow1(st2, n2cap)
-                        has2 = _grow1(has2, n2cap)
-                        bo2 = _grow1(bo2, n2cap)
-                        order2 = _grow1(order2, n2cap)
-                        placed = _grow1(placed, n2cap)
+                        st2 = _grow_to(st2, n2cap)
+                        has2 = _grow_to(has2, n2cap)
+                        bo2 = _grow_to(bo2, n2cap)
+                        order2 = _grow_to(order2, n2cap)
+                        placed = _grow_to(placed, n2cap)
                     v = m2
                     st2[v] = b
                     has2[v] = False
@@ -427,25 +428,8 @@ def _pbest_paths(widths, p, start_node, ev, ew, eb, nb, n_nodes, n_part):
     done = np.empty(p, np.int64)
     found = 0
     while found < p and n_heap > 0:
-        top = hid[0]
-        n_heap -= 1  # pop: the last entry sifts down from the root
-        if n_heap > 0:
-            lf = hf[n_heap]
-            lid = hid[n_heap]
-            q = 0
-            while True:
-                ch = 2 * q + 1
-                if ch >= n_heap:
-                    break
-                if ch + 1 < n_heap and hf[ch + 1] > hf[ch]:
-                    ch += 1
-                if hf[ch] <= lf:
-                    break
-                hf[q] = hf[ch]
-                hid[q] = hid[ch]
-                q = ch
-            hf[q] = lf
-            hid[q] = lid
+        _, top = _heap_pop(hf, hid, n_heap)
+        n_heap -= 1
         i = it_slot[top]
         if i == h:
             done[found] = top
@@ -455,13 +439,13 @@ def _pbest_paths(widths, p, start_node, ev, ew, eb, nb, n_nodes, n_part):
         row = eb[i] + it_node[top] * w
         if n_it + w > cap or n_heap + w > hf.shape[0]:
             cap = 2 * (cap + w)
-            it_g = _grow1(it_g, cap)
-            it_slot = _grow1(it_slot, cap)
-            it_node = _grow1(it_node, cap)
-            it_par = _grow1(it_par, cap)
-            it_c = _grow1(it_c, cap)
-            hf = _grow1(hf, cap)
-            hid = _grow1(hid, cap)
+            it_g = _grow_to(it_g, cap)
+            it_slot = _grow_to(it_slot, cap)
+            it_node = _grow_to(it_node, cap)
+            it_par = _grow_to(it_par, cap)
+            it_c = _grow_to(it_c, cap)
+            hf = _grow_to(hf, cap)
+            hid = _grow_to(hid, cap)
         for c in range(w):
             v = ev[row + c]
             gg = it_g[top] + ew[row + c]
@@ -470,27 +454,14 @@ def _pbest_paths(widths, p, start_node, ev, ew, eb, nb, n_nodes, n_part):
             it_node[n_it] = v
             it_par[n_it] = top
             it_c[n_it] = c
-            f = gg + sb[nb[i + 1] + v]
-            q = n_heap  # push: sift up
+            _heap_push(hf, hid, n_heap, gg + sb[nb[i + 1] + v], n_it)
             n_heap += 1
-            while q > 0:
-                pq = (q - 1) >> 1
-                if hf[pq] >= f:
-                    break
-                hf[q] = hf[pq]
-                hid[q] = hid[pq]
-                q = pq
-            hf[q] = f
-            hid[q] = n_it
             n_it += 1
     cand = np.empty((found, h), np.int64)
     scores = np.empty(found)
     for r in range(found):
-        x = done[r]
-        scores[r] = it_g[x]
-        for i in range(h - 1, -1, -1):
-            cand[r, i] = it_c[x]
-            x = it_par[x]
+        scores[r] = it_g[done[r]]
+        _read_path(it_c, it_par, done[r], cand[r])
     return cand, scores, n_nodes, n_part + n_it
 
 
@@ -503,11 +474,3 @@ def _rehash(st, m, tsize):
         r = _node(table, mask, st, x, st[x])
         table[-r - 1] = x
     return table
-
-
-@njit(cache=True, inline="always")
-def _grow1(a, size):
-    """``a`` copied into a new array of ``size`` entries."""
-    b = np.empty(size, a.dtype)
-    b[:a.shape[0]] = a
-    return b

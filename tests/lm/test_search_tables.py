@@ -272,7 +272,10 @@ def test_sigint_during_lmplz_leaves_nothing(builds, tmp_path, stdlib_slice):
     proc = subprocess.Popen([sys.executable, "-m", "latticedraft", "lm", "build", "--corpus", str(big), "--out",
                              str(out), "--order", "6", "--tokenizer", str(data_dir() / "tokenizer"), "--memory",
                              "64M", "--encoding-errors", "replace", "--force"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a child inherits an ignored SIGINT (and Python then keeps ignoring it): after
+                            # other tests in the same process the disposition is not guaranteed to be default
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = False
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None and not seen:
