@@ -1,4 +1,7 @@
-"""``latticedraft lm build``: corpus → tokenizer → token-id text → lmplz → ARPA → KenLM trie → WFST.
+"""``latticedraft lm build``: corpus → tokenizer → token-id text → lmplz → ARPA → WFST and KenLM trie.
+
+The trie (``build_binary``, a child process) is built while this process converts the same ARPA
+to the WFST and its search tables.
 
 A build directory holds ``lm.arpa``, ``lm.bin`` (KenLM trie), ``lm.fst`` (OpenFst binary),
 ``lm.npz`` (the same automaton as CSR arrays, for fast loading), ``tables/`` (the exact
@@ -166,7 +169,7 @@ def _install(work: Path, out: Path) -> None:
 
 def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
     from latticedraft.lm.corpus_ids import write_token_ids
-    from latticedraft.lm.kenlm_tools import run_build_binary, run_lmplz
+    from latticedraft.lm.kenlm_tools import BuildBinaryJob, run_lmplz
     from latticedraft.lm.arpa import float32_exact_unk, set_unk_log10
     from latticedraft.lm.wfst import arpa_to_fst
 
@@ -215,27 +218,31 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
         unk_log10, unk_cost = float32_exact_unk(opts.unk_cost)
         lmplz_unk_log10 = set_unk_log10(arpa, unk_log10)
 
-        # 4. KenLM trie
-        t0 = time.perf_counter()
-        run_build_binary(arpa, work / "lm.bin", opts.memory, tmp_dir)
-        t["build_binary_s"] = time.perf_counter() - t0
-        stage(f"build_binary: KenLM trie, {(work / 'lm.bin').stat().st_size} bytes", t["build_binary_s"])
+        # 4. the KenLM trie, in a child process while this one does 5 and 6 (all three only read the ARPA)
+        trie = BuildBinaryJob(arpa, work / "lm.bin", opts.memory, tmp_dir)
+        try:
+            # 5. ARPA → WFST (+ CSR cache)
+            t0 = time.perf_counter()
+            fst = arpa_to_fst(arpa, work / "lm.fst", vocab_size=vocab_size, unk_cost=unk_cost)
+            t["arpa_to_fst_s"] = time.perf_counter() - t0
+            counts = _arpa_counts(arpa)
+            stage(f"WFST: {fst.num_states} states, {fst.num_arcs} arcs; n-grams per order {counts}",
+                  t["arpa_to_fst_s"])
+
+            # 6. the search tables, memory-mapped at load (lm/search_tables.py)
+            t0 = time.perf_counter()
+            tables = save_tables(fst, work)
+            t["tables_s"] = time.perf_counter() - t0
+            tables_meta = json.loads((tables / "meta.json").read_text())
+            stage(f"search tables: {tables_meta['bytes'] / 2**20:.0f} MiB", t["tables_s"])
+            t["build_binary_s"] = trie.wait()
+            stage(f"build_binary: KenLM trie, {(work / 'lm.bin').stat().st_size} bytes (beside the WFST)",
+                  t["build_binary_s"])
+        finally:
+            trie.stop()
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
-    # 5. ARPA → WFST (+ CSR cache)
-    t0 = time.perf_counter()
-    fst = arpa_to_fst(arpa, work / "lm.fst", vocab_size=vocab_size, unk_cost=unk_cost)
-    t["arpa_to_fst_s"] = time.perf_counter() - t0
-    counts = _arpa_counts(arpa)
-    stage(f"WFST: {fst.num_states} states, {fst.num_arcs} arcs; n-grams per order {counts}", t["arpa_to_fst_s"])
-
-    # 6. the search tables, memory-mapped at load (lm/search_tables.py)
-    t0 = time.perf_counter()
-    tables = save_tables(fst, work)
-    t["tables_s"] = time.perf_counter() - t0
-    tables_meta = json.loads((tables / "meta.json").read_text())
-    stage(f"search tables: {tables_meta['bytes'] / 2**20:.0f} MiB", t["tables_s"])
     t["total_s"] = time.perf_counter() - t_all
 
     manifest = {

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,11 +68,51 @@ def run_lmplz(text: Path, arpa: Path, order: int, prune: list[int] | None, memor
     return LmplzResult(discount_fallback=fallback, stderr_tail=_tail(r.stderr))
 
 
-def run_build_binary(arpa: Path, binary: Path, memory: str, temp_dir: Path) -> None:
-    """``build_binary -S memory -T temp trie arpa binary`` (no quantisation: scores stay exact)."""
-    exe = kenlm_tool("build_binary")
-    cmd = [str(exe), "-S", memory, "-T", str(temp_dir / "build_binary-"), "trie", str(arpa), str(binary)]
-    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace")
-    if r.returncode != 0:
-        binary.unlink(missing_ok=True)
-        raise _diagnose("build_binary (KenLM trie)", r.returncode, r.stderr, memory, temp_dir)
+class BuildBinaryJob:
+    """``build_binary -S memory -T temp trie arpa binary`` running in a child process (no
+    quantisation: scores stay exact), so the caller can convert the same ARPA meanwhile.
+    ``wait()`` returns its wall seconds (start to exit) or raises ``BuildError``; ``stop()``
+    kills it if it still runs (call it in a ``finally``: an interrupted build leaves no child
+    behind)."""
+
+    def __init__(self, arpa: Path, binary: Path, memory: str, temp_dir: Path):
+        exe = kenlm_tool("build_binary")
+        cmd = [str(exe), "-S", memory, "-T", str(temp_dir / "build_binary-"), "trie", str(arpa), str(binary)]
+        self.binary, self.memory, self.temp_dir = binary, memory, temp_dir
+        self._err = tempfile.TemporaryFile(dir=temp_dir)  # its progress bars: never a full pipe
+        t0 = time.perf_counter()
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._err)
+        self._seconds = None  # set when the child exits, by _waiter (wait() may come much later)
+        self._waiter = threading.Thread(target=self._time_exit, args=(t0,), daemon=True)
+        self._waiter.start()
+
+    def _time_exit(self, t0: float) -> None:
+        self._proc.wait()
+        self._seconds = time.perf_counter() - t0
+
+    def wait(self) -> float:
+        rc = self._proc.wait()
+        self._waiter.join()
+        seconds = self._seconds
+        self._err.seek(0)
+        err = self._err.read().decode(errors="replace")
+        self._err.close()
+        if rc != 0:
+            self.binary.unlink(missing_ok=True)
+            raise _diagnose("build_binary (KenLM trie)", rc, err, self.memory, self.temp_dir)
+        return seconds
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._err.close()
+
+
+def run_build_binary(arpa: Path, binary: Path, memory: str, temp_dir: Path) -> float:
+    """``BuildBinaryJob`` run to the end: its wall seconds."""
+    job = BuildBinaryJob(arpa, binary, memory, temp_dir)
+    try:
+        return job.wait()
+    finally:
+        job.stop()

@@ -9,6 +9,7 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 
 import kenlm
 import numpy as np
@@ -189,15 +190,20 @@ def test_non_empty_directory_without_build(tmp_path, corpus_file):
     assert (out / "notes.txt").read_text() == "mine"
 
 
-def _fake_lmplz(tmp_path, monkeypatch, script: str):
-    """Put a fake lmplz (shell script) first; the real build_binary beside it."""
+def _fake_tool(tmp_path, monkeypatch, name: str, script: str):
+    """Put a fake KenLM tool ``name`` (shell script) first; the real other one beside it."""
     d = tmp_path / "fakebin"
     d.mkdir()
-    f = d / "lmplz"
+    f = d / name
     f.write_text("#!/bin/sh\n" + script + "\n")
     f.chmod(f.stat().st_mode | stat.S_IEXEC)
-    (d / "build_binary").symlink_to(kenlm_tool("build_binary"))
+    other = "build_binary" if name == "lmplz" else "lmplz"
+    (d / other).symlink_to(kenlm_tool(other))
     monkeypatch.setenv("LATTICEDRAFT_KENLM_BIN", str(d))
+
+
+def _fake_lmplz(tmp_path, monkeypatch, script: str):
+    _fake_tool(tmp_path, monkeypatch, "lmplz", script)
 
 
 @pytest.mark.parametrize("script,msg", [
@@ -214,6 +220,62 @@ def test_lmplz_failures_name_the_step_and_leave_no_build(tmp_path, monkeypatch, 
     assert "\n" not in str(e.value)
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".lm")]  # work directory removed
+
+
+@pytest.mark.parametrize("script,msg", [
+    ("kill -9 $$", r"build_binary \(KenLM trie\) was killed by signal SIGKILL"),
+    ("echo 'std::bad_alloc' >&2; exit 1", r"build_binary \(KenLM trie\) ran out of memory with --memory 64M"),
+])
+def test_build_binary_failures_name_the_step_and_leave_no_build(tmp_path, monkeypatch, corpus_file, script, msg):
+    """build_binary runs beside the WFST conversion; its failure still stops the build in one line."""
+    _fake_tool(tmp_path, monkeypatch, "build_binary", script)
+    out = tmp_path / "lm"
+    with pytest.raises(BuildError, match=msg) as e:
+        build(_opts(corpus_file, out))
+    assert "\n" not in str(e.value)
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".lm")]
+
+
+def test_interrupt_beside_build_binary_stops_it(tmp_path, monkeypatch, corpus_file):
+    """KeyboardInterrupt in the WFST conversion while build_binary still runs: the child is
+    killed and reaped, and nothing is left behind."""
+    import latticedraft.lm.wfst as wfst
+
+    pid_file = tmp_path / "build_binary.pid"
+    _fake_tool(tmp_path, monkeypatch, "build_binary", f"echo $$ > {pid_file}; exec sleep 60")
+
+    def interrupted(*a, **kw):
+        for _ in range(500):  # until the child has started
+            if pid_file.is_file() and pid_file.read_text().strip():
+                break
+            time.sleep(0.01)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(wfst, "arpa_to_fst", interrupted)
+    out = tmp_path / "lm"
+    with pytest.raises(KeyboardInterrupt):
+        build(_opts(corpus_file, out))
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["build_binary.pid", "fakebin"]
+
+
+def test_build_binary_seconds_are_its_own(tmp_path, monkeypatch):
+    """The trie's time is its start to its exit, however late the build waits for it."""
+    from latticedraft.lm.kenlm_tools import BuildBinaryJob
+
+    _fake_tool(tmp_path, monkeypatch, "build_binary", 'sleep 0.2; touch "$7"')
+    job = BuildBinaryJob(tmp_path / "lm.arpa", tmp_path / "lm.bin", "64M", tmp_path)
+    try:
+        time.sleep(1.5)
+        seconds = job.wait()
+    finally:
+        job.stop()
+    assert 0.2 <= seconds < 1.2
+    assert (tmp_path / "lm.bin").is_file()
 
 
 def test_real_lmplz_with_too_little_memory(tmp_path, corpus_file):

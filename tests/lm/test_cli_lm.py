@@ -29,7 +29,7 @@ def test_build_then_score_by_text_and_ids(tmp_path, corpus_file):
     lines = r.stderr.splitlines()
     assert "\r" not in r.stderr and all(line.startswith("lm build: ") and "elapsed" in line for line in lines)
     stages = [line.split(":")[1].strip() for line in lines]
-    assert stages == ["tokenizer", "tokenized", "lmplz", "build_binary", "WFST", "search tables"], lines
+    assert stages == ["tokenizer", "tokenized", "lmplz", "WFST", "search tables", "build_binary"], lines
     assert f"{json.loads((out / 'manifest.json').read_text())['corpus']['tokens']} tokens," in lines[1]
     r = _cli("score", "--lm", out, "--text", "def alpha(beta):\n    return beta", "--compact", check=True)
     doc = json.loads(r.stdout)
