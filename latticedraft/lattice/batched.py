@@ -96,13 +96,13 @@ def _history_start(hist, L, n, start, off, lab, cost, nxt, bon, boc, uni, V, unk
 
 @njit(cache=True, nogil=True)
 def _state_batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, order, start, scan_row, off, lab, cost,
-                        nxt, bon, boc, uni, V, unk, tab, out_tok, out_score, out_n):
+                        nxt, bon, boc, uni, V, unk, tab, rec, recf, out_tok, out_score, out_n):
     """``_batch_kernel``'s contract for any order, by the state program."""
     for b in range(tok.shape[0]):
         s = _history_start(hist[b], hist_len[b], order - 1, start, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
         h = depth[b]
         cand, scores, _, _ = _state_pbest(tok[b, :h], logp[b, :h].astype(np.float64), widths[b, :h], alpha, p, s,
-                                          scan_row, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
+                                          scan_row, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, rec, recf)
         out_n[b] = scores.shape[0]
         for q in range(scores.shape[0]):
             out_score[b, q] = scores[q]
@@ -129,7 +129,7 @@ def pbest_batch(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, depth:
         if A.triple is not None:
             _batch_kernel(*args, *A.lm_args(), A.uni_logp, *A.triple, *out)
         else:
-            _state_batch_kernel(*args, SCAN_ROW, *A.lm_args(), *out)
+            _state_batch_kernel(*args, SCAN_ROW, *A.lm_args(), *A.state_args(), *out)
 
     chunks = max(1, min(int(chunks), B))
     if pool is None or chunks == 1:

@@ -63,7 +63,8 @@ def exact_pbest(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, arrays
         r = _triple_pbest(T, W, H, hp, float(alpha), int(p), int(start), *arrays.lm_args(), arrays.uni_logp,
                           *arrays.triple)
     else:
-        r = _state_pbest(tokens, hl, widths, float(alpha), int(p), int(start), SCAN_ROW, *arrays.lm_args())
+        r = _state_pbest(tokens, hl, widths, float(alpha), int(p), int(start), SCAN_ROW, *arrays.lm_args(),
+                         *arrays.state_args())
     return r if with_counts else (r[0], r[1])
 
 

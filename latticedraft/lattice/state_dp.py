@@ -24,8 +24,9 @@ n-gram 5-gram), linearly in ``h`` and ``k``, not with the order. A step inherite
 back-off parent has the parent's target, so the next slot's state map is probed once per arc
 actually used (``owner``), not once per node and candidate.
 
-*Memory.* On gigabyte tables a random read is a TLB miss as well as a cache miss (and on a
-virtual machine a two-level page walk), so reads are few and grouped: a row of up to
+*Memory.* On gigabyte tables a random read is a cache miss (and a TLB miss where the tables
+are not mapped with huge pages), so reads are few and grouped: a state's arc range and back-off
+are one 16-byte record (``LMArrays.state_rec``: one line, not three arrays' lines); a row of up to
 ``SCAN_ROW`` arcs is scanned whole through a label -> candidate map (one or two pages), a
 longer row is binary-searched once per candidate in ascending label order (the arc hash
 would cost two random pages per candidate), and every slot issues its rows', arcs' and
@@ -46,7 +47,7 @@ from latticedraft.lattice._prefetch import prefetch
 from latticedraft.lattice.best_first import _grow_to, _heap_pop, _heap_push, _read_path
 from latticedraft.lattice.lm_tables import _hash
 
-SCAN_ROW = 1024  # rows with at most this many arcs are scanned whole; longer ones binary-searched
+SCAN_ROW = 512  # rows with at most this many arcs are scanned whole; longer ones binary-searched
 
 
 @njit(cache=True, inline="always")
@@ -64,10 +65,11 @@ def _node(table, mask, st, n_st, s):
 
 
 @njit(cache=True, nogil=True)
-def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt, bon, boc, uni, V, unk, tab):
+def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt, bon, boc, uni, V, unk, tab, rec,
+                 recf):
     """``tok int64[h, k]``, ``hl float64[h, k]`` (head ln p), ``widths int64[h]``; ``start``: the
     history's LM state; ``scan_row``: ``SCAN_ROW``; the LM arguments are ``LMArrays.lm_args()``
-    (``tab`` is not read)."""
+    (``tab`` is not read; states are read from ``rec, recf = LMArrays.state_args()``)."""
     h, k = tok.shape
     # back-pointer entries: candidate index and parent entry (entry 0 is the empty prefix)
     e_cd = np.empty(1024, np.int64)
@@ -104,9 +106,9 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
     while True:
         chain[m] = s
         m += 1
-        if s == uni or bon[s] < 0:
+        if s == uni or rec[4 * s + 2] < 0:
             break
-        s = bon[s]
+        s = rec[4 * s + 2]
     for q in range(m - 1, -1, -1):
         st[n] = chain[q]
         bo[n] = n - 1 if q < m - 1 else -1
@@ -143,15 +145,14 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
         # step[u, c]: next state and ln p, from the shortest context up. The table reads are
         # issued in stages over all nodes (rows, then arcs), so their cache misses overlap.
         for u in range(n):
-            prefetch(off, st[u])
-            prefetch(boc, st[u])
+            prefetch(rec, 4 * st[u])
         arc = np.full((n, w), -1, np.int64)
         lo_u = np.empty(n, np.int64)
         hi_u = np.empty(n, np.int64)
         for u in range(n):
             s = st[u]
-            lo = off[s]
-            hi = off[s + 1]
+            lo = np.int64(rec[4 * s])
+            hi = np.int64(rec[4 * s + 1])
             lo_u[u] = lo
             hi_u[u] = hi
             if s == uni:
@@ -209,7 +210,7 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
             u = order[oi]
             s = st[u]
             pb = bo[u]
-            bc = boc[s] if pb >= 0 else 0.0
+            bc = recf[4 * s + 3] if pb >= 0 else 0.0
             for c in range(w):
                 a = arc[u, c]
                 if a >= 0:
@@ -312,7 +313,7 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
         order2 = np.empty(n2cap, np.int64)
         placed = np.zeros(n2cap, np.bool_)
         for v in range(n_real):
-            prefetch(bon, st2[v])
+            prefetch(rec, 4 * st2[v])
         n_ord = 0
         for v0 in range(n_real):
             if placed[v0]:
@@ -329,9 +330,9 @@ def _state_pbest(tok, hl, widths, alpha, p, start, scan_row, off, lab, cost, nxt
                 chain[m] = v
                 m += 1
                 s = st2[v]
-                if s == uni or bon[s] < 0:
+                if s == uni or rec[4 * s + 2] < 0:
                     break
-                b = bon[s]
+                b = rec[4 * s + 2]
                 r = _node(table, mask, st2, m2, b)
                 if r >= 0:
                     if placed[r]:

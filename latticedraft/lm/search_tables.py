@@ -5,6 +5,8 @@
 
 - ``arc_hash``: an open-addressing table (int32 arc ids, -1 empty) over the arcs of every CSR
   row longer than 16 arcs, so a look-up in a long row costs one or two probes (``_find``);
+- ``state_rec``: per state, its arc range, back-off state and back-off cost packed in 16 bytes,
+  so the state program reads one cache line per state where three arrays cost three;
 - *triple tables* (order <= 4): the states of two and three tokens, addressable by their
   tokens, packed with their arc range and back-off (``_triple_tables``). Orders above 4 need
   nothing beyond the CSR arrays (``state_dp`` reads the states' own rows).
@@ -35,7 +37,7 @@ from latticedraft.errors import ModelError
 
 UNSEEN_COST = 1000.0  # -ln p of an id the LM has never seen (the paper's Appendix D convention)
 TABLES_DIR = "tables"
-TABLES_VERSION = 1
+TABLES_VERSION = 2  # 2: state_rec
 HASH_MIN_ROW = 16  # rows with more arcs than this are looked up through arc_hash
 # packed context entries of the order <= 4 tables (see _triple_tables); arc indices are int32
 P2_ENTRY = np.dtype([("lo", "i4"), ("hi", "i4"), ("xlo", "i4"), ("xhi", "i4"), ("bo", "i4"), ("boc", "f4")],
@@ -51,7 +53,8 @@ class LMArrays:
     ``offsets int64[S+1]``, ``labels int32[A]`` (token+1), ``costs float32[A]`` (-ln p),
     ``nexts int32[A]``, ``bo_next int32[S]``, ``bo_cost float32[S]``; ``uni_logp float64[V]``:
     the null state's ln p; ``ctx1 int64[V]``: the state of the one-token context ``(a)`` (-1
-    if the model keeps none).
+    if the model keeps none); ``state_rec int32[4S]``: state ``s`` at ``4s .. 4s+3`` (arc range
+    ``lo``, ``hi``, back-off state, back-off cost as float32 bits: ``state_args``).
     """
 
     vocab_size: int
@@ -67,12 +70,17 @@ class LMArrays:
     arc_hash: np.ndarray
     uni_logp: np.ndarray
     ctx1: np.ndarray
+    state_rec: np.ndarray
     order: int = 0
     triple: tuple | None = None  # exact (x, b, a) context tables when order <= 4, see _triple_tables
 
     def lm_args(self) -> tuple:
         return (self.offsets, self.labels, self.costs, self.nexts, self.bo_next, self.bo_cost,
                 self.unigram, self.vocab_size, self.unk_cost, self.arc_hash)
+
+    def state_args(self) -> tuple:
+        """``(state_rec, the same memory as float32)``: what the state program takes."""
+        return self.state_rec, self.state_rec.view(np.float32)
 
     @property
     def nbytes(self) -> int:
@@ -158,12 +166,25 @@ def build_arrays(fst) -> LMArrays:
     ctx1[ctx1 == uni] = -1
     arrays = LMArrays(V, off, lab, cost, nxt, bon, boc, uni, int(fst.start),
                       float(getattr(fst, "unk_cost", UNSEEN_COST)), _build_hash(off, lab, uni), uni_logp,
-                      ctx1, int(fst.order))
+                      ctx1, _state_records(off, bon, boc), int(fst.order))
     if int(fst.order) <= 4:  # the per-state facts (an int64 per arc among them) only the triple tables need
         last, ctx1, long_state, prev, arc_state = _structure(off, lab, nxt, bon, uni, int(fst.start), V)
         arrays.triple = _triple_tables(V, int(fst.start), uni, off, nxt, bon, boc, last, long_state, prev, ctx1,
                                        arc_state)
     return arrays
+
+
+def _state_records(off, bon, boc) -> np.ndarray:
+    """``int32[4S]``: per state ``lo, hi, back-off state, back-off cost (float32 bits)``."""
+    if off[-1] >= 2 ** 31:
+        raise ModelError(f"the n-gram FST has {off[-1]} arcs; the search tables index arcs with int32 "
+                         f"(at most {2 ** 31 - 1}); prune the LM (--prune) or lower its order")
+    rec = np.empty((len(bon), 4), np.int32)
+    rec[:, 0] = off[:-1]
+    rec[:, 1] = off[1:]
+    rec[:, 2] = bon
+    rec.view(np.float32)[:, 3] = boc
+    return rec.reshape(-1)
 
 
 def _triple_tables(V, start, uni, off, nxt, bon, boc, last, long_state, prev, ctx1, arc_state) -> tuple | None:
@@ -258,7 +279,7 @@ def _build_hash(off, lab, skip_row):
 # --------------------------------------------------------------------------------------------
 # on disk
 
-_CORE = ("offsets", "labels", "costs", "nexts", "bo_next", "bo_cost", "arc_hash", "uni_logp", "ctx1")
+_CORE = ("offsets", "labels", "costs", "nexts", "bo_next", "bo_cost", "arc_hash", "uni_logp", "ctx1", "state_rec")
 
 
 def tables_present(build_dir: str | Path, expect: dict | None = None) -> bool:
@@ -333,7 +354,7 @@ def load_tables(build_dir: str | Path):
                        final_cost=a["final_cost"], unk_cost=m["unk_cost"], unk_arpa_cost=m["unk_arpa_cost"])
         arrays = LMArrays(m["vocab_size"], a["offsets"], a["labels"], a["costs"], a["nexts"], a["bo_next"],
                           a["bo_cost"], m["unigram"], m["start"], m["unk_cost"], a["arc_hash"], a["uni_logp"],
-                          a["ctx1"], m["order"], triple)
+                          a["ctx1"], a["state_rec"], m["order"], triple)
     except (OSError, KeyError, ValueError, json.JSONDecodeError) as e:
         raise ModelError(f"{d} cannot be read ({e}); rebuild the tables with `latticedraft lm index "
                          f"{Path(build_dir)}`") from e

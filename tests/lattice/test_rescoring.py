@@ -93,7 +93,7 @@ def test_state_program_row_reads_and_repeated_candidates(scan_row):
         hist = rng.integers(0, 40, size=int(rng.integers(0, 7))).tolist()[-4:]
         p = int(rng.integers(1, 10))
         cand, scores, _, _ = _state_pbest(tok, hl, widths, 1.0, p, lm.state_for_history(hist), scan_row,
-                                          *lm_arrays(lm).lm_args())
+                                          *lm_arrays(lm).lm_args(), *lm_arrays(lm).state_args())
         ref = sorted((sum(hl[i, c] for i, c in enumerate(cs)) + lm.ref_score(hist, [int(tok[i, c]) for i, c in
                       enumerate(cs)]) for cs in itertools.product(range(k), repeat=h)), reverse=True)
         np.testing.assert_allclose(scores, ref[:p], atol=1e-4, rtol=1e-6)

@@ -167,6 +167,34 @@ def test_old_build_gets_tables_once_with_a_notice(builds, tmp_path, capsys):
     assert capsys.readouterr().err == ""  # second load: mapped, nothing rebuilt
 
 
+def test_tables_of_an_older_layout_are_rewritten_once(builds, tmp_path, capsys):
+    """Tables of layout version 1 (no ``state_rec``) count as absent: rewritten on first load."""
+    d = tmp_path / "v1"
+    shutil.copytree(builds(3, True), d)
+    meta_path = d / TABLES_DIR / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["version"] = 1
+    meta_path.write_text(json.dumps(meta))
+    (d / TABLES_DIR / "state_rec.npy").unlink()
+    lm = NgramLM.load(d)
+    ids = _heldout_ids(lm, 1)[0]
+    np.testing.assert_array_equal(lm.score(ids), NgramLM.load(builds(3, True)).score(ids))
+    assert capsys.readouterr().err.count(f"{d} has no search tables of this version") == 1
+    assert tables_present(d) and (d / TABLES_DIR / "state_rec.npy").is_file()
+
+
+def test_state_records_pack_the_state_arrays(builds):
+    """``state_rec`` (one 16-byte read per state for the state program) holds each state's arc
+    range, back-off state and back-off cost, memory-mapped like the other tables."""
+    A = lm_arrays(NgramLM.load(builds(5, False)).fst)
+    rec, recf = A.state_args()
+    assert isinstance(A.state_rec, np.memmap) and np.shares_memory(rec, recf)
+    np.testing.assert_array_equal(rec[0::4], A.offsets[:-1])
+    np.testing.assert_array_equal(rec[1::4], A.offsets[1:])
+    np.testing.assert_array_equal(rec[2::4], A.bo_next)
+    np.testing.assert_array_equal(recf[3::4], A.bo_cost)
+
+
 def test_lm_index_verb(builds, tmp_path, capsys):
     from latticedraft.cli import main
 
