@@ -32,11 +32,14 @@ def test_lm_scale_on_a_slice(tmp_path):
     row = doc["configs"]["o5"]
     assert row["order"] == 5 and len(row["ngrams"]) == 5
     assert row["build"]["wall_s"] > 0 and row["build"]["peak_rss_bytes"] > 0
+    assert row["build"]["peak_tree_rss_bytes"] > 0  # build_binary runs beside the WFST conversion
+    assert any("build_binary: KenLM trie" in line for line in row["build"]["stages"])
     assert row["disk_bytes"]["tables"] > 0 and row["disk_bytes"]["lm.bin"] > 0
     assert row["first_rescore"]["median_s"] > 0
     assert 1 < row["heldout"]["perplexity"] < 1e6 and row["heldout"]["tokens"] > 100
     cases = ("8x16_1best", "8x16_16best", "16x16_1best")
-    assert set(row["latency"]) == {*cases, *(c + "_cpu" for c in cases), *(c + "_cold" for c in cases),
+    assert set(row["latency"]) == {*cases, *(c + suffix for c in cases for suffix in ("_mean", "_cpu", "_cold")),
                                    "batch32_8x16_4best_per_s"}
+    assert doc["machine"]["llc"].startswith("L")
     assert 0 < row["first_rescore"]["to_tables_mapped_median_s"] < row["first_rescore"]["median_s"]
     assert "| o5 |" in r.stdout
