@@ -10,10 +10,11 @@ an older build without ``tables/`` is indexed, timed), then report
 - process start to first exact rescore (a fresh interpreter: imports, ``NgramLM.load``, the
   mapped tables, numba's cached kernels, one 8x16 rescore) and that process's peak RSS;
 - exact rescoring latency on held-out lattices (``benchmarks/rescore.py``'s simulated heads):
-  8x16 1-best and 16-best, 16x16 1-best (median of first calls on fresh lattices, the same
-  lattices for every configuration), in a run (one LM's lattices back to back after a warm-up)
-  and cold (configurations interleaved lattice by lattice); batch 32 of 8x16 4-best (lattices
-  per second);
+  8x16 1-best and 16-best, 16x16 1-best (median and mean of first calls on fresh lattices, the
+  same lattices for every configuration), in a run (the LM alone in a fresh process, its
+  lattices back to back after a warm-up: ``in_run``) and cold (all LMs in one process,
+  interleaved lattice by lattice: ``cold``); batch 32 of 8x16 4-best (lattices per second, in
+  a run);
 - held-out perplexity on the held-out standard-library files (KenLM's ``lm.bin``, which the
   tables equal: ``tests/lm/test_search_tables.py``), sentences as the build made them.
 
@@ -210,43 +211,77 @@ def _timed(lm, lat, p) -> tuple[float, float]:
     return time.perf_counter() - t0, time.thread_time() - c0
 
 
-def latency(lms: dict, maker, lattices: int, warm: int = 200) -> dict:
-    """Per configuration, on the same fresh lattices: median (and mean) ms of the first call on each.
+def lattice_maker():
+    """``benchmarks/rescore.py``'s simulated-head lattices over held-out standard-library text
+    (seed 0: every process that makes the same calls gets the same lattices)."""
+    from rescore import LatticeMaker
 
-    *In a run* (the headline): the LM's lattices back to back, after ``warm`` others (which map
-    the table pages a search keeps touching), as in a decoding run with that LM. *Cold* (``_cold`` keys): configurations interleaved lattice by
-    lattice, so every call follows calls on the other LMs (caches and TLB hold none of its
-    pages). Batch 32 of 8x16 4-best: lattices per second, in a run."""
-    lat = {c: [maker.make(h, k) for _ in range(lattices)] for c, (h, k, _) in CASES.items()}
+    base = NgramLM.load(default_lm_dir())
+    ids = np.concatenate([np.array(base.tokenizer.encode(read_text(f, "replace")).ids, dtype=np.int64)
+                          for f in stdlib_split("heldout")[:30]])
+    return LatticeMaker(base, ids)
+
+
+def lattice_sets(maker, lattices: int, warm: int, rounds: int):
+    """``(cases, warmup, batches)``: per case and round ``lattices`` fresh lattices, ``warm``
+    warm-up lattices, per round the batches of 32."""
+    cases = {c: [[maker.make(h, k) for _ in range(lattices)] for _ in range(rounds)] for c, (h, k, _) in CASES.items()}
     warmup = [maker.make(8, 16) for _ in range(warm)]
-    groups = [[maker.make(8, 16) for _ in range(32)] for _ in range(max(3, lattices // 10))]
-    out = {n: {} for n in lms}
-    for name, lm in lms.items():
+    batches = [[[maker.make(8, 16) for _ in range(32)] for _ in range(max(3, lattices // 10))] for _ in range(rounds)]
+    return cases, warmup, batches
+
+
+def in_run(lm, sets) -> dict:
+    """*In a run* (the headline), with the LM alone in this process as in a decoding run: after
+    the warm-up (which maps the table pages a search keeps touching), per case the median and
+    mean ms of the first call on each fresh lattice, and batch 32 of 8x16 4-best in lattices per
+    second (median over batches)."""
+    cases, warmup, batches = sets
+    for s, hist, _ in warmup:
+        rescore(s, lm, 1.0, 4, hist)
+    out = {}
+    for c, (_, _, p) in CASES.items():
+        t = [_timed(lm, x, p) for rnd in cases[c] for x in rnd]
+        out[c] = 1e3 * statistics.median(w for w, _ in t)
+        out[c + "_mean"] = 1e3 * statistics.fmean(w for w, _ in t)  # the paper's figures are means
+        out[c + "_cpu"] = 1e3 * statistics.median(u for _, u in t)
+    rates = []
+    for group in (g for rnd in batches for g in rnd):
+        T = np.stack([g[0].tokens for g in group])
+        L = np.stack([g[0].logp for g in group])
+        t0 = time.perf_counter()
+        rescore_batch(SausageBatch(T, L), lm, 1.0, 4, [g[1] for g in group])
+        rates.append(32 / (time.perf_counter() - t0))
+    out["batch32_8x16_4best_per_s"] = statistics.median(rates)
+    return out
+
+
+def in_run_subprocess(d: Path, lattices: int, warm: int, rounds: int) -> dict:
+    """``in_run`` for the build ``d`` in a fresh interpreter (the same lattices as every other)."""
+    r = subprocess.run([sys.executable, __file__, "--in-run", str(d), "--root", str(d), "--lattices", str(lattices),
+                        "--warm", str(warm), "--rounds", str(rounds)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if r.returncode != 0:
+        raise SystemExit(f"in-run latency of {d} failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def cold(lms: dict, sets) -> dict:
+    """*Cold* (``_cold`` keys): all LMs in one process, interleaved lattice by lattice (the first
+    round's), so every call follows calls on the other LMs (caches and TLB hold none of its
+    pages)."""
+    cases, warmup, _ = sets
+    for lm in lms.values():
         for s, hist, _ in warmup:
             rescore(s, lm, 1.0, 4, hist)
-    for name, lm in lms.items():
-        for s, hist, _ in warmup[-20:]:  # this LM's pages back in cache after the others'
-            rescore(s, lm, 1.0, 4, hist)
-        for c, (_, _, p) in CASES.items():
-            t = [_timed(lm, x, p) for x in lat[c]]
-            out[name][c] = 1e3 * statistics.median(w for w, _ in t)
-            out[name][c + "_mean"] = 1e3 * statistics.fmean(w for w, _ in t)  # the paper's figures are means
-            out[name][c + "_cpu"] = 1e3 * statistics.median(u for _, u in t)
-        rates = []
-        for group in groups:
-            T = np.stack([g[0].tokens for g in group])
-            L = np.stack([g[0].logp for g in group])
-            t0 = time.perf_counter()
-            rescore_batch(SausageBatch(T, L), lm, 1.0, 4, [g[1] for g in group])
-            rates.append(32 / (time.perf_counter() - t0))
-        out[name]["batch32_8x16_4best_per_s"] = statistics.median(rates)
+    out = {n: {} for n in lms}
     for c, (_, _, p) in CASES.items():
-        cold = {n: [] for n in lms}
-        for x in lat[c]:
+        times = {n: [] for n in lms}
+        for x in cases[c][0]:
             for name, lm in lms.items():
-                cold[name].append(_timed(lm, x, p)[0])
+                times[name].append(_timed(lm, x, p)[0])
         for name in lms:
-            out[name][c + "_cold"] = 1e3 * statistics.median(cold[name])
+            out[name][c + "_cold"] = 1e3 * statistics.median(times[name])
     return out
 
 
@@ -262,11 +297,16 @@ def main(argv=None) -> int:
     ap.add_argument("--no-build", action="store_true", help="report only configurations already built")
     ap.add_argument("--lattices", type=int, default=40, help="lattices per latency case (default 40)")
     ap.add_argument("--warm", type=int, default=200, help="warm-up lattices per LM before timing (default 200)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of fresh lattices per case, pooled (default 3)")
+    ap.add_argument("--in-run", type=Path, default=None, help=argparse.SUPPRESS)  # in_run_subprocess's child
     ap.add_argument("--heldout-files", type=int, default=1000, help="held-out stdlib files for perplexity")
     ap.add_argument("--first-runs", type=int, default=3, help="fresh processes timed to the first rescore")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "lm_scale.json")
     a = ap.parse_args(argv)
-    from rescore import LatticeMaker
+    if a.in_run is not None:
+        sets = lattice_sets(lattice_maker(), a.lattices, a.warm, a.rounds)
+        print(json.dumps(in_run(NgramLM.load(a.in_run), sets)))
+        return 0
 
     corpus = a.corpus if a.slice_mb is None else corpus_slice(a.corpus, a.slice_mb, a.root / f"corpus-{a.slice_mb}MB")
     rows, dirs = {}, {}
@@ -294,13 +334,10 @@ def main(argv=None) -> int:
                            "first_rescore": first_rescore(d, a.first_runs),
                            "heldout": heldout_perplexity(d, lm, a.heldout_files)})
         lms[name] = lm
-    base = NgramLM.load(default_lm_dir())
-    tok = base.tokenizer
-    ids = np.concatenate([np.array(tok.encode(read_text(f, "replace")).ids, dtype=np.int64)
-                          for f in stdlib_split("heldout")[:30]])
-    maker = LatticeMaker(base, ids)
-    for name, lat in latency(lms, maker, a.lattices, a.warm).items():
-        rows[name]["latency"] = lat
+    for name in lms:
+        rows[name]["latency"] = in_run_subprocess(dirs[name], a.lattices, a.warm, a.rounds)
+    for name, lat in cold(lms, lattice_sets(lattice_maker(), a.lattices, a.warm, a.rounds)).items():
+        rows[name]["latency"].update(lat)
     doc = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
                        **cpu_caches()},
            "corpus": str(corpus), "configs": rows,
