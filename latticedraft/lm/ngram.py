@@ -180,8 +180,8 @@ def ensure_tables(build_dir: str | Path, manifest: dict | None = None, force: bo
     if not force and tables_present(d, _expected_meta(manifest)):
         return False
     if notice:
-        print(f"latticedraft: {d} has no search tables of this version (an older build); writing {d}/tables once "
-              f"(`latticedraft lm index {d}` does this ahead of time)", file=sys.stderr, flush=True)
+        print(f"latticedraft: {d} has no search tables of this version (an older build); writing {d}/tables "
+              f"once (`latticedraft lm index {d}` does this ahead of time)", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     fst = NgramFst.load(d / "lm.fst")
     want = _expected_meta(manifest)

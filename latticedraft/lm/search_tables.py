@@ -9,7 +9,7 @@
   so the state program reads one cache line per state where three arrays cost three;
 - *triple tables* (order <= 4): the states of two and three tokens, addressable by their
   tokens, packed with their arc range and back-off (``_triple_tables``). Orders above 4 need
-  nothing beyond the CSR arrays (``state_dp`` reads the states' own rows).
+  nothing beyond the CSR arrays and ``state_rec`` (``state_dp`` reads the states' own rows).
 
 **On disk.** ``save_tables`` writes them, with the FST's final costs, as uncompressed ``.npy``
 files in ``DIR/tables/`` (a directory renamed into place when complete; ``meta.json`` names the
