@@ -25,7 +25,8 @@ def test_lm_scale_on_a_slice(tmp_path):
     out = tmp_path / "scale.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lm_scale.py"), "--root", str(tmp_path / "b"),
                         "--configs", "o5", "--corpus", str(corpus), "--slice-mb", "0.3", "--memory", "64M",
-                        "--lattices", "2", "--warm", "2", "--rounds", "2", "--heldout-files", "2", "--first-runs", "1", "--out", str(out)],
+                        "--lattices", "2", "--warm", "2", "--rounds", "2", "--heldout-files", "2", "--first-runs", "1",
+                        "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(out.read_text())

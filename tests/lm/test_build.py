@@ -202,10 +202,6 @@ def _fake_tool(tmp_path, monkeypatch, name: str, script: str):
     monkeypatch.setenv("LATTICEDRAFT_KENLM_BIN", str(d))
 
 
-def _fake_lmplz(tmp_path, monkeypatch, script: str):
-    _fake_tool(tmp_path, monkeypatch, "lmplz", script)
-
-
 @pytest.mark.parametrize("script,msg", [
     ("kill -9 $$", r"lmplz .* was killed by signal SIGKILL \(SIGKILL usually means .*out-of-memory"),
     ("echo 'std::bad_alloc' >&2; exit 1", r"lmplz .* ran out of memory with --memory 64M"),
@@ -213,7 +209,7 @@ def _fake_lmplz(tmp_path, monkeypatch, script: str):
      r"lmplz .* ran out of temporary disk space"),
 ])
 def test_lmplz_failures_name_the_step_and_leave_no_build(tmp_path, monkeypatch, corpus_file, script, msg):
-    _fake_lmplz(tmp_path, monkeypatch, script)
+    _fake_tool(tmp_path, monkeypatch, "lmplz", script)
     out = tmp_path / "lm"
     with pytest.raises(BuildError, match=msg) as e:
         build(_opts(corpus_file, out))
