@@ -33,11 +33,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding.bpd import bpd_decode  # noqa: E402
-from latticedraft.decoding.draft_tree import TreePlanner  # noqa: E402
-from latticedraft.decoding.run import DrafterSpec, Session, encode, read_prompts  # noqa: E402
-from latticedraft.gpu.cost_model import CostModel  # noqa: E402
-from latticedraft.gpu.verify import Verifier  # noqa: E402
+from latticedraft.decoding.loop import bpd_decode  # noqa: E402
+from latticedraft.decoding.planning.draft_tree import TreePlanner  # noqa: E402
+from latticedraft.decoding.runs.session import DrafterSpec, Session, encode, read_prompts  # noqa: E402
+from latticedraft.gpu.verify.cost_model import CostModel  # noqa: E402
+from latticedraft.gpu.verify.verifier import Verifier  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 SPEC = DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto", context_ngrams=3, draft_vocab="auto")
@@ -96,7 +96,7 @@ def projection_options(model, vocab, nodes=(1, 4, 8, 16), extra: int = 3, repeat
 def random_llama(hidden, layers, inter, heads, vocab=8192, num_heads=8):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from latticedraft.gpu.blockwise import BlockwiseModel
+    from latticedraft.gpu.models.blockwise import BlockwiseModel
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter,

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding.rank_summary import read_records, summarize  # noqa: E402
+from latticedraft.decoding.runs.rank_summary import read_records, summarize  # noqa: E402
 
 
 def heldout_prompts(n: int, lo: int = 32, hi: int = 64) -> list[dict]:

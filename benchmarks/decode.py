@@ -35,8 +35,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding import hf_baselines  # noqa: E402
-from latticedraft.decoding.run import DrafterSpec, Session, encode, read_prompts  # noqa: E402
+from latticedraft.decoding.eval import hf_baselines  # noqa: E402
+from latticedraft.decoding.runs.session import DrafterSpec, Session, encode, read_prompts  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 HEADS = DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto", draft_vocab="auto")  # heads only, fast
@@ -90,8 +90,8 @@ def main(argv=None) -> int:
         rows = [r for r in rows if r not in HF_ROWS]  # transformers' PLD and assisted decoding take batch 1 only
     if a.only:
         rows = [r for r in rows if r in a.only or r.startswith("greedy")]
-    from latticedraft.gpu.hf import load_causal_lm
-    from latticedraft.decoding.run import default_rescorer_dir
+    from latticedraft.gpu.models.hf import load_causal_lm
+    from latticedraft.decoding.runs.session import default_rescorer_dir
 
     helper = load_causal_lm(default_rescorer_dir(), dtype=torch.float32) if HF_ROWS[1] in rows else None
     for name in rows:  # cost curves and acceptance rates are measured once and cached, before any timing

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from latticedraft.atomic import write_atomic
-from latticedraft.decoding.dynamo import (VARIANTS, DynamoConfig, generate, load_model, load_tokenizer_for,
+from latticedraft.decoding.dynamo.sampler import (VARIANTS, DynamoConfig, generate, load_model, load_tokenizer_for,
                                           step_distribution, variant)
-from latticedraft.decoding.dynamo_eval import read_prompts, sample_base
+from latticedraft.decoding.dynamo.evaluate import read_prompts, sample_base
 from latticedraft.lm.cooccurrence import resolve_table
 from latticedraft.lm.tokenizer import fingerprint
 from latticedraft.paths import data_dir

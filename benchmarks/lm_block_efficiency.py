@@ -54,10 +54,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding.evaluate import EvalConfig, _run, machine  # noqa: E402
-from latticedraft.decoding.prompt_length import fit_prompts  # noqa: E402
-from latticedraft.decoding.run import DrafterSpec, Session, encode, read_prompts  # noqa: E402
-from latticedraft.decoding.tune import default_alphas_file, read_alphas  # noqa: E402
+from latticedraft.decoding.eval.evaluate import EvalConfig, _run, machine  # noqa: E402
+from latticedraft.decoding.runs.prompt_length import fit_prompts  # noqa: E402
+from latticedraft.decoding.runs.session import DrafterSpec, Session, encode, read_prompts  # noqa: E402
+from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas  # noqa: E402
 from latticedraft.paths import data_dir, default_lm_dir  # noqa: E402
 
 CONFIGS = ("o4", "o4p", "o5", "o5p", "o6", "o6p")

@@ -32,7 +32,7 @@ import json, sys, time
 c0 = time.process_time()
 t0 = time.perf_counter()
 import torch
-from latticedraft.gpu.blockwise import BlockwiseModel
+from latticedraft.gpu.models.blockwise import BlockwiseModel
 t1 = time.perf_counter()
 bm = BlockwiseModel.from_pretrained(sys.argv[1])
 t2 = time.perf_counter()

@@ -42,7 +42,7 @@ def _model(random: bool):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from latticedraft.gpu.verify import position_limit, sliding_window
+    from latticedraft.gpu.verify.verifier import position_limit, sliding_window
     from latticedraft.paths import data_dir
 
     base = data_dir() / "base"
@@ -53,7 +53,7 @@ def _model(random: bool):
     sys.path.insert(0, str(ROOT / "data"))
     from build import BASE, VOCAB  # the bundled base's architecture
 
-    from latticedraft.gpu.train import LMArch
+    from latticedraft.gpu.train.lm import LMArch
 
     torch.manual_seed(0)
     m = AutoModelForCausalLM.from_config(LMArch(**BASE).hf_config(VOCAB)).eval()
@@ -68,9 +68,9 @@ def child(args) -> dict:
     import numpy as np
     import torch
 
-    from latticedraft.decoding.bpd import bpd_decode
-    from latticedraft.decoding.lookahead import lookahead_decode
-    from latticedraft.gpu.verify import sliding_window
+    from latticedraft.decoding.loop import bpd_decode
+    from latticedraft.decoding.proposers.lookahead import lookahead_decode
+    from latticedraft.gpu.verify.verifier import sliding_window
 
     torch.set_num_threads(1)
     model, desc = _model(args.random)

@@ -31,10 +31,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding import hf_baselines  # noqa: E402
-from latticedraft.decoding.bpd import greedy_decode  # noqa: E402
-from latticedraft.decoding.lookahead import lookahead_decode  # noqa: E402
-from latticedraft.decoding.run import Session, encode, read_prompts  # noqa: E402
+from latticedraft.decoding.eval import hf_baselines  # noqa: E402
+from latticedraft.decoding.loop import greedy_decode  # noqa: E402
+from latticedraft.decoding.proposers.lookahead import lookahead_decode  # noqa: E402
+from latticedraft.decoding.runs.session import Session, encode, read_prompts  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 CONFIGS = ("15,5,15", "15,5,15+ref", "7,4,7+ref", "5,3,5+ref", "3,3,3+ref", "1,2,0")
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     s = Session(a.model, None, None, None, None, a.threads)
     recs = read_prompts(a.prompts)[a.skip : a.skip + a.num_prompts]
     if a.lookahead_config:
-        from latticedraft.decoding.tune_lookahead import read_lookahead_config
+        from latticedraft.decoding.eval.tune_lookahead import read_lookahead_config
 
         c = read_lookahead_config(a.lookahead_config)
         a.configs = a.configs + [f"{c['W']},{c['N']},{c['G']}" + ("+ref" if c["prompt_as_reference"] else "")]

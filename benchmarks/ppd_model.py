@@ -25,9 +25,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding.ppd_model import (expected_compute, expected_latency, match_rates,  # noqa: E402
+from latticedraft.decoding.self_draft.ppd_model import (expected_compute, expected_latency, match_rates,  # noqa: E402
                                              simulate_mean)
-from latticedraft.decoding.run import Session, encode, read_prompts  # noqa: E402
+from latticedraft.decoding.runs.session import Session, encode, read_prompts  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 KS = (1, 3, 5)
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     s = Session(a.model, threads=1)
-    from latticedraft.gpu.layer_split import LayerSplit
+    from latticedraft.gpu.verify.layer_split import LayerSplit
 
     split = LayerSplit(s.model)
     d = split.num_layers
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
                                                                          "exit_heads.json").is_file() else None)
     tables = {"shared": match_rates(s.model, seqs, KS)}
     if heads_dir:
-        from latticedraft.gpu.exit_heads import load_exit_heads
+        from latticedraft.gpu.models.exit_heads import load_exit_heads
 
         tables["trained"] = match_rates(s.model, seqs, KS, exit_head=load_exit_heads(heads_dir, split))
     l = a.max_new_tokens

@@ -84,7 +84,7 @@ class ModelLattices:
     def __init__(self, model_dir, ids: np.ndarray, seed: int = 0, windows: int = 24, width: int = 128):
         import torch
 
-        from latticedraft.gpu.blockwise import BlockwiseModel
+        from latticedraft.gpu.models.blockwise import BlockwiseModel
 
         model = BlockwiseModel.from_pretrained(model_dir).eval()
         rng = np.random.default_rng(seed)

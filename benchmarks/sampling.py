@@ -32,9 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding.mtad import MtadOptions  # noqa: E402
-from latticedraft.decoding.run import DrafterSpec, Session, encode, read_prompts  # noqa: E402
-from latticedraft.decoding.spec_sampling import SamplingOptions  # noqa: E402
+from latticedraft.decoding.proposers.mtad import MtadOptions  # noqa: E402
+from latticedraft.decoding.runs.session import DrafterSpec, Session, encode, read_prompts  # noqa: E402
+from latticedraft.decoding.accept.sampling import SamplingOptions  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 ROWS = ("HF generate(do_sample)", "HF assisted (draft model)", "ours: heads (top1)", "ours: draft model",
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     target_calls = CallCounter(base)
     dyn = None
     if "DynaMo" in a.rows:
-        from latticedraft.decoding import dynamo
+        from latticedraft.decoding.dynamo import sampler as dynamo
         from latticedraft.lm.cooccurrence import resolve_table
 
         dmodel = dynamo.load_model(a.dynamo_model)
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
         return outs, calls
 
     def dynamo_row(T):
-        from latticedraft.decoding.dynamo import DynamoConfig, generate
+        from latticedraft.decoding.dynamo.sampler import DynamoConfig, generate
 
         res = generate(dyn[0], [p.tolist() for p in ids], DynamoConfig(temperature=T), dyn[1],
                        max_new_tokens=a.max_new_tokens, seed=a.seed, eos_token_id=s.eos, progress=False)

@@ -30,12 +30,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding.kangaroo import KangarooOptions, acceptance_by_position  # noqa: E402
-from latticedraft.decoding.lookahead import LookaheadOptions  # noqa: E402
-from latticedraft.decoding.ppd import PPDOptions  # noqa: E402
-from latticedraft.decoding.ppd_model import predicted  # noqa: E402
-from latticedraft.decoding.run import DrafterSpec, Session, encode, read_prompts  # noqa: E402
-from latticedraft.gpu.layer_split import LayerSplit  # noqa: E402
+from latticedraft.decoding.proposers.kangaroo import KangarooOptions, acceptance_by_position  # noqa: E402
+from latticedraft.decoding.proposers.lookahead import LookaheadOptions  # noqa: E402
+from latticedraft.decoding.self_draft.ppd import PPDOptions  # noqa: E402
+from latticedraft.decoding.self_draft.ppd_model import predicted  # noqa: E402
+from latticedraft.decoding.runs.session import DrafterSpec, Session, encode, read_prompts  # noqa: E402
+from latticedraft.gpu.verify.layer_split import LayerSplit  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 

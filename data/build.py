@@ -108,7 +108,8 @@ def stage_prompts(per_file: int = 2, lo: int = 32, hi: int = 64) -> None:
 
 
 def _train_lm(name: str, arch: dict, opt: dict) -> None:
-    from latticedraft.gpu.train import LMArch, OptimConfig, train_lm
+    from latticedraft.gpu.train.lm import LMArch, train_lm
+    from latticedraft.gpu.train.loop import OptimConfig
 
     out = DATA / name
     res = train_lm(DATA / "tokenizer", stdlib_split("train"), out, LMArch(**arch), OptimConfig(seed=SEED, **opt),
@@ -121,7 +122,8 @@ def stage_base() -> None:
 
 
 def _train_heads(name: str) -> None:
-    from latticedraft.gpu.train import OptimConfig, train_heads
+    from latticedraft.gpu.train.heads import train_heads
+    from latticedraft.gpu.train.loop import OptimConfig
 
     spec = HEADS[name]
     out = DATA / name
@@ -133,8 +135,8 @@ def _train_heads(name: str) -> None:
 
 def stage_draft_vocab() -> None:
     """Token ids of the heads' training corpus ranked by frequency (``--draft-vocab``)."""
-    from latticedraft.decoding.draft_vocab import write_ranked
-    from latticedraft.gpu.data import encode_files
+    from latticedraft.decoding.planning.draft_vocab import write_ranked
+    from latticedraft.gpu.train.data import encode_files
     from latticedraft.lm.tokenizer import load_tokenizer
 
     tok = load_tokenizer(DATA / "tokenizer" / "tokenizer.json")
@@ -157,10 +159,10 @@ def stage_report() -> None:
 
     import numpy as np
 
-    from latticedraft.gpu.blockwise import BlockwiseModel
-    from latticedraft.gpu.data import TokenWindows, encode_files
-    from latticedraft.gpu.evaluate import head_metrics, perplexity
-    from latticedraft.gpu.hf import load_causal_lm
+    from latticedraft.gpu.models.blockwise import BlockwiseModel
+    from latticedraft.gpu.train.data import TokenWindows, encode_files
+    from latticedraft.gpu.train.evaluate import head_metrics, perplexity
+    from latticedraft.gpu.models.hf import load_causal_lm
 
     tok = load_tokenizer(DATA / "tokenizer")
     held = encode_files(stdlib_split("heldout"), tok)
@@ -294,10 +296,10 @@ def _train_self_draft(name: str) -> None:
     import numpy as np
     import torch
 
-    from latticedraft.gpu.data import encode_files
-    from latticedraft.gpu.layer_split import LayerSplit
-    from latticedraft.gpu.self_draft_train import adapter_loss, exit_heads_loss, train_adapter, train_exit_heads
-    from latticedraft.gpu.train import OptimConfig
+    from latticedraft.gpu.train.data import encode_files
+    from latticedraft.gpu.verify.layer_split import LayerSplit
+    from latticedraft.gpu.train.self_draft import adapter_loss, exit_heads_loss, train_adapter, train_exit_heads
+    from latticedraft.gpu.train.loop import OptimConfig
 
     spec, out = SELF_DRAFT[name], DATA / name
     cfg = OptimConfig(seed=SEED, **spec["opt"])
@@ -307,7 +309,7 @@ def _train_self_draft(name: str) -> None:
                             save_dtype="float16")
     else:
         res = train_exit_heads(DATA / "base", stdlib_split("train"), out, cfg, resume=resume, save_dtype="float16")
-    from latticedraft.decoding.run import load_model
+    from latticedraft.decoding.runs.session import load_model
 
     split = LayerSplit(load_model(DATA / "base"))
     tok = load_tokenizer(DATA / "tokenizer" / "tokenizer.json")
@@ -316,12 +318,12 @@ def _train_self_draft(name: str) -> None:
     batch = torch.as_tensor(np.stack([stream[s:s + 128] for s in starts]).astype(np.int64))
     with torch.no_grad():
         if name == "adapter-kangaroo":
-            from latticedraft.gpu.adapter import load_adapter
+            from latticedraft.gpu.models.adapter import load_adapter
 
             loss, parts = adapter_loss(split, load_adapter(out, split), batch)
             scores = {"heldout_soft_ce": round(loss.item(), 4), "heldout_top1_agreement": round(parts["top1"], 4)}
         else:
-            from latticedraft.gpu.exit_heads import load_exit_heads
+            from latticedraft.gpu.models.exit_heads import load_exit_heads
 
             heads = load_exit_heads(out, split)
             _, parts = exit_heads_loss(split, heads, batch)

@@ -5,7 +5,7 @@ different lengths). Skipped until the bundled models are built (scripts/setup.sh
 import numpy as np
 import pytest
 
-from latticedraft.decoding.run import DrafterSpec, default_model_dir, default_rescorer_dir
+from latticedraft.decoding.runs.session import DrafterSpec, default_model_dir, default_rescorer_dir
 from latticedraft.paths import default_lm_dir
 from tests.decoding.tiny import bundled_greedy
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.run import DrafterSpec, default_model_dir
-from latticedraft.gpu.data import encode_files
-from latticedraft.gpu.verify import position_limit, sliding_window
+from latticedraft.decoding.runs.session import DrafterSpec, default_model_dir
+from latticedraft.gpu.train.data import encode_files
+from latticedraft.gpu.verify.verifier import position_limit, sliding_window
 from latticedraft.lm.corpus import stdlib_split
 
 PROMPT, NEW = 1500, 24
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.skipif(_base_limit() < PROMPT + NEW or not (default_mo
 
 
 def test_bundled_1500_token_prompt_equals_hf_greedy():
-    from latticedraft.decoding.run import Session
+    from latticedraft.decoding.runs.session import Session
 
     s = Session()
     assert sliding_window(s.model) and position_limit(s.model) >= PROMPT + NEW

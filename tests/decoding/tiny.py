@@ -96,7 +96,7 @@ def blockwise(arch: str = "gpt2", dtype=torch.float32, num_heads: int = 4, seed:
               window: int = 7):
     """A real ``BlockwiseModel`` (Stern heads) on a tiny random base (Mistral: sliding ``window``);
     the heads are perturbed so that they disagree with each other and the drafts differ from step to step."""
-    from latticedraft.gpu.blockwise import BlockwiseModel
+    from latticedraft.gpu.models.blockwise import BlockwiseModel
 
     m = BlockwiseModel.from_base(tiny_model(arch, dtype, seed, window=window), num_heads, kind="stern", seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
@@ -114,7 +114,7 @@ def save_bpd_bundle(d, texts, rescorer: bool = False, noise: float = 0.3):
 
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from latticedraft.gpu.blockwise import BlockwiseModel
+    from latticedraft.gpu.models.blockwise import BlockwiseModel
 
     torch.manual_seed(0)
     base = GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_positions=256, n_embd=16, n_layer=1, n_head=2)).eval()
@@ -132,7 +132,7 @@ def save_bpd_bundle(d, texts, rescorer: bool = False, noise: float = 0.3):
 
 def bundled_greedy(num_prompts: int = 4, max_new_tokens: int = 32):
     """(Session on the bundled model, the first held-out prompts' ids, their greedy tokens)."""
-    from latticedraft.decoding.run import Session, encode, read_prompts
+    from latticedraft.decoding.runs.session import Session, encode, read_prompts
     from latticedraft.paths import data_dir
 
     s = Session()

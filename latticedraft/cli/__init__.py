@@ -1,0 +1,60 @@
+"""``latticedraft <group> <verb>``: parses arguments, calls the library, prints results.
+
+Thin by design: no algorithm lives here. One module per command (``decode``, ``eval``, ``tune``,
+``demo``, ``train``, ``lm``, ``rescore``, ``lattice``), each with an ``add_parser(groups)`` that
+registers its arguments and the function that runs it; every command is a function
+``(args) -> int``. User errors (``LatticedraftError``) print as one line ``error: ...`` and exit
+with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from latticedraft.cli import decode, demo, lattice, lm, rescore, train, tune
+from latticedraft.cli import eval as evaluate
+from latticedraft.cli.parser import Parser, commands
+from latticedraft.errors import LatticedraftError
+
+_GROUPS = (train, lm, decode, evaluate, tune, demo, rescore, lattice)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from latticedraft import __version__
+
+    parser = Parser(prog="latticedraft", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"latticedraft {__version__}")
+    groups = parser.add_subparsers(dest="group", required=True, metavar="<group>")
+    for command in _GROUPS:
+        command.add_parser(groups)
+    for _, p in commands(parser):  # what cli_checks.given compares against
+        opts = [x for x in p._actions if x.option_strings and x.dest != "help"]
+        p.set_defaults(_defaults={x.dest: p.get_default(x.dest) for x in opts},
+                       _flags={x.dest: max(x.option_strings, key=len) for x in opts})
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        from latticedraft.textin import check_text_value
+
+        for dest in ("prompt", "text"):
+            check_text_value(getattr(args, dest, None), f"--{dest}")
+        return int(args.func(args) or 0)
+    except LatticedraftError as e:
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2
+    except OSError as e:  # the file system refused: a path the user gave, named by the OS
+        where = f" {e.filename}" if e.filename else ""
+        print(f"error:{where}: {e.strerror or e}; check the path and its permissions", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Option groups shared by several commands (model, drafting, tree, sampling, lookahead, self-drafting), token-id options and standard-input corpora."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+
+
+def common_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, metavar="DIR", help="BPD head checkpoint or HF causal LM (default data/heads-stern)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH", help="tokenizer.json (default: beside the model, else data/tokenizer)")
+    p.add_argument("--device", default=None, help="torch device (default cpu)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; 1 is fastest for tiny models on a busy CPU)")
+
+
+def drafter_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("drafting (--method bpd)")
+    g.add_argument("--drafter", default="top1",
+                   choices=["top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none"],
+                   help="top1 = vanilla BPD; ngram/parallel = n-gram rescoring, p = 1 / --nbest; "
+                        "parallel-base = --nbest paths of the un-rescored lattice; neural = Algorithm 2; "
+                        "oracle = best lattice path given the greedy output; model = an auxiliary draft model "
+                        "(--draft-model DIR, classic speculative decoding); none = no head drafts (with "
+                        "--context-ngrams: prompt lookup on latticedraft's verifier) (default top1)")
+    g.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
+    g.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
+    g.add_argument("--alpha", type=float, default=1.0, help="interpolation weight of the rescoring LM (default 1.0)")
+    g.add_argument("--nbest", type=int, default=16, help="drafts verified per step for parallel drafters (default 16)")
+    g.add_argument("--k", type=int, default=16, help="candidates per head in the lattice (default 16)")
+    g.add_argument("--prune", default="none", choices=["none", "static", "otsu"], help="lattice pruning (default none)")
+    g.add_argument("--eps", type=float, default=0.001, help="static pruning threshold, a probability (default 0.001)")
+    g.add_argument("--backoff", type=float, default=None, metavar="EPS_B",
+                   help="cut the lattice at the first head whose best probability is below EPS_B")
+    g.add_argument("--slots", type=int, default=None, metavar="D",
+                   help="draft from the first D extra heads only; the others are not computed (default: all)")
+    g.add_argument("--verify", default="auto", choices=["auto", "tree", "batched"],
+                   help="tree attention or drafts as batch rows (default auto: tree where the model takes 4-D masks)")
+
+
+def tree_args(p: argparse.ArgumentParser) -> None:
+    """Which nodes each step verifies (decode only: eval and tune measure the paper's drafters)."""
+    g = p.add_argument_group("draft tree (--method bpd)")
+    g.add_argument("--tree", default="auto", choices=["auto", "fixed"],
+                   help="auto: verify the nodes that maximise expected tokens per second under the measured "
+                        "step cost T(n); fixed: every drafted path (default auto)")
+    g.add_argument("--context-ngrams", type=int, default=3, metavar="N",
+                   help="also draft what followed earlier matches of the last N..1 tokens in the prompt and "
+                        "output (prompt lookup); 0 = off (default 3)")
+    g.add_argument("--draft-vocab", default="auto", metavar="V",
+                   help="the extra heads project onto the V most frequent tokens (draft_vocab.json beside the "
+                        "heads); 0 = the full vocabulary; verification always uses all (default auto: 1024 "
+                        "where the heads ship a ranking, else all)")
+    g.add_argument("--lookahead-pool", action="store_true",
+                   help="also run a lookahead Jacobi window in each verify call and add its n-gram pool's "
+                        "paths for the last token to the tree (sizes from --window/--ngram/--pool)")
+
+
+def mtad_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("auxiliary draft model (--drafter model, --method mtad)")
+    g.add_argument("--draft-model", default=None, metavar="DIR",
+                   help="a small causal LM with the target's tokenizer that drafts (e.g. data/rescorer-medium)")
+    g.add_argument("--beams", type=int, default=8, help="MTAD: beams of the draft model's beam sampling (default 8)")
+    g.add_argument("--tau", type=float, default=0.1,
+                   help="MTAD: accept the longest draft prefix whose joint ratio min(1, p/q) exceeds TAU "
+                        "(default 0.1; >= 1: ordinary sampling). MTAD is approximate, not lossless")
+
+
+def gamma_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gamma", type=int, default=None,
+                   help="most tokens drafted per step: by the draft model (--drafter model, --method mtad; default "
+                        "4) or by Kangaroo's adapter (--method kangaroo; default 6)")
+
+
+def gamma_of(a, default: int) -> int:
+    """``--gamma``, or the method's default when it was left out."""
+    return default if getattr(a, "gamma", None) is None else a.gamma
+
+
+def lookahead_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("lookahead decoding (--method lookahead)")
+    g.add_argument("--window", type=int, default=15, metavar="W",
+                   help="W: future positions the Jacobi window guesses per step (default 15, the paper's for 7B)")
+    g.add_argument("--ngram", type=int, default=5, metavar="N",
+                   help="N: n-gram size; the window keeps N-1 past Jacobi iterates (default 5)")
+    g.add_argument("--pool", type=int, default=15, metavar="G",
+                   help="G: n-grams kept per first token and verified per step; 0 = Jacobi window only (default 15)")
+    g.add_argument("--prompt-as-reference", action="store_true",
+                   help="start the window from prompt tokens and seed the n-gram pool with the prompt's n-grams")
+    g.add_argument("--lookahead-config", default=None, metavar="FILE.json",
+                   help="W, N, G (and --prompt-as-reference) chosen by `latticedraft tune --method lookahead`")
+
+
+def self_draft_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("early-layer self-drafting (--method kangaroo / ppd)")
+    g.add_argument("--adapter", default=None, metavar="DIR",
+                   help="kangaroo: the adapter from `train adapter` (default data/adapter-kangaroo; its exit layer is l)")
+    g.add_argument("--eta", type=float, default=0.6,
+                   help="kangaroo: stop drafting when the adapter's top-1 probability is <= eta (default 0.6)")
+    g.add_argument("--exit-layer", type=int, default=None, metavar="DBAR",
+                   help="ppd: early prediction after this layer (default: half the layers)")
+    g.add_argument("--candidates", type=int, default=3, metavar="K",
+                   help="ppd: early top-k candidates started per token (default 3)")
+    g.add_argument("--exit-heads", default=None, metavar="DIR",
+                   help="ppd: per-layer early-exit heads from `train heads --early-exit` (default: the shared LM head)")
+
+
+def sampling_args(p: argparse.ArgumentParser) -> None:
+    """generate's sampling flags, its meanings and defaults (``--method bpd`` and ``lookahead``
+    with ``--do-sample``; ``--method mtad`` always samples, default top-k 20 / top-p 0.9)."""
+    g = p.add_argument_group("sampling (--do-sample: as generate(do_sample=True), same meanings and defaults)")
+    g.add_argument("--do-sample", action="store_true",
+                   help="sample instead of decoding greedily; --method bpd and lookahead sample losslessly "
+                        "(speculative sampling: the output has the target's sampling distribution)")
+    g.add_argument("--temperature", type=float, default=None, help="softmax temperature (default 1.0; dynamo 0.7)")
+    g.add_argument("--top-k", type=int, default=None, help="keep the K most likely tokens, 0 = off (default 50; mtad 20)")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus filter, 1 = off (default 1.0; mtad 0.9)")
+    g.add_argument("--seed", type=int, default=0, help="sampling seed; row r draws from default_rng([S, r]) (default 0)")
+    g.add_argument("--repetition-penalty", type=float, default=None,
+                   help="generate's repetition penalty, 1 = off (default 1.0; dynamo 1.1)")
+
+
+def dynamo_sampler_args(p: argparse.ArgumentParser) -> None:
+    """DynaMo's sampling flags (paper defaults, Appendix A.1); options the parser already has are left to it."""
+    have = set(p._option_string_actions)
+
+    def add(flag, **kw):
+        if flag not in have:
+            p.add_argument(flag, **kw)
+
+    g = p.add_argument_group("DynaMo sampling (--method dynamo)")
+
+    def addg(flag, **kw):
+        if flag not in have:
+            g.add_argument(flag, **kw)
+
+    addg("--epsilon-b", type=float, default=0.5, help="back-off threshold ε_b in [0, 1]: 0 always emits n tokens, 1 always one (default 0.5)")
+    addg("--seed", type=int, default=0, help="sampling seed (default 0)")
+    addg("--top-k", type=int, default=None, help="top-k per head (default 50)")
+    addg("--temperature", type=float, default=None, help="softmax temperature (default 0.7)")
+    addg("--repetition-penalty", type=float, default=None, help="divides the probability of repeated tokens (default 1.1)")
+    addg("--alpha-c", type=float, default=1.0, help="co-occurrence mask exponent α_c (default 1.0)")
+    addg("--unseen-weight", type=float, default=0.5, help="co-occurrence mask of pairs/triples the corpus lacks (default 0.5; 0 = hard)")
+    addg("--max-n", type=int, default=None, help="most tokens per call (default: the model's heads, at most 3)")
+    addg("--no-cooccurrence", action="store_true", help="turn co-occurrence masking off")
+    addg("--no-adaptive-threshold", action="store_true", help="turn Otsu adaptive thresholding off")
+    addg("--no-blur", action="store_true", help="no Gaussian blur before Otsu")
+    addg("--variant", choices=["CO+AT+G3", "CO+AT", "CO", "CO-0.5+AT+G3", "AT+G3"],
+         help="an ablation variant (sets the three technique flags and α_c)")
+    addg("--cooccurrence", default="auto", metavar="PATH",
+         help="co-occurrence table (file or LM build dir); auto: the bundled build's or one counted on stdlib:train")
+    add("--tokenizer", default=None, metavar="PATH", help="tokenizer (default: beside the model, else data/tokenizer)")
+    add("--device", default=None, help="torch device (default cpu)")
+
+
+def parse_ids(values, opt: str = "token ids") -> list[int] | None:
+    """Token ids as typed after ``opt``, one spelling everywhere: ``12,7,99``, ``12 7 99`` or
+    ``"12 7 99"`` (``values`` is argparse's list of words, or one string) -> [12, 7, 99]; None stays None."""
+    if values is None:
+        return None
+    text = " ".join(values) if isinstance(values, (list, tuple)) else str(values)
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        from latticedraft.errors import InputError
+
+        raise InputError(f"{opt} {text!r}: token ids must be integers separated by commas or spaces, "
+                         "e.g. 12,7,99 or 12 7 99") from None
+
+
+def add_ids(p, flag: str, help: str, default=None) -> None:
+    """An option taking token ids, space- or comma-separated (see ``parse_ids``)."""
+    p.add_argument(flag, nargs="*", default=default, metavar="ID", help=help + "; space- or comma-separated")
+
+
+@contextlib.contextmanager
+def stdin_corpus(specs: list[str]):
+    """``specs`` with ``-`` replaced by a temporary copy of standard input (``stdin.txt``)."""
+    if "-" not in specs:
+        yield list(specs)
+        return
+    import tempfile
+
+    from latticedraft.textin import read_bytes_arg
+
+    with tempfile.TemporaryDirectory(prefix="latticedraft-stdin-") as d:
+        f = Path(d) / "stdin.txt"
+        f.write_bytes(read_bytes_arg("-", "--corpus", "pipe the corpus text into --corpus -"))
+        yield [str(f) if x == "-" else x for x in specs]
+
+
+def set_threads(a) -> None:
+    """Apply ``--threads`` where no ``Session`` does it (the DynaMo commands)."""
+    if getattr(a, "threads", None) is not None:
+        import torch
+
+        torch.set_num_threads(a.threads)

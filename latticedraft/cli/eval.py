@@ -1,0 +1,166 @@
+"""``latticedraft eval``: every drafter on a prompt set (the paper's tables and figures), the DynaMo ablation, or a summary of a data-set run's records."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from latticedraft.cli.args import (
+    common_model_args,
+    drafter_args,
+    dynamo_sampler_args,
+    gamma_arg,
+    lookahead_args,
+    sampling_args,
+    self_draft_args,
+    set_threads,
+)
+from latticedraft.cli.options import dynamo_config, lookahead_options, sampling_options, self_draft_rows
+
+
+def _dynamo_eval_args(p: argparse.ArgumentParser) -> None:
+    """Flags of ``eval --method dynamo`` (the ablation); options the parser already has are left to it."""
+    dynamo_sampler_args(p)
+    have = set(p._option_string_actions)
+    g = p.add_argument_group("DynaMo ablation (--method dynamo)")
+    for flag, kw in [
+        ("--epsilons", dict(type=float, nargs="+", default=None, help="ε_b grid (default 0.0 0.1 … 1.0)")),
+        ("--variants", dict(nargs="+", default=None, help="variants (default CO+AT+G3 CO+AT CO CO-0.5+AT+G3 AT+G3)")),
+        ("--seeds", dict(type=int, nargs="+", default=[0], help="sampling seeds per prompt (default 0)")),
+        ("--num-prompts", dict(type=int, default=20, help="first N prompts of the file (default 20)")),
+        ("--heldout-tokens", dict(type=int, default=16384, help="held-out tokens for PPL_n / PPL_1:n (0: skip)")),
+        ("--dynamic-tokens", dict(type=int, default=2048, help="held-out tokens for PPL_d per ε_b (default 2048)")),
+        ("--out", dict(type=Path, default=Path("dynamo-eval"), help="output directory (default ./dynamo-eval)")),
+        ("--max-new-tokens", dict(type=int, default=48, help="tokens per generation (default 48)")),
+        ("--prompts", dict(default=None, help="prompt JSONL (default data/prompts.jsonl)")),
+        ("--model", dict(default=None, help="DynaMo head checkpoint (default data/heads-dynamo)")),
+    ]:
+        if flag not in have:
+            g.add_argument(flag, **kw)
+
+
+def _cmd_eval_dynamo(a) -> int:
+    """``eval --method dynamo``: ε_b × variants ablation, quality proxy, held-out perplexities; table + PNG."""
+    from latticedraft.decoding.dynamo.evaluate import EPSILONS, evaluate
+    from latticedraft.decoding.dynamo.sampler import VARIANTS
+
+    set_threads(a)
+    res, paths = evaluate(
+        model_dir=getattr(a, "model", None), prompts_file=getattr(a, "prompts", None), out_dir=a.out,
+        tokenizer_path=getattr(a, "tokenizer", None), cooccurrence=a.cooccurrence, num_prompts=a.num_prompts,
+        seeds=a.seeds, max_new_tokens=getattr(a, "max_new_tokens", 48) or 48, epsilons=a.epsilons or EPSILONS,
+        variants=a.variants or VARIANTS, heldout_tokens=a.heldout_tokens, dynamic_tokens=a.dynamic_tokens,
+        base=dynamo_config(a), device=getattr(a, "device", None), notify=lambda m: print(m, file=sys.stderr))
+    print(paths["table"].read_text())
+    print(f"wrote {paths['json']}, {paths['table']}, {paths['plot']}")
+    return 0
+
+
+def _cmd_eval(a) -> int:
+    """``eval``: every drafter on a prompt set; results.json, results.md, Figure 6 and 7 PNGs."""
+    from latticedraft.cli.checks import (
+        DRAFTING,
+        DYNAMO_ONLY,
+        LOOKAHEAD,
+        at_least,
+        check_device,
+        check_drafting,
+        check_lookahead_sizes,
+        check_model_limits,
+        check_sampling,
+        refuse_given,
+    )
+    from latticedraft.paths import check_writable
+
+    if a.records is not None:
+        return _cmd_eval_records(a)
+    check_device(a.device)
+    at_least(a, "truncate_left", 1)
+    check_drafting(a)
+    check_writable(a.out, "--out", "directory")
+    if a.method == "dynamo":
+        refuse_given(a, DRAFTING + LOOKAHEAD + ("alphas", "lm2", "rescorers", "batch_size", "skip", "do_sample", "top_p",
+                                                "truncate_left"),
+                     "eval --method dynamo runs the DynaMo ablation (those options apply to --method bpd)")
+        return _cmd_eval_dynamo(a)
+    refuse_given(a, DYNAMO_ONLY + ("epsilons", "variants", "seeds", "heldout_tokens", "dynamic_tokens"),
+                 "the DynaMo ablation options apply to --method dynamo (eval --method bpd samples with --do-sample)")
+    check_sampling(a, "bpd")
+    from latticedraft.decoding.eval.evaluate import EvalConfig, evaluate
+    from latticedraft.decoding.eval.tune import read_alphas
+    from latticedraft.decoding.runs.session import Session, read_prompts
+    from latticedraft.errors import InputError
+    from latticedraft.paths import data_dir
+
+    for flag, value, default in (("--drafter", a.drafter, "top1"), ("--slots", a.slots, None)):
+        if value != default:
+            raise InputError(f"{flag} {value}: eval runs every drafter (and Table 10's head counts) itself; "
+                             f"drop {flag}, or use `latticedraft decode` for one drafter")
+    check_lookahead_sizes(a)
+    alphas = read_alphas(a.alphas) if a.alphas else {"ngram": a.alpha, "neural": a.alpha}
+    rescorers = {}
+    for spec in a.rescorers or []:
+        label, _, path = spec.partition("=")
+        rescorers[f"neural-{label}" if path else "neural"] = path or label
+    cfg = EvalConfig(num_prompts=a.num_prompts, skip=a.skip, max_new_tokens=a.max_new_tokens, k=a.k, nbest=a.nbest,
+                     prune=a.prune, eps=a.eps, backoff=a.backoff, verify=a.verify,
+                     alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers,
+                     lookahead=lookahead_options(a), kangaroo=self_draft_rows(a)[0], ppd=self_draft_rows(a)[1],
+                     sampling=sampling_options(a), truncate_left=a.truncate_left)
+    prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
+    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    s.notify = lambda m: print(m, file=sys.stderr)
+    check_model_limits(a, s.model)
+    paths = evaluate(s, prompts, cfg, a.out, notify=lambda m: print(m, file=sys.stderr))
+    print(paths["table"].read_text())
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _cmd_eval_records(a) -> int:
+    """``eval --records OUT.jsonl``: a ``decode --output`` run per rank and in total."""
+    from latticedraft.cli.checks import given, refuse_given
+    from latticedraft.decoding.runs import rank_summary
+    from latticedraft.paths import check_writable
+
+    refuse_given(a, [d for d in a._defaults if d not in ("records", "out")],
+                 "eval --records summarizes a finished decode --output run (only --out applies)")
+    if given(a, "out"):
+        check_writable(a.out, "--out", "directory")
+    summary = rank_summary.summarize(rank_summary.read_records(a.records))
+    print(rank_summary.table(summary))
+    if given(a, "out"):
+        paths = rank_summary.write(summary, a.out)
+        print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def add_parser(groups) -> None:
+    p = groups.add_parser("eval", help="every drafter on a prompt set: the paper's Tables 4, 3, 10 and Figures 6, 7",
+                          description="Block efficiency of every drafter (and exactness against greedy) on a prompt set.")
+    p.add_argument("--method", default="bpd", choices=["bpd", "dynamo"], help="bpd (default) or the DynaMo ablation")
+    p.add_argument("--records", default=None, metavar="OUT.jsonl",
+                   help="instead: summarize a `decode --output` run, per rank and in total (block efficiency, "
+                        "tokens/s); writes records.json and records.md only with an explicit --out")
+    p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="{\"prompt\", \"reference\"?} per line (default data/prompts.jsonl)")
+    p.add_argument("--num-prompts", type=int, default=20, help="prompts evaluated (default 20)")
+    p.add_argument("--skip", type=int, default=0, help="skip the first N prompts (the tuning split of `tune`)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
+    p.add_argument("--truncate-left", type=int, default=None, metavar="N",
+                   help="keep the last N tokens of each prompt (default: refuse a prompt that does not fit)")
+    p.add_argument("--batch-size", type=int, default=4, help="prompts decoded together (default 4)")
+    p.add_argument("--alphas", default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (else --alpha for all)")
+    p.add_argument("--lm2", default=None, metavar="DIR", help="2-gram build for Table 3 (default: the --lm model)")
+    p.add_argument("--rescorers", nargs="+", default=None, metavar="LABEL=DIR",
+                   help="neural rescorers, one Table 4 column each (default: --rescorer)")
+    p.add_argument("-o", "--out", type=Path, default=Path("out/eval"),
+                   help="output directory for results.json, results.md and the figures (default ./out/eval)")
+    common_model_args(p)
+    drafter_args(p)
+    lookahead_args(p)
+    self_draft_args(p)
+    gamma_arg(p)
+    sampling_args(p)
+    _dynamo_eval_args(p)
+    p.set_defaults(func=_cmd_eval)

@@ -1,0 +1,508 @@
+"""DynaMo dynamic multi-token sampling (Algorithm 1 of the DynaMo paper), seeded and batched.
+
+One step, for a row whose heads 1..h gave logits ``[h, V]`` after the context ``x_{1:t}``:
+
+1. Warp each head: ``p_i = softmax(logits_i / temperature)`` restricted to its top-k ids and
+   renormalised (ties broken by the lower id).
+2. For ``n = n_max .. 2``:
+   a. ``J = p_1 ⊗ … ⊗ p_n`` (shape ``[k] * n``), times the co-occurrence mask
+      ``(p̂(joint) / Π p̂(marginal)) ** alpha_c`` (``latticedraft.lm.cooccurrence``), renormalised
+      to sum 1 (an all-zero ``J`` backs off; nothing is divided by zero);
+   b. static threshold: entries ``≤ ε_b ** (n-1)`` are set to 0;
+   c. adaptive threshold (optional): ``J`` (after an optional 3-tap Gaussian blur over every
+      axis, kernel ``[0.25, 0.5, 0.25]``, replicated border) is quantised to uint8 relative to
+      its maximum and Otsu's threshold ``t`` is found with OpenCV; entries whose quantised
+      value is ``≤ t`` are set to 0. The blur only decides which entries survive; survivors keep
+      their own probability;
+   d. repetition penalty: an entry is divided by ``penalty ** r``, ``r`` = the number of its
+      tokens already present in the context or earlier in the same tuple;
+   e. back-off: if no entry is ``> ε_b ** (n-1)``, try ``n - 1``; otherwise sample the n-tuple
+      with probability proportional to ``J``.
+3. Fallback (``n = 1``): one token from the first head's warped distribution ``p_1``, with the
+   same repetition penalty, renormalised.
+
+So ``ε_b = 1`` always emits one token (a normalised ``J`` has no entry above 1) and is exactly
+top-k/temperature/repetition-penalty sampling of head 1; ``ε_b = 0`` without adaptive
+thresholding always emits ``n_max`` tokens (unless hard co-occurrence masking zeroes the grid).
+Defaults follow the paper's Appendix A.1: k = 50, temperature 0.7, repetition penalty 1.1,
+alpha_c = 1.0, adaptive thresholding with a kernel-3 blur, co-occurrence masking on.
+
+Randomness: row ``r`` of a batch run with ``seed`` draws from ``numpy.random.default_rng([seed, r])``,
+one uniform per step, so results do not depend on the other rows.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import cv2
+import numpy as np
+
+from latticedraft.errors import InputError, ModelError
+
+VARIANTS = ("CO+AT+G3", "CO+AT", "CO", "CO-0.5+AT+G3", "AT+G3")
+
+
+@dataclass(frozen=True)
+class DynamoConfig:
+    """Sampler settings. ``max_n``: the most tokens per step (default: the model's head count)."""
+
+    epsilon_b: float = 0.5
+    top_k: int = 50
+    temperature: float = 0.7
+    repetition_penalty: float = 1.1
+    cooccurrence: bool = True
+    alpha_c: float = 1.0
+    unseen_weight: float = 0.5
+    adaptive_threshold: bool = True
+    blur: bool = True
+    blur_kernel: int = 3
+    max_n: int | None = None
+
+    def validate(self, vocab_size: int | None = None, num_heads: int | None = None) -> None:
+        """Raise ``InputError`` / ``ModelError`` for settings that cannot work with this model."""
+        if not (isinstance(self.epsilon_b, (int, float)) and 0.0 <= self.epsilon_b <= 1.0) or math.isnan(self.epsilon_b):
+            raise InputError(f"--epsilon-b {self.epsilon_b} is outside [0, 1]; 0 always emits n tokens, 1 always one")
+        if self.top_k < 1:
+            raise InputError(f"--top-k {self.top_k} must be at least 1")
+        if vocab_size is not None and self.top_k > vocab_size:
+            raise InputError(f"--top-k {self.top_k} is larger than the vocabulary ({vocab_size} tokens); "
+                             f"use --top-k ≤ {vocab_size}")
+        if not self.temperature > 0:
+            raise InputError(f"--temperature {self.temperature} must be > 0")
+        if not self.repetition_penalty > 0:
+            raise InputError(f"--repetition-penalty {self.repetition_penalty} must be > 0 (1.0 turns it off)")
+        if self.alpha_c < 0:
+            raise InputError(f"--alpha-c {self.alpha_c} must be ≥ 0")
+        if not 0.0 <= self.unseen_weight <= 1.0:
+            raise InputError(f"--unseen-weight {self.unseen_weight} must be in [0, 1] (0: unseen pairs masked out)")
+        if self.blur_kernel < 1 or self.blur_kernel % 2 == 0:
+            raise InputError(f"--blur-kernel {self.blur_kernel} must be odd and ≥ 1")
+        if self.max_n is not None:
+            if self.max_n < 1:
+                raise InputError(f"--max-n {self.max_n} must be at least 1")
+            if num_heads is not None and self.max_n > num_heads:
+                raise ModelError(
+                    f"the model has {num_heads} heads but --max-n is {self.max_n}; a step cannot emit more tokens "
+                    "than there are heads: lower --max-n or use a model with more heads"
+                )
+            if self.max_n > 3:
+                raise InputError(f"--max-n {self.max_n}: co-occurrence statistics and joints cover at most 3 tokens")
+
+    def n_for(self, num_heads: int) -> int:
+        return self.max_n if self.max_n is not None else min(num_heads, 3)
+
+
+def variant(name: str, epsilon_b: float, base: DynamoConfig | None = None) -> DynamoConfig:
+    """The ablation variants of the paper's Table 8 / Figure 10 (``VARIANTS``) at a given ``ε_b``."""
+    b = base or DynamoConfig()
+    table = {
+        "CO+AT+G3": dict(cooccurrence=True, alpha_c=1.0, adaptive_threshold=True, blur=True),
+        "CO+AT": dict(cooccurrence=True, alpha_c=1.0, adaptive_threshold=True, blur=False),
+        "CO": dict(cooccurrence=True, alpha_c=1.0, adaptive_threshold=False, blur=False),
+        "CO-0.5+AT+G3": dict(cooccurrence=True, alpha_c=0.5, adaptive_threshold=True, blur=True),
+        "AT+G3": dict(cooccurrence=False, alpha_c=0.0, adaptive_threshold=True, blur=True),
+    }
+    if name not in table:
+        raise InputError(f"unknown DynaMo variant {name!r}; choose one of {', '.join(VARIANTS)}")
+    return replace(b, epsilon_b=float(epsilon_b), **table[name])
+
+
+# ---------------------------------------------------------------------------- one step
+
+
+@dataclass
+class StepDistribution:
+    """What one step samples from: ``n`` tokens, ids per position, probabilities over the grid.
+
+    ``ids``: n int64 arrays (the top-k ids of heads 1..n); ``probs``: float64 ``[k]*n``, sums to 1;
+    ``backed_off``: the orders tried and rejected, with why (``"threshold"`` or ``"empty"``).
+    """
+
+    n: int
+    ids: list[np.ndarray]
+    probs: np.ndarray
+    backed_off: list[tuple[int, str]] = field(default_factory=list)
+
+
+def warp(logits: np.ndarray, config: DynamoConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k of ``softmax(logits / T)``: ids int64 ``[k]`` (by falling probability) and probs float64 ``[k]`` (sum 1)."""
+    x = np.asarray(logits, dtype=np.float64) / config.temperature
+    k = config.top_k
+    if k < x.size:  # the k largest, ties broken by the lower id (as a stable descending sort would)
+        kth = np.partition(-x, k - 1)[k - 1]
+        cand = np.flatnonzero(-x <= kth)
+        order = cand[np.lexsort((cand, -x[cand]))][:k]
+    else:
+        order = np.argsort(-x, kind="stable")
+    z = x[order]
+    p = np.exp(z - z.max())
+    return order.astype(np.int64), p / p.sum()
+
+
+def step_distribution(head_logits, context: Sequence[int], config: DynamoConfig, cooc=None,
+                      n_max: int | None = None) -> StepDistribution:
+    """The exact distribution one DynaMo step samples from (Algorithm 1), for one row.
+
+    ``head_logits``: float ``[h, V]`` (numpy or torch); ``context``: the ids so far (for the
+    repetition penalty); ``cooc``: a ``CooccurrenceStats`` (needed when co-occurrence masking is on).
+    """
+    logits = _as_numpy(head_logits)
+    if logits.ndim != 2:
+        raise InputError(f"head logits must be [heads, vocab], got shape {logits.shape}")
+    h, V = logits.shape
+    n = n_max if n_max is not None else config.n_for(h)
+    config.validate(vocab_size=V, num_heads=h)
+    if n > h:
+        raise ModelError(f"the model has {h} heads but the step asks for {n} tokens; lower --max-n")
+    use_co = config.cooccurrence and config.alpha_c > 0
+    if use_co and cooc is None:
+        raise InputError("co-occurrence masking is on but no table was given; pass --cooccurrence PATH or --no-cooccurrence")
+    ctx = set(int(t) for t in np.asarray(context, dtype=np.int64).ravel())
+    warped = [warp(logits[i], config) for i in range(n)]
+    backed: list[tuple[int, str]] = []
+    for m in range(n, 1, -1):
+        ids = [warped[i][0] for i in range(m)]
+        thr = config.epsilon_b ** (m - 1)
+        if thr >= 1.0:  # a normalised J has no entry above 1
+            backed.append((m, "threshold"))
+            continue
+        J = _outer([warped[i][1] for i in range(m)])
+        if use_co:
+            J = J * cooc.mask(ids, alpha_c=config.alpha_c, unseen_weight=config.unseen_weight)
+        total = J.sum()
+        if not total > 0:
+            backed.append((m, "empty"))
+            continue
+        J = J / total
+        J[J <= thr] = 0.0
+        if config.repetition_penalty >= 1.0 and not (J > thr).any():
+            backed.append((m, "threshold"))  # adaptive thresholding and the penalty only lower J
+            continue
+        if config.adaptive_threshold:
+            J = J * adaptive_keep(J, config.blur_kernel if config.blur else 1)
+        J = J * _repetition_weights(ids, ctx, config.repetition_penalty)
+        if not (J > thr).any():
+            backed.append((m, "threshold"))
+            continue
+        return StepDistribution(m, ids, J / J.sum(), backed)
+    ids, p = warped[0]
+    p = p * _repetition_weights([ids], ctx, config.repetition_penalty)
+    return StepDistribution(1, [ids], p / p.sum(), backed)
+
+
+def sample_from(dist: StepDistribution, rng: np.random.Generator) -> np.ndarray:
+    """Draw one n-tuple (int64 ``[n]``) from ``dist`` with one uniform from ``rng``."""
+    flat = dist.probs.ravel()
+    cdf = np.cumsum(flat)
+    j = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    j = min(j, flat.size - 1)
+    while flat[j] == 0:  # never land on a zero entry (a uniform exactly at a cdf step)
+        j -= 1
+    idx = np.unravel_index(j, dist.probs.shape)
+    return np.array([dist.ids[i][idx[i]] for i in range(dist.n)], dtype=np.int64)
+
+
+def adaptive_keep(J: np.ndarray, blur_kernel: int = 3) -> np.ndarray:
+    """Otsu's selection on a joint grid: bool ``J.shape``, True where the (blurred) value is above Otsu's threshold.
+
+    The quantisation and the OpenCV call are the lattice's (``lattice.threshold.otsu_keep`` on the
+    flattened grid: uint8 relative to the maximum, ``keep = image > t``, the maximum always kept);
+    a flat grid keeps every entry; an all-zero grid keeps nothing.
+    """
+    from latticedraft.lattice.threshold import otsu_keep
+
+    B = gaussian_blur(J, blur_kernel) if blur_kernel > 1 else np.asarray(J, dtype=np.float64)
+    if not B.max() > 0:
+        return np.zeros(J.shape, dtype=bool)
+    _, keep = otsu_keep(B.ravel(), blur=False)
+    return keep.reshape(J.shape)
+
+
+def gaussian_blur(J: np.ndarray, kernel: int = 3) -> np.ndarray:
+    """Separable Gaussian blur over every axis of an n-d grid (OpenCV, sigma from the kernel size,
+    ``BORDER_REPLICATE``). Kernel 3 is ``[0.25, 0.5, 0.25]`` along each axis. float64, same shape."""
+    out = np.asarray(J, dtype=np.float64)
+    for ax in range(out.ndim):
+        moved = np.moveaxis(out, ax, -1)
+        shp = moved.shape
+        flat = np.ascontiguousarray(moved.reshape(-1, shp[-1]))
+        blurred = cv2.GaussianBlur(flat, (kernel, 1), 0, borderType=cv2.BORDER_REPLICATE)
+        out = np.moveaxis(blurred.reshape(shp), -1, ax)
+    return np.ascontiguousarray(out)
+
+
+def _outer(ps: list[np.ndarray]) -> np.ndarray:
+    J = ps[0]
+    for p in ps[1:]:
+        J = np.multiply.outer(J, p)
+    return J.astype(np.float64, copy=True)
+
+
+def _repetition_weights(ids: list[np.ndarray], ctx: set[int], penalty: float) -> np.ndarray:
+    """``penalty ** -r`` on the grid, ``r`` = tokens of the tuple already in ``ctx`` or earlier in the tuple."""
+    n = len(ids)
+    shape = tuple(a.size for a in ids)
+    if penalty == 1.0:
+        return np.ones(shape)
+
+    def along(v: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        return v.reshape([v.shape[axes.index(a)] if a in axes else 1 for a in range(n)])
+
+    r = np.zeros([1] * n, dtype=np.int64)
+    for i in range(n):
+        rep = along(np.fromiter((int(t) in ctx for t in ids[i]), dtype=bool, count=ids[i].size), (i,))
+        for j in range(i):
+            rep = rep | along(ids[j][:, None] == ids[i][None, :], (j, i))
+        r = r + rep
+    table = penalty ** -np.arange(n + 1, dtype=np.float64)
+    return table[np.broadcast_to(r, shape)]
+
+
+def _as_numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x)
+
+
+# ---------------------------------------------------------------------------- generation
+
+
+@dataclass
+class DynamoResult:
+    """One prompt's generation: ``tokens`` int64 (generated ids only), ``calls`` (model forwards
+    this row took part in), ``ns`` (tokens emitted per call, before truncation), ``seconds``."""
+
+    prompt_ids: list[int]
+    tokens: list[int]
+    calls: int
+    ns: list[int]
+    seconds: float
+
+    @property
+    def tokens_per_call(self) -> float:
+        return len(self.tokens) / self.calls if self.calls else 0.0
+
+
+def model_heads(model) -> int:
+    """How many heads the model has (``BlockwiseModel.num_heads``)."""
+    h = getattr(model, "num_heads", None)
+    if h is None:
+        raise ModelError("the model has no multi-token heads (no num_heads); load a DynaMo-headed model")
+    return int(h)
+
+
+def generate(model, prompts: Sequence[Sequence[int]], config: DynamoConfig | None = None, cooc=None,
+             max_new_tokens: int = 64, seed: int = 0, eos_token_id: int | None = None,
+             pad_token_id: int = 0, tokenizer_fingerprint: str | None = None, use_cache: bool = True,
+             progress: bool | None = None, first_row: int = 0) -> list[DynamoResult]:
+    """Sample continuations of ``prompts`` (lists of ids) with DynaMo, all rows in each model call.
+
+    ``model``: a ``BlockwiseModel`` (``forward(input_ids, attention_mask, position_ids,
+    past_key_values, use_cache, heads=True)`` returning ``head_logits [b, s, h, V]``). Rows emit
+    different numbers of tokens per call; with ``use_cache`` each call feeds every row's new tokens
+    padded to the step's longest (pads are masked out and stay in the KV cache as holes, positions
+    count real tokens only); without it each call recomputes the whole left-padded batch. Either
+    way a row's call count is its number of steps. Rows stop at ``eos_token_id`` (kept) or after
+    ``max_new_tokens`` (the last step is truncated); finished rows leave the batch.
+    """
+    import torch
+
+    config = config or DynamoConfig()
+    h = model_heads(model)
+    V = _vocab_size(model)
+    config.validate(vocab_size=V, num_heads=h)
+    n_max = config.n_for(h)
+    if n_max > h:
+        raise ModelError(f"the model has {h} heads, fewer than n = {n_max}")
+    if config.cooccurrence and config.alpha_c > 0:
+        if cooc is None:
+            raise InputError("co-occurrence masking is on but no table was given; pass --cooccurrence PATH or --no-cooccurrence")
+        cooc.check(vocab_size=V, fingerprint=tokenizer_fingerprint)
+    if max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens {max_new_tokens} must be at least 1")
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise InputError("every prompt must have at least one token")
+    device = _device(model)
+    rows = [list(map(int, p)) for p in prompts]
+    gen: list[list[int]] = [[] for _ in rows]
+    calls = [0] * len(rows)
+    ns: list[list[int]] = [[] for _ in rows]
+    rngs = [np.random.default_rng([int(seed), first_row + r]) for r in range(len(rows))]  # row r of the whole set
+    t0 = time.perf_counter()
+    bar = _bar(len(rows) * max_new_tokens, progress)
+
+    def left_pad(seqs):
+        L = max(len(x) for x in seqs)
+        ids = torch.full((len(seqs), L), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), L), dtype=torch.long)
+        for i, x in enumerate(seqs):
+            ids[i, L - len(x):] = torch.tensor(x, dtype=torch.long)
+            mask[i, L - len(x):] = 1
+        return ids, mask
+
+    def emit(r: int, last_logits) -> list[int]:
+        """One DynaMo step for row r; returns the tokens kept (after truncation / EOS)."""
+        dist = step_distribution(last_logits, rows[r] + gen[r], config, cooc, n_max=n_max)
+        toks = sample_from(dist, rngs[r]).tolist()
+        calls[r] += 1
+        ns[r].append(len(toks))
+        toks = toks[: max_new_tokens - len(gen[r])]
+        if eos_token_id is not None and eos_token_id in toks:
+            toks = toks[: toks.index(eos_token_id) + 1]
+        gen[r].extend(toks)
+        bar.update(len(toks))
+        return toks
+
+    def done(r: int) -> bool:
+        return len(gen[r]) >= max_new_tokens or (eos_token_id is not None and bool(gen[r]) and gen[r][-1] == eos_token_id)
+
+    active = list(range(len(rows)))
+    with torch.no_grad():
+        if not use_cache:
+            while active:
+                ids, mask = left_pad([rows[r] + gen[r] for r in active])
+                pos = (mask.cumsum(-1) - 1).clamp(min=0)
+                out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                            heads=True)
+                last = _as_numpy(out.head_logits[:, -1, :n_max, :])  # [b, n, V]
+                for i, r in enumerate(active):
+                    emit(r, last[i])
+                active = [r for r in active if not done(r)]
+        else:
+            ids, mask = left_pad([rows[r] for r in active])
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            mask, nxt = mask.to(device), mask.sum(-1).to(device)  # nxt: next position id per row
+            out = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
+                        use_cache=True, heads=True)
+            cache, at = out.past_key_values, torch.full((len(active),), ids.shape[1] - 1, dtype=torch.long)
+            while True:
+                hl = out.head_logits[torch.arange(len(active)), at.to(device)][:, :n_max]  # [b, n, V]
+                last = _as_numpy(hl)
+                new = [emit(r, last[i]) for i, r in enumerate(active)]
+                keep = [i for i, r in enumerate(active) if not done(r)]
+                if not keep:
+                    break
+                if len(keep) < len(active):
+                    sel = torch.tensor(keep, dtype=torch.long, device=device)
+                    cache.batch_select_indices(sel)
+                    mask, nxt = mask[sel], nxt[sel]
+                    active, new = [active[i] for i in keep], [new[i] for i in keep]
+                m = max(len(t) for t in new)
+                step_ids = torch.full((len(active), m), pad_token_id, dtype=torch.long)
+                step_mask = torch.zeros((len(active), m), dtype=torch.long)
+                for i, t in enumerate(new):
+                    step_ids[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+                    step_mask[i, : len(t)] = 1
+                step_mask = step_mask.to(device)
+                step_pos = nxt[:, None] + torch.arange(m, device=device)[None, :]
+                mask = torch.cat([mask, step_mask], dim=1)
+                nxt = nxt + step_mask.sum(-1)
+                at = torch.tensor([len(t) - 1 for t in new], dtype=torch.long)
+                out = model(input_ids=step_ids.to(device), attention_mask=mask, position_ids=step_pos,
+                            past_key_values=cache, use_cache=True, heads=True)
+                cache = out.past_key_values
+    bar.close()
+    secs = time.perf_counter() - t0
+    return [DynamoResult(rows[r], gen[r], calls[r], ns[r], secs) for r in range(len(rows))]
+
+
+def _vocab_size(model) -> int:
+    for obj in (getattr(model, "base", None), model):
+        cfg = getattr(obj, "config", None)
+        if cfg is not None and getattr(cfg, "vocab_size", None):
+            return int(cfg.vocab_size)
+    raise ModelError("cannot tell the model's vocabulary size (no config.vocab_size)")
+
+
+def _device(model):
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return "cpu"
+
+
+def _bar(total: int, enabled: bool | None):
+    import sys
+
+    from tqdm.auto import tqdm
+
+    disable = (not sys.stderr.isatty()) if enabled is None else not enabled
+    return tqdm(total=total, desc="dynamo", unit="tok", disable=disable)
+
+
+# ---------------------------------------------------------------------------- loading, text in/out
+
+
+def default_model_dir():
+    from latticedraft.paths import data_dir
+
+    return data_dir() / "heads-dynamo"
+
+
+def load_model(model_dir=None, device=None):
+    """A DynaMo-headed ``BlockwiseModel`` from ``model_dir`` (default: the bundled ``data/heads-dynamo``)."""
+    from pathlib import Path
+
+    from latticedraft.gpu.models.blockwise import BlockwiseModel
+
+    path = Path(model_dir) if model_dir is not None else default_model_dir()
+    if not path.exists():
+        raise InputError(f"model directory {path} does not exist; pass --model DIR (a head checkpoint from "
+                         "`latticedraft train heads --kind dynamo`)")
+    model = BlockwiseModel.from_pretrained(path, device=device)
+    if model.num_heads < 2:
+        raise ModelError(f"{path} has {model.num_heads} head; DynaMo needs at least 2")
+    return model
+
+
+def load_tokenizer_for(model, model_dir=None, tokenizer_path=None):
+    """The tokenizer given, else ``tokenizer.json`` beside the heads or the base, else the bundled one;
+    ``ModelError`` if its vocabulary size differs from the model's."""
+    from pathlib import Path
+
+    from latticedraft.lm.tokenizer import load_tokenizer
+    from latticedraft.paths import data_dir
+
+    cands = [tokenizer_path] if tokenizer_path else [
+        model_dir and Path(model_dir) / "tokenizer.json",
+        getattr(model, "base_ref", None) and Path(model.base_ref) / "tokenizer.json",
+        data_dir() / "tokenizer" / "tokenizer.json",
+    ]
+    path = next((Path(c) for c in cands if c and Path(c).exists()), None) if not tokenizer_path else Path(tokenizer_path)
+    if path is None:
+        raise InputError("no tokenizer found beside the model or in data/tokenizer; pass --tokenizer PATH")
+    tok = load_tokenizer(path)
+    V = _vocab_size(model)
+    if tok.get_vocab_size(with_added_tokens=True) != V:
+        raise ModelError(f"tokenizer {path} has {tok.get_vocab_size(with_added_tokens=True)} tokens but the model's "
+                         f"vocabulary is {V}; pass the tokenizer the model was trained with (--tokenizer)")
+    if tokenizer_path:
+        from latticedraft.decoding.runs.tokenizer_check import check_model_tokenizer
+
+        check_model_tokenizer(tok, path, model_dir or default_model_dir(), getattr(model, "base_ref", None))
+    return tok
+
+
+def decode_texts(model, tokenizer, texts: Sequence[str], config: DynamoConfig, cooc=None, max_new_tokens: int = 64,
+                 seed: int = 0, eos_token_id: int | None = 0, progress: bool | None = None,
+                 first_row: int = 0, truncate_left: int | None = None) -> list[dict]:
+    """Encode ``texts`` (keeping the last ``truncate_left`` tokens of each), sample with DynaMo, decode.
+    One dict per prompt: ``prompt_ids``, ``tokens``, ``text``, ``calls``, ``tokens_per_call``, ``ns``
+    (tokens emitted per call), ``seconds``."""
+    from latticedraft.decoding.runs.prompt_length import fit_prompts
+    from latticedraft.lm.tokenizer import fingerprint
+
+    prompts = [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
+    for t, p in zip(texts, prompts):
+        if not p:
+            raise InputError(f"prompt {t!r} encodes to no tokens; give a non-empty prompt")
+    prompts = [p.tolist() for p in fit_prompts(model, prompts, max_new_tokens, truncate_left)]
+    res = generate(model, prompts, config, cooc, max_new_tokens=max_new_tokens, seed=seed, eos_token_id=eos_token_id,
+                   tokenizer_fingerprint=fingerprint(tokenizer), progress=progress, first_row=first_row)
+    return [{"prompt_ids": r.prompt_ids, "tokens": r.tokens, "text": tokenizer.decode(r.tokens, skip_special_tokens=False),
+             "calls": r.calls, "tokens_per_call": r.tokens_per_call, "ns": r.ns, "seconds": r.seconds}
+            for r in res]

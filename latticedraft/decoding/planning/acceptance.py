@@ -1,0 +1,135 @@
+"""How likely a draft token is to be accepted: calibrated from the heads' own probabilities.
+
+A draft tree's expected gain is the sum, over its nodes, of the probability that the node lies
+on the target's greedy path. A node's probability is its parent's times the conditional
+acceptance rate of its token, which is read from two tables fitted on held-out greedy decodes:
+
+- ``head_rate[j, b]``: for the candidate tokens of lattice slot j whose head probability falls in
+  bin b (``HEAD_EDGES``), how often the token equals the greedy token at that place, counted
+  where the greedy tokens of slots < j are in the lattice (the only places a node can exist);
+- ``ctx_rate[n, d]``: for context n-gram continuations (``context_ngrams``) from a suffix match
+  of n tokens, how often token d equals the greedy token given tokens < d did.
+
+Counts are smoothed towards a prior (``PRIOR_WEIGHT`` pseudo-observations of the bin's mean
+probability), so empty bins fall back to the raw head probability. ``AcceptanceModel.prior()``
+is the table before any data: raw head probabilities and a flat 0.5 for context tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from latticedraft.atomic import write_atomic
+from latticedraft.decoding.proposers.context import ContextNgrams
+from latticedraft.paths import cache_dir
+
+HEAD_EDGES = np.array([0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0 + 1e-6])
+PRIOR_WEIGHT = 4.0
+CTX_PRIOR = 0.5
+FORMAT = 1
+
+
+@dataclass
+class AcceptanceModel:
+    """head_rate: float[slots, bins]; ctx_rate: float[max_match + 1, depth]; counts: how many
+    observations went into each table (for the report)."""
+
+    head_rate: np.ndarray
+    ctx_rate: np.ndarray
+    counts: dict
+
+    @classmethod
+    def prior(cls, slots: int = 16, max_match: int = 8, depth: int = 16) -> "AcceptanceModel":
+        mid = 0.5 * (HEAD_EDGES[:-1] + np.minimum(HEAD_EDGES[1:], 1.0))
+        return cls(np.tile(mid, (slots, 1)), np.full((max_match + 1, depth), CTX_PRIOR), {"head": 0, "ctx": 0})
+
+    def head(self, slot: int, prob: float) -> float:
+        """Conditional acceptance rate of a slot-``slot`` candidate with head probability ``prob``."""
+        j = min(slot, self.head_rate.shape[0] - 1)
+        b = int(np.searchsorted(HEAD_EDGES, prob, side="right")) - 1
+        return float(self.head_rate[j, min(max(b, 0), self.head_rate.shape[1] - 1)])
+
+    def head_rates(self, probs: np.ndarray) -> np.ndarray:
+        """``head`` for a whole draft matrix: probs float[p, d] (slot = column) -> float[p, d]."""
+        nb = self.head_rate.shape[1]
+        bins = np.clip(np.searchsorted(HEAD_EDGES, probs, side="right") - 1, 0, nb - 1)
+        slots = np.minimum(np.arange(probs.shape[1]), self.head_rate.shape[0] - 1)
+        return self.head_rate[slots[None, :], bins]
+
+    def context(self, match: int, depth: int) -> float:
+        """Conditional acceptance rate of token ``depth`` of a continuation from an n = ``match`` suffix."""
+        return float(self.context_rates(match, depth + 1)[depth])
+
+    def context_rates(self, match: int, length: int) -> np.ndarray:
+        """``context(match, d)`` for d = 0 .. length - 1: float[length]."""
+        n = min(match, self.ctx_rate.shape[0] - 1)
+        return self.ctx_rate[n, np.minimum(np.arange(length), self.ctx_rate.shape[1] - 1)]
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "head_edges": HEAD_EDGES.tolist(), "head_rate": self.head_rate.round(5).tolist(),
+                "ctx_rate": self.ctx_rate.round(5).tolist(), "counts": self.counts}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "AcceptanceModel":
+        return cls(np.asarray(d["head_rate"], float), np.asarray(d["ctx_rate"], float), dict(d.get("counts", {})))
+
+
+def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | None,
+        max_match: int = 8, depth: int = 16) -> AcceptanceModel:
+    """Fit both tables from decode steps on held-out data.
+
+    lattices[i]: the Sausage the heads gave at step i (slot j = token j + 1 after the root; None
+    for a step without head drafts, which then feeds the context table only);
+    greedy[i]: int64[>= h], the greedy tokens that followed the root; histories[i]: int64[t],
+    the text up to and including the root (for the context n-grams).
+    """
+    prior = AcceptanceModel.prior(max([s.h for s in lattices if s is not None], default=1), max_match, depth)
+    nb = len(HEAD_EDGES) - 1
+    hit = np.zeros((prior.head_rate.shape[0], nb))
+    seen = np.zeros_like(hit)
+    c_hit = np.zeros((max_match + 1, depth))
+    c_seen = np.zeros_like(c_hit)
+    for s, g, hist in zip(lattices, greedy, histories):
+        g = np.asarray(g, dtype=np.int64)
+        for j in range(min(s.h, len(g)) if s is not None else 0):
+            live = s.tokens[j] >= 0
+            probs = np.exp(s.logp[j][live].astype(np.float64))
+            bins = np.clip(np.searchsorted(HEAD_EDGES, probs, side="right") - 1, 0, nb - 1)
+            np.add.at(seen[j], bins, 1)
+            np.add.at(hit[j], bins, s.tokens[j][live] == g[j])
+            if g[j] not in s.tokens[j]:
+                break  # no node of a deeper slot can follow the greedy path
+        if context is None:
+            continue
+        for cand in context.candidates(hist):
+            n = min(cand.match, max_match)
+            for d, tok in enumerate(cand.tokens[: min(depth, len(g))].tolist()):
+                c_seen[n, d] += 1
+                if tok != g[d]:
+                    break
+                c_hit[n, d] += 1
+    head = (hit + PRIOR_WEIGHT * prior.head_rate) / (seen + PRIOR_WEIGHT)
+    ctx = (c_hit + PRIOR_WEIGHT * prior.ctx_rate) / (c_seen + PRIOR_WEIGHT)
+    return AcceptanceModel(head, ctx, {"head": int(seen.sum()), "ctx": int(c_seen.sum()), "steps": len(lattices)})
+
+
+def cached(key_parts: dict, build) -> AcceptanceModel:
+    """The model stored under a hash of ``key_parts`` in ``cache_dir()/acceptance``, else
+    ``build()`` (then stored)."""
+    key = hashlib.sha256(json.dumps(key_parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = cache_dir() / "acceptance" / f"{key}.json"
+    if path.is_file():
+        try:
+            d = json.loads(path.read_text())
+            if d.get("format") == FORMAT:
+                return AcceptanceModel.from_json(d)
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged entry is fitted again
+    model = build()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps({**model.to_json(), "key": key_parts}, indent=1, default=str) + "\n")
+    return model

@@ -1,0 +1,213 @@
+"""``decode --prompts IN.jsonl --output OUT.jsonl``: a prompt set decoded into a record file.
+
+Three steps, so that everything checkable is checked before a model loads:
+
+1. ``plan_output`` reads what OUT (and this rank's part file) already hold. Without ``resume`` an
+   existing OUT is refused (never overwritten); with it, complete records are skipped and their
+   settings must match (``record_file.scan``).
+2. ``decode_shard`` decodes this rank's prompts (``shards.shard_of``) that have no record yet, in
+   batches (bucketed by token length with ``sort_by_length``), appending each batch's records as
+   it completes: to OUT in a single process, to ``OUT.part-R-of-W`` under a launcher, or in input
+   order to standard output for ``-``.
+3. ``finish_output``: the barrier, then rank 0 merges OUT and the part files in prompt order.
+
+Records are ``decode --json``'s plus ``id``, ``fingerprint``, ``settings``, ``share_seconds`` (the
+prompt's share of its batch's wall time, drafter set-up and record building included: summed
+per rank, the rank's decoding time), ``rank`` and
+``world_size``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from latticedraft.decoding.runs import record_file as rf
+from latticedraft.decoding.runs.prompt_set import Prompt
+from latticedraft.decoding.runs.shards import World, shard_of
+from latticedraft.errors import InputError
+
+STDOUT = "-"
+
+
+def run_settings(*, method: str, model: str, tokenizer: str | None, max_new_tokens: int, verify: str,
+                 spec=None, lm: str | None = None, rescorer: str | None = None) -> dict:
+    """What decides a record's content, as plain values: its fingerprint is ``rf.fingerprint`` of
+    this. Batch size, length sorting, threads, device and world size only schedule the work."""
+    s = {"method": method, "model": model, "tokenizer": tokenizer, "max_new_tokens": max_new_tokens}
+    if method == "bpd":
+        s.update(verify=verify, **{"drafter" if k == "name" else k: v for k, v in asdict(spec).items()})
+        if spec.name in ("ngram", "parallel"):
+            s["lm"] = lm
+        if spec.name == "neural":
+            s["rescorer"] = rescorer
+    return s
+
+
+@dataclass
+class OutputPlan:
+    """Where this rank writes, and what already has a record (``done``: ids)."""
+
+    output: str
+    world: World
+    settings: dict
+    target: Path | None = None  # the file this rank appends to (None: standard output)
+    target_scan: rf.Scan | None = None
+    done: set = field(default_factory=set)
+    torn: list = field(default_factory=list)  # files whose torn last line will be cut and redone
+
+    @property
+    def fingerprint(self) -> str:
+        return rf.fingerprint(self.settings)
+
+
+def plan_output(output: str, world: World, settings: dict, resume: bool) -> OutputPlan:
+    """Check OUT against ``resume`` and ``settings`` and find this rank's finished prompts."""
+    plan = OutputPlan(output, world, settings)
+    if output == STDOUT:
+        if resume:
+            raise InputError("--resume needs --output FILE: records written to standard output (-) cannot be read back")
+        if world.distributed:
+            raise InputError(f"--output - under a launcher ({world.size} processes): each rank writes a part file "
+                             "that is merged at the end; give --output FILE")
+        return plan
+    out = Path(output)
+    from latticedraft.paths import check_writable
+
+    check_writable(out, "--output", "file")
+    parts = rf.part_files(out)
+    if not resume:
+        if (out.exists() and out.stat().st_size > 0) or parts:
+            held = out if out.exists() else parts[0]
+            raise InputError(f"--output {out}: {held} already holds records; pass --resume to continue that run, "
+                             "or choose another --output")
+    plan.target = rf.part_path(out, world.rank, world.size) if world.distributed else out
+    # this rank reads OUT, its own part file and parts of other world sizes (no rank writes
+    # those now); the parts of its fellow ranks are theirs until the merge
+    mine = [p for p in parts if p == plan.target or not p.name.endswith(f"-of-{world.size}")]
+    for path in [out, *mine] if resume else []:
+        sc = rf.scan(path, settings)
+        plan.done.update(sc.order)
+        if sc.torn:
+            plan.torn.append(path)
+        if path == plan.target:
+            plan.target_scan = sc
+    return plan
+
+
+def my_prompts(prompts: list[Prompt], world: World) -> list[Prompt]:
+    return [p for p in prompts if shard_of(p.id, world.size) == world.rank]
+
+
+def batches(prompts: list[Prompt], lengths: list[int], batch_size: int, sort_by_length: bool) -> list[list[int]]:
+    """Indices into ``prompts`` per batch: input order, or bucketed by token length (shortest
+    first, ties in input order) so that a batch pads little."""
+    order = sorted(range(len(prompts)), key=lambda i: lengths[i]) if sort_by_length else list(range(len(prompts)))
+    return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+
+
+class InputOrderWriter:
+    """Writes records to a text stream in the order of ``ids``, each as soon as every earlier one is out."""
+
+    def __init__(self, file, ids: list):
+        import json
+
+        self.file, self.ids, self.next, self.held, self._dumps = file, list(ids), 0, {}, json.dumps
+
+    def append(self, rec: dict) -> None:
+        self.held[rec["id"]] = rec
+        while self.next < len(self.ids) and self.ids[self.next] in self.held:
+            self.file.write(self._dumps(self.held.pop(self.ids[self.next]), ensure_ascii=False) + "\n")
+            self.next += 1
+        self.file.flush()
+
+    def sync(self) -> None:
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.flush()
+
+
+def progress_bar(world: World, total: int, initial: int, quiet_ranks: bool, file=None):
+    """A tqdm bar over this rank's prompts (one line per rank); off for ranks > 0 with
+    ``quiet_ranks`` and, as every bar of latticedraft, when ``file`` is not a terminal."""
+    from tqdm import tqdm
+
+    file = file if file is not None else sys.stderr
+    off = True if (quiet_ranks and world.rank != 0) else None  # None: tqdm turns it off for a non-tty
+    desc = f"rank {world.rank}/{world.size}" if world.distributed else "decode"
+    return tqdm(total=total, initial=initial, unit="prompt", desc=desc, position=world.rank, file=file,
+                disable=off, dynamic_ncols=True, leave=True)
+
+
+@dataclass
+class ShardSummary:
+    prompts: int = 0  # this rank's share of the prompt set
+    already: int = 0  # with a complete record before this run
+    decoded: int = 0
+    tokens: int = 0
+    calls: int = 0
+    seconds: float = 0.0
+
+    def line(self, world: World) -> str:
+        who = f"rank {world.rank}/{world.size}: " if world.distributed else ""
+        rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        be = self.tokens / self.calls if self.calls else 0.0
+        return (f"{who}decoded {self.decoded} of {self.prompts} prompts ({self.already} already had records), "
+                f"{self.tokens} tokens in {self.seconds:.2f} s: {rate:.1f} tokens/s, block efficiency {be:.2f}")
+
+
+def decode_shard(session, plan: OutputPlan, prompts: list[Prompt], *, method: str, spec, max_new_tokens: int,
+                 verify: str, batch_size: int, sort_by_length: bool, quiet_ranks: bool,
+                 progress_file=None) -> ShardSummary:
+    """Decode this rank's prompts that have no record yet and append their records."""
+    from latticedraft.decoding.runs.session import encode, records
+
+    world = plan.world
+    mine = my_prompts(prompts, world)
+    todo = [p for p in mine if p.id not in plan.done]
+    summary = ShardSummary(prompts=len(mine), already=len(mine) - len(todo))
+    ids = encode(session.tokenizer, [p.text for p in todo])
+    if plan.target is None:
+        writer = InputOrderWriter(sys.stdout, [p.id for p in todo])
+    else:
+        writer = rf.RecordWriter(plan.target, plan.target_scan)
+    bar = progress_bar(world, len(mine), summary.already, quiet_ranks, progress_file)
+    t0 = time.perf_counter()
+    try:
+        for batch in batches(todo, [len(x) for x in ids], batch_size, sort_by_length):
+            t_batch = time.perf_counter()
+            res = session.decode([ids[i] for i in batch], method, spec, max_new_tokens=max_new_tokens, verify=verify,
+                                 batch_size=len(batch))
+            recs = records(res, session.tokenizer, session.base_dir, [todo[i].text for i in batch])
+            share = round((time.perf_counter() - t_batch) / len(batch), 6)
+            for i, rec in zip(batch, recs):
+                writer.append({"id": todo[i].id, "fingerprint": plan.fingerprint, **rec, "share_seconds": share,
+                               "rank": world.rank, "world_size": world.size, "settings": plan.settings})
+            writer.sync()
+            summary.decoded += len(batch)
+            summary.tokens += res.tokens
+            summary.calls += res.calls
+            summary.seconds = time.perf_counter() - t0
+            bar.update(len(batch))
+            bar.set_postfix_str(f"{summary.tokens / max(summary.seconds, 1e-9):.1f} tok/s", refresh=False)
+    finally:
+        writer.close()
+        bar.close()
+    return summary
+
+
+def finish_output(plan: OutputPlan, prompts: list[Prompt], device=None) -> tuple[int, list] | None:
+    """After every rank is done (barrier), rank 0 merges OUT and the part files in prompt order;
+    returns (records in OUT, ids in OUT that are not in the prompt set), or None on other ranks
+    and for standard output."""
+    from latticedraft.decoding.runs.shards import barrier
+
+    barrier(plan.world, device)
+    if plan.world.rank != 0 or plan.target is None:
+        return None
+    out = Path(plan.output)
+    scans = [rf.scan(p, plan.settings) for p in [out, *rf.part_files(out)] if p.exists()]
+    return rf.merge(out, scans, [p.id for p in prompts])

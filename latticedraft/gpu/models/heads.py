@@ -1,0 +1,213 @@
+"""The extra prediction heads (heads 2..h) of a ``BlockwiseModel``.
+
+Head 1 is always the base model's own next-token head and lives in the base model, untouched.
+The modules here map a trunk state to one pre-unembedding state per extra head; the base
+model's output embedding (shared, tied) turns each into logits.
+
+- ``SternHeads`` (Stern et al. 2018; the BPD paper's setup): head ``j`` is a feed-forward block
+  with one hidden layer and a residual connection on the final hidden state (after the final
+  norm): ``z_j = x + W2_j act(W1_j x + b1_j) + b2_j``. ``W2_j, b2_j`` start at zero, so before
+  training every head predicts what head 1 predicts.
+- ``DynamoHeads`` (DynaMo, Tuli et al.): head ``j`` is an extra decoder layer, initialised as a
+  copy of the base's final layer (weight transfer), fed the stem's output (the input of the
+  base's final layer), followed by the base's final norm (shared). Each head layer is run as a
+  one-layer instance of the base's own backbone class called with ``inputs_embeds``, so masks,
+  rotary/absolute positions and KV caching are the base architecture's own code; positional
+  and token embeddings of that one-layer backbone are zero and frozen, so it computes exactly
+  ``final_norm(layer(stem))``. ``check_weight_transfer`` proves this on the concrete model.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from latticedraft.errors import ModelError
+from latticedraft.gpu.models import hf
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.scale, None
+
+
+def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Identity in the forward pass; multiplies the gradient by ``scale`` in the backward pass."""
+    return x if scale == 1.0 else _ScaleGrad.apply(x, scale)
+
+
+class _SharedNorm(nn.Module):
+    """The base's final norm used inside a head block without registering it twice.
+
+    ``grad_scale`` (default 1: plain call, bit-identical) multiplies the gradient that the head
+    sends into the norm's parameters (DynaMo's LR_MB / LR_B when the base is unfrozen).
+    """
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self._norm = [norm]
+        self.grad_scale = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self._norm[0]
+        if self.grad_scale == 1.0:
+            return norm(x)
+        params = {n: scale_grad(p, self.grad_scale) for n, p in norm.named_parameters()}
+        return torch.func.functional_call(norm, params, (x,))
+
+
+_ACTS = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
+
+
+class SternHeads(nn.Module):
+    """``num_extra`` Stern heads, head ``j``: ``z_j = x + W2_j act(W1_j x + b1_j) + b2_j``.
+
+    The weights of all heads are stacked (``w1 [n, F, H]``, ``b1 [n, F]``, ``w2 [n, H, F]``,
+    ``b2 [n, H]``) so that every head runs in two batched matmuls, not 2n small ones.
+    ``forward(hidden [..., H], count=None) -> [..., count, H]``: the first ``count`` heads
+    (default all). Checkpoints keep one entry per head and layer (``heads.{j}.fc1.weight`` …,
+    ``head_state_dict``); the initialisation is that of n pairs of ``nn.Linear`` with ``W2, b2``
+    zeroed, drawn in that order from the RNG.
+    """
+
+    def __init__(self, hidden: int, num_extra: int, ffn: int, act: str = "gelu"):
+        super().__init__()
+        if act not in _ACTS:
+            raise ModelError(f"unknown head activation {act!r}; use one of {', '.join(_ACTS)}")
+        self.ffn, self.act_name = ffn, act
+        self.act = _ACTS[act]()
+        w1, b1 = [], []
+        for _ in range(num_extra):
+            fc1, _fc2 = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)  # the RNG draws of two Linears
+            w1.append(fc1.weight.detach())
+            b1.append(fc1.bias.detach())
+        self.w1 = nn.Parameter(torch.stack(w1))
+        self.b1 = nn.Parameter(torch.stack(b1))
+        self.w2 = nn.Parameter(torch.zeros(num_extra, hidden, ffn))
+        self.b2 = nn.Parameter(torch.zeros(num_extra, hidden))
+
+    @property
+    def num_extra(self) -> int:
+        return int(self.w1.shape[0])
+
+    def forward(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
+        n = self.num_extra if count is None else min(int(count), self.num_extra)
+        lead, H = hidden.shape[:-1], hidden.shape[-1]
+        x = hidden.reshape(1, -1, H).expand(n, -1, H)  # [n, M, H]
+        z = torch.baddbmm(self.b1[:n, None, :], x, self.w1[:n].transpose(1, 2))  # [n, M, F]
+        out = torch.baddbmm(self.b2[:n, None, :], self.act(z), self.w2[:n].transpose(1, 2))  # [n, M, H]
+        return (x + out).transpose(0, 1).reshape(*lead, n, H)
+
+    def head_state_dict(self) -> dict[str, torch.Tensor]:
+        """Per-head views of the stacked weights: copying into them loads a checkpoint."""
+        out = {}
+        for j in range(self.num_extra):
+            out[f"heads.{j}.fc1.weight"], out[f"heads.{j}.fc1.bias"] = self.w1[j], self.b1[j]
+            out[f"heads.{j}.fc2.weight"], out[f"heads.{j}.fc2.bias"] = self.w2[j], self.b2[j]
+        return out
+
+
+def _one_layer_config(config):
+    cfg = copy.deepcopy(config)
+    cfg.num_hidden_layers = 1
+    types = getattr(cfg, "layer_types", None)
+    if isinstance(types, (list, tuple)) and types:
+        cfg.layer_types = [types[-1]]
+    cfg.vocab_size = 1
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, None)
+    return cfg
+
+
+class DynamoHeads(nn.Module):
+    """``num_extra`` decoder-layer heads sharing the base's final norm.
+
+    ``forward(stem [b, s, H], attention_mask, position_ids, caches, use_cache)`` returns
+    ``(states [b, s, num_extra, H], caches)`` where ``caches`` is one HF ``Cache`` per head
+    (``None`` when ``use_cache`` is false and none were given).
+    """
+
+    def __init__(self, base: nn.Module, num_extra: int):
+        super().__init__()
+        bb = hf.backbone(base)
+        n = hf.num_layers(base.config)
+        self.layers_name = hf.decoder_layers_name(bb, n)
+        self.norm_name = hf.final_norm_name(bb)
+        cfg = _one_layer_config(base.config)
+        last = getattr(bb, self.layers_name)[n - 1].state_dict()
+        p = next(base.parameters())
+        blocks = []
+        for _ in range(num_extra):
+            head = type(bb)(cfg).to(device=p.device, dtype=p.dtype)
+            getattr(head, self.layers_name)[0].load_state_dict(last)
+            for m in head.modules():
+                if isinstance(m, nn.Embedding):
+                    nn.init.zeros_(m.weight)
+                    m.weight.requires_grad_(False)
+            blocks.append(head)
+        self.blocks = nn.ModuleList(blocks)
+        # Shared final norm: the base's own module, called through a wrapper that does not register it.
+        shared = getattr(bb, self.norm_name)
+        for head in self.blocks:
+            setattr(head, self.norm_name, _SharedNorm(shared))
+
+    def set_base_grad_scale(self, scale: float) -> None:
+        """Scale the gradient the heads send into the shared final norm (see ``_SharedNorm``)."""
+        for head in self.blocks:
+            getattr(head, self.norm_name).grad_scale = scale
+
+    def forward(self, stem: torch.Tensor, attention_mask=None, position_ids=None, caches=None, use_cache=False):
+        if use_cache and caches is None:
+            from transformers import DynamicCache
+
+            caches = [DynamicCache(config=b.config) for b in self.blocks]
+        outs = []
+        for j, block in enumerate(self.blocks):
+            o = block(inputs_embeds=stem, attention_mask=attention_mask, position_ids=position_ids,
+                      past_key_values=None if caches is None else caches[j], use_cache=use_cache)
+            outs.append(o.last_hidden_state)
+        return torch.stack(outs, dim=-2), caches
+
+    def head_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trainable weights only: each head's decoder layer (not the shared norm, not the zero embeddings)."""
+        out = {}
+        for j, block in enumerate(self.blocks):
+            for k, v in getattr(block, self.layers_name)[0].state_dict().items():
+                out[f"blocks.{j}.{self.layers_name}.0.{k}"] = v
+        return out
+
+    def head_parameters(self):
+        for block in self.blocks:
+            yield from getattr(block, self.layers_name)[0].parameters()
+
+
+def check_weight_transfer(base: nn.Module, heads: DynamoHeads) -> None:
+    """Prove on a probe input that head layer ``j`` (still a copy) reproduces the base's final hidden state.
+
+    Raises ``ModelError`` if the architecture's final hidden state is not ``final_norm(last_layer(stem))``.
+    """
+    n_pos = getattr(base.config, "max_position_embeddings", None) or getattr(base.config, "n_positions", 8)
+    vocab = hf.model_vocab_size(base)
+    p = next(base.parameters())
+    ids = (torch.arange(min(8, int(n_pos)), device=p.device) * 7 + 1).remainder(vocab)[None]
+    was_training = base.training, heads.training
+    base.eval(), heads.eval()
+    with torch.no_grad():
+        hs = base(input_ids=ids, output_hidden_states=True).hidden_states
+        got, _ = heads(hs[-2])
+    base.train(was_training[0]), heads.train(was_training[1])
+    for j in range(got.shape[-2]):
+        if not torch.allclose(got[..., j, :].float(), hs[-1].float(), rtol=1e-4, atol=1e-4):
+            raise ModelError(
+                f"{type(base).__name__}: a copy of the final decoder layer run on the stem output does not "
+                "reproduce the final hidden state, so DynaMo heads cannot be built on it; use --kind stern"
+            )

@@ -1,0 +1,164 @@
+"""Training multi-token heads on a base causal LM (``train_heads``).
+
+Runs the loop in ``loop.py`` (AdamW β = (0.9, 0.95), ε = 1e-8, cosine schedule with 1% warm-up,
+gradient accumulation, atomic checkpoints, exact ``--resume``, a stop on NaN).
+
+Heads (Stern et al., Appendix C.1): loss ``Σ_h λ_h L_h`` where ``L_h`` is the mean cross-entropy of
+head ``h`` predicting token ``t+h`` from position ``t``. By default the base model is frozen and
+only heads 2..h learn. ``unfreeze=True`` trains the base too, with DynaMo's three learning rates:
+``lr_base`` (LR_B) for the base's parameters, ``lr`` (LR_M) for the new heads, and ``lr_stem``
+(LR_MB) for the gradient that heads 2..h send into the base: it is multiplied by
+``lr_stem / lr_base`` wherever it enters a base parameter (the trunk state the heads read, the
+shared output embedding, DynaMo's shared final norm), so the base's update is
+``LR_B · (g_own + (LR_MB / LR_B) · g_heads)`` before Adam's normalisation.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from latticedraft.errors import InputError
+from latticedraft.gpu.models.heads import scale_grad
+from latticedraft.gpu.train.data import TokenWindows, encode_files
+from latticedraft.gpu.train.loop import (
+    OptimConfig,
+    TrainResult,
+    check_resume,
+    finish_dir,
+    run_training,
+    write_json_atomic,
+)
+
+
+def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: float = 1.0) -> list[torch.Tensor]:
+    """Mean cross-entropy of every head on ``batch`` (int64[b, s]): element ``j-1`` is head ``j`` predicting
+    token ``t+j`` from position ``t`` (positions ``t < s - j``). Head 1's loss is the base model's own."""
+    s = batch.shape[1]
+    if bm.num_heads >= s:
+        raise InputError(f"--heads {bm.num_heads} needs sequences longer than {bm.num_heads} tokens; --seq-len is {s}")
+    with torch.set_grad_enabled(not frozen and torch.is_grad_enabled()):
+        out = bm.base(input_ids=batch, output_hidden_states=True)
+    feed = out.hidden_states[-2] if bm.kind == "dynamo" else out.hidden_states[-1]
+    scale = 1.0 if frozen else stem_grad_scale
+    feed = feed.detach() if frozen else scale_grad(feed, scale)
+    if bm.kind == "dynamo":
+        bm.heads.set_base_grad_scale(scale)
+        try:
+            states = bm.heads(feed)[0]  # [b, s, h-1, H]
+        finally:
+            bm.heads.set_base_grad_scale(1.0)
+    else:
+        states = bm.heads(feed)
+    ce = torch.nn.functional.cross_entropy
+    v = out.logits.shape[-1]
+    losses = [ce(out.logits[:, :-1].float().reshape(-1, v), batch[:, 1:].reshape(-1))]
+    for j in range(2, bm.num_heads + 1):
+        logits = bm.unembed(states[:, : s - j, j - 2], grad_scale=scale).float()
+        losses.append(ce(logits.reshape(-1, v), batch[:, j:].reshape(-1)))
+    return losses
+
+
+def train_heads(
+    base_dir: str | Path,
+    corpus: Sequence[Path],
+    out_dir: str | Path,
+    num_heads: int,
+    kind: str,
+    cfg: OptimConfig,
+    lambdas: Sequence[float] | None = None,
+    unfreeze: bool = False,
+    lr_base: float = 1e-5,
+    lr_stem: float = 1e-6,
+    ffn_dim: int | None = None,
+    tokenizer_path: str | Path | None = None,
+    resume: bool = False,
+    save_dtype: str = "float32",
+    keep_checkpoint: bool = False,
+    device=None,
+    encoding_errors: str = "strict",
+    stop_after: int | None = None,
+) -> TrainResult:
+    """Train heads 2..h of a ``BlockwiseModel`` on ``base_dir`` and save them into ``out_dir``.
+
+    ``cfg.lr`` is LR_M (the new heads). With ``unfreeze`` the base trains too at ``lr_base`` (LR_B)
+    and the heads' gradient into the trunk is scaled by ``lr_stem / lr_base`` (LR_MB); the
+    updated base is then saved into ``out_dir/base``. ``lambdas`` weights the per-head losses
+    (length ``num_heads``, default all 1). The config names ``base_dir`` relatively.
+    """
+    import hashlib
+
+    from latticedraft.gpu.models.blockwise import BlockwiseModel, _check_num_heads
+    from latticedraft.gpu.models.hf import check_tokenizer_fits, load_causal_lm, resolve_dtype
+    from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
+
+    cfg.validate()
+    _check_num_heads(num_heads)
+    check_resume(out_dir, resume)
+    if num_heads >= cfg.seq_len:
+        raise InputError(f"--heads {num_heads} must be smaller than --seq-len {cfg.seq_len} (each head needs a target token)")
+    lambdas = [1.0] * num_heads if lambdas is None else [float(x) for x in lambdas]
+    if len(lambdas) != num_heads or any(not (x >= 0) for x in lambdas):
+        raise InputError(f"--lambdas needs {num_heads} non-negative weights (one per head), got {lambdas}")
+    base_dir = Path(base_dir)
+    base = load_causal_lm(base_dir, device=device)
+    n_pos = getattr(base.config, "max_position_embeddings", None) or getattr(base.config, "n_positions", None)
+    if n_pos is not None and cfg.seq_len > int(n_pos):
+        raise InputError(f"--seq-len {cfg.seq_len} exceeds the base model's context of {n_pos} tokens")
+    tok_path = Path(tokenizer_path) if tokenizer_path else base_dir / "tokenizer.json"
+    tok = load_tokenizer(tok_path)
+    check_tokenizer_fits(tok, base, where=f"the base model in {base_dir}")
+    tokens = encode_files(corpus, tok, encoding_errors)
+    windows = TokenWindows(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, source=f"the corpus ({len(corpus)} files)")
+    bm = BlockwiseModel.from_base(base, num_heads, kind, seed=cfg.seed, ffn_dim=ffn_dim)
+    for p in bm.base.parameters():
+        p.requires_grad_(unfreeze)
+    head_params = bm.head_parameters()
+    groups = [{"params": head_params, "lr": cfg.lr}]
+    if unfreeze:
+        ids = {id(p) for p in head_params}
+        groups.append({"params": [p for p in bm.base.parameters() if id(p) not in ids], "lr": lr_base})
+    with open(base_dir / "config.json", "rb") as f:
+        base_id = hashlib.sha256(f.read()).hexdigest()[:16]
+    key = {"kind": kind, "num_heads": num_heads, "ffn_dim": ffn_dim, "lambdas": lambdas, "unfreeze": unfreeze,
+           "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None, "base_config": base_id,
+           "tokenizer": fingerprint(tok), "tokens": int(len(tokens)),
+           "optim": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"}}
+    scale = lr_stem / lr_base if unfreeze else 1.0
+
+    def loss_fn(batch):
+        if not unfreeze:
+            bm.base.eval()
+        losses = head_losses(bm, batch, frozen=not unfreeze, stem_grad_scale=scale)
+        total = sum(lam * l for lam, l in zip(lambdas, losses))
+        return total, {f"h{j + 1}": l.item() for j, l in enumerate(losses)}
+
+    out = Path(out_dir)
+    res = run_training(bm, groups, loss_fn, windows, cfg, out, key, resume, desc=f"train {kind} heads", device=device,
+                       stop_after=stop_after)
+    if not res.finished:
+        return res
+
+    def write(stage: Path) -> None:
+        bm.heads.to(resolve_dtype(save_dtype))
+        if unfreeze:
+            bm.base.to(resolve_dtype(save_dtype))
+            bm.save_pretrained(stage, bundle_base=True)
+            tok.save(str(stage / "base" / "tokenizer.json"))
+        else:
+            bm.save_pretrained(stage, base_ref=os.path.relpath(base_dir.resolve(), out.resolve()))
+        bm.float()
+        write_json_atomic(stage / "training.json", {
+            "kind": kind, "num_heads": num_heads, "lambdas": lambdas, "unfreeze": unfreeze,
+            "lr_heads": cfg.lr, "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None,
+            "optim": asdict(cfg), "head_parameters": sum(p.numel() for p in head_params),
+            "corpus_files": len(corpus), "corpus_tokens": int(len(tokens)), "steps": res.steps, "tokens_seen": res.tokens,
+            "seconds": res.seconds, "final_loss": res.losses, "resumed_from": res.resumed_from,
+        })
+
+    finish_dir(out, write, keep_checkpoint)
+    return res

@@ -1,0 +1,226 @@
+"""The training loop shared by ``train_lm`` and ``train_heads``.
+
+AdamW with β = (0.9, 0.95), ε = 1e-8, a cosine schedule with linear warm-up over
+``warmup_frac`` (1%) of the steps, gradient accumulation, gradient clipping, a checkpoint every
+``checkpoint_every`` steps (written atomically), exact ``resume`` (batch ``i`` depends only on the
+seed and ``i``), a tqdm bar with every loss term, and a stop on a non-finite loss that keeps
+the last good checkpoint and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from latticedraft.atomic import atomic_file, write_atomic
+from latticedraft.errors import BuildError, InputError, ModelError
+from latticedraft.gpu.train.data import TokenWindows, progress_enabled
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@dataclass
+class OptimConfig:
+    """Optimisation settings shared by LM and head training. ``steps`` counts optimizer updates;
+    each update sees ``batch_size * grad_accum`` windows of ``seq_len`` tokens."""
+
+    steps: int
+    lr: float = 1e-3
+    batch_size: int = 16
+    seq_len: int = 256
+    grad_accum: int = 1
+    warmup_frac: float = 0.01
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    checkpoint_every: int = 100
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise InputError(f"--steps {self.steps} must be at least 1")
+        if self.batch_size < 1 or self.grad_accum < 1:
+            raise InputError(f"--batch-size {self.batch_size} and --grad-accum {self.grad_accum} must be at least 1")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise InputError(f"--lr {self.lr} must be a positive number")
+        if self.checkpoint_every < 1:
+            raise InputError(f"--checkpoint-every {self.checkpoint_every} must be at least 1")
+
+
+@dataclass
+class TrainResult:
+    """What a training run did. ``tokens`` and ``seconds``: over every slice of a resumed run
+    (``resumed_from``: the step this slice started at). ``losses`` maps a loss name (``"loss"``,
+    ``"h1"``, ``"h2"`` …) to its mean over the last 10% of steps (nats/token); ``history`` holds
+    one dict per step."""
+
+    out_dir: str
+    steps: int
+    tokens: int
+    seconds: float
+    resumed_from: int
+    losses: dict[str, float]
+    history: list[dict] = field(default_factory=list, repr=False)
+    finished: bool = True  # False when ``stop_after`` ended the run early (only the checkpoint was written)
+
+
+def cosine_lr_lambda(steps: int, warmup_frac: float) -> Callable[[int], float]:
+    """Multiplier for step ``s``: linear warm-up over ``max(1, round(warmup_frac*steps))`` steps, cosine to 0."""
+    warm = max(1, round(warmup_frac * steps))
+
+    def f(s: int) -> float:
+        if s < warm:
+            return (s + 1) / warm
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (s - warm) / max(1, steps - warm))))
+
+    return f
+
+
+def _atomic_torch_save(obj, path: Path) -> None:
+    with atomic_file(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def run_training(
+    module: torch.nn.Module,
+    param_groups: list[dict],
+    loss_fn: Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, float]]],
+    windows: TokenWindows,
+    cfg: OptimConfig,
+    out_dir: Path,
+    config_key: dict,
+    resume: bool = False,
+    desc: str = "train",
+    device=None,
+    stop_after: int | None = None,
+) -> TrainResult:
+    """The shared loop. ``loss_fn(batch int64[b, s]) -> (scalar loss, {name: float})``.
+
+    ``module``'s trainable state (``requires_grad`` parameters) goes into the checkpoint
+    ``out_dir/checkpoint.pt`` with the optimizer, the schedule and ``config_key``; resuming from a
+    checkpoint whose ``config_key`` differs raises ``ModelError``. ``stop_after`` ends this run after
+    that many steps with a checkpoint to ``resume`` from (time-sliced training on a shared machine).
+    """
+    cfg.validate()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out_dir / CHECKPOINT
+    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+    opt = torch.optim.AdamW(param_groups, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_lr_lambda(cfg.steps, cfg.warmup_frac))
+    start, history, before = 0, [], 0.0  # before: seconds the earlier slices trained
+    if resume:
+        if not ckpt_path.is_file():
+            raise InputError(f"--resume given but {ckpt_path} does not exist; drop --resume to start afresh")
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if ck["config_key"] != config_key:
+            diff = sorted(k for k in set(ck["config_key"]) | set(config_key) if ck["config_key"].get(k) != config_key.get(k))
+            raise ModelError(
+                f"checkpoint {ckpt_path} was made with another configuration (differs in: {', '.join(diff)}); "
+                "use the same settings as that run or drop --resume and choose another --out"
+            )
+        own = {n: p for n, p in module.named_parameters() if n in trainable}
+        with torch.no_grad():
+            for n, t in ck["trainable"].items():
+                own[n].copy_(t)
+        opt.load_state_dict(ck["optimizer"])
+        sched.load_state_dict(ck["scheduler"])
+        torch.set_rng_state(ck["rng"])
+        start, history, before = int(ck["step"]), list(ck["history"]), float(ck.get("seconds", 0.0))
+        if start >= cfg.steps:
+            raise InputError(f"checkpoint {ckpt_path} already finished all {cfg.steps} steps; nothing to resume")
+
+    def save(step: int) -> None:
+        state = {n: p.detach().cpu().clone() for n, p in module.named_parameters() if n in trainable}
+        _atomic_torch_save(
+            {"step": step, "trainable": state, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+             "rng": torch.get_rng_state(), "config_key": config_key, "history": history,
+             "seconds": before + time.time() - t0},
+            ckpt_path,
+        )
+
+    params = [p for g in param_groups for p in g["params"]]
+    last_good = start if resume else None
+    t0 = time.time()
+    module.train()
+    bar = tqdm(range(start, cfg.steps), desc=desc, unit="step", initial=start, total=cfg.steps,
+               disable=not progress_enabled())
+    for step in bar:
+        sums: dict[str, float] = {}
+        for micro in range(cfg.grad_accum):
+            batch = torch.from_numpy(windows.batch(step * cfg.grad_accum + micro))
+            if device is not None:
+                batch = batch.to(device)
+            loss, parts = loss_fn(batch)
+            if not torch.isfinite(loss):
+                bar.close()
+                kept = (f"the last good checkpoint (step {last_good}) is kept in {ckpt_path}"
+                        if last_good is not None else "no checkpoint had been written yet")
+                raise BuildError(
+                    f"training loss became {loss.item()} at step {step}; stopped, {kept}; "
+                    "lower --lr or check the data, then --resume"
+                )
+            (loss / cfg.grad_accum).backward()
+            for k, v in parts.items():
+                sums[k] = sums.get(k, 0.0) + v / cfg.grad_accum
+        if cfg.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        history.append({"step": step + 1, **{k: round(v, 5) for k, v in sums.items()}})
+        bar.set_postfix({k: f"{v:.3f}" for k, v in sums.items()}, refresh=False)
+        stopping = stop_after is not None and step + 1 - start >= stop_after
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or stopping:
+            save(step + 1)
+            last_good = step + 1
+        if stopping:
+            break
+    bar.close()
+    module.eval()
+    tail = history[-max(1, len(history) // 10):]
+    losses = {k: float(np.mean([h[k] for h in tail])) for k in tail[0] if k != "step"} if tail else {}
+    done = history[-1]["step"] if history else start
+    return TrainResult(
+        out_dir=str(out_dir), steps=done, tokens=done * cfg.batch_size * cfg.grad_accum * cfg.seq_len,
+        seconds=round(before + time.time() - t0, 1), resumed_from=start, losses=losses, history=history,
+        finished=done == cfg.steps,
+    )
+
+
+def check_resume(out_dir: str | Path, resume: bool) -> None:
+    """Fail before any expensive work when ``--resume`` has nothing to resume from."""
+    ck = Path(out_dir) / CHECKPOINT
+    if resume and not ck.is_file():
+        raise InputError(f"--resume given but {ck} does not exist; drop --resume to start afresh")
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    write_atomic(path, json.dumps(obj, indent=1) + "\n")
+
+
+def finish_dir(out_dir: Path, write: Callable[[Path], None], keep_checkpoint: bool) -> None:
+    """Write the final artefacts into a hidden staging dir, then move each file into ``out_dir``."""
+    stage = out_dir / ".partial"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    write(stage)
+    for f in sorted(stage.iterdir()):
+        target = out_dir / f.name
+        if target.is_dir():
+            shutil.rmtree(target)
+        os.replace(f, target)
+    stage.rmdir()
+    if not keep_checkpoint:
+        (out_dir / CHECKPOINT).unlink(missing_ok=True)

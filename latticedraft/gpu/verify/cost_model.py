@@ -1,0 +1,155 @@
+"""``T(n)``: the measured seconds of one verify step over a draft tree of n nodes.
+
+Drafting decisions (how many nodes to verify) are made from this curve, measured for the
+model, device, dtype, thread count and batch size in use, never from constants tuned on one
+machine. A step is timed end to end as the decode loop runs it: the tree forward over n nodes
+after a cache of ``context`` tokens, the accept walk, the cache commit and the heads at the
+accepted node. Curves are cached as JSON under ``cache_dir()/cost_model``, keyed by a
+fingerprint of (architecture config, dtype, device, threads, torch version, batch, heads).
+
+    >>> cm = CostModel.measure(Verifier(model), batch=1)        # doctest: +SKIP
+    >>> cm.seconds(8) / cm.seconds(1)                            # relative cost of 8 nodes
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from latticedraft.atomic import write_atomic
+from latticedraft.gpu.models import hf
+from latticedraft.paths import cache_dir
+
+GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
+QUANTILE = 0.25
+FORMAT = 2
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """nodes: int[m] the measured tree sizes (ascending, from 1); seconds: float[m] the median
+    step time at each. ``seconds(n)`` interpolates linearly (and extrapolates the last slope)."""
+
+    nodes: tuple
+    seconds_at: tuple
+    key: str = ""
+    info: dict | None = None
+
+    def seconds(self, n) -> np.ndarray | float:
+        """Seconds of one step over n nodes (root included); n scalar or array."""
+        x, y = np.asarray(self.nodes, float), np.asarray(self.seconds_at, float)
+        n_arr = np.asarray(n, dtype=float)
+        out = np.interp(n_arr, x, y)
+        if len(x) > 1:
+            slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+            out = np.where(n_arr > x[-1], y[-1] + slope * (n_arr - x[-1]), out)
+        return float(out) if out.ndim == 0 else out
+
+    @property
+    def max_nodes(self) -> int:
+        return int(self.nodes[-1])
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "key": self.key, "nodes": list(self.nodes),
+                "seconds": [float(s) for s in self.seconds_at], "info": self.info}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CostModel":
+        return cls(tuple(int(n) for n in d["nodes"]), tuple(float(s) for s in d["seconds"]), d.get("key", ""),
+                   d.get("info"))
+
+    # -- measuring ------------------------------------------------------------------------
+    @classmethod
+    def measure(cls, verifier, batch: int = 1, context: int = 100, grid=GRID, repeats: int = 15,
+                max_nodes: int | None = None) -> "CostModel":
+        """Time ``verifier.verify`` over chains of n nodes (n in ``grid``), each after a cache of
+        ``context`` tokens, ``repeats`` times interleaved; per n the ``QUANTILE`` of the times,
+        then the nondecreasing least-squares fit (``monotone``). The model's state is
+        restored after every call, so the measurement leaves nothing behind."""
+        limit = _position_limit(verifier.model)
+        if limit:
+            context = max(1, min(context, limit - max(grid) - 1))
+        grid = [n for n in grid if max_nodes is None or n <= max_nodes]
+        rng = np.random.default_rng(0)
+        vocab = hf.model_vocab_size(getattr(verifier.model, "base", verifier.model))
+        prompts = [rng.integers(1, vocab, size=context) for _ in range(batch)]
+        state, _, _ = verifier.prefill(prompts)
+        length, next_pos = state.length, state.next_pos.clone()
+        times = {n: [] for n in grid}
+        for rep in range(repeats + 1):
+            for n in grid:
+                roots = rng.integers(1, vocab, size=batch)
+                drafts = [rng.integers(1, vocab, size=(1, n - 1)) for _ in range(batch)]
+                t0 = time.perf_counter()
+                verifier.verify(state, roots, drafts)
+                dt = time.perf_counter() - t0
+                state.truncate(length)
+                state.next_pos = next_pos.clone()
+                if rep:  # the first round warms up
+                    times[n].append(dt)
+        # a low quantile resists bursts of load from other processes; the fit is nondecreasing
+        # (a bigger tree never costs less), which also irons out cache and allocator jitter
+        raw = [float(np.quantile(times[n], QUANTILE)) for n in grid]
+        return cls(tuple(grid), tuple(monotone(raw)), "", {"context": context, "repeats": repeats, "batch": batch,
+                                                           "raw_seconds": raw, "quantile": QUANTILE})
+
+    @classmethod
+    def cached(cls, verifier, batch: int = 1, refresh: bool = False, **measure_kw) -> "CostModel":
+        """The curve for this verifier and batch size from the cache, measured and stored if
+        absent (or ``refresh``). Measuring takes ~1-3 s on the bundled model."""
+        key = fingerprint(verifier, batch)
+        path = cache_dir() / "cost_model" / f"{key}.json"
+        if path.is_file() and not refresh:
+            try:
+                d = json.loads(path.read_text())
+                if d.get("format") == FORMAT and d.get("key") == key:
+                    return cls.from_json(d)
+            except (OSError, ValueError, KeyError):
+                pass  # a damaged cache entry is measured again
+        cm = cls.measure(verifier, batch=batch, **measure_kw)
+        cm = cls(cm.nodes, cm.seconds_at, key, {**(cm.info or {}), **describe(verifier, batch)})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(cm.to_json(), indent=1) + "\n")
+        return cm
+
+
+def monotone(y) -> list[float]:
+    """The least-squares nondecreasing fit of ``y`` (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, weight]
+    for v in y:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, w1), (m2, w2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2]
+    return [m for m, w in blocks for _ in range(int(w))]
+
+
+def describe(verifier, batch: int) -> dict:
+    """What the curve depends on, as plain values (also hashed into the fingerprint)."""
+    model = verifier.model
+    base = getattr(model, "base", model)
+    cfg = {k: v for k, v in base.config.to_dict().items() if not k.startswith("_") and k not in ("transformers_version",)}
+    return {
+        "config": json.dumps(cfg, sort_keys=True, default=str),
+        "heads": int(getattr(model, "num_heads", 1)), "heads_used": verifier.num_heads,
+        "dtype": str(verifier.dtype), "device": str(verifier.device), "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "batch": batch,
+        "mode": verifier.mode, "lazy": verifier.lazy, "draft_vocab": getattr(verifier, "draft_vocab_size", None),
+    }
+
+
+def fingerprint(verifier, batch: int) -> str:
+    return hashlib.sha256(json.dumps(describe(verifier, batch), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _position_limit(model) -> int | None:
+    base = getattr(model, "base", model)
+    cfg = getattr(base, "config", None)
+    return getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+

@@ -1,0 +1,63 @@
+"""Acceptance tables fitted from decode steps: counts conditional on the greedy prefix, context
+rates per match length and depth, smoothing towards the prior, and the on-disk cache."""
+
+import numpy as np
+import pytest
+
+from latticedraft.decoding.planning import acceptance
+from latticedraft.decoding.planning.acceptance import HEAD_EDGES, PRIOR_WEIGHT, AcceptanceModel, fit
+from latticedraft.decoding.proposers.context import ContextNgrams
+from latticedraft.lattice import Sausage
+
+
+def lattice(rows):
+    """rows: per slot, [(token, prob), ...] -> a Sausage with those log-probabilities."""
+    k = max(len(r) for r in rows)
+    tokens = np.full((len(rows), k), -1, dtype=np.int64)
+    logp = np.full((len(rows), k), -np.inf, dtype=np.float32)
+    for j, r in enumerate(rows):
+        for c, (t, p) in enumerate(r):
+            tokens[j, c], logp[j, c] = t, np.log(p)
+    return Sausage(tokens, logp)
+
+
+def test_head_rates_count_only_where_the_greedy_prefix_is_in_the_lattice():
+    # slot 0 candidates at p=0.85: greedy token present in 3 of 4 steps; slot 1 counts only those 3
+    s = lattice([[(1, 0.85), (2, 0.07)], [(3, 0.85), (4, 0.07)]])
+    greedy = [np.array([1, 3]), np.array([1, 3]), np.array([1, 4]), np.array([9, 3])]
+    m = fit([s] * 4, greedy, [np.array([0])] * 4, None)
+    b85 = int(np.searchsorted(HEAD_EDGES, 0.85, side="right")) - 1
+    b05 = int(np.searchsorted(HEAD_EDGES, 0.07, side="right")) - 1
+    prior = AcceptanceModel.prior()
+    assert m.head_rate[0, b85] == pytest.approx((3 + PRIOR_WEIGHT * prior.head_rate[0, b85]) / (4 + PRIOR_WEIGHT))
+    assert m.head_rate[1, b85] == pytest.approx((2 + PRIOR_WEIGHT * prior.head_rate[1, b85]) / (3 + PRIOR_WEIGHT))
+    assert m.head_rate[1, b05] == pytest.approx((1 + PRIOR_WEIGHT * prior.head_rate[1, b05]) / (3 + PRIOR_WEIGHT))
+    assert m.head(0, 0.85) == m.head_rate[0, b85]
+    assert m.counts["head"] == 4 * 2 + 3 * 2
+
+
+def test_context_rates_per_match_and_depth():
+    ctx = ContextNgrams(max_ngram=2, min_ngram=2, num_tokens=3, max_paths=1)
+    hist = np.array([5, 6, 7, 8, 9, 5, 6])  # suffix [5, 6] matched: continuation [7, 8, 9]
+    greedy = [np.array([7, 8, 9]), np.array([7, 1, 9]), np.array([2, 8, 9])]
+    m = fit([lattice([[(1, 0.5)]])] * 3, greedy, [hist] * 3, ctx)
+    w, p0 = PRIOR_WEIGHT, acceptance.CTX_PRIOR
+    assert m.context(2, 0) == pytest.approx((2 + w * p0) / (3 + w))
+    assert m.context(2, 1) == pytest.approx((1 + w * p0) / (2 + w))
+    assert m.context(2, 2) == pytest.approx((1 + w * p0) / (1 + w))
+    assert m.context(1, 0) == pytest.approx(p0)  # no data: the prior
+
+
+def test_cache_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("LATTICEDRAFT_CACHE", str(tmp_path))
+    calls = []
+
+    def build():
+        calls.append(1)
+        return fit([lattice([[(1, 0.9)]])], [np.array([1])], [np.array([0])], None)
+
+    a = acceptance.cached({"k": 1}, build)
+    b = acceptance.cached({"k": 1}, build)
+    assert len(calls) == 1 and np.allclose(a.head_rate, b.head_rate, atol=1e-5)
+    acceptance.cached({"k": 2}, build)
+    assert len(calls) == 2

@@ -1,0 +1,101 @@
+"""The cost-aware draft tree: ``fixed`` verifies every path; ``auto`` picks the ancestor-closed
+node set that maximises expected tokens per second, equal to brute force on small tries."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from latticedraft.decoding.planning.acceptance import AcceptanceModel
+from latticedraft.decoding.proposers.context import ContextNgrams
+from latticedraft.decoding.planning.draft_tree import TreePlanner
+from latticedraft.errors import InputError
+from latticedraft.gpu.verify.cost_model import CostModel
+from latticedraft.gpu.verify.tree import build_tree
+from latticedraft.lattice import Sausage
+
+
+def curve(t1, slope):
+    n = np.arange(1, 65)
+    return CostModel(tuple(n.tolist()), tuple((t1 + slope * (n - 1)).tolist()))
+
+
+def sausage(rng, h=3, k=3, V=6):
+    logits = rng.normal(size=(h, V)).astype(np.float32) * 2
+    return Sausage.from_logits(logits, k=k)
+
+
+def prefixes(paths):
+    return {tuple(p[: i + 1]) for p in paths for i in range(len(p))}
+
+
+def test_fixed_keeps_every_path_cut_to_room():
+    drafts = np.array([[4, 5, 6], [4, 7, -1]])
+    plan = TreePlanner("fixed").plan(None, drafts, np.array([1, 2]), room=2)
+    assert plan.drafts.tolist() == [[4, 5], [4, 7]] and plan.nodes == 4
+    ctx = TreePlanner("fixed", ContextNgrams(max_ngram=1, num_tokens=2)).plan(None, drafts, np.array([3, 8, 9, 3]))
+    assert ctx.drafts.tolist() == [[4, 5, 6], [4, 7, -1], [8, 9, -1]]
+    assert ctx.nodes == build_tree(3, ctx.drafts).size
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_auto_equals_brute_force_over_ancestor_closed_sets(seed):
+    rng = np.random.default_rng(seed)
+    s = sausage(rng)
+    drafts = np.array(list(itertools.product(*[s.tokens[j].tolist() for j in range(2)])))[: 4 + seed % 4]
+    cost = curve(1.0, [0.02, 0.1, 0.3, 1.5][seed % 4])
+    planner = TreePlanner("auto", acceptance=AcceptanceModel.prior(), cost=cost)
+    plan = planner.plan(s, drafts, np.array([0]))
+    # brute force: every ancestor-closed subset of the candidate trie
+    cands = planner.candidates(s, drafts, np.array([0]))
+    prob = {}
+    for toks, rates in cands:
+        p = 1.0
+        for i, r in enumerate(rates):
+            p *= r
+            key = tuple(toks[: i + 1].tolist())
+            prob[key] = max(prob.get(key, 0.0), p)
+    nodes = sorted(prob)
+    best = 0.0
+    for m in range(len(nodes) + 1):
+        for sub in itertools.combinations(nodes, m):
+            if all(x[:-1] in sub or len(x) == 1 for x in sub):
+                best = max(best, (1 + sum(prob[x] for x in sub)) / cost.seconds(1 + m))
+    got = prefixes([row[row >= 0].tolist() for row in plan.drafts])
+    assert plan.nodes == 1 + len(got)
+    assert all(x[:-1] in got or len(x) == 1 for x in got)  # ancestor-closed
+    assert (1 + sum(prob[x] for x in got)) / cost.seconds(plan.nodes) == pytest.approx(best)
+    assert plan.expected == pytest.approx(1 + sum(prob[x] for x in got))
+
+
+def test_cheap_nodes_verify_everything_and_dear_ones_nothing():
+    rng = np.random.default_rng(0)
+    s = sausage(rng)
+    drafts = np.array([[s.tokens[0, 0], s.tokens[1, 0]], [s.tokens[0, 1], s.tokens[1, 1]]])
+    flat = TreePlanner("auto", cost=curve(1.0, 0.0)).plan(s, drafts, np.array([0]))
+    assert flat.nodes == build_tree(0, drafts).size
+    dear = TreePlanner("auto", cost=curve(1.0, 10.0)).plan(s, drafts, np.array([0]))
+    assert dear.nodes == 1 and dear.drafts.shape == (1, 0)
+
+
+def test_overhead_makes_bigger_trees_pay():
+    rng = np.random.default_rng(3)
+    s = sausage(rng, h=4, k=4)
+    drafts = np.array(list(itertools.product(*[s.tokens[j, :2].tolist() for j in range(4)])))
+    planner = TreePlanner("auto", cost=curve(1.0, 0.15))
+    small = planner.plan(s, drafts, np.array([0])).nodes
+    planner.overhead = 5.0
+    assert planner.plan(s, drafts, np.array([0])).nodes > small
+
+
+def test_max_nodes_caps_the_tree():
+    drafts = np.arange(1, 41).reshape(4, 10)
+    plan = TreePlanner("auto", cost=curve(1.0, 0.0), max_nodes=8).plan(None, drafts, np.array([0]))
+    assert plan.nodes <= 8
+
+
+def test_bad_policy_and_missing_cost():
+    with pytest.raises(InputError, match="--tree"):
+        TreePlanner("bogus")
+    with pytest.raises(InputError, match="cost model"):
+        TreePlanner("auto")

@@ -1,0 +1,265 @@
+"""Exactness of the BPD loop: every drafter emits ``model.generate(do_sample=False)``'s tokens
+on tiny random BlockwiseModels (float32 and float64, GPT-2 / LLaMA / Mistral), for batch 1
+and 4 with prompts of different lengths; per-row stopping; call accounting."""
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from latticedraft.decoding.loop import bpd_decode, greedy_decode
+from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
+from latticedraft.errors import InputError, ModelError
+from tests.decoding.tiny import blockwise, prompts, reference, tiny_model
+from tests.lattice.toylm import make_toy_lm
+
+MAX_NEW = 24
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@functools.lru_cache(maxsize=None)
+def _case(arch, dtype, num_heads, seed, batch=4, lengths=(3, 9, 5, 14)):
+    """(model, prompts, greedy references): built once per module, shared by the drafters."""
+    model = blockwise(arch, dtype, num_heads=num_heads)
+    ps = prompts(batch, seed=seed, lengths=lengths)
+    return model, ps, [reference(model, p, MAX_NEW) for p in ps]
+
+
+@pytest.fixture(scope="module")
+def toy_lm():
+    return make_toy_lm(V=64, order=3, seed=0, density=0.5)
+
+
+@pytest.fixture(scope="module")
+def rescorer():
+    return tiny_model("gpt2", torch.float32, seed=7)
+
+
+def _drafter(name, refs, lm, rescorer, k=16, prune="none", nbest=16):
+    return make_drafter(name, options=LatticeOptions(k=k, prune=prune), lm=lm, rescorer=rescorer,
+                        alpha=1.0, nbest=nbest, references=refs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["top1", "neural", "ngram", "parallel", "parallel-base", "oracle"])
+def test_every_drafter_equals_generate_batch_4(name, dtype, toy_lm, rescorer):
+    model, ps, refs = _case("gpt2", dtype, 5, 1)
+    r = bpd_decode(model, ps, _drafter(name, refs, toy_lm, rescorer.to(dtype)), max_new_tokens=MAX_NEW)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert r.verify_mode == "tree"
+    for s in r.sequences:
+        assert sum(s.tokens_per_call) == len(s.tokens) == MAX_NEW
+        assert s.calls == len(s.tokens_per_call) == 1 + len(s.accepted_drafts)
+        assert all(1 <= n <= 5 for n in s.tokens_per_call)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_parallel_16_on_otsu_pruned_lattices(arch, batch, toy_lm):
+    model, ps, refs = _case(arch, torch.float32, 4, 2, batch, (11, 4, 8, 2))
+    d = _drafter("parallel", refs, toy_lm, None, k=8, prune="otsu", nbest=16)
+    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+
+
+def test_oracle_with_whole_vocab_accepts_every_slot():
+    """k = V puts the true token in every slot, so each call emits all h tokens: the
+    accept/commit path is exercised at full length, and still exact."""
+    model = blockwise("llama", torch.float64, num_heads=4)
+    ps = prompts(4, seed=3)
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    r = bpd_decode(model, ps, make_drafter("oracle", options=LatticeOptions(k=64), references=refs),
+                   max_new_tokens=MAX_NEW)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    for s in r.sequences:  # 1 (prefill) + 4 + 4 + ... ; the last call may be cut by max_new_tokens
+        assert s.tokens_per_call[0] == 1 and all(n == 4 for n in s.tokens_per_call[1:-1])
+    assert r.block_efficiency == pytest.approx(4 * MAX_NEW / sum(s.calls for s in r.sequences))
+
+
+def test_batched_fallback_is_exact_with_sliding_window(toy_lm):
+    model = blockwise("mistral", torch.float32, num_heads=4)
+    ps = prompts(4, seed=4)
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    r = bpd_decode(model, ps, make_drafter("oracle", options=LatticeOptions(k=64), references=refs),
+                   max_new_tokens=MAX_NEW, verify="batched")
+    assert r.verify_mode == "batched"
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+
+
+def test_rows_stop_on_their_own_eos():
+    model = blockwise("gpt2", torch.float64, num_heads=4)
+    ps = prompts(4, seed=5)
+    free = [reference(model, p, MAX_NEW) for p in ps]
+    eos = free[1][5]  # a token row 1 emits; other rows may stop on it too, or not at all
+    refs = [reference(model, p, MAX_NEW, eos=eos) for p in ps]
+    assert len(refs[1]) <= 6
+    streamed = {i: [] for i in range(4)}
+    r = bpd_decode(model, ps, make_drafter("oracle", options=LatticeOptions(k=64), references=free),
+                   max_new_tokens=MAX_NEW, eos_token_id=eos, on_tokens=lambda i, t: streamed[i].extend(t))
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert [streamed[i] for i in range(4)] == refs
+
+
+def test_greedy_baseline_and_one_token_budget():
+    model = blockwise("gpt2", torch.float32, num_heads=3)
+    ps = prompts(2, seed=6)
+    g = greedy_decode(model, ps, max_new_tokens=5)
+    assert [s.tokens.tolist() for s in g.sequences] == [reference(model, p, 5) for p in ps]
+    assert g.block_efficiency == 1.0
+    r = bpd_decode(model, ps, make_drafter("top1"), max_new_tokens=1)
+    assert [s.calls for s in r.sequences] == [1, 1]
+
+
+def test_plain_causal_lm_decodes_greedily():
+    model = tiny_model("llama")
+    p = prompts(1)[0]
+    r = bpd_decode(model, [p], make_drafter("top1"), max_new_tokens=6)
+    assert r.sequences[0].tokens.tolist() == reference(model, p, 6) and r.block_efficiency == 1.0
+
+
+def test_bad_arguments():
+    model = blockwise("gpt2", num_heads=3)
+    with pytest.raises(InputError, match="max_new_tokens"):
+        bpd_decode(model, [[1, 2]], make_drafter("top1"), max_new_tokens=0)
+    with pytest.raises(InputError, match="256 positions"):
+        bpd_decode(model, [list(range(1, 60)) * 4], make_drafter("top1"), max_new_tokens=30)
+    with pytest.raises(InputError, match="--lm"):
+        make_drafter("ngram")
+    with pytest.raises(InputError, match="unknown drafter"):
+        make_drafter("psychic")
+    with pytest.raises(InputError, match="--prune"):
+        LatticeOptions(prune="sometimes")
+    dyn = blockwise("gpt2", num_heads=3)
+    dyn.kind = "dynamo"
+    with pytest.raises(ModelError, match="--method dynamo"):
+        bpd_decode(dyn, [[1, 2]], make_drafter("top1"))
+
+
+def test_oracle_references_follow_the_prompt_across_batches():
+    """Decoding in chunks (batch_size 1) must give each prompt its own reference: the
+    oracle's per-prompt efficiency is the same whatever the batch size."""
+    from latticedraft.decoding.runs.session import run_method
+
+    model = blockwise("gpt2", torch.float32, num_heads=4)
+    ps = prompts(4, seed=5)
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    assert len({tuple(r) for r in refs}) > 1  # distinct references, or the test proves nothing
+    runs = {bs: run_method("bpd", model, ps, make_drafter("oracle", options=LatticeOptions(k=8), references=refs),
+                           max_new_tokens=MAX_NEW, batch_size=bs) for bs in (1, 4)}
+    for r in runs.values():
+        assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert [s.calls for s in runs[1].sequences] == [s.calls for s in runs[4].sequences]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "mistral"])
+def test_fewer_slots_compute_fewer_heads_and_stay_exact(arch, toy_lm):
+    model, ps, refs = _case(arch, torch.float32, 5, 4)
+    d = make_drafter("parallel", options=LatticeOptions(k=8, slots=2), lm=toy_lm, alpha=1.0, nbest=4)
+    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, record_steps=True)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert all(st.sausage.h == 2 for st in r.steps)  # heads 1..2 only
+    assert all(n <= 3 for s in r.sequences for n in s.tokens_per_call)
+
+
+def _repetitive(batch, seed, lengths=(6, 11, 4, 9)):
+    """Prompts that repeat a random motif, so context n-grams find matches from the first step."""
+    rng = np.random.default_rng(seed)
+    return [np.tile(rng.integers(1, 64, size=n), 3).astype(np.int64) for n in lengths[:batch]]
+
+
+def _flat_or_steep(slope):
+    from latticedraft.gpu.verify.cost_model import CostModel
+
+    n = np.arange(1, 65)
+    return CostModel(tuple(n.tolist()), tuple((1.0 + slope * (n - 1)).tolist()))
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral"])
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("tree,ctx,vocab,slope,verify", [
+    ("auto", 3, None, 0.02, "auto"), ("auto", 2, 24, 0.5, "auto"), ("fixed", 3, 24, None, "auto"),
+    ("auto", None, 24, 0.05, "auto"), ("fixed", 2, None, None, "batched"), ("auto", 3, None, 0.1, "batched"),
+])
+def test_tree_policies_context_ngrams_and_draft_vocab_stay_exact(arch, batch, tree, ctx, vocab, slope, verify, toy_lm):
+    from latticedraft.decoding.proposers.context import ContextNgrams
+
+    model = blockwise(arch, torch.float32, num_heads=4, seed=3)
+    ps = _repetitive(batch, seed=5) if ctx else prompts(batch, seed=5, lengths=(7, 3, 12, 5))
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    ids = np.random.default_rng(0).permutation(64)[:vocab] if vocab else None
+    d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=4)
+    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, tree=tree, verify=verify,
+                   context=ContextNgrams(max_ngram=ctx) if ctx else None, draft_vocab=ids,
+                   cost=None if slope is None else _flat_or_steep(slope), record_steps=True)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    for s in r.sequences:
+        assert len(s.tree_nodes) == len(s.accepted_drafts) and all(n >= 1 for n in s.tree_nodes)
+    if vocab:  # every head-drafted token comes from the draft vocabulary
+        assert all(set(st.sausage.tokens[st.sausage.tokens >= 0].tolist()) <= set(ids.tolist())
+                   for st in r.steps if st.sausage is not None)
+    if ctx and tree == "fixed":  # the context paths are in the verified trees
+        assert sum(a for s in r.sequences for a in s.accepted_drafts) > 0
+
+
+def test_auto_tree_follows_the_cost_curve():
+    """A flat T(n) verifies big trees, a steep one nothing beyond the root; both exact."""
+    model = blockwise("gpt2", torch.float32, num_heads=4, seed=3)
+    ps = prompts(2, seed=6)
+    d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=8)
+    flat = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, tree="auto", cost=_flat_or_steep(0.0))
+    steep = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, tree="auto", cost=_flat_or_steep(100.0))
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    for r in (flat, steep):
+        assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert all(n == 1 for s in steep.sequences for n in s.tree_nodes)
+    assert np.mean([n for s in flat.sequences for n in s.tree_nodes]) > 4
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "mistral"])
+def test_no_drafter_is_the_greedy_loop_and_context_alone_is_prompt_lookup(arch):
+    from latticedraft.decoding.proposers.context import ContextNgrams
+
+    model = blockwise(arch, torch.float32, num_heads=4, seed=3)
+    ps = _repetitive(4, seed=8)
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    plain = bpd_decode(model, ps, None, max_new_tokens=MAX_NEW)
+    assert [s.tokens.tolist() for s in plain.sequences] == refs
+    assert all(n == 1 for s in plain.sequences for n in s.tokens_per_call)
+    ctx = bpd_decode(model, ps, None, max_new_tokens=MAX_NEW, context=ContextNgrams(max_ngram=3))
+    assert [s.tokens.tolist() for s in ctx.sequences] == refs
+
+
+@pytest.mark.parametrize("verify", ["auto", "batched"])
+def test_head_gate_skips_heads_on_some_steps_and_stays_exact(verify):
+    from latticedraft.decoding.proposers.context import ContextNgrams
+
+    model = blockwise("llama", torch.float32, num_heads=4, seed=3)
+    ps = _repetitive(2, seed=9, lengths=(5, 8))
+    refs = [reference(model, p, 40) for p in ps]
+    d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=4)
+    r = bpd_decode(model, ps, d, max_new_tokens=40, tree="auto", context=ContextNgrams(max_ngram=3),
+                   cost=_flat_or_steep(0.05), verify=verify)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    flags = [f for s in r.sequences for f in s.heads_per_step]
+    assert len(flags) == sum(len(s.accepted_drafts) for s in r.sequences)
+    assert 0 in flags and 1 in flags  # the gate tried both arms
+
+
+@pytest.mark.parametrize("name", ["top1", "neural", "ngram", "parallel", "parallel-base", "oracle"])
+def test_every_drafter_with_the_fast_options_equals_generate(name, toy_lm, rescorer):
+    """--tree auto, context n-grams and a reduced draft vocabulary on every drafter, batch 4."""
+    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.planning.head_gate import HeadGate
+
+    model, ps, refs = _case("gpt2", torch.float32, 5, 1)
+    ps = [np.concatenate([p, p]) for p in ps]  # repeated text: the context paths get accepted
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    ids = np.random.default_rng(1).permutation(64)[:32]
+    gate = HeadGate()
+    for batch in (ps, ps[:1]):
+        r = bpd_decode(model, batch, _drafter(name, refs, toy_lm, rescorer, nbest=4), max_new_tokens=MAX_NEW,
+                       tree="auto", context=ContextNgrams(max_ngram=3), draft_vocab=ids, cost=_flat_or_steep(0.1),
+                       gate=gate)
+        assert [s.tokens.tolist() for s in r.sequences] == refs[: len(batch)]

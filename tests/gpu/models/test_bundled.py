@@ -1,0 +1,78 @@
+"""The bundled defaults in data/ (trained by data/build.sh): they load, fit together, and behave."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from latticedraft.gpu.models.blockwise import BlockwiseModel
+from latticedraft.gpu.train.data import TokenWindows, encode_files
+from latticedraft.gpu.train.evaluate import head_metrics
+from latticedraft.gpu.models.hf import check_tokenizer_fits
+from latticedraft.lm.corpus import stdlib_split
+from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
+from latticedraft.paths import data_dir
+
+D = data_dir()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(D / "tokenizer")
+
+
+@pytest.fixture(scope="module")
+def heldout_windows(tok):
+    held = encode_files(stdlib_split("heldout"), tok)
+    w = TokenWindows(held, 256, 1, source="held-out files").sequential()
+    return w[:: max(1, len(w) // 40)][:40]  # 40 windows of 256 tokens spread over the held-out files
+
+
+def test_tokenizer_is_the_recorded_one(tok):
+    meta = json.loads((D / "tokenizer" / "build.json").read_text())
+    assert tok.get_vocab_size() == 8192 and fingerprint(tok) == meta["fingerprint"]
+
+
+@pytest.mark.parametrize("name", ["base", "rescorer-small", "rescorer-medium"])
+def test_lms_load_with_auto_class_and_fit_the_tokenizer(name, tok):
+    m = AutoModelForCausalLM.from_pretrained(D / name)
+    check_tokenizer_fits(tok, m)
+    from safetensors import safe_open
+
+    with safe_open(str(D / name / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}  # committed as fp16
+
+
+def test_rescorers_are_about_a_tenth_and_a_quarter_of_the_base():
+    n = {k: sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(D / k).parameters())
+         for k in ["base", "rescorer-small", "rescorer-medium"]}
+    assert 0.05 < n["rescorer-small"] / n["base"] < 0.15
+    assert 0.18 < n["rescorer-medium"] / n["base"] < 0.35
+
+
+@pytest.mark.parametrize("name, kind, h", [("heads-stern", "stern", 8), ("heads-dynamo", "dynamo", 3)])
+def test_bundled_heads_load_and_head1_is_the_base(name, kind, h, tok):
+    bm = BlockwiseModel.from_pretrained(D / name)
+    assert (bm.kind, bm.num_heads) == (kind, h)
+    base = AutoModelForCausalLM.from_pretrained(D / "base", dtype=torch.float32).eval()
+    prompt = json.loads((D / "prompts.jsonl").read_text().splitlines()[0])["prompt"]
+    ids = torch.tensor([tok.encode(prompt).ids])
+    with torch.no_grad():
+        out = bm(ids)
+        ref = base(input_ids=ids).logits
+    assert torch.equal(out.logits, ref) and torch.equal(out.head_logits[..., 0, :], ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["heads-stern", "heads-dynamo"])
+def test_heldout_top1_accuracy_falls_with_head_index(name, heldout_windows):
+    bm = BlockwiseModel.from_pretrained(D / name)
+    m = head_metrics(bm, heldout_windows, batch_size=4)
+    acc, ent = np.asarray(m.accuracy), np.asarray(m.entropy)
+    assert acc[0] > 0.2  # the base learned something: a unigram guess scores under 0.1
+    assert np.all(np.diff(acc[:4]) < 0), acc  # near heads: strictly falling
+    assert np.all(np.diff(acc) < 0.005), acc  # far heads sit at a ~0.08 floor: falling to within half a point
+    # the BPD paper's Figure 2: entropy rises with the head index (far heads: to within 0.02 nats on this sample)
+    assert np.all(np.diff(ent[:4]) > 0) and np.all(np.diff(ent) > -0.02), ent

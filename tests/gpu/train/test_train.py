@@ -1,0 +1,233 @@
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from latticedraft.errors import BuildError, InputError, ModelError
+from latticedraft.gpu.models.blockwise import BlockwiseModel
+from latticedraft.gpu.train.data import TokenWindows
+from latticedraft.gpu.train.heads import head_losses, train_heads
+from latticedraft.gpu.train.lm import LMArch, train_lm
+from latticedraft.gpu.train.loop import OptimConfig, cosine_lr_lambda, run_training
+from latticedraft.lm.corpus import stdlib_split
+from latticedraft.paths import data_dir
+from tests.gpu.conftest import V, make_tiny, perturb_heads
+
+
+def test_a_few_steps_lower_the_loss_of_heads_2_to_h(arch, kind):
+    """On a fixed batch, 8 AdamW steps on the heads (base frozen) lower every extra head's loss."""
+    base = make_tiny(arch)
+    bm = BlockwiseModel.from_base(base, 4, kind)
+    batch = torch.randint(0, V, (4, 24), generator=torch.Generator().manual_seed(3))
+    opt = torch.optim.AdamW(bm.head_parameters(), lr=3e-3, betas=(0.9, 0.95), eps=1e-8)
+    before = [l.item() for l in head_losses(bm, batch)]
+    ref = base(input_ids=batch).logits.detach().clone()
+    for _ in range(8):
+        losses = head_losses(bm, batch)
+        opt.zero_grad()
+        sum(losses).backward()
+        opt.step()
+    after = [l.item() for l in head_losses(bm, batch)]
+    assert after[0] == pytest.approx(before[0], abs=1e-6)  # head 1 = frozen base
+    for j in range(1, 4):
+        assert after[j] < before[j] - 0.05, (j, before, after)
+    assert torch.equal(base(input_ids=batch).logits, ref)  # the base did not move
+
+
+def test_cosine_schedule_warms_up_then_decays_to_zero():
+    f = cosine_lr_lambda(200, 0.01)
+    assert f(0) == pytest.approx(0.5) and f(1) == pytest.approx(1.0)
+    assert f(101) == pytest.approx(0.5, abs=0.01)
+    assert f(200) == pytest.approx(0.0, abs=1e-9)
+    assert all(f(s) >= f(s + 1) for s in range(2, 200))
+
+
+def _windows(n=64, s=8, b=4, seed=0):
+    return TokenWindows(np.arange(n * s, dtype=np.int32) % V, s, b, seed)
+
+
+def test_token_windows_are_deterministic_and_cover_an_epoch():
+    w = _windows()
+    assert np.array_equal(w.batch(5), _windows().batch(5))
+    epoch = np.concatenate([w.batch(i) for i in range(w.batches_per_epoch)])
+    assert sorted(map(tuple, epoch)) == sorted(map(tuple, w.windows))
+
+
+def test_corpus_too_small_for_one_batch():
+    with pytest.raises(InputError, match="fewer than one batch of 16"):
+        TokenWindows(np.zeros(100, dtype=np.int32), 8, 16, source="corpus x.py")
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    lin = torch.nn.Linear(2, 1)
+
+    def loss_fn(batch):
+        step = loss_fn.calls
+        loss_fn.calls += 1
+        loss = lin(torch.ones(1, 2)).sum() ** 2
+        return (loss * float("nan") if step == 5 else loss), {"loss": loss.item()}
+
+    loss_fn.calls = 0
+    cfg = OptimConfig(steps=10, lr=1e-2, batch_size=4, seq_len=8, checkpoint_every=2)
+    with pytest.raises(BuildError, match=r"became nan at step 5; stopped, the last good checkpoint \(step 4\) is kept"):
+        run_training(lin, [{"params": list(lin.parameters())}], loss_fn, _windows(), cfg, tmp_path, {"k": 1})
+    ck = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert ck["step"] == 4 and all(torch.isfinite(t).all() for t in ck["trainable"].values())
+
+
+# --- end to end on a tiny base trained here --------------------------------------------------
+
+TOK = data_dir() / "tokenizer"
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return stdlib_split("heldout")[:6]
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory, corpus):
+    out = tmp_path_factory.mktemp("lm") / "base"
+    res = train_lm(TOK, corpus, out, LMArch(n_embd=32, n_layer=2, n_head=2, n_positions=64),
+                   OptimConfig(steps=3, lr=3e-3, batch_size=4, seq_len=32, checkpoint_every=2))
+    assert res.steps == 3 and math.isfinite(res.losses["loss"])
+    return out
+
+
+def test_train_lm_output_loads_with_auto_class(tiny_base):
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(tiny_base)
+    assert m.config.vocab_size == 8192 and m.config.n_embd == 32
+    assert (tiny_base / "tokenizer.json").is_file() and not (tiny_base / "checkpoint.pt").exists()
+    info = json.loads((tiny_base / "training.json").read_text())
+    assert info["steps"] == 3 and info["tokens_seen"] == 3 * 4 * 32
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_mistral_lm_trains_with_its_sliding_window(corpus, tmp_path, attn):
+    """family="mistral": a tied-embedding MistralForCausalLM whose training forward (train mode, no
+    cache) already applies the window: changing tokens 0..4 moves no logit past 4 + L·(W-1)."""
+    from transformers import AutoModelForCausalLM
+
+    arch = LMArch(n_embd=32, n_layer=2, n_head=4, n_positions=128, family="mistral", sliding_window=8)
+    res = train_lm(TOK, corpus, tmp_path / "m", arch, OptimConfig(steps=2, lr=3e-3, batch_size=2, seq_len=48))
+    assert res.steps == 2 and math.isfinite(res.losses["loss"])
+    m = AutoModelForCausalLM.from_pretrained(tmp_path / "m", attn_implementation=attn).train()
+    assert type(m).__name__ == "MistralForCausalLM" and m.config.sliding_window == 8
+    assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()  # tied
+    x = torch.randint(0, 8192, (1, 40), generator=torch.Generator().manual_seed(0))
+    y = x.clone()
+    y[0, :5] = (y[0, :5] + 1) % 8192
+    moved = (m(input_ids=x).logits - m(input_ids=y).logits).abs().amax(-1)[0] > 0
+    reach = 4 + 2 * (8 - 1)  # two layers, each reaching W - 1 positions back
+    assert bool(moved[: reach + 1].all()) and not bool(moved[reach + 1:].any())
+    with pytest.raises(InputError, match="--sliding-window"):
+        train_lm(TOK, corpus, tmp_path / "g", LMArch(n_embd=32, n_layer=1, n_head=2, sliding_window=8),
+                 OptimConfig(steps=1, batch_size=2, seq_len=16))
+
+
+def _heads_cfg(**kw):
+    return OptimConfig(**{**dict(steps=4, lr=3e-3, batch_size=4, seq_len=32, checkpoint_every=2, seed=7), **kw})
+
+
+def _same_heads(a_dir, b_dir):
+    a, b = BlockwiseModel.from_pretrained(a_dir), BlockwiseModel.from_pretrained(b_dir)
+    sa, sb = a.heads.head_state_dict(), b.heads.head_state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_train_heads_is_deterministic(tiny_base, corpus, tmp_path):
+    ra = train_heads(tiny_base, corpus, tmp_path / "a", 3, "stern", _heads_cfg())
+    train_heads(tiny_base, corpus, tmp_path / "b", 3, "stern", _heads_cfg())
+    train_heads(tiny_base, corpus, tmp_path / "c", 3, "stern", _heads_cfg(seed=8))
+    assert _same_heads(tmp_path / "a", tmp_path / "b")
+    assert not _same_heads(tmp_path / "a", tmp_path / "c")
+    assert ra.losses.keys() == {"h1", "h2", "h3"} and ra.finished
+    cfg = json.loads((tmp_path / "a" / "heads_config.json").read_text())
+    assert not cfg["base"].startswith("/") and (tmp_path / "a" / cfg["base"]).resolve() == tiny_base.resolve()
+    assert not (tmp_path / "a" / "checkpoint.pt").exists()
+
+
+def test_resume_continues_exactly(tiny_base, corpus, tmp_path):
+    train_heads(tiny_base, corpus, tmp_path / "full", 3, "dynamo", _heads_cfg())
+    part = train_heads(tiny_base, corpus, tmp_path / "part", 3, "dynamo", _heads_cfg(), stop_after=2)
+    assert not part.finished and part.steps == 2
+    assert not (tmp_path / "part" / "heads.safetensors").exists()
+    rest = train_heads(tiny_base, corpus, tmp_path / "part", 3, "dynamo", _heads_cfg(), resume=True)
+    assert rest.resumed_from == 2 and rest.finished
+    assert _same_heads(tmp_path / "full", tmp_path / "part")
+    full = json.loads((tmp_path / "full" / "training.json").read_text())
+    resumed = json.loads((tmp_path / "part" / "training.json").read_text())
+    assert resumed["tokens_seen"] == full["tokens_seen"] == rest.tokens  # every slice's tokens, not the last one's
+    assert rest.seconds >= part.seconds  # the first slice's time is carried over
+
+
+def test_resume_from_another_configuration_fails(tiny_base, corpus, tmp_path):
+    train_heads(tiny_base, corpus, tmp_path / "h", 3, "stern", _heads_cfg(steps=2), keep_checkpoint=True)
+    with pytest.raises(ModelError, match=r"another configuration \(differs in: lambdas, num_heads\)"):
+        train_heads(tiny_base, corpus, tmp_path / "h", 4, "stern", _heads_cfg(steps=2), resume=True)
+
+
+def test_bad_head_counts(tiny_base, corpus, tmp_path):
+    with pytest.raises(InputError, match="at least 2 heads"):
+        train_heads(tiny_base, corpus, tmp_path / "h", 1, "stern", _heads_cfg())
+    with pytest.raises(InputError, match="--heads 32 must be smaller than --seq-len 32"):
+        train_heads(tiny_base, corpus, tmp_path / "h", 32, "stern", _heads_cfg())
+
+
+def test_tokenizer_vocabulary_mismatch(tiny_base, corpus, tmp_path):
+    from latticedraft.lm.tokenizer import train_tokenizer
+
+    small = train_tokenizer(corpus[:2], 400)
+    small.save(str(tmp_path / "tok.json"))
+    with pytest.raises(ModelError, match="tokenizer has 400 tokens but the base model in .* has a vocabulary of 8192"):
+        train_heads(tiny_base, corpus, tmp_path / "h", 3, "stern", _heads_cfg(), tokenizer_path=tmp_path / "tok.json")
+
+
+def test_corpus_too_small(tiny_base, tmp_path):
+    f = tmp_path / "tiny.py"
+    f.write_text("x = 1\n")
+    with pytest.raises(InputError, match="fewer than one batch"):
+        train_heads(tiny_base, [f], tmp_path / "h", 3, "stern", _heads_cfg())
+
+
+@pytest.mark.parametrize("kind", ["stern", "dynamo"])
+def test_unfrozen_three_learning_rates(tiny_base, corpus, tmp_path, kind):
+    """LR_MB = 0 with λ_1 = 0: every gradient heads 2..h send into the base (trunk state, shared output
+    embedding, DynaMo's shared final norm) is scaled to zero, so the base cannot move; LR_MB > 0 lets it
+    move. The updated base is bundled with the heads."""
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(tiny_base).state_dict()
+    for lr_stem, moved in [(0.0, False), (1e-3, True)]:
+        out = tmp_path / f"u{lr_stem}"
+        train_heads(tiny_base, corpus, out, 3, kind, _heads_cfg(steps=2), lambdas=[0, 1, 1], unfreeze=True,
+                    lr_base=1e-3, lr_stem=lr_stem)
+        new = AutoModelForCausalLM.from_pretrained(out / "base").state_dict()
+        same = all(torch.equal(ref[k], new[k]) for k in ref)
+        assert same != moved
+        assert json.loads((out / "heads_config.json").read_text())["base"] == "base"
+
+
+def test_gradient_accumulation_averages_micro_batches(tmp_path):
+    """grad_accum=2 over micro-batches i, i+1 gives the same update as one batch made of both."""
+    w = _windows(n=64, s=8, b=2)
+    w4 = _windows(n=64, s=8, b=4)
+
+    def run(windows, accum, out):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(8, 1)
+        loss_fn = lambda b: ((lin(b.float() / 100.0) ** 2).mean(), {"loss": 0.0})  # noqa: E731
+        cfg = OptimConfig(steps=1, lr=1e-2, batch_size=windows.batch_size, seq_len=8, grad_accum=accum)
+        res = run_training(lin, [{"params": list(lin.parameters())}], loss_fn, windows, cfg, out, {})
+        return lin, res
+
+    a, ra = run(w, 2, tmp_path / "a")
+    b, rb = run(w4, 1, tmp_path / "b")
+    assert ra.tokens == rb.tokens == 4 * 8
+    # the 2+2 windows of micro-batches 0 and 1 are the 4 windows of batch 0 of the same epoch order
+    assert np.array_equal(np.concatenate([w.batch(0), w.batch(1)]), w4.batch(0))
+    torch.testing.assert_close(a.weight, b.weight)
