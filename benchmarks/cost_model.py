@@ -33,9 +33,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding.loop import bpd_decode  # noqa: E402
+from latticedraft.decoding.bpd import bpd_decode  # noqa: E402
 from latticedraft.decoding.planning.draft_tree import TreePlanner  # noqa: E402
-from latticedraft.decoding.runs.session import DrafterSpec, Session, encode, read_prompts  # noqa: E402
+from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.runs.session import Session
+from latticedraft.decoding.runs.loaders import encode
+from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.gpu.verify.cost_model import CostModel  # noqa: E402
 from latticedraft.gpu.verify.verifier import Verifier  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402

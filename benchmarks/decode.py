@@ -36,7 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.eval import hf_baselines  # noqa: E402
-from latticedraft.decoding.runs.session import DrafterSpec, Session, encode, read_prompts  # noqa: E402
+from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.runs.session import Session
+from latticedraft.decoding.runs.loaders import encode
+from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 HEADS = DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto", draft_vocab="auto")  # heads only, fast
@@ -91,13 +94,13 @@ def main(argv=None) -> int:
     if a.only:
         rows = [r for r in rows if r in a.only or r.startswith("greedy")]
     from latticedraft.gpu.models.hf import load_causal_lm
-    from latticedraft.decoding.runs.session import default_rescorer_dir
+    from latticedraft.decoding.runs.loaders import default_rescorer_dir
 
     helper = load_causal_lm(default_rescorer_dir(), dtype=torch.float32) if HF_ROWS[1] in rows else None
     for name in rows:  # cost curves and acceptance rates are measured once and cached, before any timing
         spec = DRAFTERS.get(name) or OWN.get(name)
         if spec is not None:
-            s.prepare(spec, batch_size=a.batch_size)
+            s.prepare("bpd", spec, batch_size=a.batch_size)
 
     def run_once(name):
         """(token lists, seconds, DecodeResult or None) of one pass over the prompts."""

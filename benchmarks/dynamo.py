@@ -27,9 +27,11 @@ import numpy as np
 import torch
 
 from latticedraft.atomic import write_atomic
-from latticedraft.decoding.dynamo.sampler import (VARIANTS, DynamoConfig, generate, load_model, load_tokenizer_for,
-                                          step_distribution, variant)
-from latticedraft.decoding.dynamo.evaluate import read_prompts, sample_base
+from latticedraft.decoding.dynamo.evaluate import sample_base
+from latticedraft.decoding.dynamo.generate import generate
+from latticedraft.decoding.dynamo.sampler import VARIANTS, DynamoConfig, step_distribution, variant
+from latticedraft.decoding.runs.prompt_set import read_prompts
+from latticedraft.decoding.runs.session import Session
 from latticedraft.lm.cooccurrence import resolve_table
 from latticedraft.lm.tokenizer import fingerprint
 from latticedraft.paths import data_dir
@@ -48,12 +50,12 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
 
-    model = load_model(a.model)
-    tok = load_tokenizer_for(model, a.model)
+    session = Session(a.model or data_dir() / "heads-dynamo", threads=None)
+    model, tok = session.model, session.tokenizer
     cooc = resolve_table("auto", tok, notify=lambda m: print(m, file=sys.stderr))
     fp = fingerprint(tok)
     eos = tok.token_to_id("<|endoftext|>")
-    prompts = [tok.encode(t).ids for t in read_prompts(data_dir() / "prompts.jsonl", a.prompts)]
+    prompts = [tok.encode(r["prompt"]).ids for r in read_prompts(data_dir() / "prompts.jsonl", a.prompts)]
 
     # 1. sampler step cost on real head logits (the last position of each prompt)
     with torch.no_grad():
@@ -79,10 +81,9 @@ def main(argv=None) -> int:
         for rep in range(a.repeats):
             t0 = time.perf_counter()
             res = generate(model, prompts, cfg, cooc, max_new_tokens=a.max_new_tokens, seed=rep, eos_token_id=eos,
-                           tokenizer_fingerprint=fp, progress=False)
+                           tokenizer_fingerprint=fp)
             dt = time.perf_counter() - t0
-            toks = sum(len(r.tokens) for r in res)
-            runs.append((dt, toks, toks / sum(r.calls for r in res)))
+            runs.append((dt, res.tokens, res.block_efficiency))
         gens.append({"method": f"dynamo CO+AT+G3 ε_b={e}", "seconds": statistics.median(r[0] for r in runs),
                      "tokens_per_s": statistics.median(r[1] / r[0] for r in runs),
                      "tokens_per_call": statistics.median(r[2] for r in runs)})

@@ -56,7 +56,10 @@ sys.path.insert(0, str(ROOT))
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.eval.evaluate import EvalConfig, _run, machine  # noqa: E402
 from latticedraft.decoding.runs.prompt_length import fit_prompts  # noqa: E402
-from latticedraft.decoding.runs.session import DrafterSpec, Session, encode, read_prompts  # noqa: E402
+from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.runs.session import Session
+from latticedraft.decoding.runs.loaders import encode
+from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas  # noqa: E402
 from latticedraft.paths import data_dir, default_lm_dir  # noqa: E402
 
@@ -151,12 +154,12 @@ def measure(lms: dict[str, Path], cfg: EvalConfig, alpha: float, prompt_idx: lis
     session = Session(model, threads=threads)
     ids = fit_prompts(session.model, encode(session.tokenizer, [prompts[i]["prompt"] for i in prompt_idx]),
                       cfg.max_new_tokens, cfg.truncate_left)
-    greedy, res = _run(session, "greedy", ids, None, None, cfg, "greedy")
+    greedy, res = _run(session, "greedy", ids, None, "greedy", None, cfg)
     refs = [s.tokens for s in res.sequences]
     runs = {"greedy": asdict(greedy)}
     for name in ("top1", "parallel-base"):
-        session.prepare(specs[name], cfg.batch_size)
-        run, _ = _run(session, name, ids, refs, specs[name], cfg)
+        session.prepare("bpd", specs[name], cfg.batch_size)
+        run, _ = _run(session, name, ids, refs, "bpd", specs[name], cfg)
         runs[name] = asdict(run)
         notify(f"  {name}: block efficiency {run.block_efficiency:.4f}, exact {run.exact}")
     rows = {}
@@ -169,10 +172,10 @@ def measure(lms: dict[str, Path], cfg: EvalConfig, alpha: float, prompt_idx: lis
         row["load_s"] = round(time.perf_counter() - t0, 3)
         for name in ("ngram", "parallel"):
             t0 = time.perf_counter()
-            s.prepare(specs[name], cfg.batch_size)  # LM arrays, search kernels
+            s.prepare("bpd", specs[name], cfg.batch_size)  # LM arrays, search kernels
             s.decode(ids[:1], "bpd", specs[name], max_new_tokens=4)  # first-call costs, untimed
             row.setdefault("prepare_s", {})[name] = round(time.perf_counter() - t0, 3)
-            run, _ = _run(s, name, ids, refs, specs[name], cfg)
+            run, _ = _run(s, name, ids, refs, "bpd", specs[name], cfg)
             row["runs"][name] = asdict(run)
             notify(f"  {name}: block efficiency {run.block_efficiency:.4f}, exact {run.exact}, "
                    f"{run.tokens_per_s:.1f} tokens/s")

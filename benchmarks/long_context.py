@@ -68,7 +68,7 @@ def child(args) -> dict:
     import numpy as np
     import torch
 
-    from latticedraft.decoding.loop import bpd_decode
+    from latticedraft.decoding.bpd import bpd_decode
     from latticedraft.decoding.proposers.lookahead import lookahead_decode
     from latticedraft.gpu.verify.verifier import sliding_window
 

@@ -32,9 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.eval import hf_baselines  # noqa: E402
-from latticedraft.decoding.loop import greedy_decode  # noqa: E402
+from latticedraft.decoding.greedy import greedy_decode  # noqa: E402
 from latticedraft.decoding.proposers.lookahead import lookahead_decode  # noqa: E402
-from latticedraft.decoding.runs.session import Session, encode, read_prompts  # noqa: E402
+from latticedraft.decoding.runs.session import Session
+from latticedraft.decoding.runs.loaders import encode
+from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 CONFIGS = ("15,5,15", "15,5,15+ref", "7,4,7+ref", "5,3,5+ref", "3,3,3+ref", "1,2,0")

@@ -27,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.self_draft.ppd_model import (expected_compute, expected_latency, match_rates,  # noqa: E402
                                              simulate_mean)
-from latticedraft.decoding.runs.session import Session, encode, read_prompts  # noqa: E402
+from latticedraft.decoding.runs.session import Session
+from latticedraft.decoding.runs.loaders import encode
+from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 KS = (1, 3, 5)

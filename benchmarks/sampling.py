@@ -33,7 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.proposers.mtad import MtadOptions  # noqa: E402
-from latticedraft.decoding.runs.session import DrafterSpec, Session, encode, read_prompts  # noqa: E402
+from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.runs.session import Session
+from latticedraft.decoding.runs.loaders import encode
+from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.decoding.accept.sampling import SamplingOptions  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
@@ -91,10 +94,10 @@ def main(argv=None) -> int:
     target_calls = CallCounter(base)
     dyn = None
     if "DynaMo" in a.rows:
-        from latticedraft.decoding.dynamo import sampler as dynamo
         from latticedraft.lm.cooccurrence import resolve_table
+        from latticedraft.paths import data_dir
 
-        dmodel = dynamo.load_model(a.dynamo_model)
+        dmodel = Session(a.dynamo_model or data_dir() / "heads-dynamo", None, threads=a.threads).model
         dyn = (dmodel, resolve_table("auto", s.tokenizer, notify=lambda m: print(m, file=sys.stderr)))
 
     def hf(T, assistant=None):
@@ -118,13 +121,13 @@ def main(argv=None) -> int:
         if row.startswith("MTAD"):
             tau = float(row.split("=")[1])
             smp = SamplingOptions(temperature=T, top_k=20, top_p=0.9, seed=a.seed)
-            kw = dict(method="mtad", mtad=MtadOptions(tau=tau))
+            kw = dict(method="mtad", options=MtadOptions(tau=tau))
         elif row == "ours: draft model":
-            kw = dict(method="bpd", spec=DrafterSpec(name="model", gamma=4))
+            kw = dict(method="bpd", options=DrafterSpec(name="model", gamma=4))
         elif row == "ours: heads (top1)":
-            kw = dict(method="bpd", spec=DrafterSpec(name="top1", draft_vocab="auto"))
+            kw = dict(method="bpd", options=DrafterSpec(name="top1", draft_vocab="auto"))
         else:
-            kw = dict(method="bpd", spec=DrafterSpec(name="parallel-base", nbest=4, draft_vocab="auto"))
+            kw = dict(method="bpd", options=DrafterSpec(name="parallel-base", nbest=4, draft_vocab="auto"))
         outs, calls = [], 0
         for i, p in enumerate(ids):
             r = s.decode([p], max_new_tokens=a.max_new_tokens, sampling=smp, first_row=i, **kw)
@@ -133,11 +136,12 @@ def main(argv=None) -> int:
         return outs, calls
 
     def dynamo_row(T):
-        from latticedraft.decoding.dynamo.sampler import DynamoConfig, generate
+        from latticedraft.decoding.dynamo.sampler import DynamoConfig
+        from latticedraft.decoding.dynamo.generate import generate
 
         res = generate(dyn[0], [p.tolist() for p in ids], DynamoConfig(temperature=T), dyn[1],
-                       max_new_tokens=a.max_new_tokens, seed=a.seed, eos_token_id=s.eos, progress=False)
-        return [np.asarray(r.tokens, dtype=np.int64) for r in res], sum(r.calls for r in res)
+                       max_new_tokens=a.max_new_tokens, seed=a.seed, eos_token_id=s.eos)
+        return [q.tokens for q in res.sequences], res.calls
 
     def run_once(T, row):
         t0 = time.perf_counter()

@@ -34,7 +34,10 @@ from latticedraft.decoding.proposers.kangaroo import KangarooOptions, acceptance
 from latticedraft.decoding.proposers.lookahead import LookaheadOptions  # noqa: E402
 from latticedraft.decoding.self_draft.ppd import PPDOptions  # noqa: E402
 from latticedraft.decoding.self_draft.ppd_model import predicted  # noqa: E402
-from latticedraft.decoding.runs.session import DrafterSpec, Session, encode, read_prompts  # noqa: E402
+from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.runs.session import Session
+from latticedraft.decoding.runs.loaders import encode
+from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.gpu.verify.layer_split import LayerSplit  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
@@ -73,15 +76,13 @@ def main(argv=None) -> int:
         plan[f"PPD exit layer {dbar} k={k}"] = ("ppd", PPDOptions(dbar, k))
         if heads:
             plan[f"PPD exit layer {dbar} k={k} trained heads"] = ("ppd", PPDOptions(dbar, k, heads))
-    s.prepare(DrafterSpec().fast())
+    s.prepare("bpd", DrafterSpec().fast())
 
     def run_once(method, opts):
         t0 = time.perf_counter()
         seqs, mode = [], None
         for p in ids:
-            kw = {"spec": opts} if method == "bpd" else {"lookahead": opts} if method == "lookahead" else \
-                {"self_draft": opts} if method in ("kangaroo", "ppd") else {}
-            r = s.decode([p], method, max_new_tokens=a.max_new_tokens, **kw)
+            r = s.decode([p], method, opts, max_new_tokens=a.max_new_tokens)
             seqs += r.sequences
             mode = r.verify_mode
         return seqs, time.perf_counter() - t0, mode

@@ -309,7 +309,7 @@ def _train_self_draft(name: str) -> None:
                             save_dtype="float16")
     else:
         res = train_exit_heads(DATA / "base", stdlib_split("train"), out, cfg, resume=resume, save_dtype="float16")
-    from latticedraft.decoding.runs.session import load_model
+    from latticedraft.decoding.runs.loaders import load_model
 
     split = LayerSplit(load_model(DATA / "base"))
     tok = load_tokenizer(DATA / "tokenizer" / "tokenizer.json")

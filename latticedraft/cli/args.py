@@ -73,11 +73,6 @@ def gamma_arg(p: argparse.ArgumentParser) -> None:
                         "4) or by Kangaroo's adapter (--method kangaroo; default 6)")
 
 
-def gamma_of(a, default: int) -> int:
-    """``--gamma``, or the method's default when it was left out."""
-    return default if getattr(a, "gamma", None) is None else a.gamma
-
-
 def lookahead_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("lookahead decoding (--method lookahead)")
     g.add_argument("--window", type=int, default=15, metavar="W",
@@ -196,3 +191,12 @@ def set_threads(a) -> None:
         import torch
 
         torch.set_num_threads(a.threads)
+
+
+def method_arg(p: argparse.ArgumentParser) -> None:
+    """``--method``: every registered decoding method, its one-line summary in the help."""
+    from latticedraft.decoding import registry
+
+    table = registry.methods()
+    p.add_argument("--method", default="bpd", choices=list(table),
+                   help="; ".join(f"{name}: {m.summary}" for name, m in table.items()) + " (default bpd)")

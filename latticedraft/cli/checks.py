@@ -12,31 +12,6 @@ import math
 
 from latticedraft.errors import InputError
 
-# options of `decode` / `eval` by what they apply to
-SAMPLING = ("do_sample", "epsilon_b", "seed", "top_k", "top_p", "temperature", "repetition_penalty", "alpha_c",
-            "unseen_weight", "max_n", "no_cooccurrence", "no_adaptive_threshold", "no_blur", "variant", "cooccurrence")
-GENERATE_SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed", "repetition_penalty")  # generate's flags
-DYNAMO_ONLY = tuple(d for d in SAMPLING if d not in GENERATE_SAMPLING)
-MTAD = ("beams", "tau")
-DRAFTING = ("drafter", "lm", "rescorer", "alpha", "nbest", "k", "prune", "eps", "backoff", "slots", "verify", "tree",
-            "context_ngrams", "draft_vocab", "lookahead_pool", "draft_model", "gamma")
-LOOKAHEAD = ("window", "ngram", "pool", "prompt_as_reference", "lookahead_config")
-KANGAROO = ("adapter", "eta")  # --method kangaroo only (--gamma: kangaroo, mtad and --drafter model)
-PPD = ("exit_layer", "candidates", "exit_heads")  # --method ppd only
-DATASET = ("resume", "skip_bad", "sort_by_length", "quiet_ranks")  # decode --output only
-# which bpd drafters use an option (the others ignore it, so it is refused)
-DRAFTER_USES = {
-    "lm": ("ngram", "parallel"),
-    "rescorer": ("neural",),
-    "alpha": ("ngram", "parallel", "neural"),
-    "nbest": ("parallel", "parallel-base"),
-    "draft_model": ("model",),
-    "gamma": ("model",),
-}
-HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")  # all but "none"
-DRAFTER_USES.update({d: HEAD_DRAFTERS for d in ("k", "prune", "eps", "backoff", "slots", "draft_vocab")})
-
-
 def flag(a, dest: str) -> str:
     """The option string of ``dest`` as the command spells it (``--top-k``)."""
     return getattr(a, "_flags", {}).get(dest, "--" + dest.replace("_", "-"))
@@ -99,178 +74,53 @@ def finite(a, dest: str) -> None:
         raise InputError(f"{flag(a, dest)} {v} must be a finite number")
 
 
-def check_drafting(a) -> None:
-    """Ranges of the drafting options shared by decode, eval and tune."""
-    for d in ("k", "nbest", "slots", "max_new_tokens", "batch_size", "threads", "num_prompts"):
+def given_dests(a) -> set[str]:
+    """The option dests of the parsed command that differ from their defaults."""
+    return {d for d in getattr(a, "_defaults", {}) if given(a, d)}
+
+
+def check_ranges(a) -> None:
+    """Ranges every decoding command shares (sizes >= 1, the device)."""
+    check_device(getattr(a, "device", None))
+    for d in ("max_new_tokens", "batch_size", "threads", "num_prompts", "truncate_left", "k", "nbest", "slots"):
         at_least(a, d, 1)
     at_least(a, "skip", 0)
-    for d in ("eps", "backoff"):
-        probability(a, d)
-    finite(a, "alpha")
-    if getattr(a, "alpha", None) is not None and a.alpha < 0:
-        raise InputError(f"{flag(a, 'alpha')} {a.alpha} must be >= 0 (the weight of the rescoring LM)")
-    if given(a, "eps") and getattr(a, "prune", "none") == "none":
-        raise InputError(f"{flag(a, 'eps')} applies to --prune static or otsu only; add --prune static or drop --eps")
 
 
-def check_lookahead(a) -> None:
-    """Ranges of --window / --ngram / --pool, or their refusal for a method other than lookahead."""
-    if getattr(a, "method", None) == "bpd" and not getattr(a, "lookahead_pool", False):
-        refuse_given(a, LOOKAHEAD, "--method bpd runs no Jacobi window unless asked (add --lookahead-pool, "
-                                   "or use --method lookahead)")
-        return
-    if getattr(a, "method", None) not in ("bpd", "lookahead"):
-        refuse_given(a, LOOKAHEAD, f"--method {a.method} has no Jacobi window or n-gram pool "
-                                   "(those options apply to --method lookahead)")
-        return
-    check_lookahead_sizes(a)
+def method_options(a, method: str | None = None, own: tuple = ()):
+    """(``Method``, its options object, ``SamplingOptions`` or None) of ``--method`` and the options
+    the user set, every option checked against the registry: one that ``--method`` does not read is
+    refused naming the methods that do (``own``: the command's own options, never refused)."""
+    from latticedraft.decoding import registry
+
+    m = registry.get(method or a.method)
+    given_ = given_dests(a)
+    for dest in sorted(given_):
+        if dest in own or m.reads(dest):
+            continue
+        users = registry.readers(dest)
+        where = f"it applies to --method {' / '.join(users)}" if users else "no method reads it here"
+        raise InputError(f"{flag(a, dest)} does not apply to --method {m.name} ({where}); drop {flag(a, dest)}")
+    sampling = sampling_for(a, m)
+    return m, m.configure(option_values(a), given_), sampling
 
 
-def check_lookahead_sizes(a) -> None:
-    """--window / --ngram / --pool ranges; a --lookahead-config file is read (it must be a tuner
-    result) and may not be combined with the options it sets."""
-    at_least(a, "window", 1)
-    at_least(a, "ngram", 2)
-    at_least(a, "pool", 0)
-    if getattr(a, "lookahead_config", None):
-        from latticedraft.decoding.eval.tune_lookahead import read_lookahead_config
-
-        refuse_given(a, ("window", "ngram", "pool", "prompt_as_reference"),
-                     f"--lookahead-config {a.lookahead_config} sets W, N, G and --prompt-as-reference")
-        read_lookahead_config(a.lookahead_config)
+def option_values(a) -> dict:
+    """The parsed options as dest -> value (argparse's bookkeeping left out)."""
+    return {k: v for k, v in vars(a).items() if not k.startswith("_")}
 
 
-def check_sampling(a, method: str) -> None:
-    """generate's sampling flags: they need ``--do-sample`` (``--method mtad`` always samples);
-    ranges as generate's; DynaMo's own options never apply to ``method``."""
-    refuse_given(a, DYNAMO_ONLY, f"--method {method} samples with --do-sample / --temperature / --top-k / --top-p / "
-                                 "--seed / --repetition-penalty only (the others apply to --method dynamo)")
-    if method != "mtad" and not getattr(a, "do_sample", False):
-        refuse_given(a, GENERATE_SAMPLING, f"--method {method} decodes greedily without --do-sample; add --do-sample "
-                                           "to sample")
-        return
-    t = getattr(a, "temperature", None)
-    if t is not None and not (math.isfinite(t) and t > 0):
-        raise InputError(f"--temperature {t} must be a finite number > 0 (leave out --do-sample to decode greedily)")
-    if getattr(a, "top_k", None) is not None and a.top_k < 0:
-        raise InputError(f"--top-k {a.top_k} must be >= 0 (0 = no top-k filter)")
-    p = getattr(a, "top_p", None)
-    if p is not None and not (math.isfinite(p) and 0.0 < p <= 1.0):
-        raise InputError(f"--top-p {p} must be in (0, 1] (1 = no nucleus filter)")
-    r = getattr(a, "repetition_penalty", None)
-    if r is not None and not (math.isfinite(r) and r > 0):
-        raise InputError(f"--repetition-penalty {r} must be a finite number > 0 (1 = off)")
+def sampling_for(a, method):
+    """``SamplingOptions`` of generate's flags for ``method`` (a registry ``Method``), or None; the
+    flags without ``--do-sample`` are refused where the method samples only when asked."""
+    from latticedraft.decoding import registry
 
-
-def check_mtad(a) -> None:
-    """``--method mtad``: an auxiliary draft model and MTAD's ranges; no head drafting options."""
-    if a.method != "mtad":
-        refuse_given(a, MTAD, "it applies to --method mtad")
-        return
-    refuse_given(a, tuple(d for d in DRAFTING if d not in ("verify", "draft_model", "gamma")),
-                 "--method mtad drafts with the auxiliary --draft-model, not from heads (the drafting options "
-                 "apply to --method bpd)")
-    if getattr(a, "draft_model", None) is None:
-        raise InputError("--method mtad needs an auxiliary draft model: pass --draft-model DIR (e.g. data/rescorer-medium)")
-    at_least(a, "gamma", 1)
-    at_least(a, "beams", 1)
-    if not (math.isfinite(a.tau) and a.tau >= 0):
-        raise InputError(f"--tau {a.tau} must be a number >= 0 (>= 1: ordinary sampling from the target)")
-
-
-def check_self_draft(a) -> None:
-    """Ranges of the Kangaroo / PPD options, or their refusal for another method."""
-    m = getattr(a, "method", None)
-    if m != "kangaroo":
-        refuse_given(a, KANGAROO, f"--method {m} has no early-exit adapter (those options apply to --method kangaroo)")
-    if m != "ppd":
-        refuse_given(a, PPD, f"--method {m} makes no early prediction (those options apply to --method ppd)")
-    at_least(a, "gamma", 1)
-    at_least(a, "candidates", 1)
-    at_least(a, "exit_layer", 1)
-    eta = getattr(a, "eta", None)
-    if eta is not None and not (0.0 <= eta < 1.0):
-        raise InputError(f"{flag(a, 'eta')} {eta} must lie in [0, 1): drafting stops at a top-1 probability <= eta")
-
-
-def check_decode(a) -> None:
-    """Everything ``decode`` can check before loading: ranges, and options that do not apply."""
-    check_device(a.device)
-    at_least(a, "truncate_left", 1)
-    check_drafting(a)
-    check_output(a)
-    check_lookahead(a)
-    check_mtad(a)
-    check_self_draft(a)
-    if a.method in ("kangaroo", "ppd"):
-        refuse_given(a, SAMPLING, f"--method {a.method} decodes greedily (the sampling options apply to --method bpd, "
-                                  "lookahead, mtad and dynamo)")
-        refuse_given(a, tuple(d for d in DRAFTING if not (d == "gamma" and a.method == "kangaroo")),
-                     f"--method {a.method} drafts from the model's own early layers, not from heads "
-                     "(the drafting options apply to --method bpd)")
-        if getattr(a, "output", None) is not None:
-            raise InputError(f"--output (resumable dataset decoding) runs --method bpd, greedy or lookahead; "
-                             f"decode --method {a.method} with --json instead")
-        if not a.json:
-            refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
-                                             "to decode them in batches")
-        return
-    if a.method in ("lookahead", "mtad"):
-        check_sampling(a, a.method)
-        if a.method == "lookahead":
-            refuse_given(a, tuple(d for d in DRAFTING if d != "verify"),
-                         "--method lookahead drafts from its own Jacobi window and n-gram pool, not from heads "
-                         "(the drafting options apply to --method bpd)")
-        if not a.json:
-            refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
-                                             "to decode them in batches")
-        return
-    if a.method == "dynamo":
-        refuse_given(a, DRAFTING, "--method dynamo samples from the DynaMo heads without a drafter "
-                                  "(the drafting options apply to --method bpd)")
-        refuse_given(a, ("batch_size",), "--method dynamo decodes one prompt at a time")
-        refuse_given(a, ("top_p", "do_sample"), "--method dynamo always samples each head's top-k (--do-sample and "
-                                                "--top-p apply to --method bpd, lookahead and mtad)")
-        return
-    if a.method == "greedy":
-        refuse_given(a, SAMPLING, "--method greedy decodes greedily; the sampling options apply to --method bpd, "
-                                  "lookahead and mtad (with --do-sample) and dynamo")
-        refuse_given(a, DRAFTING, "--method greedy is plain autoregressive decoding without drafts "
-                                  "(the drafting options apply to --method bpd)")
-    else:
-        check_sampling(a, a.method)
-        if getattr(a, "do_sample", False):
-            if a.drafter == "oracle":
-                raise InputError("--drafter oracle drafts the greedy output; choose another drafter with --do-sample")
-            why = ("--do-sample verifies the drafted paths as drawn (no cost-aware tree, context n-grams or "
-                   "lookahead pool: choices that look at sampled tokens would bias them)")
-            refuse_given(a, ("lookahead_pool",), why)
-            if given(a, "context_ngrams") and a.context_ngrams:
-                raise InputError(f"--context-ngrams {a.context_ngrams} does not apply here: {why}; drop it")
-        for dest, users in DRAFTER_USES.items():
-            if a.drafter not in users:
-                refuse_given(a, (dest,), f"--drafter {a.drafter} does not use it (it applies to --drafter "
-                                         f"{' / '.join(users)})")
-        if a.drafter == "model" and getattr(a, "draft_model", None) is None:
-            raise InputError("--drafter model needs an auxiliary draft model: pass --draft-model DIR "
-                             "(e.g. data/rescorer-medium)")
-    if not a.json and getattr(a, "output", None) is None:
-        refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
-                                         "or --output OUT.jsonl to decode them in batches")
-
-
-def check_output(a) -> None:
-    """``decode --output``: a data set run over ``--prompts``; its options need it."""
-    if getattr(a, "output", None) is None:
-        refuse_given(a, DATASET, "it applies to a data set run, decode --prompts IN.jsonl --output OUT.jsonl")
-        return
-    if a.prompts is None:
-        raise InputError("--output needs --prompts FILE.jsonl (- reads standard input); use --prompts for a data set")
-    refuse_given(a, ("truncate_left",), "a data set run decodes its prompts as given; truncate them in IN.jsonl")
-    refuse_given(a, ("json",), "--output writes one JSON record per prompt already")
-    if a.method in ("dynamo", "lookahead", "mtad") or getattr(a, "do_sample", False):
-        raise InputError(f"--output applies to --method bpd and greedy without --do-sample; for --method {a.method}"
-                         f"{' --do-sample' if getattr(a, 'do_sample', False) else ''} use --json")
+    if method.sampling == "optional" and not getattr(a, "do_sample", False):
+        for dest in registry.SAMPLING:
+            if given(a, dest):
+                raise InputError(f"{flag(a, dest)} does not apply without --do-sample: --method {method.name} "
+                                 "decodes greedily; add --do-sample to sample")
+    return registry.sampling_options(method, option_values(a))
 
 
 def check_model_limits(a, model) -> None:

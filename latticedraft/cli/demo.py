@@ -9,14 +9,14 @@ from latticedraft.cli.args import common_model_args
 
 
 def _cmd_demo(a) -> int:
-    from latticedraft.cli.checks import check_device, check_drafting
+    from latticedraft.cli.checks import check_device, check_ranges
     from latticedraft.decoding.eval.demo import run_demo, table
     from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas
     from latticedraft.decoding.runs.session import Session
     from latticedraft.paths import check_writable
 
     check_device(a.device)
-    check_drafting(a)
+    check_ranges(a)
     check_writable(a.out, "--out", "directory")
     print(f"latticedraft demo: the bundled BPD model on {a.num_prompts} held-out standard-library prompts, "
           f"{a.max_new_tokens} new tokens each", file=sys.stderr)

@@ -16,7 +16,6 @@ from latticedraft.cli.args import (
     self_draft_args,
     set_threads,
 )
-from latticedraft.cli.options import dynamo_config, lookahead_options, sampling_options, self_draft_rows
 
 
 def _dynamo_eval_args(p: argparse.ArgumentParser) -> None:
@@ -40,7 +39,7 @@ def _dynamo_eval_args(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, **kw)
 
 
-def _cmd_eval_dynamo(a) -> int:
+def _cmd_eval_dynamo(a, base) -> int:
     """``eval --method dynamo``: ε_b × variants ablation, quality proxy, held-out perplexities; table + PNG."""
     from latticedraft.decoding.dynamo.evaluate import EPSILONS, evaluate
     from latticedraft.decoding.dynamo.sampler import VARIANTS
@@ -51,45 +50,42 @@ def _cmd_eval_dynamo(a) -> int:
         tokenizer_path=getattr(a, "tokenizer", None), cooccurrence=a.cooccurrence, num_prompts=a.num_prompts,
         seeds=a.seeds, max_new_tokens=getattr(a, "max_new_tokens", 48) or 48, epsilons=a.epsilons or EPSILONS,
         variants=a.variants or VARIANTS, heldout_tokens=a.heldout_tokens, dynamic_tokens=a.dynamic_tokens,
-        base=dynamo_config(a), device=getattr(a, "device", None), notify=lambda m: print(m, file=sys.stderr))
+        base=base, device=getattr(a, "device", None), notify=lambda m: print(m, file=sys.stderr))
     print(paths["table"].read_text())
     print(f"wrote {paths['json']}, {paths['table']}, {paths['plot']}")
     return 0
 
 
+ABLATION = ("epsilons", "variants", "seeds", "heldout_tokens", "dynamic_tokens")  # eval --method dynamo's own
+TABLES = ("alphas", "lm2", "rescorers", "batch_size", "skip", "truncate_left")  # eval --method bpd's own
+ROWS = ("bpd", "lookahead", "kangaroo", "ppd")  # the methods of eval --method bpd's rows
+
+
 def _cmd_eval(a) -> int:
     """``eval``: every drafter on a prompt set; results.json, results.md, Figure 6 and 7 PNGs."""
-    from latticedraft.cli.checks import (
-        DRAFTING,
-        DYNAMO_ONLY,
-        LOOKAHEAD,
-        at_least,
-        check_device,
-        check_drafting,
-        check_lookahead_sizes,
-        check_model_limits,
-        check_sampling,
-        refuse_given,
-    )
+    from latticedraft.cli.checks import (check_model_limits, check_ranges, given_dests, option_values, refuse_given,
+                                         sampling_for)
+    from latticedraft.decoding import registry
     from latticedraft.paths import check_writable
 
     if a.records is not None:
         return _cmd_eval_records(a)
-    check_device(a.device)
-    at_least(a, "truncate_left", 1)
-    check_drafting(a)
+    check_ranges(a)
     check_writable(a.out, "--out", "directory")
+    values, given_ = option_values(a), given_dests(a)
+    rows = [registry.get(m) for m in ROWS]
+    dynamo = registry.get("dynamo")
     if a.method == "dynamo":
-        refuse_given(a, DRAFTING + LOOKAHEAD + ("alphas", "lm2", "rescorers", "batch_size", "skip", "do_sample", "top_p",
-                                                "truncate_left"),
+        refuse_given(a, sorted({d for m in rows for d in m.options} - set(dynamo.options)) + list(TABLES) + ["top_p"],
                      "eval --method dynamo runs the DynaMo ablation (those options apply to --method bpd)")
-        return _cmd_eval_dynamo(a)
-    refuse_given(a, DYNAMO_ONLY + ("epsilons", "variants", "seeds", "heldout_tokens", "dynamic_tokens"),
+        return _cmd_eval_dynamo(a, dynamo.configure(values, given_).config)
+    refuse_given(a, dynamo.options + ABLATION,
                  "the DynaMo ablation options apply to --method dynamo (eval --method bpd samples with --do-sample)")
-    check_sampling(a, "bpd")
+    sampling = sampling_for(a, rows[0])
     from latticedraft.decoding.eval.evaluate import EvalConfig, evaluate
     from latticedraft.decoding.eval.tune import read_alphas
-    from latticedraft.decoding.runs.session import Session, read_prompts
+    from latticedraft.decoding.runs.prompt_set import read_prompts
+    from latticedraft.decoding.runs.session import Session
     from latticedraft.errors import InputError
     from latticedraft.paths import data_dir
 
@@ -97,7 +93,8 @@ def _cmd_eval(a) -> int:
         if value != default:
             raise InputError(f"{flag} {value}: eval runs every drafter (and Table 10's head counts) itself; "
                              f"drop {flag}, or use `latticedraft decode` for one drafter")
-    check_lookahead_sizes(a)
+    rows[0].configure({**values, "drafter": "parallel"}, set())  # the lattice options' ranges
+    look, kangaroo, ppd = (m.configure(values, given_) for m in rows[1:])
     alphas = read_alphas(a.alphas) if a.alphas else {"ngram": a.alpha, "neural": a.alpha}
     rescorers = {}
     for spec in a.rescorers or []:
@@ -106,8 +103,7 @@ def _cmd_eval(a) -> int:
     cfg = EvalConfig(num_prompts=a.num_prompts, skip=a.skip, max_new_tokens=a.max_new_tokens, k=a.k, nbest=a.nbest,
                      prune=a.prune, eps=a.eps, backoff=a.backoff, verify=a.verify,
                      alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers,
-                     lookahead=lookahead_options(a), kangaroo=self_draft_rows(a)[0], ppd=self_draft_rows(a)[1],
-                     sampling=sampling_options(a), truncate_left=a.truncate_left)
+                     lookahead=look, kangaroo=kangaroo, ppd=ppd, sampling=sampling, truncate_left=a.truncate_left)
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     s.notify = lambda m: print(m, file=sys.stderr)

@@ -11,14 +11,15 @@ from latticedraft.cli.args import common_model_args
 def _cmd_tune(a) -> int:
     import math
 
-    from latticedraft.cli.checks import check_device, check_drafting, check_model_limits, refuse_given
+    from latticedraft.cli.checks import check_device, check_model_limits, check_ranges, refuse_given
     from latticedraft.decoding.eval.tune import GRID, tune
-    from latticedraft.decoding.runs.session import Session, read_prompts
+    from latticedraft.decoding.runs.session import Session
+    from latticedraft.decoding.runs.prompt_set import read_prompts
     from latticedraft.errors import InputError
     from latticedraft.paths import check_writable, data_dir
 
     check_device(a.device)
-    check_drafting(a)
+    check_ranges(a)
     if a.out is None:
         a.out = Path("tuned-lookahead.json" if a.method == "lookahead" else "tuned.json")
     check_writable(a.out, "--out", "file")
@@ -51,7 +52,8 @@ def _cmd_tune_lookahead(a) -> int:
     """``tune --method lookahead``: (W, N, G) from measured tokens per step and the cost model."""
     from latticedraft.cli.checks import refuse_given
     from latticedraft.decoding.eval.tune_lookahead import NGRAMS, POOLS, WINDOWS, check_grid, tune_lookahead
-    from latticedraft.decoding.runs.session import Session, read_prompts
+    from latticedraft.decoding.runs.session import Session
+    from latticedraft.decoding.runs.prompt_set import read_prompts
     from latticedraft.paths import data_dir
 
     refuse_given(a, TUNE_ALPHA, "--method lookahead tunes W, N and G (those options tune alpha, --method bpd)")

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from latticedraft.decoding.runs.session import default_model_dir  # noqa: E402
+from latticedraft.decoding.runs.loaders import default_model_dir  # noqa: E402
 from latticedraft.paths import default_lm_dir  # noqa: E402
 
 READY = (default_model_dir() / "heads_config.json").is_file() and (default_lm_dir() / "manifest.json").is_file()

@@ -246,8 +246,9 @@ def test_random_bytes_as_npz(tmp_path, capsys):
 
 
 def test_dynamo_top_k_named_as_typed(capsys, tmp_path):
-    _refused(capsys, "decode", "--method", "dynamo", "--model", tmp_path / "none", "--prompt", "x", "--top-k", "0",
-             needle="--top-k 0")
+    # 0 means "off" for DynaMo as for every method (the whole vocabulary); a negative K is refused
+    _refused(capsys, "decode", "--method", "dynamo", "--model", tmp_path / "none", "--prompt", "x", "--top-k", "-1",
+             needle="--top-k -1")
 
 
 def test_argparse_errors_end_with_an_error_line(capsys):

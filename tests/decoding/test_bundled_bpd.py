@@ -5,7 +5,8 @@ different lengths). Skipped until the bundled models are built (scripts/setup.sh
 import numpy as np
 import pytest
 
-from latticedraft.decoding.runs.session import DrafterSpec, default_model_dir, default_rescorer_dir
+from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.runs.loaders import default_model_dir, default_rescorer_dir
 from latticedraft.paths import default_lm_dir
 from tests.decoding.tiny import bundled_greedy
 
@@ -30,6 +31,6 @@ def test_bundled_every_drafter_is_greedy(setup, spec, batch, fast):
     if fast:  # --tree auto, context n-grams, the bundled draft vocabulary (the CLI defaults)
         spec = spec.fast()
     s, ids, greedy = setup
-    res = s.decode(ids, "bpd", spec, max_new_tokens=NEW, batch_size=batch, references=greedy)
+    res = s.decode(ids, "bpd", spec, max_new_tokens=NEW, batch_size=batch)
     assert all(np.array_equal(q.tokens, g) for q, g in zip(res.sequences, greedy))
     assert res.verify_mode == "tree"

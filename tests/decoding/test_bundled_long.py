@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.runs.session import DrafterSpec, default_model_dir
+from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.runs.loaders import default_model_dir
 from latticedraft.gpu.train.data import encode_files
 from latticedraft.gpu.verify.verifier import position_limit, sliding_window
 from latticedraft.lm.corpus import stdlib_split

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.loop import bpd_decode, greedy_decode
+from latticedraft.decoding.bpd import bpd_decode
+from latticedraft.decoding.greedy import greedy_decode
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.errors import InputError, ModelError
 from tests.decoding.tiny import blockwise, prompts, reference, tiny_model
@@ -140,14 +141,15 @@ def test_bad_arguments():
 def test_oracle_references_follow_the_prompt_across_batches():
     """Decoding in chunks (batch_size 1) must give each prompt its own reference: the
     oracle's per-prompt efficiency is the same whatever the batch size."""
-    from latticedraft.decoding.runs.session import run_method
+    from latticedraft.decoding.results import merge
 
     model = blockwise("gpt2", torch.float32, num_heads=4)
     ps = prompts(4, seed=5)
     refs = [reference(model, p, MAX_NEW) for p in ps]
     assert len({tuple(r) for r in refs}) > 1  # distinct references, or the test proves nothing
-    runs = {bs: run_method("bpd", model, ps, make_drafter("oracle", options=LatticeOptions(k=8), references=refs),
-                           max_new_tokens=MAX_NEW, batch_size=bs) for bs in (1, 4)}
+    oracle = make_drafter("oracle", options=LatticeOptions(k=8), references=refs)
+    runs = {bs: merge([bpd_decode(model, ps[s:s + bs], oracle, max_new_tokens=MAX_NEW, first_row=s)
+                       for s in range(0, len(ps), bs)]) for bs in (1, 4)}
     for r in runs.values():
         assert [s.tokens.tolist() for s in r.sequences] == refs
     assert [s.calls for s in runs[1].sequences] == [s.calls for s in runs[4].sequences]

@@ -132,7 +132,9 @@ def save_bpd_bundle(d, texts, rescorer: bool = False, noise: float = 0.3):
 
 def bundled_greedy(num_prompts: int = 4, max_new_tokens: int = 32):
     """(Session on the bundled model, the first held-out prompts' ids, their greedy tokens)."""
-    from latticedraft.decoding.runs.session import Session, encode, read_prompts
+    from latticedraft.decoding.runs.session import Session
+    from latticedraft.decoding.runs.loaders import encode
+    from latticedraft.decoding.runs.prompt_set import read_prompts
     from latticedraft.paths import data_dir
 
     s = Session()

@@ -63,6 +63,7 @@ class SamplingOptions:
             raise InputError(f"--top-p {self.top_p} must be in (0, 1] (1 = no nucleus filter)")
         if not (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
             raise InputError(f"--repetition-penalty {self.repetition_penalty} must be a finite number > 0 (1 = off)")
+        check_seed(self.seed)
 
     def processors(self):
         """transformers' processors and warpers that ``generate(do_sample=True)`` builds for
@@ -107,6 +108,12 @@ class SamplingOptions:
         if "_built" not in self.__dict__:
             object.__setattr__(self, "_built", self.processors())
         return self.__dict__["_built"]
+
+
+def check_seed(seed) -> None:
+    """A seed numpy's generators take: an integer in [0, 2**63)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**63:
+        raise InputError(f"--seed {seed} must be an integer in [0, 2**63); e.g. --seed 0")
 
 
 class SeededDraws:
@@ -168,12 +175,14 @@ def attempts_at(drafts: np.ndarray, qs, prefix) -> list:
     return [(int(drafts[j, t]), None if qs is None else qs[j, t]) for j in np.flatnonzero(match)]
 
 
-class SpeculativeChooser:
-    """The verifier's ``choose`` for lossless sampling (see ``gpu/verify.py``). One object per
-    decode; ``for_step`` binds one verify call's drafts.
+class SpeculativeRule:
+    """Lossless speculative sampling as an acceptance rule (``accept/rule.py``): ``for_step``
+    binds one verify call's drafts into the verifier's ``choose`` (see ``gpu/verify/verifier.py``).
 
     options: ``SamplingOptions`` (what turns the target's logits into p); draws: the random
     source (default ``SeededDraws(options.seed)``)."""
+
+    lossless = True
 
     def __init__(self, options: SamplingOptions, draws=None):
         self.options = options

@@ -24,7 +24,8 @@ from typing import Sequence
 import numpy as np
 
 from latticedraft.atomic import atomic_file, write_atomic
-from latticedraft.decoding.dynamo.sampler import VARIANTS, DynamoConfig, generate, variant
+from latticedraft.decoding.dynamo.sampler import VARIANTS, DynamoConfig, variant
+from latticedraft.decoding.dynamo.generate import generate
 from latticedraft.decoding.dynamo.metrics import continuation_perplexity, distinct_n, repetition_rate
 from latticedraft.errors import InputError
 
@@ -120,11 +121,10 @@ def run_ablation(model, prompts: Sequence[Sequence[int]], cooc=None, variants: S
         all_prompts = []
         for s in seeds:
             res = generate(model, prompts, cfg, cooc if cfg.cooccurrence else None, max_new_tokens=max_new_tokens,
-                           seed=s, eos_token_id=eos_token_id, tokenizer_fingerprint=tokenizer_fingerprint,
-                           progress=False)
-            gens += [r.tokens for r in res]
-            calls += sum(r.calls for r in res)
-            ns += [n for r in res for n in r.ns]
+                           seed=s, eos_token_id=eos_token_id, tokenizer_fingerprint=tokenizer_fingerprint)
+            gens += [q.tokens.tolist() for q in res.sequences]
+            calls += res.calls
+            ns += [a + 1 for q in res.sequences for a in q.accepted_drafts]  # tokens sampled per call
             all_prompts += [list(p) for p in prompts]
         rows.append(quality_row(v, float(e), base_model, all_prompts, gens, calls, time.perf_counter() - t0, ns))
     gens, t0, all_prompts = [], time.perf_counter(), []
@@ -245,13 +245,6 @@ def _json_default(o):
     raise TypeError(type(o))
 
 
-def read_prompts(path: str | Path, limit: int | None = None) -> list[str]:
-    """The ``prompt`` texts of a JSONL prompt file (see ``decoding.run.read_prompts``)."""
-    from latticedraft.decoding.runs.session import read_prompts as read_records
-
-    return [r["prompt"] for r in read_records(path, limit)]
-
-
 def heldout_perplexity(model, tokenizer, corpus: Sequence[str] = ("stdlib:heldout",), tokens: int = 16384,
                        dynamic_tokens: int = 2048, epsilons: Sequence[float] = EPSILONS, config=None, cooc=None,
                        progress: bool | None = None) -> dict:
@@ -284,7 +277,9 @@ def evaluate(model_dir=None, prompts_file=None, out_dir="dynamo-eval", tokenizer
              dynamic_tokens: int = 2048, base: DynamoConfig | None = None, device=None,
              progress: bool | None = None, notify=None) -> tuple[AblationResult, dict[str, Path]]:
     """``latticedraft eval --method dynamo``: the ablation + held-out perplexities, written to ``out_dir``."""
-    from latticedraft.decoding.dynamo.sampler import load_model, load_tokenizer_for
+    from latticedraft.decoding.dynamo.generate import check_model
+    from latticedraft.decoding.runs.prompt_set import read_prompts
+    from latticedraft.decoding.runs.session import Session
     from latticedraft.lm.cooccurrence import resolve_table
     from latticedraft.lm.tokenizer import fingerprint
     from latticedraft.paths import data_dir
@@ -292,9 +287,10 @@ def evaluate(model_dir=None, prompts_file=None, out_dir="dynamo-eval", tokenizer
     for e in epsilons:
         DynamoConfig(epsilon_b=e).validate()
     base = base or DynamoConfig()
-    model = load_model(model_dir, device=device)
-    tok = load_tokenizer_for(model, model_dir, tokenizer_path)
-    texts = read_prompts(prompts_file or data_dir() / "prompts.jsonl", num_prompts)
+    session = Session(model_dir or data_dir() / "heads-dynamo", tokenizer_path, device=device)
+    model, tok = session.model, session.tokenizer
+    check_model(model, base, str(model_dir or "data/heads-dynamo"))
+    texts = [r["prompt"] for r in read_prompts(prompts_file or data_dir() / "prompts.jsonl", num_prompts)]
     prompts = [tok.encode(t, add_special_tokens=False).ids for t in texts]
     needs_co = any(variant(v, 0.5, base).cooccurrence for v in variants)
     cooc = resolve_table(cooccurrence, tok, notify=notify) if needs_co else None

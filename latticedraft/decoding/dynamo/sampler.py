@@ -34,7 +34,6 @@ one uniform per step, so results do not depend on the other rows.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -66,15 +65,15 @@ class DynamoConfig:
         """Raise ``InputError`` / ``ModelError`` for settings that cannot work with this model."""
         if not (isinstance(self.epsilon_b, (int, float)) and 0.0 <= self.epsilon_b <= 1.0) or math.isnan(self.epsilon_b):
             raise InputError(f"--epsilon-b {self.epsilon_b} is outside [0, 1]; 0 always emits n tokens, 1 always one")
-        if self.top_k < 1:
-            raise InputError(f"--top-k {self.top_k} must be at least 1")
+        if self.top_k < 0:
+            raise InputError(f"--top-k {self.top_k} must be >= 0 (0 = every token of the vocabulary)")
         if vocab_size is not None and self.top_k > vocab_size:
             raise InputError(f"--top-k {self.top_k} is larger than the vocabulary ({vocab_size} tokens); "
                              f"use --top-k ≤ {vocab_size}")
-        if not self.temperature > 0:
-            raise InputError(f"--temperature {self.temperature} must be > 0")
-        if not self.repetition_penalty > 0:
-            raise InputError(f"--repetition-penalty {self.repetition_penalty} must be > 0 (1.0 turns it off)")
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise InputError(f"--temperature {self.temperature} must be a finite number > 0")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise InputError(f"--repetition-penalty {self.repetition_penalty} must be a finite number > 0 (1 = off)")
         if self.alpha_c < 0:
             raise InputError(f"--alpha-c {self.alpha_c} must be ≥ 0")
         if not 0.0 <= self.unseen_weight <= 1.0:
@@ -131,7 +130,7 @@ class StepDistribution:
 def warp(logits: np.ndarray, config: DynamoConfig) -> tuple[np.ndarray, np.ndarray]:
     """Top-k of ``softmax(logits / T)``: ids int64 ``[k]`` (by falling probability) and probs float64 ``[k]`` (sum 1)."""
     x = np.asarray(logits, dtype=np.float64) / config.temperature
-    k = config.top_k
+    k = config.top_k or x.size  # 0: the whole vocabulary
     if k < x.size:  # the k largest, ties broken by the lower id (as a stable descending sort would)
         kth = np.partition(-x, k - 1)[k - 1]
         cand = np.flatnonzero(-x <= kth)
@@ -266,243 +265,3 @@ def _as_numpy(x) -> np.ndarray:
     if hasattr(x, "detach"):
         x = x.detach().float().cpu().numpy()
     return np.asarray(x)
-
-
-# ---------------------------------------------------------------------------- generation
-
-
-@dataclass
-class DynamoResult:
-    """One prompt's generation: ``tokens`` int64 (generated ids only), ``calls`` (model forwards
-    this row took part in), ``ns`` (tokens emitted per call, before truncation), ``seconds``."""
-
-    prompt_ids: list[int]
-    tokens: list[int]
-    calls: int
-    ns: list[int]
-    seconds: float
-
-    @property
-    def tokens_per_call(self) -> float:
-        return len(self.tokens) / self.calls if self.calls else 0.0
-
-
-def model_heads(model) -> int:
-    """How many heads the model has (``BlockwiseModel.num_heads``)."""
-    h = getattr(model, "num_heads", None)
-    if h is None:
-        raise ModelError("the model has no multi-token heads (no num_heads); load a DynaMo-headed model")
-    return int(h)
-
-
-def generate(model, prompts: Sequence[Sequence[int]], config: DynamoConfig | None = None, cooc=None,
-             max_new_tokens: int = 64, seed: int = 0, eos_token_id: int | None = None,
-             pad_token_id: int = 0, tokenizer_fingerprint: str | None = None, use_cache: bool = True,
-             progress: bool | None = None, first_row: int = 0) -> list[DynamoResult]:
-    """Sample continuations of ``prompts`` (lists of ids) with DynaMo, all rows in each model call.
-
-    ``model``: a ``BlockwiseModel`` (``forward(input_ids, attention_mask, position_ids,
-    past_key_values, use_cache, heads=True)`` returning ``head_logits [b, s, h, V]``). Rows emit
-    different numbers of tokens per call; with ``use_cache`` each call feeds every row's new tokens
-    padded to the step's longest (pads are masked out and stay in the KV cache as holes, positions
-    count real tokens only); without it each call recomputes the whole left-padded batch. Either
-    way a row's call count is its number of steps. Rows stop at ``eos_token_id`` (kept) or after
-    ``max_new_tokens`` (the last step is truncated); finished rows leave the batch.
-    """
-    import torch
-
-    config = config or DynamoConfig()
-    h = model_heads(model)
-    V = _vocab_size(model)
-    config.validate(vocab_size=V, num_heads=h)
-    n_max = config.n_for(h)
-    if n_max > h:
-        raise ModelError(f"the model has {h} heads, fewer than n = {n_max}")
-    if config.cooccurrence and config.alpha_c > 0:
-        if cooc is None:
-            raise InputError("co-occurrence masking is on but no table was given; pass --cooccurrence PATH or --no-cooccurrence")
-        cooc.check(vocab_size=V, fingerprint=tokenizer_fingerprint)
-    if max_new_tokens < 1:
-        raise InputError(f"--max-new-tokens {max_new_tokens} must be at least 1")
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise InputError("every prompt must have at least one token")
-    device = _device(model)
-    rows = [list(map(int, p)) for p in prompts]
-    gen: list[list[int]] = [[] for _ in rows]
-    calls = [0] * len(rows)
-    ns: list[list[int]] = [[] for _ in rows]
-    rngs = [np.random.default_rng([int(seed), first_row + r]) for r in range(len(rows))]  # row r of the whole set
-    t0 = time.perf_counter()
-    bar = _bar(len(rows) * max_new_tokens, progress)
-
-    def left_pad(seqs):
-        L = max(len(x) for x in seqs)
-        ids = torch.full((len(seqs), L), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), L), dtype=torch.long)
-        for i, x in enumerate(seqs):
-            ids[i, L - len(x):] = torch.tensor(x, dtype=torch.long)
-            mask[i, L - len(x):] = 1
-        return ids, mask
-
-    def emit(r: int, last_logits) -> list[int]:
-        """One DynaMo step for row r; returns the tokens kept (after truncation / EOS)."""
-        dist = step_distribution(last_logits, rows[r] + gen[r], config, cooc, n_max=n_max)
-        toks = sample_from(dist, rngs[r]).tolist()
-        calls[r] += 1
-        ns[r].append(len(toks))
-        toks = toks[: max_new_tokens - len(gen[r])]
-        if eos_token_id is not None and eos_token_id in toks:
-            toks = toks[: toks.index(eos_token_id) + 1]
-        gen[r].extend(toks)
-        bar.update(len(toks))
-        return toks
-
-    def done(r: int) -> bool:
-        return len(gen[r]) >= max_new_tokens or (eos_token_id is not None and bool(gen[r]) and gen[r][-1] == eos_token_id)
-
-    active = list(range(len(rows)))
-    with torch.no_grad():
-        if not use_cache:
-            while active:
-                ids, mask = left_pad([rows[r] + gen[r] for r in active])
-                pos = (mask.cumsum(-1) - 1).clamp(min=0)
-                out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-                            heads=True)
-                last = _as_numpy(out.head_logits[:, -1, :n_max, :])  # [b, n, V]
-                for i, r in enumerate(active):
-                    emit(r, last[i])
-                active = [r for r in active if not done(r)]
-        else:
-            ids, mask = left_pad([rows[r] for r in active])
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            mask, nxt = mask.to(device), mask.sum(-1).to(device)  # nxt: next position id per row
-            out = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device),
-                        use_cache=True, heads=True)
-            cache, at = out.past_key_values, torch.full((len(active),), ids.shape[1] - 1, dtype=torch.long)
-            while True:
-                hl = out.head_logits[torch.arange(len(active)), at.to(device)][:, :n_max]  # [b, n, V]
-                last = _as_numpy(hl)
-                new = [emit(r, last[i]) for i, r in enumerate(active)]
-                keep = [i for i, r in enumerate(active) if not done(r)]
-                if not keep:
-                    break
-                if len(keep) < len(active):
-                    sel = torch.tensor(keep, dtype=torch.long, device=device)
-                    cache.batch_select_indices(sel)
-                    mask, nxt = mask[sel], nxt[sel]
-                    active, new = [active[i] for i in keep], [new[i] for i in keep]
-                m = max(len(t) for t in new)
-                step_ids = torch.full((len(active), m), pad_token_id, dtype=torch.long)
-                step_mask = torch.zeros((len(active), m), dtype=torch.long)
-                for i, t in enumerate(new):
-                    step_ids[i, : len(t)] = torch.tensor(t, dtype=torch.long)
-                    step_mask[i, : len(t)] = 1
-                step_mask = step_mask.to(device)
-                step_pos = nxt[:, None] + torch.arange(m, device=device)[None, :]
-                mask = torch.cat([mask, step_mask], dim=1)
-                nxt = nxt + step_mask.sum(-1)
-                at = torch.tensor([len(t) - 1 for t in new], dtype=torch.long)
-                out = model(input_ids=step_ids.to(device), attention_mask=mask, position_ids=step_pos,
-                            past_key_values=cache, use_cache=True, heads=True)
-                cache = out.past_key_values
-    bar.close()
-    secs = time.perf_counter() - t0
-    return [DynamoResult(rows[r], gen[r], calls[r], ns[r], secs) for r in range(len(rows))]
-
-
-def _vocab_size(model) -> int:
-    for obj in (getattr(model, "base", None), model):
-        cfg = getattr(obj, "config", None)
-        if cfg is not None and getattr(cfg, "vocab_size", None):
-            return int(cfg.vocab_size)
-    raise ModelError("cannot tell the model's vocabulary size (no config.vocab_size)")
-
-
-def _device(model):
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return "cpu"
-
-
-def _bar(total: int, enabled: bool | None):
-    import sys
-
-    from tqdm.auto import tqdm
-
-    disable = (not sys.stderr.isatty()) if enabled is None else not enabled
-    return tqdm(total=total, desc="dynamo", unit="tok", disable=disable)
-
-
-# ---------------------------------------------------------------------------- loading, text in/out
-
-
-def default_model_dir():
-    from latticedraft.paths import data_dir
-
-    return data_dir() / "heads-dynamo"
-
-
-def load_model(model_dir=None, device=None):
-    """A DynaMo-headed ``BlockwiseModel`` from ``model_dir`` (default: the bundled ``data/heads-dynamo``)."""
-    from pathlib import Path
-
-    from latticedraft.gpu.models.blockwise import BlockwiseModel
-
-    path = Path(model_dir) if model_dir is not None else default_model_dir()
-    if not path.exists():
-        raise InputError(f"model directory {path} does not exist; pass --model DIR (a head checkpoint from "
-                         "`latticedraft train heads --kind dynamo`)")
-    model = BlockwiseModel.from_pretrained(path, device=device)
-    if model.num_heads < 2:
-        raise ModelError(f"{path} has {model.num_heads} head; DynaMo needs at least 2")
-    return model
-
-
-def load_tokenizer_for(model, model_dir=None, tokenizer_path=None):
-    """The tokenizer given, else ``tokenizer.json`` beside the heads or the base, else the bundled one;
-    ``ModelError`` if its vocabulary size differs from the model's."""
-    from pathlib import Path
-
-    from latticedraft.lm.tokenizer import load_tokenizer
-    from latticedraft.paths import data_dir
-
-    cands = [tokenizer_path] if tokenizer_path else [
-        model_dir and Path(model_dir) / "tokenizer.json",
-        getattr(model, "base_ref", None) and Path(model.base_ref) / "tokenizer.json",
-        data_dir() / "tokenizer" / "tokenizer.json",
-    ]
-    path = next((Path(c) for c in cands if c and Path(c).exists()), None) if not tokenizer_path else Path(tokenizer_path)
-    if path is None:
-        raise InputError("no tokenizer found beside the model or in data/tokenizer; pass --tokenizer PATH")
-    tok = load_tokenizer(path)
-    V = _vocab_size(model)
-    if tok.get_vocab_size(with_added_tokens=True) != V:
-        raise ModelError(f"tokenizer {path} has {tok.get_vocab_size(with_added_tokens=True)} tokens but the model's "
-                         f"vocabulary is {V}; pass the tokenizer the model was trained with (--tokenizer)")
-    if tokenizer_path:
-        from latticedraft.decoding.runs.tokenizer_check import check_model_tokenizer
-
-        check_model_tokenizer(tok, path, model_dir or default_model_dir(), getattr(model, "base_ref", None))
-    return tok
-
-
-def decode_texts(model, tokenizer, texts: Sequence[str], config: DynamoConfig, cooc=None, max_new_tokens: int = 64,
-                 seed: int = 0, eos_token_id: int | None = 0, progress: bool | None = None,
-                 first_row: int = 0, truncate_left: int | None = None) -> list[dict]:
-    """Encode ``texts`` (keeping the last ``truncate_left`` tokens of each), sample with DynaMo, decode.
-    One dict per prompt: ``prompt_ids``, ``tokens``, ``text``, ``calls``, ``tokens_per_call``, ``ns``
-    (tokens emitted per call), ``seconds``."""
-    from latticedraft.decoding.runs.prompt_length import fit_prompts
-    from latticedraft.lm.tokenizer import fingerprint
-
-    prompts = [tokenizer.encode(t, add_special_tokens=False).ids for t in texts]
-    for t, p in zip(texts, prompts):
-        if not p:
-            raise InputError(f"prompt {t!r} encodes to no tokens; give a non-empty prompt")
-    prompts = [p.tolist() for p in fit_prompts(model, prompts, max_new_tokens, truncate_left)]
-    res = generate(model, prompts, config, cooc, max_new_tokens=max_new_tokens, seed=seed, eos_token_id=eos_token_id,
-                   tokenizer_fingerprint=fingerprint(tokenizer), progress=progress, first_row=first_row)
-    return [{"prompt_ids": r.prompt_ids, "tokens": r.tokens, "text": tokenizer.decode(r.tokens, skip_special_tokens=False),
-             "calls": r.calls, "tokens_per_call": r.tokens_per_call, "ns": r.ns, "seconds": r.seconds}
-            for r in res]

@@ -18,7 +18,10 @@ import numpy as np
 
 from latticedraft.atomic import write_atomic
 from latticedraft.decoding.eval import hf_baselines
-from latticedraft.decoding.runs.session import DrafterSpec, Session, encode, read_prompts
+from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.runs.session import Session
+from latticedraft.decoding.runs.loaders import encode
+from latticedraft.decoding.runs.prompt_set import read_prompts
 from latticedraft.errors import InputError
 from latticedraft.paths import data_dir
 
@@ -53,7 +56,7 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
     for row in rows:
         try:
             if isinstance(row[2], DrafterSpec):
-                session.prepare(row[2])  # also measures T(n) and fits acceptance rates once (cached)
+                session.prepare("bpd", row[2])  # also measures T(n) and fits acceptance rates once (cached)
             _run(session, ids[:1], row[2], 8, False)
             usable.append(row)
         except InputError as e:

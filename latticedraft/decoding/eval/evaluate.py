@@ -23,11 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from latticedraft.atomic import atomic_file, write_atomic
+from latticedraft.decoding import registry
+from latticedraft.decoding.bpd import DrafterSpec
 from latticedraft.decoding.proposers.kangaroo import KangarooOptions
 from latticedraft.decoding.proposers.lookahead import LookaheadOptions
-from latticedraft.decoding.self_draft.ppd import PPDOptions
-from latticedraft.decoding.runs.session import DrafterSpec, Session, encode
+from latticedraft.decoding.runs.loaders import encode
 from latticedraft.decoding.runs.prompt_length import fit_prompts
+from latticedraft.decoding.runs.session import Session
+from latticedraft.decoding.self_draft.ppd import PPDOptions
 from latticedraft.errors import InputError, ModelError
 
 
@@ -84,20 +87,6 @@ def machine() -> dict:
             "cpu_count": os.cpu_count(), "python": platform.python_version()}
 
 
-def _method(spec) -> str:
-    """A plan entry's method: None = greedy, LookaheadOptions = lookahead, Kangaroo/PPDOptions =
-    kangaroo/ppd, a DrafterSpec = bpd."""
-    if spec is None:
-        return "greedy"
-    return {LookaheadOptions: "lookahead", KangarooOptions: "kangaroo", PPDOptions: "ppd"}.get(type(spec), "bpd")
-
-
-def _decode_args(spec, method: str) -> dict:
-    """``Session.decode``'s spec / lookahead / self_draft arguments for a plan entry."""
-    return {"spec": spec if method == "bpd" else None, "lookahead": spec if method == "lookahead" else None,
-            "self_draft": spec if method in ("kangaroo", "ppd") else None}
-
-
 def _lookahead_name(o: LookaheadOptions) -> str:
     return f"Lookahead (W={o.W}, N={o.N}, G={o.G})"
 
@@ -142,13 +131,11 @@ def _self_draft_md(stats: dict) -> list[str]:
     return L
 
 
-def _run(session: Session, name, ids, refs, spec, cfg: EvalConfig, method="bpd", record_steps=False):
-    sampling = None if method in ("greedy", "kangaroo", "ppd") else cfg.sampling  # those two decode greedily
-    res = session.decode(ids, method, max_new_tokens=cfg.max_new_tokens,
-                         batch_size=cfg.batch_size, verify=cfg.verify,
-                         references=refs if getattr(spec, "name", None) == "oracle" else None,
-                         record_steps=record_steps and sampling is None, sampling=sampling,
-                         **_decode_args(spec, method))
+def _run(session: Session, name, ids, refs, method: str, spec, cfg: EvalConfig, record_steps=False):
+    """One plan entry: ``method`` (a registry name) with its options object ``spec``."""
+    sampling = cfg.sampling if registry.get(method).sampling != "never" else None  # the others decode greedily
+    res = session.decode(ids, method, spec, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+                         verify=cfg.verify, record_steps=record_steps and sampling is None, sampling=sampling)
     exact = refs is None or all(np.array_equal(s.tokens, r) for s, r in zip(res.sequences, refs))
     run = Run(name, asdict(spec) if spec else {"method": method}, round(res.block_efficiency, 4), res.tokens,
               res.calls, round(res.seconds, 4), round(res.tokens / max(res.seconds, 1e-9), 2),
@@ -174,44 +161,39 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
     base = DrafterSpec("top1", k=cfg.k, nbest=cfg.nbest, prune=cfg.prune, eps=cfg.eps, backoff=cfg.backoff)
     a_ng, a_nn = float(cfg.alphas.get("ngram", 1.0)), float(cfg.alphas.get("neural", 1.0))
 
-    plan: list[tuple[str, DrafterSpec | None, str]] = [("greedy", None, "greedy")]
-    plan.append(("Base", base, "table4"))
-    plan.append(("4-gram", replace(base, name="ngram", alpha=a_ng), "table4"))
+    plan: list[tuple[str, str, object, str]] = [("greedy", "greedy", None, "greedy")]  # name, method, options, group
+    plan.append(("Base", "bpd", base, "table4"))
+    plan.append(("4-gram", "bpd", replace(base, name="ngram", alpha=a_ng), "table4"))
     rescorers = cfg.rescorers or {"neural": session.rescorer_dir}
     for label in rescorers:
-        plan.append((label, replace(base, name="neural", alpha=a_nn), "table4"))
-    plan.append(("Parallel Base BPD", replace(base, name="parallel-base", nbest=cfg.nbest), "table4"))
-    plan.append(("Parallel 4-gram BPD", replace(base, name="parallel", alpha=a_ng, nbest=cfg.nbest), "table4"))
+        plan.append((label, "bpd", replace(base, name="neural", alpha=a_nn), "table4"))
+    plan.append(("Parallel Base BPD", "bpd", replace(base, name="parallel-base", nbest=cfg.nbest), "table4"))
+    plan.append(("Parallel 4-gram BPD", "bpd", replace(base, name="parallel", alpha=a_ng, nbest=cfg.nbest), "table4"))
     for k in (2, 16):
-        plan.append((f"Oracle (k={k})", replace(base, name="oracle", k=k), "table4"))
+        plan.append((f"Oracle (k={k})", "bpd", replace(base, name="oracle", k=k), "table4"))
     for p in cfg.ps:
-        plan.append((f"parallel p={p}", replace(base, name="parallel", alpha=a_ng, nbest=p), "fig7"))
-        plan.append((f"parallel-base p={p}", replace(base, name="parallel-base", nbest=p), "fig7"))
+        plan.append((f"parallel p={p}", "bpd", replace(base, name="parallel", alpha=a_ng, nbest=p), "fig7"))
+        plan.append((f"parallel-base p={p}", "bpd", replace(base, name="parallel-base", nbest=p), "fig7"))
     for hc in head_counts:
-        plan.append((f"top1 h={hc}", replace(base, slots=hc - 1), "table10"))
+        plan.append((f"top1 h={hc}", "bpd", replace(base, slots=hc - 1), "table10"))
         for k in cfg.ks:
-            plan.append((f"oracle h={hc} k={k}", replace(base, name="oracle", k=k, slots=hc - 1), "fig6"))
+            plan.append((f"oracle h={hc} k={k}", "bpd", replace(base, name="oracle", k=k, slots=hc - 1), "fig6"))
     if cfg.lookahead is not None:
-        plan.append((_lookahead_name(cfg.lookahead), cfg.lookahead, "lookahead"))
+        plan.append((_lookahead_name(cfg.lookahead), "lookahead", cfg.lookahead, "lookahead"))
     if cfg.kangaroo is not None:
         try:  # a model without a matching adapter gets no Kangaroo row, and is told why
-            session.self_draft("kangaroo", cfg.kangaroo)
-            plan.append((_self_draft_name(cfg.kangaroo), cfg.kangaroo, "self-draft"))
+            session.prepare("kangaroo", cfg.kangaroo)
+            plan.append((_self_draft_name(cfg.kangaroo), "kangaroo", cfg.kangaroo, "self-draft"))
         except (InputError, ModelError) as e:
             notify(f"no Kangaroo row: {e}")
     if cfg.ppd is not None:
-        from latticedraft.decoding.self_draft.ppd import check_dbar
-        from latticedraft.gpu.verify.layer_split import LayerSplit
-
         try:  # a one-layer model has no early exit
-            d = LayerSplit(session.model).num_layers
-            check_dbar(cfg.ppd.dbar or d // 2, d)
-            session.self_draft("ppd", cfg.ppd)
-            plan.append((_self_draft_name(cfg.ppd), cfg.ppd, "self-draft"))
+            session.prepare("ppd", cfg.ppd)
+            plan.append((_self_draft_name(cfg.ppd), "ppd", cfg.ppd, "self-draft"))
         except (InputError, ModelError) as e:
             notify(f"no PPD row: {e}")
     if cfg.sampling is not None:  # the oracle drafts the greedy output: nothing to sample
-        plan = [e for e in plan if getattr(e[1], "name", None) != "oracle"]
+        plan = [e for e in plan if getattr(e[2], "name", None) != "oracle"]
 
     _warm_up(session, ids[:1], plan, rescorers)
     runs: dict[str, Run] = {}
@@ -221,10 +203,10 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
     self_draft: dict[str, dict] = {}
     t0 = time.perf_counter()
     bar = tqdm(plan, desc="eval", unit="run", disable=None)
-    for name, spec, group in bar:
+    for name, method, spec, group in bar:
         bar.set_postfix_str(name)
         kind = getattr(spec, "name", None)
-        key = _method(spec) + json.dumps(asdict(spec) if spec else {"greedy": 1}, sort_keys=True) + (
+        key = method + json.dumps(asdict(spec) if spec else {"greedy": 1}, sort_keys=True) + (
             name if kind == "neural" else "")
         if kind == "top1" and spec.slots in (None, h - 1):
             key = "top1-all"
@@ -233,8 +215,7 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
             continue
         if kind == "neural":
             session.rescorer_dir = rescorers[name]
-            session._rescorer = None
-        run, res = _run(session, name, ids, refs, spec, cfg, _method(spec), record_steps=(name == "Base"))
+        run, res = _run(session, name, ids, refs, method, spec, cfg, record_steps=(name == "Base"))
         if spec is None:
             refs = [s.tokens for s in res.sequences]
         if name == "Base":
@@ -246,7 +227,7 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
             notify(f"warning: {name} differs from greedy decoding")
     table3 = _repetition(session, base_steps, cfg, a_ng)
     first = next(iter(rescorers))
-    session.rescorer_dir, session._rescorer = rescorers[first], None
+    session.rescorer_dir = rescorers[first]
     table5 = _wins(session, base_steps, ids, refs, a_nn, first)  # both {} when sampling (no greedy steps)
     results = {
         "config": {**asdict(cfg), "model": session.base_dir, "heads": h, "prompts": len(recs)},
@@ -274,22 +255,22 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
 def _warm_up(session: Session, ids, plan, rescorers) -> None:
     """One short untimed decode per drafter kind (numba compilation, first-call costs)."""
     seen = set()
-    for name, spec, _ in plan:
-        kind = getattr(spec, "name", _method(spec))
+    for name, method, spec, _ in plan:
+        kind = getattr(spec, "name", method)
         if kind in seen or kind == "oracle":
             continue
         seen.add(kind)
         if kind == "neural":
-            session.rescorer_dir, session._rescorer = rescorers[name], None
-        session.decode(ids, _method(spec), max_new_tokens=4, **_decode_args(spec, _method(spec)))
+            session.rescorer_dir = rescorers[name]
+        session.decode(ids, method, spec, max_new_tokens=4)
 
 
 def _repetition(session: Session, steps, cfg: EvalConfig, alpha: float) -> dict:
     """Table 3 over the Base run's lattices: the vanilla (top-1) draft vs the 1-best draft of
     the same top-k lattice rescored with the 2-gram (or, without one, the 4-gram) LM."""
+    from latticedraft.decoding.runs.loaders import load_lm
     from latticedraft.lattice.rescoring import rescore
     from latticedraft.lattice.stats import repetition
-    from latticedraft.decoding.runs.session import load_lm
 
     if not steps:
         return {}

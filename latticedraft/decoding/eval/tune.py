@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 
 from latticedraft.atomic import write_atomic
-from latticedraft.decoding.runs.session import DrafterSpec, Session, encode
+from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.runs.session import Session
+from latticedraft.decoding.runs.loaders import encode
 from latticedraft.errors import InputError
 
 GRID = (0.1, 0.5, 0.75, 0.9, 1.0, 1.1, 1.5, 2.0, 5.0, 10.0)
@@ -60,7 +62,7 @@ def read_alphas(path) -> dict:
 
 def default_alphas_file(model_dir=None) -> Path | None:
     """``tuned.json`` beside the model (default: the bundled heads), if one was written."""
-    from latticedraft.decoding.runs.session import default_model_dir
+    from latticedraft.decoding.runs.loaders import default_model_dir
 
     p = Path(model_dir if model_dir is not None else default_model_dir()) / "tuned.json"
     return p if p.is_file() else None

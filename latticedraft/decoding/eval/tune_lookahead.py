@@ -86,7 +86,7 @@ def tune_lookahead(session, prompts: list[dict], out_path, *, windows=WINDOWS, n
     from tqdm import tqdm
 
     from latticedraft.decoding.proposers.lookahead import LookaheadOptions
-    from latticedraft.decoding.runs.session import encode
+    from latticedraft.decoding.runs.loaders import encode
     from latticedraft.gpu.verify.cost_model import CostModel
     from latticedraft.gpu.verify.verifier import Verifier
 
@@ -100,8 +100,8 @@ def tune_lookahead(session, prompts: list[dict], out_path, *, windows=WINDOWS, n
     grid = list(itertools.product(windows, ngrams, pools))
     for W, N, G in tqdm(grid, desc="tune lookahead", unit="setting", disable=None):
         opts = LookaheadOptions(int(W), int(N), int(G), prompt_as_reference)
-        res = session.decode(ids, "lookahead", max_new_tokens=max_new_tokens, batch_size=batch_size, verify=verify,
-                             lookahead=opts)
+        res = session.decode(ids, "lookahead", opts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                             verify=verify)
         r = predict(res, cm.seconds)
         if r is not None:
             rows.append(Row(int(W), int(N), int(G), r.tokens_per_step, r.nodes_per_step, r.predicted_tokens_per_s))

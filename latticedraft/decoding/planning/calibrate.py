@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from latticedraft.decoding.planning.acceptance import AcceptanceModel, fit
-from latticedraft.decoding.loop import bpd_decode
+from latticedraft.decoding.bpd import bpd_decode
 from latticedraft.decoding.proposers.context import ContextNgrams
 
 

@@ -16,7 +16,7 @@ the rescored lattice. ``overhead`` is the per-step time spent outside the verify
 (drafting, bookkeeping), measured by the decode loop as it runs. The ``fixed`` policy verifies
 every candidate path, as given.
 
-    >>> plan = TreePlanner("fixed").plan(None, np.array([[4, 5]]), np.array([1, 2, 3]))
+    >>> plan = TreePlanner("fixed").plan([Proposal(np.array([[4, 5]]))])
     >>> plan.drafts.tolist(), plan.nodes
     ([[4, 5]], 3)
 """
@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from latticedraft.decoding.planning.acceptance import AcceptanceModel
-from latticedraft.decoding.proposers.context import ContextNgrams
 from latticedraft.errors import InputError
 
 POLICIES = ("auto", "fixed")
@@ -45,19 +44,19 @@ class Plan:
 
 
 class TreePlanner:
-    """policy: "auto" | "fixed"; context: context n-gram options or None (off); acceptance and
-    cost: the calibrated rates and the measured ``CostModel`` (``auto`` needs the cost model;
-    acceptance defaults to the uncalibrated prior); max_nodes caps the tree (root included)."""
+    """policy: "auto" | "fixed"; acceptance and cost: the calibrated rates the proposers rate
+    their paths with and the measured ``CostModel`` (``auto`` needs the cost model; acceptance
+    defaults to the uncalibrated prior); max_nodes caps the tree (root included)."""
 
-    def __init__(self, policy: str = "auto", context: ContextNgrams | None = None,
-                 acceptance: AcceptanceModel | None = None, cost=None, max_nodes: int = 64):
+    def __init__(self, policy: str = "auto", acceptance: AcceptanceModel | None = None, cost=None,
+                 max_nodes: int = 64):
         if policy not in POLICIES:
             raise InputError(f"--tree {policy!r} is not one of {', '.join(POLICIES)}")
         if policy == "auto" and cost is None:
             raise InputError("--tree auto needs a measured cost model (CostModel.cached(verifier))")
         if max_nodes < 1:
             raise InputError(f"max_nodes must be >= 1, got {max_nodes}")
-        self.policy, self.context = policy, context
+        self.policy = policy
         self.acceptance = acceptance or AcceptanceModel.prior()
         self.cost, self.max_nodes = cost, max_nodes
         if cost is not None:
@@ -65,39 +64,20 @@ class TreePlanner:
             self._T = np.asarray(cost.seconds(n), dtype=np.float64)  # _T[n - 1] = T(n)
         self.overhead = 0.0
 
-    def candidates(self, sausage, drafts: np.ndarray, history: np.ndarray, extra: list | None = None,
-                   found: list | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(tokens int64[d], conditional acceptance rates float[d]) per candidate path. extra:
-        more paths after the root (lookahead's pool n-grams: int64[d] each), rated as context
-        n-grams that matched one token (the root). found: ``self.context.candidates(history)``
-        where the caller has searched already (None: searched here)."""
-        out = []
-        acc, rated = self.acceptance, self.policy == "auto"
-        if drafts is not None and drafts.size:
-            rates = None
-            if rated:
-                rates = acc.head_rates(_draft_probs(sausage, drafts)) if sausage is not None else np.full(drafts.shape, 0.5)
-            for r, row in enumerate(drafts):
+    def plan(self, proposals: list, room: int | None = None) -> Plan:
+        """The paths to verify after the root, at most ``room`` tokens deep, from one step's
+        ``Proposal`` s of one row (their order breaks ties). ``auto`` needs each proposal's
+        ``rates`` (its proposer fills them when the step carries an acceptance model)."""
+        cands = []
+        for prop in proposals:
+            for r, row in enumerate(np.atleast_2d(prop.tokens)):
                 neg = np.flatnonzero(row < 0)
-                d = neg[0] if len(neg) else len(row)  # a negative token ends a draft
-                out.append((row[:d], None if rates is None else rates[r, :d]))
-        if self.context is not None:
-            for c in self.context.candidates(history) if found is None else found:
-                rates = acc.context_rates(c.match, len(c.tokens)) if rated else None
-                out.append((c.tokens, rates))
-        for t in extra or []:
-            out.append((t, acc.context_rates(1, len(t)) if rated else None))
-        return out
-
-    def plan(self, sausage, drafts: np.ndarray, history: np.ndarray, room: int | None = None,
-             extra: list | None = None, found: list | None = None) -> Plan:
-        """The paths to verify after the root (the last token of ``history``), at most ``room``
-        tokens deep. drafts: int64[p, d] from the drafter (may be empty); extra, found: see
-        ``candidates``."""
-        drafts = np.zeros((1, 0), np.int64) if drafts is None else np.atleast_2d(np.asarray(drafts, dtype=np.int64))
-        cands = self.candidates(sausage, drafts, history, extra, found)
-        if room is not None:
-            cands = [(t[:room], None if r is None else r[:room]) for t, r in cands]
+                d = neg[0] if len(neg) else len(row)  # a negative token ends a path
+                d = d if room is None else min(d, room)
+                rates = None if prop.rates is None else np.asarray(prop.rates[r, :d], dtype=np.float64)
+                if self.policy == "auto" and rates is None:
+                    rates = np.full(d, 0.5)  # an unrated source: the uncalibrated prior of a context token
+                cands.append((row[:d], rates))
         if self.policy == "fixed":
             return _as_plan([t for t, _ in cands], None)
         # trie over all candidates: node id -> (parent, token, P); children keyed (parent, token)
@@ -147,16 +127,6 @@ def _closed(node: int, parent: list, chosen: set) -> bool:
             return False
         p = parent[p]
     return True
-
-
-def _draft_probs(sausage, drafts: np.ndarray) -> np.ndarray:
-    """The head probability of every draft token: float[p, d] (0 where the slot lacks it)."""
-    p, d = drafts.shape
-    out = np.zeros((p, d))
-    for j in range(min(d, sausage.h)):
-        hit = sausage.tokens[j][None, :] == drafts[:, j : j + 1]  # [p, k]
-        out[:, j] = np.where(hit, np.exp(sausage.logp[j].astype(np.float64))[None, :], 0.0).max(axis=1)
-    return out
 
 
 def _as_plan(paths: list, expected) -> Plan:

@@ -66,3 +66,31 @@ class HeadGate:
         self.tokens[b, arm] = DECAY * self.tokens[b, arm] + tokens
         self.seconds[b, arm] = DECAY * self.seconds[b, arm] + seconds
         self.steps[b, arm] += 1
+
+
+class GatedHeads:
+    """The gate in the decode loop: before a step's heads are computed, ``decide`` looks up the
+    longest context match of every live row's next history (``proposers.context.ContextProposer``
+    keeps those searches for the step) and asks the gate; ``observe`` then credits the step's
+    tokens and wall-clock seconds to the arm that ran it (the first step always runs the heads:
+    the prefill computes them)."""
+
+    def __init__(self, gate: HeadGate, context):
+        self.gate, self.context = gate, context
+        self.match, self.heads, self.next = 0, True, (0, True)
+
+    def begin(self, index: list[int], histories: list) -> None:
+        self.match, self.heads = self._longest(index, histories), True
+
+    def _longest(self, index, histories) -> int:
+        return min((self.context.match(i, h) for i, h in zip(index, histories)), default=0)
+
+    def decide(self, index: list[int], histories: list) -> bool:
+        """Compute heads for the step after histories ``histories`` (one per live row)?"""
+        m = self._longest(index, histories)
+        self.next = (m, self.gate.choose(m))
+        return self.next[1]
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.gate.update(self.match, self.heads, tokens, seconds)
+        self.match, self.heads = self.next

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows
 from latticedraft.errors import InputError
 
 
@@ -78,4 +79,48 @@ class ContextNgrams:
             out.append(ContextCandidate(np.asarray(key, dtype=np.int64), int(length[i])))
             if len(out) >= self.max_paths:
                 break
+        return out
+
+
+class ContextProposer(Proposer):
+    """Context n-gram paths for every row (prompt lookup on the shared verifier). ``match(i,
+    history)`` searches ahead of the step (the head gate asks for the next step's longest match
+    before the heads are computed); the step reuses that search."""
+
+    name = "context"
+
+    def __init__(self, ngrams: ContextNgrams):
+        self.ngrams = ngrams
+        self.found: dict[int, tuple[int, list[ContextCandidate]]] = {}
+
+    def start(self, rows: StepRows) -> None:
+        self.found = {}
+
+    def _candidates(self, i: int, history: np.ndarray) -> list[ContextCandidate]:
+        hit = self.found.get(i)
+        if hit is None or hit[0] != len(history):
+            hit = (len(history), self.ngrams.candidates(history))
+            self.found[i] = hit
+        return hit[1]
+
+    def match(self, i: int, history: np.ndarray) -> int:
+        """The longest suffix match of ``history`` (0: none); the candidates are kept for the step."""
+        cands = self._candidates(i, history)
+        return cands[0].match if cands else 0
+
+    def propose(self, step: Step) -> list[Proposal]:
+        out = []
+        for j, i in enumerate(step.index):
+            cands = self._candidates(i, step.histories[j])
+            if not cands:
+                out.append(Proposal.empty())
+                continue
+            d = max(len(c.tokens) for c in cands)
+            toks = np.full((len(cands), d), -1, dtype=np.int64)
+            rates = None if step.acceptance is None else np.zeros((len(cands), d))
+            for k, c in enumerate(cands):
+                toks[k, : len(c.tokens)] = c.tokens
+                if rates is not None:
+                    rates[k, : len(c.tokens)] = step.acceptance.context_rates(c.match, len(c.tokens))
+            out.append(Proposal(toks, rates=rates))
         return out

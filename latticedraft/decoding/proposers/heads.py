@@ -1,11 +1,10 @@
-"""Drafters: turn one step's sausage lattice into the drafts the target verifies.
+"""Drafts from the heads: one step's sausage lattice -> the paths the target verifies.
 
-One small interface (after vLLM's proposers and HF's ``CandidateGenerator``)::
+``HeadProposer`` wraps one lattice drafter per row (``Drafter.spawn``)::
 
     class Drafter:
-        lattice(head_logp: float32[h-1, V]) -> Sausage   # top-k + pruning (LatticeOptions)
+        lattice(head_logits [h-1, V']) -> Sausage         # top-k + pruning (LatticeOptions)
         draft(sausage, history: int64[t]) -> Drafts       # tokens int64[p, d], scores float32[p]
-        update(accepted: int64[n]) -> None                # optional: what the target kept
         spawn(row: int) -> Drafter                        # per-sequence copy (own state)
         sample(head_logits, vocab, history, sampler, room)  # lossless sampling: (tokens, q or None)
 
@@ -16,30 +15,30 @@ construction: verification only ever keeps tokens equal to the target's argmax.
 Names (``make_drafter``): ``top1`` (vanilla BPD), ``neural`` (Algorithm 2, local rescoring
 with a small LM), ``ngram`` (global n-gram rescoring, p = 1), ``parallel`` (p best rescored
 paths), ``parallel-base`` (p best paths of the un-rescored lattice), ``oracle`` (best path
-given the true continuation; an evaluation upper bound), ``model`` (an auxiliary draft model,
-classic speculative decoding; ``uses_heads`` False: it drafts from the history alone).
+given the true continuation; an evaluation upper bound).
 
 Sampling (``sample``): drafters with a distribution draw their drafts from it and return it as
-q (``spec_sampling.py`` then accepts with min(1, p/q)): ``top1`` one path and
+q (``accept/sampling.py`` then accepts with min(1, p/q)): ``top1`` one path and
 ``parallel-base`` ``nbest`` i.i.d. paths from the heads' softmax (after the sampling warpers),
-``neural`` from its interpolated distribution, ``model`` from the draft model's. The lattice
-rescorers (``ngram``, ``parallel``) and ``oracle`` keep their deterministic paths: a path
-that is a function of the heads' logits and the history is a draw from a point mass, so it is
-verified as a one-hot draft (q = one-hot), which is exact, while sampling a path from the
-rescored lattice's normalised distribution would need that distribution over all k^h paths.
+``neural`` from its interpolated distribution. The lattice rescorers (``ngram``, ``parallel``)
+and ``oracle`` keep their deterministic paths: a path that is a function of the heads' logits
+and the history is a draw from a point mass, so it is verified as a one-hot draft (q =
+one-hot), which is exact, while sampling a path from the rescored lattice's normalised
+distribution would need that distribution over all k^h paths.
 """
 
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from latticedraft.decoding.proposers.base import EMPTY, Proposal, Proposer, Step, StepRows, as_paths
+from latticedraft.decoding.proposers.draft_model import IncrementalLM
 from latticedraft.errors import InputError
-from latticedraft.gpu.verify.kvcache import cache_length, crop_to
-from latticedraft.gpu.verify.verifier import position_limit
 from latticedraft.lattice.oracle import oracle_path
 from latticedraft.lattice.rescoring import base_drafts, rescore
 from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage
@@ -111,7 +110,6 @@ class Drafter:
     """Base class; subclasses implement ``draft``. Stateless drafters share one instance."""
 
     name = "base"
-    uses_heads = True  # False: drafts from the history alone (``draft(None, history)``)
 
     def __init__(self, options: LatticeOptions | None = None):
         self.options = options or LatticeOptions()
@@ -123,9 +121,6 @@ class Drafter:
 
     def draft(self, sausage: Sausage, history: np.ndarray) -> Drafts:
         raise NotImplementedError
-
-    def update(self, accepted: np.ndarray) -> None:
-        """Told the draft tokens the target accepted this step (default: ignored)."""
 
     def spawn(self, row: int = 0) -> "Drafter":
         return self
@@ -248,59 +243,6 @@ class OracleDrafter(Drafter):
         return _one(oracle_path(sausage, ref).tokens)
 
 
-class IncrementalLM:
-    """A small causal LM that keeps its own KV cache over a growing history: ``next_logp(history)``
-    returns its log-softmax after ``history`` (float32[V]), feeding only the tokens the cache
-    lacks (it starts over where the history diverged from what it holds); ``push(token)`` feeds
-    one drafted token; ``rewind()`` crops back to the last history fed. A model with fewer
-    positions than the history + the tokens to be pushed sees the latest positions only (drafts
-    only: the cache then starts over each step). ``calls`` counts forwards."""
-
-    def __init__(self, model):
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.cache, self.fed, self.calls, self.mark = None, np.zeros(0, dtype=np.int64), 0, 0
-        self.limit = position_limit(model)
-
-    @torch.inference_mode()
-    def _run(self, ids: np.ndarray) -> torch.Tensor:
-        from transformers import DynamicCache
-
-        if self.cache is None:
-            self.cache = DynamicCache()
-        x = torch.as_tensor(np.asarray(ids, dtype=np.int64)[None], device=self.device)
-        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True)
-        self.calls += 1
-        self.fed = np.concatenate([self.fed, np.asarray(ids, dtype=np.int64)])
-        return out.logits[0, -1]
-
-    def next_logits(self, history: np.ndarray, room: int = 0) -> torch.Tensor:
-        """Raw logits [V] after ``history`` (int64[t], t >= 1); room: tokens to be pushed after it."""
-        history = np.asarray(history, dtype=np.int64)
-        if self.limit and len(history) + room > self.limit:  # fewer positions: the latest ones only
-            history = history[len(history) + room - self.limit:]
-        n = len(self.fed)
-        if n == 0 or n > len(history) or not np.array_equal(history[:n], self.fed):
-            self.cache, self.fed, n = None, np.zeros(0, dtype=np.int64), 0  # diverged: start over
-        if n == len(history):  # nothing new: re-run the last token to get its logits
-            self.rewind(n - 1)
-            n -= 1
-        out = self._run(history[n:])
-        self.mark = len(self.fed)
-        return out
-
-    def push(self, token: int) -> torch.Tensor:
-        """Feed one token; raw logits [V] after it."""
-        return self._run(np.asarray([token], dtype=np.int64))
-
-    def rewind(self, n: int | None = None) -> None:
-        """Crop back to the first n tokens (default: the history of the last ``next_logits``)."""
-        n = self.mark if n is None else n
-        crop_to(self.cache, n)
-        self.fed = self.fed[:n]
-        assert cache_length(self.cache) == n
-
-
 class NeuralDrafter(Drafter):
     """Algorithm 2: greedy local rescoring with a small causal LM, interpolation ``alpha``.
 
@@ -369,55 +311,6 @@ class NeuralDrafter(Drafter):
         return toks, qs
 
 
-class ModelDrafter(Drafter):
-    """Classic speculative decoding's drafter: an auxiliary causal LM with the target's
-    vocabulary drafts ``gamma`` tokens after the history, greedily (its argmax: exact greedy
-    decoding) or, for sampling, each drawn from its distribution after the sampling processors
-    (q). Keeps its own KV cache (``IncrementalLM``); needs no heads."""
-
-    name = "model"
-    uses_heads = False
-
-    def __init__(self, draft_model, gamma: int = 4):
-        super().__init__(None)
-        if gamma < 1:
-            raise InputError(f"--gamma {gamma}: the draft model drafts at least 1 token per step")
-        self.draft_model, self.gamma = draft_model, int(gamma)
-        self.lm = IncrementalLM(draft_model)
-
-    def spawn(self, row: int = 0):
-        d = copy.copy(self)
-        d.lm = IncrementalLM(self.draft_model)
-        return d
-
-    def draft(self, sausage, history):
-        history = np.asarray(history, dtype=np.int64)
-        x = self.lm.next_logits(history, room=self.gamma)
-        path = []
-        for j in range(self.gamma):
-            path.append(int(torch.argmax(x)))
-            if j + 1 < self.gamma:
-                x = self.lm.push(path[-1])
-        self.lm.rewind()
-        return _one(path)
-
-    def sample(self, head_logits, vocab, history, sampler, room):
-        history = np.asarray(history, dtype=np.int64)
-        n = min(self.gamma, room)
-        toks = np.zeros((1, n), dtype=np.int64)
-        qs = np.zeros((1, n, sampler.vocab_size))
-        if n == 0:
-            return toks, qs
-        x = self.lm.next_logits(history, room=n)
-        for j in range(n):
-            qs[0, j] = sampler.probs(x[None], [np.concatenate([history, toks[0, :j]])])[0]
-            toks[0, j] = sampler.draw(qs[0, j])
-            if j + 1 < n:
-                x = self.lm.push(int(toks[0, j]))
-        self.lm.rewind()
-        return toks, qs
-
-
 def make_drafter(
     name: str,
     *,
@@ -429,8 +322,9 @@ def make_drafter(
     references: list | None = None,
     draft_model=None,
     gamma: int = 4,
-) -> Drafter:
-    """A drafter by name (see ``DRAFTERS``), with a message that says what is missing."""
+):
+    """A draft source by name (see ``DRAFTERS``): a lattice ``Drafter`` of the heads, or for
+    "model" the auxiliary draft model's ``ModelProposer``; the message says what is missing."""
     if name == "top1":
         return Top1Drafter(options)
     if name == "parallel-base":
@@ -450,5 +344,59 @@ def make_drafter(
     if name == "model":
         if draft_model is None:
             raise InputError("drafter 'model' needs an auxiliary draft model: pass --draft-model DIR")
-        return ModelDrafter(draft_model, gamma)
+        from latticedraft.decoding.proposers.draft_model import ModelProposer
+
+        return ModelProposer(draft_model, gamma)
     raise InputError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+
+
+class HeadProposer(Proposer):
+    """Paths from the heads' lattice (or, sampling, drawn from the heads) by one ``Drafter`` per
+    row; a row whose step computed no heads (the head gate, no room) proposes nothing."""
+
+    name = "heads"
+    uses_heads = True
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter
+        self.rows: dict[int, Drafter] = {}
+        self.lattice_seconds = 0.0  # time spent building lattices (top-k + pruning), part of propose
+
+    @property
+    def heads_needed(self) -> int | None:
+        """Heads the verifier must compute: the base's + the drafted slots (None: all)."""
+        slots = self.drafter.options.slots
+        return None if slots is None else slots + 1
+
+    def start(self, rows: StepRows) -> None:
+        self.rows = {i: self.drafter.spawn(i) for i in rows.index}
+
+    def propose(self, step: Step) -> list[Proposal]:
+        heads = step.head_logits
+        if heads is None or heads.shape[1] == 0:
+            return [Proposal.empty() for _ in step.index]
+        out = []
+        for j, i in enumerate(step.index):
+            d, history = self.rows[i], step.histories[j]
+            if step.samplers is not None:
+                toks, q = (d.sample(heads[j], step.vocab, history, step.samplers[j], step.rooms[j])
+                           if step.rooms[j] > 0 else (EMPTY, None))
+                out.append(Proposal(as_paths(toks), q=q, heads=True))
+                continue
+            t0 = time.perf_counter()
+            sausage = d.lattice(heads[j], step.vocab)
+            self.lattice_seconds += time.perf_counter() - t0
+            toks = as_paths(d.draft(sausage, history))
+            rates = None if step.acceptance is None else step.acceptance.head_rates(draft_probs(sausage, toks))
+            out.append(Proposal(toks, rates=rates, sausage=sausage, heads=True))
+        return out
+
+
+def draft_probs(sausage, drafts: np.ndarray) -> np.ndarray:
+    """The head probability of every draft token: float[p, d] (0 where the slot lacks it)."""
+    p, d = drafts.shape
+    out = np.zeros((p, d))
+    for j in range(min(d, sausage.h)):
+        hit = sausage.tokens[j][None, :] == drafts[:, j : j + 1]  # [p, k]
+        out[:, j] = np.where(hit, np.exp(sausage.logp[j].astype(np.float64))[None, :], 0.0).max(axis=1)
+    return out

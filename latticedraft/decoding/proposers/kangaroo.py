@@ -2,33 +2,35 @@
 
 Each step of a row, from its root token (the last emitted, in no cache yet):
 
-1. drafting: the root, then each drafted token, runs once through the first ``l`` layers
-   (appending to the shallow cache) and the adapter (``gpu/adapter.py``, its own cache); the
-   adapter's top-1 is the next draft, until ``gamma`` drafts or a top-1 confidence <= ``eta``
-   (the second early exit);
-2. verification: layers ``l..d`` run once over the kept layer-``l`` states of [root, drafts]
-   (the first ``l`` layers are never recomputed); the longest draft prefix equal to the full
-   model's argmax is accepted plus one bonus token (the argmax after it);
-3. every range's cache keeps exactly the accepted slots.
+1. drafting (``KangarooProposer``): the root, then each drafted token, runs once through the
+   first ``l`` layers (appending to the proposer's shallow cache) and the adapter
+   (``gpu/models/adapter.py``, its own cache); the adapter's top-1 is the next draft, until
+   ``gamma`` drafts or a top-1 confidence <= ``eta`` (the second early exit). Rows of a batch
+   draft in lock step; a row that stopped drafting carries masked dummy slots;
+2. verification: the shared verifier in split mode (``Verifier(model, from_layer=l)``) runs
+   layers ``l..d`` once over the kept layer-``l`` states of [root, drafts] (the first ``l``
+   layers are never recomputed); the longest draft prefix equal to the full model's argmax is
+   accepted plus one bonus token;
+3. every cache keeps exactly the accepted slots (the verifier its deep layers', the proposer
+   its shallow layers' and the adapter's).
 
-Rows of a batch draft in lock step; a row that stopped drafting carries masked dummy slots.
-Counting as ``bpd.py``: the prefill emits 1 token, each step (one deep pass) emits accepted + 1;
-``tree_nodes`` records 1 + drafted tokens per step.
+Counting as every decoder: the prefill emits 1 token, each step (one deep pass) emits
+accepted + 1; ``tree_nodes`` records 1 + drafted tokens per step.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from latticedraft.decoding.loop import DecodeResult, SequenceResult, _eos_set, checked_prompts
+from latticedraft.decoding.proposers.base import Proposal, Proposer, Step
+from latticedraft.decoding.registry import Method
 from latticedraft.errors import InputError
 from latticedraft.gpu.verify.kvcache import SlotCache
 from latticedraft.gpu.verify.layer_split import LayerSplit
-from latticedraft.gpu.verify.split_cache import Pending, drop_rows, prefill
+from latticedraft.gpu.verify.split_cache import Pending, drop_rows
 
 
 @dataclass(frozen=True)
@@ -45,91 +47,49 @@ class KangarooOptions:
             raise InputError(f"kangaroo needs --gamma >= 1 and 0 <= --eta < 1; got gamma={self.gamma}, eta={self.eta}")
 
 
-class Rows:
-    """Emitted tokens and per-step counts of every row; ``emit`` cuts at EOS and the budget."""
+class KangarooProposer(Proposer):
+    """Drafts from the base's first ``adapter.exit_layer`` layers and the adapter; its ``stem``
+    runs the prompts through those layers at the verifier's prefill. Proposals carry the
+    layer-l states the verifier continues from (``Proposal.hidden``)."""
 
-    def __init__(self, prompts, max_new_tokens, eos, on_tokens, t_start):
-        b = len(prompts)
-        self.prompts, self.max_new, self.eos, self.cb, self.t0 = prompts, max_new_tokens, eos, on_tokens, t_start
-        self.out = [[] for _ in range(b)]
-        self.per_call = [[] for _ in range(b)]
-        self.accepted = [[] for _ in range(b)]
-        self.nodes = [[] for _ in range(b)]
-        self.done_at = [0.0] * b
+    name = "kangaroo"
 
-    def room(self, i: int) -> int:
-        """Drafts row i may still accept (the bonus token takes the last place)."""
-        return max(self.max_new - len(self.out[i]) - 1, 0)
+    def __init__(self, split: LayerSplit, adapter, gamma: int = 6, eta: float = 0.6):
+        KangarooOptions(gamma, eta)
+        self.split, self.adapter, self.gamma, self.eta = split, adapter, int(gamma), float(eta)
+        self.exit_layer = int(adapter.exit_layer)
+        self.shallow = self.adapt = None
+        self.pending: tuple[Pending, Pending] | None = None
 
-    def emit(self, i: int, new: list[int]) -> bool:
-        take = []
-        for t in new:
-            take.append(t)
-            if t in self.eos or len(self.out[i]) + len(take) >= self.max_new:
-                break
-        self.out[i].extend(take)
-        self.per_call[i].append(len(take))
-        if self.cb is not None:
-            self.cb(i, take)
-        finished = len(take) < len(new) or take[-1] in self.eos or len(self.out[i]) >= self.max_new
-        if finished:
-            self.done_at[i] = time.perf_counter() - self.t0
-        return finished
+    def stem(self, ids: torch.Tensor, valid: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Prefill: left-padded prompts ids int64[b, n] (valid bool[b, n], pos int64[b, n], causal
+        bias [b, 1, n, n]) through layers 0..l and the adapter; returns the layer-l states [b, n, H]."""
+        b, dev = ids.shape[0], ids.device
+        self.shallow, self.adapt = SlotCache.empty(b, dev), SlotCache.empty(b, dev)
+        h = self.split.embed(ids, pos)
+        rot = self.split.rotary_for(h, pos)
+        h = self.split.run(h, 0, self.exit_layer, bias, pos, self.shallow.cache, rot)
+        self.shallow.append_valid(valid, pos)
+        self.adapter(h, bias, rot, self.adapt.cache)
+        self.adapt.append_valid(valid, pos)
+        return h
 
-    def result(self, mode: str, reason: str, timing: dict) -> DecodeResult:
-        seqs = [SequenceResult(prompt_ids=self.prompts[i], tokens=np.asarray(self.out[i], dtype=np.int64),
-                               calls=len(self.per_call[i]), tokens_per_call=self.per_call[i], seconds=self.done_at[i],
-                               accepted_drafts=self.accepted[i], tree_nodes=self.nodes[i])
-                for i in range(len(self.prompts))]
-        return DecodeResult(seqs, mode, reason, time.perf_counter() - self.t0, timing)
-
-
-@torch.inference_mode()
-def kangaroo_decode(model, prompts: list, adapter, *, gamma: int = 6, eta: float = 0.6, max_new_tokens: int = 64,
-                    eos_token_id=None, on_tokens=None) -> DecodeResult:
-    """Greedy Kangaroo decoding; output equals ``generate(do_sample=False)``.
-
-    model: an HF causal LM (or a BlockwiseModel: its base runs); adapter: a ``KangarooAdapter``
-    for that base (its ``exit_layer`` is l). prompts: int sequences (>= 1 token each)."""
-    KangarooOptions(gamma, eta)
-    prompts = checked_prompts(model, prompts, max_new_tokens)
-    split = LayerSplit(model)
-    l, d, dev = adapter.exit_layer, split.num_layers, split.device
-    timing = {"model": 0.0, "draft": 0.0, "accept": 0.0}
-    t_start = time.perf_counter()
-    rows = Rows(prompts, max_new_tokens, _eos_set(eos_token_id), on_tokens, t_start)
-    b = len(prompts)
-    shallow, adapt, deep = SlotCache.empty(b, dev), SlotCache.empty(b, dev), SlotCache.empty(b, dev)
-
-    def feed_adapter(j, h, bias, rot):
-        if j == 1:  # the prompt's layer-l states enter the adapter's cache
-            adapter(h, bias, rot, adapt.cache)
-            adapt.append_valid(shallow.valid, shallow.pos)  # the slots the prefill just recorded
-
-    t0 = time.perf_counter()
-    last = prefill(split, [0, l, d], [shallow, deep], prompts, at_bound=feed_adapter)
-    first = split.logits(last).argmax(-1).cpu().numpy()
-    timing["model"] += time.perf_counter() - t0
-    active = [i for i in range(b) if not rows.emit(i, [int(first[i])])]
-    drop_rows([shallow, adapt, deep], active)
-    roots = torch.as_tensor([int(first[i]) for i in active], dtype=torch.long, device=dev)
-
-    while active:
-        t0 = time.perf_counter()
-        n = len(active)
-        limit = torch.as_tensor([min(gamma, rows.room(i)) for i in active], device=dev)
-        ps, pa = Pending(shallow), Pending(adapt)
+    def propose(self, step: Step) -> list[Proposal]:
+        split, dev, n = self.split, self.split.device, len(step.rows)
+        limit = torch.as_tensor([min(self.gamma, r) for r in step.rooms], device=dev)
+        ps, pa = Pending(self.shallow), Pending(self.adapt)
         live = torch.ones(n, dtype=torch.bool, device=dev)
         ndraft = torch.zeros(n, dtype=torch.long, device=dev)
-        cur, states, drafts = roots, [], []
-        for j in range(gamma + 1):
-            q_pos = split.clamp(shallow.next_pos[:, None] + j)
+        cur = torch.as_tensor([int(h[-1]) for h in step.histories], dtype=torch.long, device=dev)
+        states, drafts = [], []
+        for j in range(self.gamma + 1):
+            q_pos = split.clamp(self.shallow.next_pos[:, None] + j)
             kv, kp = ps.keys()
             bias = split.bias(kv, kp, q_pos, torch.ones(n, 1, 1, dtype=torch.bool, device=dev))
             x = split.embed(cur[:, None], q_pos)
             rot = split.rotary_for(x, q_pos)
-            h = split.run(x, 0, l, bias, q_pos, shallow.cache, rot)
-            a = adapter(h, bias, rot, adapt.cache)
+            h = split.run(x, 0, self.exit_layer, bias, q_pos, self.shallow.cache, rot)
+            a = self.adapter(h, bias, rot, self.adapt.cache)
             states.append(h)
             ps.add(live[:, None], q_pos)
             pa.add(live[:, None], q_pos)
@@ -137,49 +97,26 @@ def kangaroo_decode(model, prompts: list, adapter, *, gamma: int = 6, eta: float
             if not bool(go.any()):
                 break
             conf, top = torch.softmax(split.head(a[:, 0]).float(), dim=-1).max(dim=-1)
-            go &= conf > eta
+            go &= conf > self.eta
             if not bool(go.any()):
                 break
             cur = torch.where(go, top, torch.zeros_like(top))
             drafts.append(cur)
             live, ndraft = go, ndraft + go.long()
-        t1 = time.perf_counter()
-        # verification: the deep layers over the kept layer-l states
-        hs = torch.cat(states, dim=1)  # [n, J+1, H]
-        pend_valid, pend_pos = ps.valid, ps.pos
-        J1 = hs.shape[1]
-        tri = torch.ones(J1, J1, dtype=torch.bool, device=dev).tril()[None] & pend_valid[:, None, :]
-        bias = split.bias(deep.valid, deep.pos, pend_pos, tri)
-        hd = split.run(hs, l, d, bias, pend_pos, deep.cache)
-        am = split.logits(hd).argmax(-1)  # [n, J+1]
-        t2 = time.perf_counter()
-        if drafts:
-            dr = torch.stack(drafts, dim=1)  # [n, J]
-            ok = (dr == am[:, :-1]) & (torch.arange(dr.shape[1], device=dev)[None] < ndraft[:, None])
-            acc = torch.cumprod(ok.long(), dim=1).sum(dim=1)
-        else:
-            dr, acc = None, torch.zeros(n, dtype=torch.long, device=dev)
-        bonus = am[torch.arange(n, device=dev), acc]
-        dp = Pending(deep)
-        dp.add(pend_valid, pend_pos)
-        for p in (ps, pa, dp):
-            p.commit_prefix(acc + 1)
-        still, live_rows = [], []
-        acc_l, nd_l, bonus_l = acc.tolist(), ndraft.tolist(), bonus.tolist()
-        for j, i in enumerate(active):
-            toks = [] if dr is None else dr[j, : acc_l[j]].tolist()
-            rows.accepted[i].append(acc_l[j])
-            rows.nodes[i].append(1 + nd_l[j])
-            if not rows.emit(i, toks + [bonus_l[j]]):
-                still.append(i)
-                live_rows.append(j)
-        drop_rows([shallow, adapt, deep], live_rows)
-        roots = bonus[torch.as_tensor(live_rows, dtype=torch.long, device=dev)]
-        active = still
-        timing["draft"] += t1 - t0
-        timing["model"] += t2 - t1
-        timing["accept"] += time.perf_counter() - t2
-    return rows.result("split", f"kangaroo l={l} gamma={gamma} eta={eta}", timing)
+        self.pending = (ps, pa)
+        hs = torch.cat(states, dim=1)  # [n, J + 1, H]
+        dr = torch.stack(drafts, dim=1).cpu().numpy() if drafts else np.zeros((n, 0), dtype=np.int64)
+        nd = ndraft.tolist()
+        return [Proposal(dr[j : j + 1, : nd[j]], hidden=hs[j, : 1 + nd[j]]) for j in range(n)]
+
+    def update(self, step: Step, accepted, bonus, side_argmax) -> None:
+        kept = torch.as_tensor([len(a) + 1 for a in accepted], dtype=torch.long, device=self.split.device)
+        for p in self.pending:
+            p.commit_prefix(kept)
+        self.pending = None
+
+    def retire(self, keep: list[int]) -> None:
+        drop_rows([self.shallow, self.adapt], keep)
 
 
 def acceptance_by_position(sequences) -> list[float]:
@@ -194,3 +131,62 @@ def acceptance_by_position(sequences) -> list[float]:
         tried = [a for a, n in zip(accepted, drafted) if n >= j]
         out.append(round(sum(a >= j for a in tried) / len(tried), 4) if tried else 0.0)
     return out
+
+
+def kangaroo_decode(model, prompts: list, adapter, *, gamma: int = 6, eta: float = 0.6, max_new_tokens: int = 64,
+                    eos_token_id=None, on_tokens=None, first_row: int = 0, rows: list | None = None):
+    """Greedy Kangaroo decoding on the one loop; output equals ``generate(do_sample=False)``.
+
+    model: an HF causal LM (or a BlockwiseModel: its base runs); adapter: a ``KangarooAdapter``
+    for that base (its ``exit_layer`` is l). prompts: int sequences (>= 1 token each)."""
+    from latticedraft.decoding.loop import speculative_decode
+    from latticedraft.gpu.verify.verifier import Verifier
+
+    proposer = KangarooProposer(LayerSplit(model), adapter, gamma, eta)
+    index = list(range(first_row, first_row + len(prompts)))
+    res = speculative_decode(model, prompts, [proposer], max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                             verifier=Verifier(model, num_heads=1, from_layer=proposer.exit_layer), index=index,
+                             rows=index if rows is None else rows, on_tokens=on_tokens)
+    res.verify_reason = f"kangaroo l={proposer.exit_layer} gamma={gamma} eta={eta}; {res.verify_reason}"
+    return res
+
+
+def _configure(values: dict, given: set) -> KangarooOptions:
+    pick = lambda k, d: d if values.get(k) is None else values[k]  # noqa: E731
+    return KangarooOptions(gamma=pick("gamma", 6), eta=pick("eta", 0.6), adapter=values.get("adapter"))
+
+
+def _label(o: KangarooOptions, sampling) -> str:
+    return f"kangaroo gamma={o.gamma} eta={o.eta}"
+
+
+def _settings(o: KangarooOptions, sampling) -> dict:
+    from dataclasses import asdict
+
+    return asdict(o)
+
+
+def _prepare(session, o: KangarooOptions, batch_size: int) -> None:
+    session.adapter(o.adapter)  # a missing or mismatching adapter fails before any output
+
+
+def _run(session, prompts, o: KangarooOptions, req):
+    return kangaroo_decode(session.model, prompts, session.adapter(o.adapter), gamma=o.gamma, eta=o.eta,
+                           max_new_tokens=req.max_new_tokens, eos_token_id=req.eos_token_id, on_tokens=req.on_tokens,
+                           rows=req.rows)
+
+
+METHOD = Method(
+    name="kangaroo",
+    summary="Kangaroo: drafts from the first l layers + an adapter, verifies with the remaining layers over the "
+            "stored states; lossless",
+    lossless=True,
+    sampling="never",
+    options=("adapter", "gamma", "eta"),
+    configure=_configure,
+    label=_label,
+    settings=_settings,
+    run=_run,
+    prepare=_prepare,
+    files=lambda o: ("adapter",),
+)

@@ -1,4 +1,4 @@
-"""Lookahead decoding (Fu et al. 2024, Algorithms 2-3): greedy, exact, on the shared verifier.
+"""Lookahead decoding (Fu et al. 2024, Algorithms 2-3; ``--method lookahead``) on the one loop.
 
 Every step is ONE target call over [root, lookahead branch, verification branch] with the
 Figure 2(b) mask (``Verifier.verify`` with a side branch): the lookahead branch is the
@@ -7,13 +7,13 @@ row's ``NgramPool``); the verification branch is the pool's continuations of the
 most G, merged into a trie, which for distinct first tokens is exactly the paper's disjoint
 n-grams). The longest continuation the target agrees with is accepted plus one bonus token;
 only the accepted nodes' KV is kept. Rows of a batch keep their own window and pool.
+``LookaheadProposer`` is that draft source; BPD can run it beside the heads (``--lookahead-pool``).
 
-With ``sampling`` (``SamplingOptions``: temperature / top-k / top-p / seed) the candidates are
-verified by Algorithm 4, the one-hot case of ``spec_sampling.py``: the output then has the target's sampling
-distribution, as ``generate(do_sample=True)`` with the same settings; the Jacobi window keeps
-taking the target's argmax (its guesses only decide what is drafted, never what is emitted).
+With ``sampling`` the candidates are verified by Algorithm 4, the one-hot case of
+``accept/sampling.py``: the output then has the target's sampling distribution, as
+``generate(do_sample=True)`` with the same settings; the Jacobi window keeps taking the target's
+argmax (its guesses only decide what is drafted, never what is emitted).
 
-Counting as in ``bpd.py``: the prefill emits 1 token, every step emits accepted + 1.
 ``SequenceResult.tree_nodes`` records the nodes of each step's forward (root + window + trie).
 
     >>> r = lookahead_decode(model, [ids], W=15, N=5, G=15, max_new_tokens=64)   # doctest: +SKIP
@@ -22,18 +22,14 @@ Counting as in ``bpd.py``: the prefill emits 1 token, every step emits accepted 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from latticedraft.decoding.loop import DecodeResult, SequenceResult, _eos_set, checked_prompts
+from latticedraft.decoding.proposers.base import EMPTY, Proposal, Proposer, Step, StepRows
+from latticedraft.decoding.registry import Method
 from latticedraft.decoding.proposers.lookahead_pool import JacobiWindow, NgramPool
-from latticedraft.decoding.accept.sampling import SpeculativeChooser
 from latticedraft.errors import InputError
-from latticedraft.gpu.models import hf
-from latticedraft.gpu.verify.verifier import Verifier
 
 
 @dataclass(frozen=True)
@@ -68,125 +64,114 @@ class LookaheadOptions:
         return JacobiWindow(self.W, self.N, init), pool
 
 
-@torch.inference_mode()
-def lookahead_decode(
-    model,
-    prompts: list,
-    *,
-    W: int = 15,
-    N: int = 5,
-    G: int = 15,
-    max_new_tokens: int = 64,
-    eos_token_id=None,
-    prompt_as_reference: bool = False,
-    seed: int = 0,
-    verify: str = "auto",
-    on_tokens=None,
-    first_row: int = 0,
-    sampling=None,
-    draws=None,
-    kv_cache: str = "auto",
-) -> DecodeResult:
-    """Greedy lookahead decoding of every prompt; output equals ``generate(do_sample=False)``.
+class LookaheadProposer(Proposer):
+    """Every row runs a lookahead Jacobi window as a side branch of each verify call; the n-grams
+    of its pool that start with the root are its paths (at most G). Windows start from
+    ``options.start`` seeded by the run-wide row id."""
 
-    model: any causal LM (or a BlockwiseModel: only its base head is used). prompts: list of
-    int sequences (each >= 1 token). W, N, G: window columns, n-gram size, pool candidates per
-    key (paper defaults for 7B models: 15, 5, 15). verify: "auto" | "tree" | "batched" (see
-    ``verify.choose_mode``; the result reports it). on_tokens(row, new_ids) streams tokens.
-    first_row: index of prompts[0] in the whole prompt set (seeds each row's window and draws).
-    sampling: ``SamplingOptions`` for lossless sampling (None: greedy); draws: its random source
-    (default ``SeededDraws(sampling.seed)``; see ``spec_sampling``). kv_cache: "auto" | "full" |
-    "rolling" (``verify.choose_kv_cache``)."""
-    opts = LookaheadOptions(W, N, G, prompt_as_reference, seed)
-    prompts = checked_prompts(model, prompts, max_new_tokens)
-    eos = _eos_set(eos_token_id)
-    timing = {"model": 0.0, "draft": 0.0, "accept": 0.0}
-    t_start = time.perf_counter()
-    verifier = Verifier(model, verify, num_heads=1, kv_cache=kv_cache)
-    vocab = hf.model_vocab_size(getattr(model, "base", model))
+    name = "lookahead"
 
-    b = len(prompts)
-    out: list[list[int]] = [[] for _ in range(b)]
-    per_call: list[list[int]] = [[] for _ in range(b)]
-    acc_drafts: list[list[int]] = [[] for _ in range(b)]
-    nodes: list[list[int]] = [[] for _ in range(b)]
-    done_at = [0.0] * b
-    rows = [opts.start(prompts[i], vocab, first_row + i) for i in range(b)]
+    def __init__(self, options: LookaheadOptions, vocab_size: int):
+        self.options, self.vocab_size = options, int(vocab_size)
+        self.rows: dict[int, tuple[JacobiWindow, NgramPool]] = {}
 
-    def emit(i: int, new: list[int]) -> bool:
-        """Append tokens to row i (cut at EOS / the budget); True if the row is finished."""
-        take = []
-        for t in new:
-            take.append(t)
-            if t in eos or len(out[i]) + len(take) >= max_new_tokens:
-                break
-        out[i].extend(take)
-        per_call[i].append(len(take))
-        if on_tokens is not None:
-            on_tokens(i, take)
-        finished = len(take) < len(new) or take[-1] in eos or len(out[i]) >= max_new_tokens
-        if finished:
-            done_at[i] = time.perf_counter() - t_start
-        return finished
+    def start(self, rows: StepRows) -> None:
+        self.rows = {i: self.options.start(p, self.vocab_size, r)
+                     for i, r, p in zip(rows.index, rows.rows, rows.prompts)}
 
-    chooser = None if sampling is None else SpeculativeChooser(sampling, draws)
+    def propose(self, step: Step) -> list[Proposal]:
+        out = []
+        for j, i in enumerate(step.index):
+            window, pool = self.rows[i]
+            paths = pool.get(int(step.histories[j][-1]))[: self.options.G]
+            toks = np.stack(paths) if paths else EMPTY
+            rates = None
+            if step.acceptance is not None and paths:
+                rates = np.stack([step.acceptance.context_rates(1, len(t)) for t in paths])
+            out.append(Proposal(toks, rates=rates, side=window.side()))
+        return out
 
-    def choose_for(live: list[int], drafts=None):
-        """The verifier's ``choose`` for the batch rows ``live`` (run-wide rows first_row + i);
-        the candidates are one-hot drafts."""
-        if chooser is None:
-            return None
-        hist = [np.concatenate([prompts[i], np.asarray(out[i], dtype=np.int64)]) for i in live]
-        return chooser.for_step([first_row + i for i in live], drafts, None, hist)
-
-    t0 = time.perf_counter()
-    state, first, _ = verifier.prefill(prompts, choose=choose_for(list(range(b))))
-    timing["model"] += time.perf_counter() - t0
-    active = [i for i in range(b) if not emit(i, [int(first[i])])]
-    roots = [int(first[i]) for i in active]
-    if len(active) < b:
-        state.select_rows(torch.as_tensor(active, device=state.valid.device))
-
-    while active:
-        t0 = time.perf_counter()
-        drafts, sides = [], []
-        for j, i in enumerate(active):
-            window, pool = rows[i]
-            room = max(max_new_tokens - len(out[i]) - 1, 0)  # the bonus token takes the last place
-            cands = [c[:room] for c in pool.get(roots[j])[: opts.G]] if room else []
-            drafts.append(np.stack(cands) if cands else np.zeros((1, 0), np.int64))
-            sides.append(window.side())
-        t1 = time.perf_counter()
-        res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts, sides,
-                              choose=choose_for(active, drafts))
-        t2 = time.perf_counter()
-        still, new_roots, live = [], [], []
-        for j, i in enumerate(active):
-            window, pool = rows[i]
-            for g in window.update(res.side_argmax[j]):
+    def update(self, step: Step, accepted, bonus, side_argmax) -> None:
+        for j, i in enumerate(step.index):
+            window, pool = self.rows[i]
+            for g in window.update(side_argmax[j]):
                 pool.add(g)
-            acc = [int(t) for t in res.accepted[j]]
-            acc_drafts[i].append(len(acc))
-            nodes[i].append(1 + sides[j].size + len({tuple(d[: k + 1]) for d in drafts[j].tolist()
-                                                     for k in range(len(d))}))
-            if not emit(i, acc + [int(res.bonus[j])]):
-                still.append(i)
-                new_roots.append(int(res.bonus[j]))
-                live.append(j)
-        if still and len(still) < len(active):
-            state.select_rows(torch.as_tensor(live, dtype=torch.long, device=state.valid.device))
-        active, roots = still, new_roots
-        timing["draft"] += t1 - t0
-        timing["model"] += t2 - t1
-        timing["accept"] += time.perf_counter() - t2
 
-    seqs = [
-        SequenceResult(prompt_ids=prompts[i], tokens=np.asarray(out[i], dtype=np.int64), calls=len(per_call[i]),
-                       tokens_per_call=per_call[i], seconds=done_at[i], accepted_drafts=acc_drafts[i],
-                       tree_nodes=nodes[i])
-        for i in range(b)
-    ]
-    reason = f"{verifier.mode_reason}; lookahead W={W} N={N} G={G}" + ("" if sampling is None else
-                                                                      f"; sampling {sampling}")
-    return DecodeResult(seqs, verifier.mode, reason, time.perf_counter() - t_start, timing,
-                        kv_peak_bytes=verifier.peak_cache_bytes)
+
+def options_from(values: dict, given: set) -> LookaheadOptions:
+    """``LookaheadOptions`` of ``--window/--ngram/--pool/--prompt-as-reference`` or of a
+    ``--lookahead-config`` file (``tune --method lookahead``), which may not be combined with them."""
+    path = values.get("lookahead_config")
+    if path:
+        from latticedraft.decoding.eval.tune_lookahead import read_lookahead_config
+
+        for dest in ("window", "ngram", "pool", "prompt_as_reference"):
+            if dest in given:
+                flag = "--" + dest.replace("_", "-")
+                raise InputError(f"{flag} does not apply here: --lookahead-config {path} sets W, N, G and "
+                                 f"--prompt-as-reference; drop {flag}")
+        return LookaheadOptions(**read_lookahead_config(path))
+    pick = lambda k, d: d if values.get(k) is None else values[k]  # noqa: E731
+    return LookaheadOptions(W=pick("window", 15), N=pick("ngram", 5), G=pick("pool", 15),
+                            prompt_as_reference=bool(values.get("prompt_as_reference")))
+
+
+def lookahead_decode(model, prompts: list, *, W: int = 15, N: int = 5, G: int = 15, max_new_tokens: int = 64,
+                     eos_token_id=None, prompt_as_reference: bool = False, seed: int = 0, verify: str = "auto",
+                     on_tokens=None, first_row: int = 0, rows: list | None = None, sampling=None, draws=None,
+                     kv_cache: str = "auto"):
+    """Lookahead decoding of every prompt; greedy output equals ``generate(do_sample=False)``.
+
+    model: any causal LM (or a BlockwiseModel: only its base head is used). W, N, G: window
+    columns, n-gram size, pool candidates per key (paper defaults for 7B models: 15, 5, 15).
+    verify: "auto" | "tree" | "batched" (``verify.choose_mode``). first_row: index of prompts[0]
+    in the whole prompt set (seeds each row's window and draws; ``rows`` gives every prompt's id).
+    sampling: ``SamplingOptions`` for lossless sampling (None: greedy); draws: its random source.
+    kv_cache: "auto" | "full" | "rolling"."""
+    from latticedraft.decoding.loop import speculative_decode
+    from latticedraft.gpu.models import hf
+
+    opts = LookaheadOptions(W, N, G, prompt_as_reference, seed)
+    V = hf.model_vocab_size(getattr(model, "base", model))
+    index = list(range(first_row, first_row + len(prompts)))
+    res = speculative_decode(model, prompts, [LookaheadProposer(opts, V)], max_new_tokens=max_new_tokens,
+                             eos_token_id=eos_token_id, sampling=sampling, draws=draws, verify=verify,
+                             kv_cache=kv_cache, num_heads=1, index=index, rows=index if rows is None else rows,
+                             on_tokens=on_tokens)
+    res.verify_reason += f"; lookahead W={W} N={N} G={G}" + ("" if sampling is None else f"; sampling {sampling}")
+    return res
+
+
+def _configure(values: dict, given: set) -> LookaheadOptions:
+    return options_from(values, given)
+
+
+def _label(o: LookaheadOptions, sampling) -> str:
+    from latticedraft.decoding.bpd import sampling_label
+
+    return f"lookahead W={o.W} N={o.N} G={o.G}" + sampling_label(sampling)
+
+
+def _settings(o: LookaheadOptions, sampling) -> dict:
+    from dataclasses import asdict
+
+    return {**asdict(o), "sampling": None if sampling is None else asdict(sampling)}
+
+
+def _run(session, prompts, o: LookaheadOptions, req):
+    return lookahead_decode(session.model, prompts, W=o.W, N=o.N, G=o.G, prompt_as_reference=o.prompt_as_reference,
+                            seed=o.seed, max_new_tokens=req.max_new_tokens, eos_token_id=req.eos_token_id,
+                            verify=req.verify, on_tokens=req.on_tokens, rows=req.rows, sampling=req.sampling)
+
+
+METHOD = Method(
+    name="lookahead",
+    summary="lookahead decoding: a Jacobi window guesses n-grams, a pool verifies them, no heads needed; lossless",
+    lossless=True,
+    sampling="optional",
+    options=("window", "ngram", "pool", "prompt_as_reference", "lookahead_config", "verify"),
+    configure=_configure,
+    label=_label,
+    settings=_settings,
+    run=_run,
+)

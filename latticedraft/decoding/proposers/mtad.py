@@ -7,26 +7,26 @@ One step: the auxiliary draft model drafts gamma tokens by *beam sampling* (``be
 W beams; at each position W (beam, token) pairs are drawn without replacement from the joint
 q(beam prefix) * q(token | beam prefix), each conditional after the sampling processors; the
 draft is the beam of highest joint q), and q_i = q(x_1..x_i | context). The target verifies
-[root, x_1..x_gamma] in one call (the shared verifier, ``MtadChooser`` as its ``choose``):
-with P_i the target's distribution (after the same processors) before x_i and
-p_i = prod_{k <= i} P_k(x_k), eta is the largest i with min(1, p_i / q_i) > tau (0 if none):
-x_1..x_eta are accepted and the end token is drawn from P_{eta+1}, the target's distribution
-after them. Paper defaults: gamma = 4, W = 8, tau = 0.1, top-k 20 then top-p 0.9.
+[root, x_1..x_gamma] in one call on the one loop, accepting by ``accept.mtad.MtadRule``: with P_i
+the target's distribution (after the same processors) before x_i and p_i = prod_{k <= i}
+P_k(x_k), eta is the largest i with min(1, p_i / q_i) > tau (0 if none): x_1..x_eta are
+accepted and the end token is drawn from P_{eta+1}, the target's distribution after them.
+Paper defaults: gamma = 4, W = 8, tau = 0.1, top-k 20 then top-p 0.9.
 
-    >>> r = bpd_decode(target, [ids], MtadDrafter(draft), sampling=MTAD_SAMPLING,
-    ...                chooser=MtadChooser(MTAD_SAMPLING, tau=0.1))       # doctest: +SKIP
+    >>> r = speculative_decode(target, [ids], [MtadProposer(draft)], sampling=MTAD_SAMPLING,
+    ...                        rule=MtadRule(MTAD_SAMPLING, tau=0.1))       # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from latticedraft.decoding.proposers.heads import Drafter
-from latticedraft.decoding.accept.sampling import SamplingOptions, SeededDraws
+from latticedraft.decoding.proposers.base import EMPTY, Proposal, Proposer, Step, StepRows
+from latticedraft.decoding.registry import Method
+from latticedraft.decoding.accept.sampling import SamplingOptions
 from latticedraft.errors import InputError
 
 MTAD_SAMPLING = SamplingOptions(temperature=1.0, top_k=20, top_p=0.9)  # the paper's warping
@@ -81,84 +81,83 @@ def beam_sample(draft_model, history: np.ndarray, gamma: int, beams: int, option
     return seqs[best].astype(np.int64), np.exp(cum[best])
 
 
-class MtadDrafter(Drafter):
-    """MTAD's drafter: ``beam_sample`` with an auxiliary causal LM (the target's vocabulary).
-    ``sample`` returns (int64[1, d], q float64[1, d]: joint prefix probabilities, what
-    ``MtadChooser`` reads). Beam sampling draws from its own generator per row,
-    ``default_rng([seed, row, 1])``, so the verification's draws do not depend on it."""
+class MtadProposer(Proposer):
+    """MTAD's draft source: ``beam_sample`` with an auxiliary causal LM (the target's vocabulary).
+    Each row's proposal is one path int64[1, d] with q float64[1, d]: the joint prefix
+    probabilities ``accept.mtad.MtadRule`` reads. Beam sampling draws from its own generator per
+    row, ``default_rng([seed, row, 1])``, so the verification's draws do not depend on it."""
 
     name = "mtad"
-    uses_heads = False
 
     def __init__(self, draft_model, gamma: int = 4, beams: int = 8):
-        super().__init__(None)
         check_mtad(gamma, beams, 0.0)
         self.draft_model, self.gamma, self.beams = draft_model, int(gamma), int(beams)
-        self.rng = None
+        self.rngs: dict[int, np.random.Generator] = {}
 
-    def spawn(self, row: int = 0):
-        d = copy.copy(self)
-        d.rng = None
-        return d
+    def start(self, rows: StepRows) -> None:
+        self.rngs = {}
 
-    def draft(self, sausage, history):
-        raise InputError("MTAD samples; it has no greedy drafts (use --drafter model for greedy speculative decoding)")
+    def propose(self, step: Step) -> list[Proposal]:
+        if step.samplers is None:
+            raise InputError("MTAD samples; it has no greedy drafts (use --drafter model for greedy speculative decoding)")
+        out = []
+        for j, i in enumerate(step.index):
+            n, sampler = min(self.gamma, step.rooms[j]), step.samplers[j]
+            if n == 0:
+                out.append(Proposal(EMPTY, q=np.zeros((1, 0))))
+                continue
+            rng = self.rngs.setdefault(i, np.random.default_rng([sampler.options.seed, sampler.row, 1]))
+            toks, q = beam_sample(self.draft_model, np.asarray(step.histories[j], dtype=np.int64), n, self.beams,
+                                  sampler.options, rng)
+            out.append(Proposal(toks[None], q=q[None]))
+        return out
 
-    def sample(self, head_logits, vocab, history, sampler, room):
-        n = min(self.gamma, room)
-        if n == 0:
-            return np.zeros((1, 0), np.int64), np.zeros((1, 0))
-        if self.rng is None:
-            self.rng = np.random.default_rng([sampler.options.seed, sampler.row, 1])
-        toks, q = beam_sample(self.draft_model, np.asarray(history, dtype=np.int64), n, self.beams,
-                              sampler.options, self.rng)
-        return toks[None], q[None]
+
+def _configure(values: dict, given: set) -> MtadOptions:
+    if values.get("draft_model") is None:
+        raise InputError("--method mtad needs an auxiliary draft model: pass --draft-model DIR (e.g. data/rescorer-medium)")
+    pick = lambda k, d: d if values.get(k) is None else values[k]  # noqa: E731
+    return MtadOptions(gamma=pick("gamma", 4), beams=pick("beams", 8), tau=pick("tau", 0.1))
 
 
-class MtadChooser:
-    """The verifier's ``choose`` for MTAD's acceptance (corrected Algorithm 1); same
-    ``for_step`` convention as ``spec_sampling.SpeculativeChooser``. tau: the threshold."""
+def _label(o: MtadOptions, sampling) -> str:
+    from latticedraft.decoding.bpd import sampling_label
 
-    def __init__(self, options: SamplingOptions, tau: float = 0.1, draws=None):
-        check_mtad(1, 1, tau)
-        self.options, self.tau = options, float(tau)
-        self.draws = draws if draws is not None else SeededDraws(options.seed)
+    return f"mtad gamma={o.gamma} beams={o.beams} tau={o.tau} (approximate)" + sampling_label(sampling)
 
-    def eta(self, p_rows: np.ndarray, draft: np.ndarray, q: np.ndarray) -> int:
-        """p_rows float64[d + 1, V] (P_1..P_{d+1}), draft int64[d], q float64[d]: the largest
-        passing index (0: none)."""
-        eta, p = 0, 1.0
-        for i, x in enumerate(draft.tolist()):
-            p *= p_rows[i, x]
-            if self.tau < min(1.0, p / q[i]):
-                eta = i + 1
-        return eta
 
-    def for_step(self, rows, drafts=None, qs=None, histories=None):
-        etas: dict[int, int] = {}
+def _settings(o: MtadOptions, sampling) -> dict:
+    from dataclasses import asdict
 
-        def ctx(r, pre):
-            return np.concatenate([np.asarray(histories[r], dtype=np.int64), np.asarray(pre, dtype=np.int64)])
+    return {**asdict(o), "sampling": asdict(sampling)}
 
-        def choose(batch_rows, logits, prefixes, logits_at=None):
-            rep = self.options.repetition_penalty != 1.0
-            p = self.options.probs(logits, [ctx(r, pre) for r, pre in zip(batch_rows, prefixes)] if rep else None)
-            out, stop = [], []
-            for j, (r, pre) in enumerate(zip(batch_rows, prefixes)):
-                d = np.zeros(0, np.int64) if drafts is None else np.asarray(drafts[r], dtype=np.int64).reshape(-1)
-                d = d[d >= 0] if len(d) else d
-                if len(pre) == 0 and len(d):  # the root: decide eta from the whole chain's logits
-                    pres = [tuple(d[:i].tolist()) for i in range(1, len(d))]
-                    deeper = self.options.probs(logits_at([r] * len(pres), pres),
-                                                [ctx(r, s) for s in pres] if rep else None) if pres else np.zeros((0, p.shape[1]))
-                    etas[r] = self.eta(np.concatenate([p[j:j + 1], deeper]), d, np.asarray(qs[r]).reshape(-1))
-                m = len(pre)
-                if drafts is not None and m < etas.get(r, 0):
-                    out.append(int(d[m]))
-                    stop.append(False)
-                else:  # the end token: drawn from P_{eta+1}; the step ends here even if it equals x_{eta+1}
-                    out.append(self.draws.categorical(rows[r], p[j]))
-                    stop.append(True)
-            return np.asarray(out, dtype=np.int64), np.asarray(stop)
 
-        return choose
+def _prepare(session, o: MtadOptions, batch_size: int) -> None:
+    _ = session.draft_model  # a missing or mismatched draft model fails before any output
+
+
+def _run(session, prompts, o: MtadOptions, req):
+    from latticedraft.decoding.accept.mtad import MtadRule
+    from latticedraft.decoding.loop import speculative_decode
+
+    return speculative_decode(session.model, prompts, [MtadProposer(session.draft_model, o.gamma, o.beams)],
+                              max_new_tokens=req.max_new_tokens, eos_token_id=req.eos_token_id,
+                              rule=MtadRule(req.sampling, o.tau), sampling=req.sampling, verify=req.verify,
+                              num_heads=1, rows=req.rows, on_tokens=req.on_tokens, record_steps=req.record_steps)
+
+
+METHOD = Method(
+    name="mtad",
+    summary="multi-token assisted decoding: a draft model beam-samples, the target accepts by a joint-probability "
+            "threshold; APPROXIMATE sampling (not lossless)",
+    lossless=False,
+    sampling="always",
+    options=("draft_model", "gamma", "beams", "tau", "verify"),
+    configure=_configure,
+    label=_label,
+    settings=_settings,
+    run=_run,
+    prepare=_prepare,
+    defaults={"top_k": 20, "top_p": 0.9},
+    files=lambda o: ("draft_model",),
+)

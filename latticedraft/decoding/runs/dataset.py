@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from latticedraft.decoding.runs import record_file as rf
@@ -32,17 +32,17 @@ from latticedraft.errors import InputError
 STDOUT = "-"
 
 
-def run_settings(*, method: str, model: str, tokenizer: str | None, max_new_tokens: int, verify: str,
-                 spec=None, lm: str | None = None, rescorer: str | None = None) -> dict:
+def run_settings(method, options, sampling, *, model: str, tokenizer: str | None, max_new_tokens: int,
+                 verify: str, files: dict) -> dict:
     """What decides a record's content, as plain values: its fingerprint is ``rf.fingerprint`` of
-    this. Batch size, length sorting, threads, device and world size only schedule the work."""
-    s = {"method": method, "model": model, "tokenizer": tokenizer, "max_new_tokens": max_new_tokens}
-    if method == "bpd":
-        s.update(verify=verify, **{"drafter" if k == "name" else k: v for k, v in asdict(spec).items()})
-        if spec.name in ("ngram", "parallel"):
-            s["lm"] = lm
-        if spec.name == "neural":
-            s["rescorer"] = rescorer
+    this. ``method``: a registry ``Method`` with its options object and sampling options; files:
+    resolved paths of the files its options name (dest -> path; kept where the options use them).
+    Batch size, length sorting, threads, device and world size only schedule the work."""
+    s = {"method": method.name, "model": model, "tokenizer": tokenizer, "max_new_tokens": max_new_tokens}
+    if method.reads("verify"):
+        s["verify"] = verify
+    s.update(method.settings(options, sampling))
+    s.update({k: v for k, v in files.items() if method.uses_file(k, options)})
     return s
 
 
@@ -159,17 +159,43 @@ class ShardSummary:
                 f"{self.tokens} tokens in {self.seconds:.2f} s: {rate:.1f} tokens/s, block efficiency {be:.2f}")
 
 
-def decode_shard(session, plan: OutputPlan, prompts: list[Prompt], *, method: str, spec, max_new_tokens: int,
-                 verify: str, batch_size: int, sort_by_length: bool, quiet_ranks: bool,
-                 progress_file=None) -> ShardSummary:
-    """Decode this rank's prompts that have no record yet and append their records."""
-    from latticedraft.decoding.runs.session import encode, records
+@dataclass
+class ShardWork:
+    """This rank's prompts (``mine``), those without a record (``todo``), their token ids (int64[t]
+    each, truncated as asked) and each prompt's run-wide row (its position in the prompt set)."""
+
+    mine: list
+    todo: list
+    ids: list
+    rows: list
+
+
+def encode_shard(session, plan: OutputPlan, prompts: list[Prompt], max_new_tokens: int,
+                 truncate_left: int | None = None) -> ShardWork:
+    """Encode this rank's prompts that have no record yet and check every one against the model's
+    positions, before the first record is written (a prompt that does not fit is refused naming
+    its id, with nothing decoded)."""
+    from latticedraft.decoding.runs.loaders import encode
+    from latticedraft.decoding.runs.prompt_length import fit_prompts
+
+    mine = my_prompts(prompts, plan.world)
+    todo = [p for p in mine if p.id not in plan.done]
+    ids = fit_prompts(session.model, encode(session.tokenizer, [p.text for p in todo]), max_new_tokens, truncate_left,
+                      names=[f"--prompts id {p.id!r} (line {p.line})" for p in todo])
+    row_of = {p.id: k for k, p in enumerate(prompts)}
+    return ShardWork(mine, todo, ids, [row_of[p.id] for p in todo])
+
+
+def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, options, max_new_tokens: int,
+                 verify: str, batch_size: int, sort_by_length: bool, quiet_ranks: bool, sampling=None,
+                 label: str | None = None, progress_file=None) -> ShardSummary:
+    """Decode ``work`` (``encode_shard``) and append a record per prompt as each batch completes. Every
+    prompt keeps its position in the prompt set as its run-wide row (its seed), whatever batch it is in."""
+    from latticedraft.decoding.results import records
 
     world = plan.world
-    mine = my_prompts(prompts, world)
-    todo = [p for p in mine if p.id not in plan.done]
+    mine, todo, ids = work.mine, work.todo, work.ids
     summary = ShardSummary(prompts=len(mine), already=len(mine) - len(todo))
-    ids = encode(session.tokenizer, [p.text for p in todo])
     if plan.target is None:
         writer = InputOrderWriter(sys.stdout, [p.id for p in todo])
     else:
@@ -179,12 +205,13 @@ def decode_shard(session, plan: OutputPlan, prompts: list[Prompt], *, method: st
     try:
         for batch in batches(todo, [len(x) for x in ids], batch_size, sort_by_length):
             t_batch = time.perf_counter()
-            res = session.decode([ids[i] for i in batch], method, spec, max_new_tokens=max_new_tokens, verify=verify,
-                                 batch_size=len(batch))
+            res = session.decode([ids[i] for i in batch], method, options, max_new_tokens=max_new_tokens, verify=verify,
+                                 batch_size=len(batch), sampling=sampling, rows=[work.rows[i] for i in batch])
             recs = records(res, session.tokenizer, session.base_dir, [todo[i].text for i in batch])
             share = round((time.perf_counter() - t_batch) / len(batch), 6)
             for i, rec in zip(batch, recs):
-                writer.append({"id": todo[i].id, "fingerprint": plan.fingerprint, **rec, "share_seconds": share,
+                writer.append({"id": todo[i].id, "fingerprint": plan.fingerprint, **rec, "method": label or method,
+                               "share_seconds": share,
                                "rank": world.rank, "world_size": world.size, "settings": plan.settings})
             writer.sync()
             summary.decoded += len(batch)

@@ -26,22 +26,38 @@ def truncate_left(prompts: Sequence, keep: int | None) -> list[np.ndarray]:
     return [p[-keep:] for p in out]
 
 
-def check_fits(limit: int | None, lengths: Sequence[int], max_new_tokens: int) -> None:
-    """Refuse (``InputError``) when the longest prompt + ``max_new_tokens`` exceeds ``limit``."""
+def check_fits(limit: int | None, lengths: Sequence[int], max_new_tokens: int, names: Sequence[str] | None = None) -> None:
+    """Refuse (``InputError``) when the longest prompt + ``max_new_tokens`` exceeds ``limit``; ``names``
+    (one per prompt) says which prompt in the message."""
     if not limit or not len(lengths):
         return
-    longest = int(max(lengths))
+    at = int(np.argmax(lengths))
+    longest = int(lengths[at])
     if longest + max_new_tokens <= limit:
         return
     room = limit - max_new_tokens
     fix = (f"pass --truncate-left {room} to keep the last {room} tokens of each prompt, or lower --max-new-tokens"
            if room >= 1 else f"lower --max-new-tokens below {limit}")
-    raise InputError(f"a prompt of {longest} tokens + --max-new-tokens {max_new_tokens} exceeds the model's "
+    which = f"{names[at]}: " if names is not None else ""
+    raise InputError(f"{which}a prompt of {longest} tokens + --max-new-tokens {max_new_tokens} exceeds the model's "
                      f"{limit} positions; {fix}")
 
 
-def fit_prompts(model, prompts: Sequence, max_new_tokens: int, keep: int | None = None) -> list[np.ndarray]:
+def fit_prompts(model, prompts: Sequence, max_new_tokens: int, keep: int | None = None,
+                names: Sequence[str] | None = None) -> list[np.ndarray]:
     """``truncate_left`` then ``check_fits`` against ``model``'s positions: call before decoding any prompt."""
     out = truncate_left(prompts, keep)
-    check_fits(position_limit(model), [len(p) for p in out], max_new_tokens)
+    check_fits(position_limit(model), [len(p) for p in out], max_new_tokens, names)
     return out
+
+
+def checked_prompts(model, prompts: Sequence, max_new_tokens: int) -> list[np.ndarray]:
+    """Every decoder's first step: ``max_new_tokens >= 1``, prompts as int64 arrays of at least one
+    token, and prompt + new tokens within the model's positions (``check_fits``)."""
+    if max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise InputError("every prompt must have at least one token")
+    check_fits(position_limit(model), [len(p) for p in prompts], max_new_tokens)
+    return prompts

@@ -50,10 +50,14 @@ def _check(rec, line: int) -> str | None:
     return None
 
 
-def parse_prompt_set(text: str, where: str, skip_bad: bool = False) -> tuple[list[Prompt], list[BadLine]]:
-    """The prompts of JSONL ``text`` (from ``where``, named in errors) and the bad lines left out."""
+def parse_prompt_set(text: str, where: str, skip_bad: bool = False,
+                     limit: int | None = None) -> tuple[list[Prompt], list[BadLine]]:
+    """The prompts of JSONL ``text`` (from ``where``, named in errors) and the bad lines left out;
+    ``limit``: stop after that many prompts (the rest of the file is not read)."""
     prompts, bad, seen = [], [], {}
     for n, line in enumerate(text.split("\n"), 1):  # (not splitlines: JSON strings may hold U+2028)
+        if limit is not None and len(prompts) >= limit:
+            break
         if not line.strip():
             continue
         try:
@@ -79,13 +83,19 @@ def parse_prompt_set(text: str, where: str, skip_bad: bool = False) -> tuple[lis
     return prompts, bad
 
 
-def read_prompt_set(path, skip_bad: bool = False) -> tuple[list[Prompt], list[BadLine]]:
-    """``parse_prompt_set`` of file ``path`` (``-``: standard input), read as strict UTF-8."""
+def read_prompt_set(path, skip_bad: bool = False, limit: int | None = None) -> tuple[list[Prompt], list[BadLine]]:
+    """``parse_prompt_set`` of file ``path`` (``-``: standard input), read as strict UTF-8: the one
+    prompt reader of every command and benchmark."""
     from latticedraft.textin import read_text_arg
 
     text = read_text_arg(path, "--prompts", 'pass --prompts FILE.jsonl with one {"prompt": ...} per line')
     where = "--prompts standard input" if str(path) == "-" else f"--prompts {path}"
-    return parse_prompt_set(text, where, skip_bad)
+    return parse_prompt_set(text, where, skip_bad, limit)
+
+
+def read_prompts(path, limit: int | None = None) -> list[dict]:
+    """The records (``{"prompt": ..., "reference"?: ...}``) of ``read_prompt_set(path)``, at most ``limit``."""
+    return [p.record for p in read_prompt_set(path, limit=limit)[0]]
 
 
 def summarize_bad(bad: list[BadLine], shown: int = 3) -> str:

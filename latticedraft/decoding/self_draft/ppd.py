@@ -28,11 +28,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from latticedraft.decoding.loop import _eos_set, checked_prompts
-from latticedraft.decoding.proposers.kangaroo import Rows
+from latticedraft.decoding.registry import Method
+from latticedraft.decoding.rows import Rows
+from latticedraft.decoding.runs.prompt_length import checked_prompts
 from latticedraft.errors import InputError
 from latticedraft.gpu.verify.kvcache import SlotCache
 from latticedraft.gpu.verify.layer_split import LayerSplit
@@ -65,6 +65,7 @@ def ppd_decode(model, prompts: list, *, dbar: int | None = None, k: int = 3, max
     logits [n, V]`` at the early exit (None: the shared final norm + LM head)."""
     PPDOptions(dbar, k)
     prompts = checked_prompts(model, prompts, max_new_tokens)
+    check_candidates(k, model)
     split = LayerSplit(model)
     d, dev = split.num_layers, split.device
     dbar = d // 2 if dbar is None else int(dbar)
@@ -73,15 +74,15 @@ def ppd_decode(model, prompts: list, *, dbar: int | None = None, k: int = 3, max
     early = (lambda h: split.logits(h)) if exit_head is None else (lambda h: exit_head(h, dbar))
     use_streams = streams and dev.type == "cuda"
     timing = {"model": 0.0, "draft": 0.0, "accept": 0.0}
-    t_start = time.perf_counter()
-    rows = Rows(prompts, max_new_tokens, _eos_set(eos_token_id), on_tokens, t_start)
+    rows = Rows(prompts, max_new_tokens, eos_token_id, on_tokens)
     b = len(prompts)
     low, high = SlotCache.empty(b, dev), SlotCache.empty(b, dev)  # layers 0..m, m..d
     t0 = time.perf_counter()
     last = prefill(split, [0, m, d], [low, high], prompts)
     first = split.logits(last).argmax(-1)
     timing["model"] += time.perf_counter() - t0
-    active = [i for i in range(b) if not rows.emit(i, [int(first[i])])]
+    rows.finish([rows.emit(i, [int(first[i])]) for i in range(b)])
+    active = list(rows.live)
     drop_rows([low, high], active)
     keep = torch.as_tensor(active, dtype=torch.long, device=dev)
     x = first[keep]
@@ -142,14 +143,13 @@ def ppd_decode(model, prompts: list, *, dbar: int | None = None, k: int = 3, max
         pl.add(torch.ones(n, k, dtype=torch.bool, device=dev), cq)
         pl.commit(c[:, None], matched[:, None])
         h_cand = hc[torch.arange(n, device=dev), c][:, None]
-        still, live = [], []
         ml, yl = matched.tolist(), y.tolist()
+        done = []
         for j, i in enumerate(active):
-            rows.accepted[i].append(int(ml[j]))
-            rows.nodes[i].append(1 + k)
-            if not rows.emit(i, [yl[j]]):
-                still.append(i)
-                live.append(j)
+            rows.step(i, int(ml[j]), 1 + k)
+            done.append(rows.emit(i, [yl[j]]))
+        live = rows.finish(done)
+        still = list(rows.live)
         if len(live) < n:
             drop_rows([low, high], live)
             sel = torch.as_tensor(live, dtype=torch.long, device=dev)
@@ -160,3 +160,57 @@ def ppd_decode(model, prompts: list, *, dbar: int | None = None, k: int = 3, max
         timing["accept"] += time.perf_counter() - t2
     where = "CUDA side stream" if use_streams else "sequential on one stream"
     return rows.result("split", f"ppd d={d} dbar={dbar} k={k} m={m}; candidates {where}", timing)
+
+
+def check_candidates(k: int, model) -> None:
+    """k early candidates index the vocabulary: at most V of them."""
+    from latticedraft.gpu.models import hf
+
+    V = hf.model_vocab_size(getattr(model, "base", model))
+    if not 1 <= k <= V:
+        raise InputError(f"--candidates {k} must lie in [1, {V}] (the model's vocabulary); lower --candidates")
+
+
+def _configure(values: dict, given: set) -> PPDOptions:
+    pick = lambda key, d: d if values.get(key) is None else values[key]  # noqa: E731
+    return PPDOptions(dbar=values.get("exit_layer"), k=pick("candidates", 3), exit_heads=values.get("exit_heads"))
+
+
+def _label(o: PPDOptions, sampling) -> str:
+    return f"ppd exit-layer={o.dbar or 'd/2'} k={o.k}"
+
+
+def _settings(o: PPDOptions, sampling) -> dict:
+    from dataclasses import asdict
+
+    return asdict(o)
+
+
+def _prepare(session, o: PPDOptions, batch_size: int) -> None:
+    from latticedraft.gpu.verify.layer_split import LayerSplit
+
+    d = LayerSplit(session.model).num_layers
+    check_dbar(o.dbar or d // 2, d)
+    check_candidates(o.k, session.model)
+    session.exit_heads(o.exit_heads)  # missing or mismatching heads fail before any output
+
+
+def _run(session, prompts, o: PPDOptions, req):
+    return ppd_decode(session.model, prompts, dbar=o.dbar, k=o.k, max_new_tokens=req.max_new_tokens,
+                      eos_token_id=req.eos_token_id, on_tokens=req.on_tokens, exit_head=session.exit_heads(o.exit_heads))
+
+
+METHOD = Method(
+    name="ppd",
+    summary="predictive pipelined decoding: an early exit's top-k candidates start their first layers while the "
+            "main pass finishes; one token per step, lossless",
+    lossless=True,
+    sampling="never",
+    options=("exit_layer", "candidates", "exit_heads"),
+    configure=_configure,
+    label=_label,
+    settings=_settings,
+    run=_run,
+    prepare=_prepare,
+    files=lambda o: ("exit_heads",),
+)

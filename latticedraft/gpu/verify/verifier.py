@@ -142,8 +142,9 @@ class Forward:
     are not the plain output projection) or, for a lazy call, ``hidden`` [b, s, H], the final
     hidden states, from which the output projection and the heads run only where asked for."""
 
-    def __init__(self, model, out=None, hidden=None, num_heads: int | None = None):
+    def __init__(self, model, out=None, hidden=None, num_heads: int | None = None, unembed=None):
         self.model, self.out, self.hidden = model, out, hidden
+        self.unembed = unembed if unembed is not None else getattr(model, "unembed", None)
         self.lazy = hidden is not None
         self.logits = None if self.lazy else out.logits
         self.num_heads = num_heads
@@ -157,12 +158,12 @@ class Forward:
         cheaper from the measured projection cost and the walk's measured depth."""
         if self.lazy and self.logits is None and self.project_all:
             b, n, H = self.hidden.shape
-            self.logits = self.model.unembed(self.hidden.reshape(-1, H)).view(b, n, -1)
+            self.logits = self.unembed(self.hidden.reshape(-1, H)).view(b, n, -1)
         src = self.logits if self.logits is not None else self.hidden
         r = torch.as_tensor(rows, dtype=torch.long, device=src.device)
         n = torch.as_tensor(nodes, dtype=torch.long, device=src.device)
         if self.logits is None:
-            return self.model.unembed(self.hidden[r, n]).argmax(dim=-1).cpu().numpy()
+            return self.unembed(self.hidden[r, n]).argmax(dim=-1).cpu().numpy()
         return self.logits[r, n].argmax(dim=-1).cpu().numpy()
 
     def logits_at(self, rows, nodes) -> torch.Tensor:
@@ -170,7 +171,7 @@ class Forward:
         src = self.logits if self.logits is not None else self.hidden
         r = torch.as_tensor(rows, dtype=torch.long, device=src.device)
         n = torch.as_tensor(nodes, dtype=torch.long, device=src.device)
-        return src[r, n] if self.logits is not None else self.model.unembed(self.hidden[r, n])
+        return src[r, n] if self.logits is not None else self.unembed(self.hidden[r, n])
 
     def draft_heads_at(self, nodes: torch.Tensor, vocab: "DraftVocab | None" = None) -> torch.Tensor:
         """The extra heads' logits (heads 1..num_heads-1, what the next lattice is built from)
@@ -182,8 +183,9 @@ class Forward:
             # and project all h-1 heads in one 2-D matmul (onto the draft vocabulary if given)
             hid = self.hidden[torch.arange(len(nodes), device=self.hidden.device), nodes.to(self.hidden.device)]
             extra = None if self.num_heads is None else self.num_heads - 1
-            if extra == 0:  # the base model's head only (no drafting heads asked for)
-                return hid.new_zeros(len(nodes), 0, len(vocab) if vocab is not None else hf.model_vocab_size(self.model.base))
+            if extra == 0 or not hasattr(self.model, "heads"):  # the base model's head only (no drafting heads)
+                return hid.new_zeros(len(nodes), 0, len(vocab) if vocab is not None else
+                                     hf.model_vocab_size(getattr(self.model, "base", self.model)))
             states = self.model.heads(hid, extra)  # [b, h-1, H]
             b, h, H = states.shape
             flat = states.reshape(-1, H)
@@ -357,14 +359,28 @@ class Verifier:
     """
 
     def __init__(self, model, mode: str = "auto", num_heads: int | None = None, draft_vocab=None,
-                 kv_cache: str = "auto"):
+                 kv_cache: str = "auto", from_layer: int = 0):
         if getattr(model, "kind", None) == "dynamo":
             raise ModelError("BPD verification runs Stern heads; a DynaMo model decodes with --method dynamo")
         self.model = model
-        self.mode, self.mode_reason = choose_mode(model, mode)
         self.window = sliding_window(model)
-        self.rolling = choose_kv_cache(self.window, self.mode, kv_cache)
-        self.lazy = self.mode == "tree" and lazy_logits_ok(model)
+        self.split = None
+        self.unembed = getattr(model, "unembed", None)
+        if from_layer:  # split mode: layers from_layer..d over states the proposer computed
+            from latticedraft.gpu.models.adapter import check_exit_layer
+            from latticedraft.gpu.verify.layer_split import LayerSplit
+
+            self.split = LayerSplit(model)
+            check_exit_layer(self.split, from_layer, "the split verifier's first layer")
+            self.from_layer, self.unembed = int(from_layer), self.split.head
+            self.mode, self.mode_reason = "split", (f"layers {from_layer}..{self.split.num_layers} over the "
+                                                    f"proposer's layer-{from_layer} states")
+            self.rolling = choose_kv_cache(self.window, "batched", "full" if kv_cache == "auto" else kv_cache)
+            self.lazy = True
+        else:
+            self.mode, self.mode_reason = choose_mode(model, mode)
+            self.rolling = choose_kv_cache(self.window, self.mode, kv_cache)
+            self.lazy = self.mode == "tree" and lazy_logits_ok(model)
         total = int(getattr(model, "num_heads", 1))
         if num_heads is not None and num_heads < 1:
             raise InputError(f"num_heads = {num_heads}: verification needs at least the base model's head")
@@ -379,11 +395,12 @@ class Verifier:
 
     # -- prefill -------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompts: list[np.ndarray], choose=None) -> tuple[SlotCache, np.ndarray, torch.Tensor]:
+    def prefill(self, prompts: list[np.ndarray], choose=None, stem=None) -> tuple[SlotCache, np.ndarray, torch.Tensor]:
         """Run the left-padded prompts; returns the cache, the base model's greedy next token
         after each prompt (int64[b], the first root; ``choose(rows, logits, [()] * b, None)`` picks it
         instead when given, with empty prefixes) and the extra heads' logits there ([b, h-1, V'], as
-        ``StepResult.head_logits``)."""
+        ``StepResult.head_logits``). Split mode: ``stem(ids, valid, pos, bias)`` runs the first
+        layers (the proposer's) and returns their states [b, n, H], which the verifier continues."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise InputError("every prompt must have at least one token")
         b, n = len(prompts), max(len(p) for p in prompts)
@@ -398,6 +415,15 @@ class Verifier:
             last = torch.full((b,), (n - 1) % self.window, dtype=torch.long)
             return (state, *self._prefill_result(out, last, choose, b))
         state = SlotCache.empty(b, self.device)
+        if self.split is not None:
+            if stem is None:
+                raise InputError("split verification needs the proposer's stem (its first layers) at the prefill")
+            allowed = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()[None] & valid[:, None, :]
+            allowed = self._window(allowed, pos, pos)
+            allowed |= torch.eye(n, dtype=torch.bool, device=self.device)[None]
+            out = self._run_split(stem(ids, valid, pos, attention_bias(allowed, self.dtype)), allowed, pos, state)
+            state.append_valid(valid, pos)
+            return (state, *self._prefill_result(out, torch.full((b,), n - 1, dtype=torch.long), choose, b))
         if self.mode == "tree":
             causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
             allowed = causal[None] & valid[:, None, :]
@@ -427,6 +453,13 @@ class Verifier:
         self.peak_cache_bytes = max(self.peak_cache_bytes, cache_bytes(cache))
         return out
 
+    def _run_split(self, hidden, allowed, pos, state: SlotCache) -> "Forward":
+        """Split mode: layers ``from_layer..d`` over ``hidden`` [b, N, H] under ``allowed`` bool[b, N, K]."""
+        h = self.split.run(hidden, self.from_layer, self.split.num_layers, attention_bias(allowed, self.dtype), pos,
+                           state.cache)
+        self._track(state)
+        return Forward(self.model, hidden=self.split.norm(h), num_heads=1, unembed=self.unembed)
+
     def unembed_seconds(self, rows: int) -> float:
         """Measured seconds of the output projection over ``rows`` hidden states. Timed once per
         model, thread count and device (a decode creates a verifier per call)."""
@@ -437,11 +470,11 @@ class Verifier:
             times = []
             for r in UNEMBED_ROWS:
                 x = torch.randn(r, H, dtype=self.dtype, device=self.device)
-                self.model.unembed(x)
+                self.unembed(x)
                 t = []
                 for _ in range(5):
                     t0 = time.perf_counter()
-                    self.model.unembed(x).argmax(dim=-1).cpu()
+                    self.unembed(x).argmax(dim=-1).cpu()
                     t.append(time.perf_counter() - t0)
                 times.append(sorted(t)[2])
             curves[key] = np.maximum.accumulate(times)  # more rows never cost less (timing noise can say so)
@@ -458,21 +491,25 @@ class Verifier:
     # -- verify --------------------------------------------------------------------------
     @torch.inference_mode()
     def verify(self, state: SlotCache, roots: np.ndarray, drafts: list[np.ndarray],
-               sides: list[SideBranch] | None = None, heads=True, choose=None) -> StepResult:
+               sides: list[SideBranch] | None = None, heads=True, choose=None, hidden=None) -> StepResult:
         """Verify ``drafts[i]`` (int64[p_i, d_i]; negative = end of draft) after ``roots[i]``
         (the token already chosen, not yet in the cache) for every row i of ``state``;
         ``sides[i]``, if given, rides along and only its argmax comes back. heads: compute the
         extra heads at the accepted nodes (True), not (False: head_logits is [b, 0, V']), or
         ``heads(accepted, bonus) -> bool`` deciding once the walk is done. choose: None for
         greedy acceptance, else ``choose(rows, logits [m, V], prefixes, logits_at) -> int64[m]``, the
-        token at each walked node given its draft prefix (sampling verification; see the module doc)."""
+        token at each walked node given its draft prefix (sampling verification; see the module doc).
+        hidden: split mode only, per row the states [1 + d_i, H] of [root, drafts[i][0]] at the first
+        verified layer (each row's drafts one chain)."""
         if len(drafts) != state.batch or len(roots) != state.batch:
             raise InputError(f"{len(drafts)} draft sets and {len(roots)} roots for a batch of {state.batch}")
         if sides is not None and len(sides) != state.batch:
             raise InputError(f"{len(sides)} side branches for a batch of {state.batch}")
-        if self.mode == "tree":
-            return self._verify_tree(state, roots, drafts, sides, heads, choose)
-        return self._verify_batched(state, roots, drafts, sides, heads, choose)
+        if self.mode == "batched":
+            return self._verify_batched(state, roots, drafts, sides, heads, choose)
+        if (hidden is None) != (self.split is None):
+            raise InputError("split verification takes the proposer's states (hidden=...), the other modes tokens")
+        return self._verify_tree(state, roots, drafts, sides, heads, choose, hidden)
 
     def _heads(self, out: Forward, nodes: torch.Tensor, want, accepted, bonus) -> torch.Tensor:
         if callable(want):
@@ -487,7 +524,7 @@ class Verifier:
         Accepted nodes never get there (the decode loops check prompt + max_new_tokens)."""
         return q_pos if self.position_limit is None else q_pos.clamp(max=int(self.position_limit) - 1)
 
-    def _verify_tree(self, state, roots, drafts, sides=None, want_heads=True, choose=None) -> StepResult:
+    def _verify_tree(self, state, roots, drafts, sides=None, want_heads=True, choose=None, hidden=None) -> StepResult:
         trees = [build_tree(int(r), d) for r, d in zip(roots, drafts)]
         layouts = [step_layout(t, None if sides is None else sides[i]) for i, t in enumerate(trees)]
         packed = pack_trees(layouts)
@@ -498,11 +535,17 @@ class Verifier:
         anc = torch.as_tensor(packed.ancestors, device=dev)
         allowed = torch.cat([state.valid[:, None, :].expand(b, n, start), anc], dim=2)
         allowed = self._window(allowed, q_pos, torch.cat([state.pos, q_pos], dim=1))
-        out = forward(
-            self.model, torch.as_tensor(packed.tokens, device=dev),
-            attention_bias(allowed, self.dtype), q_pos, state.cache, lazy=self.lazy, num_heads=self.num_heads,
-        )
-        self._track(state)
+        if hidden is not None:  # split mode: each row's chain of states, in layout order (root first)
+            states = hidden[0].new_zeros(b, n, hidden[0].shape[-1])
+            for i, h in enumerate(hidden):
+                states[i, torch.as_tensor(layouts[i].tree_index[: len(h)], device=dev)] = h
+            out = self._run_split(states, allowed, q_pos, state)
+        else:
+            out = forward(
+                self.model, torch.as_tensor(packed.tokens, device=dev),
+                attention_bias(allowed, self.dtype), q_pos, state.cache, lazy=self.lazy, num_heads=self.num_heads,
+            )
+            self._track(state)
         if self.lazy:  # one projection of all b * n nodes, or b rows per expected level (+ the side nodes)
             n_side = 0 if sides is None else sum(len(sd.wanted) for sd in sides)
             walk = self.levels * self.unembed_seconds(b) + (self.unembed_seconds(n_side) if n_side else 0.0)

@@ -1,4 +1,4 @@
-"""Lossless speculative sampling (``spec_sampling.py`` in ``bpd_decode``): exact distributions.
+"""Lossless speculative sampling (``accept/sampling.py`` on the one loop): exact distributions.
 
 Exactness by enumeration, as for lookahead (``test_lookahead_sampling.py``): the real decoder
 runs once per outcome path of every random decision (draft draws, accepts, residual draws),
@@ -15,7 +15,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from latticedraft.decoding.loop import bpd_decode
+from latticedraft.decoding.bpd import bpd_decode
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.decoding.accept.sampling import SamplingOptions, SeededDraws, accept, attempts_at
 from latticedraft.gpu.models.blockwise import BlockwiseModel
@@ -189,7 +189,8 @@ def test_model_drafter_greedy_equals_generate(arch, batch):
 
 
 # -- MTAD (approximate; exact only in its limits) ---------------------------------------------
-from latticedraft.decoding.proposers.mtad import MtadChooser, MtadDrafter, beam_sample  # noqa: E402
+from latticedraft.decoding.accept.mtad import MtadRule  # noqa: E402
+from latticedraft.decoding.proposers.mtad import MtadProposer, beam_sample  # noqa: E402
 
 
 @pytest.mark.parametrize("verify", ["tree", "batched"])
@@ -199,8 +200,8 @@ def test_mtad_with_tau_at_least_one_is_ordinary_sampling(verify):
     opts = SamplingOptions(temperature=1.0, top_k=3, top_p=0.9)
 
     def run(draws):
-        r = bpd_decode(target, [PROMPT], MtadDrafter(draft, gamma=2, beams=3), max_new_tokens=3, sampling=opts,
-                       draws=draws, chooser=MtadChooser(opts, tau=1.0, draws=draws), verify=verify)
+        r = bpd_decode(target, [PROMPT], MtadProposer(draft, gamma=2, beams=3), max_new_tokens=3, sampling=opts,
+                       draws=draws, rule=MtadRule(opts, tau=1.0, draws=draws), verify=verify)
         return tuple(r.sequences[0].tokens.tolist())
 
     assert_exact(run, target, opts)
@@ -209,15 +210,15 @@ def test_mtad_with_tau_at_least_one_is_ordinary_sampling(verify):
 def test_mtad_accepts_every_draft_when_q_is_p():
     target = tiny_model("llama", torch.float64, seed=3, vocab=V)
     opts = SamplingOptions(temperature=1.0, top_k=4, top_p=0.9, seed=2)
-    r = bpd_decode(target, [PROMPT, PROMPT[:5]], MtadDrafter(target, gamma=4, beams=3), max_new_tokens=21,
-                   sampling=opts, chooser=MtadChooser(opts, tau=0.1))
+    r = bpd_decode(target, [PROMPT, PROMPT[:5]], MtadProposer(target, gamma=4, beams=3), max_new_tokens=21,
+                   sampling=opts, rule=MtadRule(opts, tau=0.1))
     for q in r.sequences:
         assert q.accepted_drafts == [4] * 4  # 1 (prefill) + 4 steps of 4 accepted + 1 end token = 21
         assert len(q.tokens) == 21
 
 
 def test_mtad_eta_is_the_largest_passing_index():
-    ch = MtadChooser(SamplingOptions(), tau=0.6)
+    ch = MtadRule(SamplingOptions(), tau=0.6)
     P = np.full((4, 2), 0.5)
     # joint p: 0.5, 0.25, 0.125; q: 0.5 (passes), 0.9 (0.28 fails), 0.2 (0.625 passes) -> eta = 3
     assert ch.eta(P, np.array([0, 1, 0]), np.array([0.5, 0.9, 0.2])) == 3

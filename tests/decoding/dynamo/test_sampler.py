@@ -6,15 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.dynamo.sampler import (
-    DynamoConfig,
-    adaptive_keep,
-    gaussian_blur,
-    generate,
-    sample_from,
-    step_distribution,
-    variant,
-)
+from latticedraft.decoding.dynamo.sampler import DynamoConfig, adaptive_keep, gaussian_blur, sample_from, step_distribution, variant
+from latticedraft.decoding.dynamo.generate import generate as dynamo_generate
 from latticedraft.errors import InputError, ModelError
 from latticedraft.lm.cooccurrence import CooccurrenceStats
 
@@ -235,6 +228,18 @@ def model():
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
 
 
+class Row:
+    """One sequence of a DynaMo decode: tokens (a list), calls, ns (tokens sampled per call)."""
+
+    def __init__(self, q):
+        self.tokens, self.calls, self.ns = q.tokens.tolist(), q.calls, [a + 1 for a in q.accepted_drafts]
+
+
+def generate(*args, **kw) -> list[Row]:
+    """``dynamo.generate.generate``'s sequences as ``Row`` s."""
+    return [Row(q) for q in dynamo_generate(*args, **kw).sequences]
+
+
 def test_generation_is_reproducible_and_batch_independent(model):
     cfg = DynamoConfig(epsilon_b=0.2, top_k=8, cooccurrence=False)
     a = generate(model, PROMPTS, cfg, max_new_tokens=12, seed=7)
@@ -404,11 +409,12 @@ def test_cli_decode_dynamo_prints_tokens_per_call_and_n(saved, capsys):
             "--prompt", "w1 w2 w3", "--max-new-tokens", "6", "--top-k", "4", "--no-cooccurrence"]
     rc, out, err = _run(base + ["--json", "--epsilon-b", "0", "--no-adaptive-threshold"], capsys)
     assert rc == 0, err
-    rec = json.loads(out)
-    assert rec["ns"] == [3, 3] and rec["calls"] == 2 and rec["tokens_per_call"] == 3.0 and len(rec["tokens"]) == 6
+    rec = json.loads(out)  # the record every method writes: 3 tokens (2 beyond the first) per call
+    assert rec["accepted_per_step"] == [2, 2] and rec["calls"] == 2 and rec["block_efficiency"] == 3.0
+    assert len(rec["tokens"]) == 6 and rec["tokens_per_call"] == [3, 3]
     rc, out, err = _run(base + ["--epsilon-b", "1", "--seed", "4"], capsys)
     assert rc == 0 and out.startswith("w1 w2 w3")
-    assert "6 tokens in 6 calls: 1.00 tokens/call; n per call: 1 1 1 1 1 1" in err
+    assert "-- 6 tokens, 6 calls, block efficiency 1.00" in err
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from latticedraft.decoding.planning.acceptance import AcceptanceModel
-from latticedraft.decoding.proposers.context import ContextNgrams
+from latticedraft.decoding.proposers.base import Proposal, Step
+from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
+from latticedraft.decoding.proposers.heads import draft_probs
 from latticedraft.decoding.planning.draft_tree import TreePlanner
 from latticedraft.errors import InputError
 from latticedraft.gpu.verify.cost_model import CostModel
@@ -29,11 +31,25 @@ def prefixes(paths):
     return {tuple(p[: i + 1]) for p in paths for i in range(len(p))}
 
 
+def heads(s, drafts, acc=None):
+    """The heads' proposal of ``drafts`` from lattice ``s``, rated as ``HeadProposer`` rates it
+    (unrated without ``acc``: the fixed tree)."""
+    rates = None if acc is None else acc.head_rates(draft_probs(s, drafts)) if s is not None else np.full(drafts.shape, 0.5)
+    return Proposal(np.asarray(drafts), rates=rates, sausage=s)
+
+
+def context(ngrams, history, acc=None):
+    """The context n-grams' proposal after ``history``, rated as ``ContextProposer`` rates it."""
+    step = Step([0], [0], [np.asarray(history)], [64], acceptance=acc)
+    return ContextProposer(ngrams).propose(step)[0]
+
+
 def test_fixed_keeps_every_path_cut_to_room():
     drafts = np.array([[4, 5, 6], [4, 7, -1]])
-    plan = TreePlanner("fixed").plan(None, drafts, np.array([1, 2]), room=2)
+    plan = TreePlanner("fixed").plan([heads(None, drafts)], room=2)
     assert plan.drafts.tolist() == [[4, 5], [4, 7]] and plan.nodes == 4
-    ctx = TreePlanner("fixed", ContextNgrams(max_ngram=1, num_tokens=2)).plan(None, drafts, np.array([3, 8, 9, 3]))
+    ctx = TreePlanner("fixed").plan([heads(None, drafts),
+                                     context(ContextNgrams(max_ngram=1, num_tokens=2), np.array([3, 8, 9, 3]))])
     assert ctx.drafts.tolist() == [[4, 5, 6], [4, 7, -1], [8, 9, -1]]
     assert ctx.nodes == build_tree(3, ctx.drafts).size
 
@@ -45,11 +61,11 @@ def test_auto_equals_brute_force_over_ancestor_closed_sets(seed):
     drafts = np.array(list(itertools.product(*[s.tokens[j].tolist() for j in range(2)])))[: 4 + seed % 4]
     cost = curve(1.0, [0.02, 0.1, 0.3, 1.5][seed % 4])
     planner = TreePlanner("auto", acceptance=AcceptanceModel.prior(), cost=cost)
-    plan = planner.plan(s, drafts, np.array([0]))
+    prop = heads(s, drafts, planner.acceptance)
+    plan = planner.plan([prop])
     # brute force: every ancestor-closed subset of the candidate trie
-    cands = planner.candidates(s, drafts, np.array([0]))
     prob = {}
-    for toks, rates in cands:
+    for toks, rates in zip(prop.tokens, prop.rates):
         p = 1.0
         for i, r in enumerate(rates):
             p *= r
@@ -72,9 +88,10 @@ def test_cheap_nodes_verify_everything_and_dear_ones_nothing():
     rng = np.random.default_rng(0)
     s = sausage(rng)
     drafts = np.array([[s.tokens[0, 0], s.tokens[1, 0]], [s.tokens[0, 1], s.tokens[1, 1]]])
-    flat = TreePlanner("auto", cost=curve(1.0, 0.0)).plan(s, drafts, np.array([0]))
-    assert flat.nodes == build_tree(0, drafts).size
-    dear = TreePlanner("auto", cost=curve(1.0, 10.0)).plan(s, drafts, np.array([0]))
+    flat = TreePlanner("auto", cost=curve(1.0, 0.0))
+    assert flat.plan([heads(s, drafts, flat.acceptance)]).nodes == build_tree(0, drafts).size
+    dear = TreePlanner("auto", cost=curve(1.0, 10.0))
+    dear = dear.plan([heads(s, drafts, dear.acceptance)])
     assert dear.nodes == 1 and dear.drafts.shape == (1, 0)
 
 
@@ -83,14 +100,16 @@ def test_overhead_makes_bigger_trees_pay():
     s = sausage(rng, h=4, k=4)
     drafts = np.array(list(itertools.product(*[s.tokens[j, :2].tolist() for j in range(4)])))
     planner = TreePlanner("auto", cost=curve(1.0, 0.15))
-    small = planner.plan(s, drafts, np.array([0])).nodes
+    prop = heads(s, drafts, planner.acceptance)
+    small = planner.plan([prop]).nodes
     planner.overhead = 5.0
-    assert planner.plan(s, drafts, np.array([0])).nodes > small
+    assert planner.plan([prop]).nodes > small
 
 
 def test_max_nodes_caps_the_tree():
     drafts = np.arange(1, 41).reshape(4, 10)
-    plan = TreePlanner("auto", cost=curve(1.0, 0.0), max_nodes=8).plan(None, drafts, np.array([0]))
+    planner = TreePlanner("auto", cost=curve(1.0, 0.0), max_nodes=8)
+    plan = planner.plan([heads(None, drafts, planner.acceptance)])
     assert plan.nodes <= 8
 
 

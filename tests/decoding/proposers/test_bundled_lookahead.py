@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from latticedraft.decoding.proposers.lookahead import lookahead_decode
-from latticedraft.decoding.runs.session import default_model_dir
+from latticedraft.decoding.runs.loaders import default_model_dir
 from tests.decoding.tiny import bundled_greedy
 
 READY = (default_model_dir() / "heads_config.json").exists()

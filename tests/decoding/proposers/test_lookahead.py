@@ -190,7 +190,7 @@ def _bpd_case(arch, batch):
     ("top1", "auto", 2, "batched"),
 ])
 def test_bpd_with_the_lookahead_pool_equals_generate(arch, batch, drafter, tree, context, verify):
-    from latticedraft.decoding.loop import bpd_decode
+    from latticedraft.decoding.bpd import bpd_decode
     from latticedraft.decoding.proposers.context import ContextNgrams
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 
@@ -206,7 +206,7 @@ def test_bpd_with_the_lookahead_pool_equals_generate(arch, batch, drafter, tree,
 def test_bpd_without_heads_plus_pool_is_lookahead_decoding():
     """With no head drafts and a fixed tree, the BPD tree holds exactly the pool's paths, so the
     loop makes lookahead_decode's steps: the pool's n-grams reach the tree and get accepted."""
-    from latticedraft.decoding.loop import bpd_decode
+    from latticedraft.decoding.bpd import bpd_decode
 
     model, ps, refs = _bpd_case("llama", 4)
     opts = LookaheadOptions(W=5, N=4, G=5, prompt_as_reference=True)

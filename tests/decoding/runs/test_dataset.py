@@ -142,7 +142,7 @@ def test_stdin_to_stdout(bundle, full, capsys, monkeypatch):
     (["--prompts", "p.jsonl", "--output", "o.jsonl", "--json"], "--json does not apply here"),
     (["--prompts", "p.jsonl", "--json", "--sort-by-length"], "--sort-by-length does not apply here"),
     (["--prompts", "-", "--output", "-", "--resume"], "--resume needs --output FILE"),
-    (["--prompts", "p.jsonl", "--output", "o.jsonl", "--method", "dynamo"], "--output applies to --method bpd"),
+    (["--prompts", "p.jsonl", "--output", "p.jsonl"], "--output p.jsonl is the --prompts file"),
 ])
 def test_dataset_options_are_checked_before_loading(tmp_path, capsys, monkeypatch, args, needle):
     monkeypatch.chdir(tmp_path)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from latticedraft.cli import main
-from latticedraft.decoding.loop import bpd_decode, greedy_decode
+from latticedraft.decoding.bpd import bpd_decode
+from latticedraft.decoding.greedy import greedy_decode
 from latticedraft.decoding.proposers.context import ContextNgrams
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.decoding.proposers.lookahead import LookaheadOptions, lookahead_decode

@@ -6,7 +6,7 @@ import pytest
 
 from latticedraft.decoding.proposers.kangaroo import KangarooOptions
 from latticedraft.decoding.self_draft.ppd import PPDOptions
-from latticedraft.decoding.runs.session import default_model_dir
+from latticedraft.decoding.runs.loaders import default_model_dir
 from latticedraft.paths import data_dir
 from tests.decoding.tiny import bundled_greedy
 
@@ -27,6 +27,6 @@ def setup():
 ])
 def test_bundled_self_draft_is_greedy(setup, method, opts, batch):
     s, ids, greedy = setup
-    r = s.decode(ids, method, max_new_tokens=NEW, batch_size=batch, self_draft=opts)
+    r = s.decode(ids, method, opts, max_new_tokens=NEW, batch_size=batch)
     assert all(np.array_equal(q.tokens, g) for q, g in zip(r.sequences, greedy))
     assert sum(sum(q.accepted_drafts) for q in r.sequences) > 0  # drafts / early predictions do get used

@@ -1,0 +1,114 @@
+"""The one interface every draft source implements (after vLLM's proposers and HF's
+``CandidateGenerator``): it proposes paths after each live row's root and learns what was kept.
+
+One decode call, for b live rows (batch order; rows leave as they finish)::
+
+    proposer.start(step_rows)                    # once: the call's prompts
+    proposals = proposer.propose(step)           # each step: one Proposal per live row
+    proposer.update(step, accepted, bonus, side_argmax)    # what the target kept
+    proposer.retire(keep)                        # rows that finished leave the batch
+
+A proposal's paths start after the root (the token the target chose last, not yet verified:
+the last entry of ``step.histories[j]``); path k's token t sits t + 1 places after the root.
+Greedy verification keeps the longest path prefix equal to the target's argmax, so any paths are
+exact; lossless sampling needs each sampled token's draft distribution ``q`` (deterministic
+paths, ``q`` None, are verified as one-hot drafts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+EMPTY = np.zeros((1, 0), dtype=np.int64)
+
+
+@dataclass
+class StepRows:
+    """The rows of a decode call. index: each row's position in the call's prompt list (per-call
+    state such as the oracle's references); rows: run-wide row ids (seeds: row r of seed s draws
+    from ``default_rng([s, r])`` whatever batch it is in); prompts: int64[t] each."""
+
+    index: list[int]
+    rows: list[int]
+    prompts: list[np.ndarray]
+
+
+@dataclass
+class Step:
+    """What proposers see of one step, one entry per live row (batch order).
+
+    histories: int64[t] prompt + emitted tokens, ending with the root; rooms: draft tokens the row
+    may still accept; head_logits: [b, h-1, V'] the extra heads at the root (slot j = token j + 1
+    after it; columns = ``vocab`` ids when a reduced draft vocabulary is set), or None when this
+    step computed no heads; samplers: one ``accept.sampling.DraftSampler`` per row when sampling
+    (None: greedy); acceptance: the ``planning.acceptance.AcceptanceModel`` the auto tree rates
+    paths with (None: the tree verifies every path, no rates needed)."""
+
+    index: list[int]
+    rows: list[int]
+    histories: list[np.ndarray]
+    rooms: list[int]
+    head_logits: torch.Tensor | None = None
+    vocab: torch.Tensor | None = None
+    samplers: list | None = None
+    acceptance: object = None
+
+
+@dataclass
+class Proposal:
+    """One row's paths. tokens: int64[p, d] (negative = end of path); q: float64[p, d, V] the
+    distribution each token was drawn from (None: deterministic); rates: float[p, d] conditional
+    acceptance rates for the cost-aware tree (None where unrated); side: a ``SideBranch`` riding
+    along in the verify call (lookahead's Jacobi window); sausage: the lattice the paths came
+    from; hidden: [1 + d, H] states of [root, path 0] at the verifier's first layer (split
+    verification from stored layer-l states, Kangaroo); heads: drafted from the heads."""
+
+    tokens: np.ndarray
+    q: np.ndarray | None = None
+    rates: np.ndarray | None = None
+    side: object = None
+    sausage: object = None
+    hidden: torch.Tensor | None = None
+    heads: bool = False
+
+    @classmethod
+    def empty(cls) -> "Proposal":
+        return cls(EMPTY)
+
+
+class Proposer:
+    """Base class: proposes nothing. ``uses_heads``: reads ``Step.head_logits``; ``stem``: set by
+    proposers that run the model's first layers themselves (split verification)."""
+
+    name = "none"
+    uses_heads = False
+    stem = None
+
+    def start(self, rows: StepRows) -> None:
+        """A new decode call (per-row state starts here)."""
+
+    def propose(self, step: Step) -> list[Proposal]:
+        return [Proposal.empty() for _ in step.rows]
+
+    def update(self, step: Step, accepted: list[np.ndarray], bonus: np.ndarray, side_argmax) -> None:
+        """Told the draft tokens each row accepted (int64[n_j]), its bonus token and, for rows
+        with a side branch, the target's argmax there."""
+
+    def retire(self, keep: list[int]) -> None:
+        """Only the live rows at batch positions ``keep`` go on."""
+
+
+def as_paths(tokens) -> np.ndarray:
+    """Drafts (a ``Drafts``, a tensor, an array, one path or none) as int64[p, d]."""
+    toks = getattr(tokens, "tokens", tokens)
+    if isinstance(toks, torch.Tensor):
+        toks = toks.detach().cpu().numpy()
+    toks = np.asarray(toks, dtype=np.int64)
+    if toks.ndim == 1:
+        toks = toks[None]
+    if toks.shape[0] == 0:
+        toks = EMPTY
+    return toks

@@ -1,0 +1,123 @@
+"""Every decoding method as one registry entry: its options, their checks, its label, the
+settings that decide its output, and how it runs.
+
+The CLI, ``eval``, ``tune``, ``demo``, the benchmarks and data-set runs read this registry; none
+of them switches on method names. Adding a method touches its own module (which defines its
+``METHOD``) and one line of ``MODULES``.
+
+Options are named by their ``argparse`` destination (``--top-k`` is ``top_k``). ``COMMON``
+options apply to every method; ``SAMPLING`` ones to the methods that sample; the rest belong to
+the methods that list them. ``Method.configure(values, given)`` turns option values (dest ->
+value, ``None`` where the method's own default applies) into the method's options object,
+refusing bad values in one line; ``given`` (the dests the user set) lets it refuse options that
+do not apply to a sub-choice (a ``--drafter`` that reads no ``--lm``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from latticedraft.errors import InputError
+
+MODULES = (  # one line per method module; each defines METHOD
+    "latticedraft.decoding.bpd",
+    "latticedraft.decoding.greedy",
+    "latticedraft.decoding.proposers.lookahead",
+    "latticedraft.decoding.proposers.mtad",
+    "latticedraft.decoding.proposers.kangaroo",
+    "latticedraft.decoding.self_draft.ppd",
+    "latticedraft.decoding.dynamo.generate",
+)
+# options every method reads (where to decode, what, how much, how to report)
+COMMON = ("method", "model", "tokenizer", "device", "threads", "prompt", "prompts", "max_new_tokens", "truncate_left",
+          "batch_size", "json", "output", "resume", "skip_bad", "sort_by_length", "quiet_ranks", "verbose")
+SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed", "repetition_penalty")  # generate's flags
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a decode call asks of any method. rows: the run-wide id of each prompt (seeds: row r of
+    seed s draws from ``default_rng([s, r])``, whatever batch it lands in; None: 0..n-1);
+    sampling: ``SamplingOptions`` (None: greedy; a method that always samples uses its own
+    defaults); on_tokens(i, new_ids) streams row i's tokens; record_steps keeps per-step records."""
+
+    max_new_tokens: int = 64
+    eos_token_id: Any = None
+    sampling: Any = None
+    verify: str = "auto"
+    rows: list | None = None
+    on_tokens: Callable | None = None
+    record_steps: bool = False
+
+
+@dataclass(frozen=True)
+class Method:
+    """name: the ``--method`` value; summary: one line for help texts; lossless: the output
+    equals greedy decoding (or, sampling, has the target's distribution); sampling: "never" |
+    "optional" (``--do-sample``) | "always"; options: the option dests it reads beyond ``COMMON``
+    (and ``SAMPLING`` where it samples); batched: decodes several prompts per call.
+
+    configure(values, given) -> options object; label(options, sampling) -> str (the records'
+    ``method``); settings(options, sampling) -> dict (plain values that decide the output: the
+    data-set runs' fingerprint); prepare(session, options, batch_size): load and check what the
+    method needs against the model, before any output; run(session, prompts, options, request)
+    -> ``DecodeResult`` for one batch."""
+
+    name: str
+    summary: str
+    lossless: bool
+    sampling: str
+    options: tuple
+    configure: Callable
+    label: Callable
+    settings: Callable
+    run: Callable
+    prepare: Callable | None = None
+    defaults: dict = field(default_factory=dict)  # sampling defaults where they differ from generate's
+    files: Callable = lambda options: ()  # noqa: E731  the file options (dests) these options read
+    default_model: str | None = None  # the bundled model directory under data/ (None: data/heads-stern)
+
+    def reads(self, dest: str) -> bool:
+        return dest in COMMON or dest in self.options or (self.sampling != "never" and dest in SAMPLING)
+
+    def uses_file(self, dest: str, options) -> bool:
+        """Whether file option ``dest`` (``lm``, ``rescorer``, ``draft_model``...) decides the output."""
+        return dest in self.files(options)
+
+
+def methods() -> dict[str, Method]:
+    """name -> Method, in ``MODULES`` order."""
+    out = {}
+    for name in MODULES:
+        m = importlib.import_module(name).METHOD
+        out[m.name] = m
+    return out
+
+
+def get(name: str) -> Method:
+    table = methods()
+    if name not in table:
+        raise InputError(f"--method {name!r} is not one of {', '.join(table)}")
+    return table[name]
+
+
+def readers(dest: str) -> list[str]:
+    """The methods that read option ``dest``."""
+    return [m.name for m in methods().values() if m.reads(dest)]
+
+
+def sampling_options(method: Method, values: dict):
+    """``SamplingOptions`` of ``--do-sample`` and generate's flags (``values``: dest -> value, None =
+    the method's default), or None for greedy decoding; a method that always samples needs no
+    ``--do-sample``; one that never samples gets None."""
+    from latticedraft.decoding.accept.sampling import SamplingOptions
+
+    if method.sampling == "never" or not (values.get("do_sample") or method.sampling == "always"):
+        return None
+    d = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0, **method.defaults}
+    pick = {k: d[k] if values.get(k) is None else values[k] for k in d}
+    return SamplingOptions(temperature=pick["temperature"], top_k=pick["top_k"], top_p=pick["top_p"],
+                           seed=0 if values.get("seed") is None else values["seed"],
+                           repetition_penalty=pick["repetition_penalty"])
