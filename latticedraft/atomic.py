@@ -50,8 +50,8 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield an empty staging directory beside ``path``; when the block succeeds its files become
-    ``path`` (renamed whole if ``path`` does not exist, else moved in one by one, replacing files of
+    """Yield an empty staging directory beside ``path``; when the block succeeds its files (given the
+    usual umask modes) become ``path`` (renamed whole if ``path`` does not exist, else moved in one by one, replacing files of
     the same name); when it fails the staging directory is removed and ``path`` is untouched."""
     import shutil
 
@@ -61,6 +61,8 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     try:
         yield stage
         publish_mode(stage, directory=True)
+        for f in stage.rglob("*"):
+            publish_mode(f, directory=f.is_dir())
         if not path.exists():
             os.replace(stage, path)
             return
