@@ -177,7 +177,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--skip-llama", action="store_true", help="the bundled model only")
     ap.add_argument("--out", default="benchmarks/results/cost_model.json")
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args(argv)
+    quiet_libraries(a.verbose)
     torch.set_grad_enabled(False)
     s = Session(threads=a.threads)
     recs = read_prompts(data_dir() / "prompts.jsonl", limit=a.num_prompts)

@@ -99,7 +99,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="runs of each kind, alternating; the best is reported")
     ap.add_argument("--kill-fraction", type=float, default=0.5, help="kill once this fraction of records is written")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "dataset_decode.json")
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args()
+    quiet_libraries(a.verbose)
     py = sys.executable
     with tempfile.TemporaryDirectory(prefix="dataset-decode-") as d:
         d = Path(d)

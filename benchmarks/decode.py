@@ -81,7 +81,11 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--out", default="benchmarks/results/decode.json")
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args(argv)
+    quiet_libraries(a.verbose)
 
     torch.set_grad_enabled(False)
     s = Session(a.model, None, a.lm, a.rescorer, a.device, a.threads)

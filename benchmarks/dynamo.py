@@ -46,7 +46,11 @@ def main(argv=None) -> int:
     ap.add_argument("--epsilons", type=float, nargs="+", default=[0.0, 0.3, 0.5, 1.0])
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/dynamo.json"))
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args(argv)
+    quiet_libraries(a.verbose)
     if a.threads:
         torch.set_num_threads(a.threads)
 

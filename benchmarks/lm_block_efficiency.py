@@ -201,7 +201,11 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=EvalConfig.batch_size)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "lm_block_efficiency.json")
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args(argv)
+    quiet_libraries(a.verbose)
 
     lms = parse_lms(a.lms) if a.lms else default_lms(a.root)
     for label, d in lms.items():

@@ -126,7 +126,11 @@ def main() -> int:
     ap.add_argument("--memory", default="1G")
     ap.add_argument("--gap-tokens", type=int, default=20000, help="held-out tokens for the epsilon/exact comparison")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "lm_build.json")
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args()
+    quiet_libraries(a.verbose)
 
     tok = load_tokenizer(a.tokenizer)
     V = tok.get_vocab_size(with_added_tokens=True)

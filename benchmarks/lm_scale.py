@@ -302,7 +302,11 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout-files", type=int, default=1000, help="held-out stdlib files for perplexity")
     ap.add_argument("--first-runs", type=int, default=3, help="fresh processes timed to the first rescore")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "lm_scale.json")
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args(argv)
+    quiet_libraries(a.verbose)
     if a.in_run is not None:
         sets = lattice_sets(lattice_maker(), a.lattices, a.warm, a.rounds)
         print(json.dumps(in_run(NgramLM.load(a.in_run), sets)))

@@ -51,7 +51,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "load_bundled.json"))
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args()
+    quiet_libraries(a.verbose)
     res = {"machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version()},
            "repeats": a.repeats, "loadavg_before": os.getloadavg()[0], "models": {}}
     for name in ["heads-stern", "heads-dynamo"]:

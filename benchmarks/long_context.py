@@ -104,7 +104,11 @@ def main(argv=None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cache", choices=CACHES, default="rolling", help=argparse.SUPPRESS)
     ap.add_argument("--total", type=int, default=2048, help=argparse.SUPPRESS)
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     args = ap.parse_args(argv)
+    quiet_libraries(args.verbose)
     if args.child:
         print(json.dumps(child(args)))
         return 0

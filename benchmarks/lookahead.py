@@ -61,7 +61,11 @@ def main(argv=None) -> int:
     ap.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens (default 10)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--out", default="benchmarks/results/lookahead.json")
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args(argv)
+    quiet_libraries(a.verbose)
 
     torch.set_grad_enabled(False)
     s = Session(a.model, None, None, None, None, a.threads)

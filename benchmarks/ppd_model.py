@@ -93,7 +93,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=50)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/ppd_model.json"))
     ap.add_argument("--png", type=Path, default=Path("benchmarks/results/ppd_tradeoff.png"))
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args(argv)
+    quiet_libraries(a.verbose)
 
     s = Session(a.model, threads=1)
     from latticedraft.gpu.verify.layer_split import LayerSplit

@@ -171,7 +171,11 @@ def main(argv=None) -> int:
                     help="multi-token head model for real 8-slot lattices (skipped if absent)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rescore.json"))
     ap.add_argument("--batch-only", action="store_true", help="only the batched measurement, printed (no JSON)")
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args(argv)
+    quiet_libraries(a.verbose)
 
     lm = NgramLM.load(a.lm)
     head_dir = a.head_lm or (cache_dir() / "lm" / "stdlib-2gram")

@@ -57,7 +57,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ppd", nargs="+", default=["2,3", "3,3", "2,1"], help="PPD rows as DBAR,K")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results/self_draft.json")
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args(argv)
+    quiet_libraries(a.verbose)
 
     torch.set_grad_enabled(False)
     s = Session(a.model, threads=a.threads)

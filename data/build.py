@@ -114,7 +114,18 @@ def _train_lm(name: str, arch: dict, opt: dict) -> None:
     out = DATA / name
     res = train_lm(DATA / "tokenizer", stdlib_split("train"), out, LMArch(**arch), OptimConfig(seed=SEED, **opt),
                    resume=(out / "checkpoint.pt").is_file(), save_dtype="float16")
+    _record_float32(out)
     print(f"{name}: {res.steps} steps, {res.tokens} tokens, {res.seconds} s, final loss {res.losses}")
+
+
+def _record_float32(model_dir: Path) -> None:
+    """Weights stay float16 (half the size), but config.json says float32: a plain
+    ``AutoModelForCausalLM.from_pretrained(model_dir)`` then loads what the CLI runs (float32), not
+    emulated half precision on a CPU (slower, and not token-equal to the CLI's decode)."""
+    f = model_dir / "config.json"
+    cfg = json.loads(f.read_text())
+    cfg["dtype"] = "float32"
+    _write_atomic(f, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def stage_base() -> None:
@@ -236,7 +247,7 @@ def _models_md(m: dict) -> str:
          f"{m['heldout']['windows_scored']} windows of {m['heldout']['window']} tokens spread over them are scored).",
          f"Machine: {m['machine']['platform']}, {m['machine']['cpu_count']} CPUs (shared with other jobs while training).", "",
          f"- Tokenizer: byte-level BPE, {tok['vocab_size']} tokens, fingerprint `{tok['fingerprint'][:16]}…`.",
-         f"- Committed size: {m['committed_mb']} MB (fp16 safetensors). Total training time: {total_train / 60:.1f} min.",
+         f"- Committed size: {m['committed_mb']} MB (fp16 safetensors; the configs record float32, so a plain `from_pretrained` loads float32, as the CLI runs). Total training time: {total_train / 60:.1f} min.",
          "- Sizing: the base is 4 layers × 128 wide, trained on one torch thread (two threads on the shared",
          "  2-core CPU were 8x slower per step). The base sees ~1.6 passes over the corpus; the rescorers",
          "  far less. All models are far from converged: they are a reproducible, quickly loaded default,",

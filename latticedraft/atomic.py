@@ -46,3 +46,32 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
         else:
             tmp.write_text(data, encoding="utf-8")
     return path
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield an empty staging directory beside ``path``; when the block succeeds its files (given the
+    usual umask modes) become ``path`` (renamed whole if ``path`` does not exist, else moved in one by one, replacing files of
+    the same name); when it fails the staging directory is removed and ``path`` is untouched."""
+    import shutil
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    try:
+        yield stage
+        publish_mode(stage, directory=True)
+        for f in stage.rglob("*"):
+            publish_mode(f, directory=f.is_dir())
+        if not path.exists():
+            os.replace(stage, path)
+            return
+        for f in sorted(stage.iterdir()):
+            target = path / f.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(f, target)
+        stage.rmdir()
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise

@@ -1,10 +1,11 @@
 """``latticedraft <group> <verb>``: parses arguments, calls the library, prints results.
 
 Thin by design: no algorithm lives here. One module per command (``decode``, ``eval``, ``tune``,
-``demo``, ``train``, ``lm``, ``rescore``, ``lattice``), each with an ``add_parser(groups)`` that
+``demo``, ``train``, ``lm``, ``rescore``, ``lattice``, ``export``, ``import_``), each with an ``add_parser(groups)`` that
 registers its arguments and the function that runs it; every command is a function
 ``(args) -> int``. User errors (``LatticedraftError``) print as one line ``error: ...`` and exit
-with status 2.
+with status 2. The libraries' own warnings and notices stay off stderr unless ``--verbose``
+(before or after the command: ``latticedraft --verbose decode ...``, ``latticedraft decode --verbose ...``).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from latticedraft.cli import decode, demo, lattice, lm, rescore, train, tune
+from latticedraft.cli import decode, demo, export, import_, lattice, lm, rescore, train, tune
 from latticedraft.cli import eval as evaluate
 from latticedraft.cli.parser import Parser, commands
 from latticedraft.errors import LatticedraftError
+from latticedraft.quiet import add_verbose_arg, quiet_libraries
 
-_GROUPS = (train, lm, decode, evaluate, tune, demo, rescore, lattice)
+_GROUPS = (train, lm, decode, evaluate, tune, demo, rescore, lattice, import_, export)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,11 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = Parser(prog="latticedraft", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"latticedraft {__version__}")
+    add_verbose_arg(parser, dest="verbose_all")
     groups = parser.add_subparsers(dest="group", required=True, metavar="<group>")
     for command in _GROUPS:
         command.add_parser(groups)
     for _, p in commands(parser):  # what cli_checks.given compares against
-        opts = [x for x in p._actions if x.option_strings and x.dest != "help"]
+        add_verbose_arg(p)
+        opts = [x for x in p._actions if x.option_strings and x.dest not in ("help", "verbose")]
         p.set_defaults(_defaults={x.dest: p.get_default(x.dest) for x in opts},
                        _flags={x.dest: max(x.option_strings, key=len) for x in opts})
     return parser
@@ -38,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    quiet_libraries(verbose=args.verbose or args.verbose_all)
     try:
         from latticedraft.textin import check_text_value
 

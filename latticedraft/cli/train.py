@@ -78,7 +78,14 @@ def _cmd_train_heads(a) -> int:
     from latticedraft.gpu.train.heads import train_heads
     from latticedraft.lm.corpus import resolve_corpus
 
+    from latticedraft.cli.checks import at_least, refuse_given
+
     _check_train(a)
+    at_least(a, "medusa_layers", 0)
+    if a.kind != "medusa":
+        refuse_given(a, ("medusa_layers", "medusa_lm_head"), f"--kind {a.kind} heads are not Medusa heads")
+    else:
+        refuse_given(a, ("ffn_dim",), "Medusa heads have no hidden layer (their blocks are H x H)")
     if a.early_exit:
         return _cmd_train_exit_heads(a)
     if a.heads is None:
@@ -90,6 +97,7 @@ def _cmd_train_heads(a) -> int:
         files = resolve_corpus(corpus)
         res = train_heads(a.base, files, a.out, a.heads, a.kind, _optim_config(a), lambdas=a.lambdas,
                           unfreeze=a.unfreeze, lr_base=a.lr_base, lr_stem=a.lr_stem, ffn_dim=a.ffn_dim,
+                          medusa_layers=a.medusa_layers, medusa_lm_head=a.medusa_lm_head,
                           tokenizer_path=a.tokenizer, resume=a.resume, save_dtype=a.save_dtype, device=a.device,
                           encoding_errors=a.encoding_errors, stop_after=a.stop_after)
     return _print_trained(res, "final loss per head")
@@ -158,13 +166,15 @@ def add_parser(groups) -> None:
     _optim_args(p, steps=500, lr=2e-3)
     p.set_defaults(func=_cmd_train_lm)
     p = verbs.add_parser("heads", help="train heads 2..h of a BlockwiseModel on a base causal LM (loss Σ λ_h L_h)",
-                         description="Train multi-token heads (Stern FFN heads or DynaMo decoder-layer heads) on a "
+                         description="Train multi-token heads (Stern FFN heads, Medusa residual heads or DynaMo "
+                                     "decoder-layer heads) on a "
                                      "frozen (or --unfreeze) base causal LM; saves heads_config.json and "
                                      "heads.safetensors, naming the base relatively.")
     p.add_argument("--base", required=True, help="base model directory (HF format)")
     _train_corpus_arg(p)
     p.add_argument("--heads", type=int, default=None, help="number of heads h, counting the base's own head 1 (≥ 2)")
-    p.add_argument("--kind", choices=["stern", "dynamo"], default="stern", help="FFN heads (Stern) or decoder-layer heads (DynaMo)")
+    p.add_argument("--kind", choices=["stern", "medusa", "dynamo"], default="stern",
+                   help="FFN heads (Stern), residual SiLU heads (Medusa: exportable to vLLM) or decoder-layer heads (DynaMo)")
     p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
                    help="output directory (heads_config.json names the base relatively)")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: BASE/tokenizer.json)")
@@ -173,6 +183,9 @@ def add_parser(groups) -> None:
     p.add_argument("--lr-base", type=float, default=1e-5, help="LR_B: the base's own parameters (with --unfreeze)")
     p.add_argument("--lr-stem", type=float, default=1e-6, help="LR_MB: gradient from heads 2..h into the base (with --unfreeze)")
     p.add_argument("--ffn-dim", type=int, default=None, help="Stern head hidden width (default 4 × hidden size)")
+    p.add_argument("--medusa-layers", type=int, default=1, help="Medusa: residual SiLU blocks per head")
+    p.add_argument("--medusa-lm-head", choices=["heads", "tied"], default="heads",
+                   help="Medusa: one LM head per head (as Medusa trains them) or the base's output embedding")
     p.add_argument("--early-exit", action="store_true",
                    help="instead: one early-exit head per layer 1..d-1 for PPD (--method ppd --exit-heads DIR), "
                         "distilled from the full model")

@@ -44,6 +44,9 @@ def test_train_lm_then_heads_end_to_end(tmp_path, files, capsys):
     (["--heads", "40", "--seq-len", "32"], "--heads 40 must be smaller than --seq-len 32"),
     (["--corpus", "{tmp}/nope.py"], "corpus file"),
     (["--resume"], "--resume given but"),
+    (["--medusa-layers", "2"], "--medusa-layers does not apply here: --kind stern heads are not Medusa heads"),
+    (["--kind", "medusa", "--ffn-dim", "64"], "--ffn-dim does not apply here: Medusa heads have no hidden layer"),
+    (["--kind", "medusa", "--medusa-layers", "-1"], "--medusa-layers -1 must be a number >= 0"),
 ])
 def test_train_heads_bad_input_is_one_line(tmp_path, capsys, files, args, match):
     base = tmp_path / "lm"
@@ -67,3 +70,16 @@ def test_base_without_weights_is_one_line(tmp_path, capsys, files):
     assert main(["train", "heads", "--base", str(tmp_path / "lm"), "--corpus", files[0], "--heads", "3",
                  "--out", str(tmp_path / "h")]) == 2
     _one_line_error(capsys, "has a config.json but no weights")
+
+
+def test_train_medusa_heads_then_export_for_vllm(tmp_path, files, capsys):
+    """``train heads --kind medusa`` on the bundled base; the result decodes and exports in vLLM's layout."""
+    rc = main(["train", "heads", "--base", str(data_dir() / "base"), "--corpus", *files, "--heads", "3",
+               "--kind", "medusa", "--medusa-layers", "2", "--medusa-lm-head", "tied", "--out", str(tmp_path / "m"),
+               "--steps", "2", "--batch-size", "2", "--seq-len", "32"])
+    assert rc == 0 and "h3=" in capsys.readouterr().out
+    cfg = json.loads((tmp_path / "m" / "heads_config.json").read_text())
+    assert (cfg["kind"], cfg["num_heads"], cfg["num_layers"], cfg["lm_head"]) == ("medusa", 3, 2, "tied")
+    assert main(["export", "medusa", "--model", str(tmp_path / "m"), "-o", str(tmp_path / "v")]) == 0
+    v = json.loads((tmp_path / "v" / "config.json").read_text())
+    assert (v["num_heads"], v["num_hidden_layers"], v["original_lm_head"], v["medusa_fc_bias"]) == (2, 2, True, True)

@@ -37,7 +37,7 @@ def arch(request):
     return request.param
 
 
-@pytest.fixture(params=["stern", "dynamo"])
+@pytest.fixture(params=["stern", "medusa", "dynamo"])
 def kind(request):
     return request.param
 

@@ -15,8 +15,12 @@ Example::
     bm.save_pretrained("heads/")        # heads_config.json (names the base dir) + heads.safetensors
     bm2 = BlockwiseModel.from_pretrained("heads/")
 
-KV caching: for ``kind="stern"`` the heads are position-wise, so ``past_key_values`` is the base
-model's own ``Cache``. For ``kind="dynamo"`` each extra head is a decoder layer with its own KV
+Head kinds (``heads.py``): ``stern`` (FFN heads, tied unembedding), ``medusa`` (residual SiLU
+blocks, own or tied LM heads; vLLM's layout, ``medusa_io.py``) and ``dynamo`` (decoder layers).
+Stern and Medusa heads are *position-wise* (``position_wise``): a function of the final hidden
+state at one position, so ``draft_logits(hidden, count, columns)`` computes them anywhere later.
+
+KV caching: for position-wise kinds ``past_key_values`` is the base model's own ``Cache``. For ``kind="dynamo"`` each extra head is a decoder layer with its own KV
 cache; ``past_key_values`` is then a ``BlockwiseCache(base=..., heads=[...])``. Whenever
 ``use_cache`` is true the dynamo head layers run (even with ``heads=False``) so that their caches
 stay aligned with the base's; ``BlockwiseCache.crop`` / ``caches()`` apply edits to all of them.
@@ -36,11 +40,12 @@ from torch import nn
 from latticedraft.atomic import atomic_file, write_atomic
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu.models import hf
-from latticedraft.gpu.models.heads import DynamoHeads, SternHeads, check_weight_transfer, scale_grad
+from latticedraft.gpu.models.heads import DynamoHeads, MedusaHeads, SternHeads, check_weight_transfer, scale_grad
 
 CONFIG_NAME = "heads_config.json"
 WEIGHTS_NAME = "heads.safetensors"
-KINDS = ("stern", "dynamo")
+KINDS = ("stern", "dynamo", "medusa")
+POSITION_WISE = ("stern", "medusa")
 
 
 @dataclass
@@ -115,17 +120,21 @@ class BlockwiseModel(nn.Module):
         self.kind = kind
         self.heads = heads
         self.base_ref = base_ref  # directory the base was loaded from, if any
+        self._columns = None  # (columns, weight versions, projection weights): ``_column_weights``'s cache
 
     # -- construction ------------------------------------------------------------------------
 
     @classmethod
     def from_base(cls, base: nn.Module, num_heads: int, kind: str = "stern", seed: int = 0,
-                  ffn_dim: int | None = None, act: str = "gelu") -> "BlockwiseModel":
-        """New heads on ``base`` (seeded init; Stern heads start as copies of head 1's prediction,
-        DynaMo heads as copies of the final layer). ``ffn_dim`` defaults to 4 × hidden size."""
+                  ffn_dim: int | None = None, act: str = "gelu", medusa_layers: int = 1,
+                  medusa_lm_head: str = "heads", medusa_fc_bias: bool = True,
+                  logit_scale: float = 1.0) -> "BlockwiseModel":
+        """New heads on ``base`` (seeded init; Stern and Medusa heads start as copies of head 1's
+        prediction, DynaMo heads as copies of the final layer). ``ffn_dim`` (Stern) defaults to
+        4 × hidden size; ``medusa_*`` and ``logit_scale`` shape Medusa heads (see ``MedusaHeads``)."""
         _check_num_heads(num_heads)
         if kind not in KINDS:
-            raise InputError(f"--kind {kind!r} is unknown; use stern or dynamo")
+            raise InputError(f"--kind {kind!r} is unknown; use stern, medusa or dynamo")
         if base.get_output_embeddings() is None:
             raise ModelError(f"{type(base).__name__} has no output embedding; pass a *ForCausalLM model")
         hidden = int(base.config.hidden_size)
@@ -134,6 +143,10 @@ class BlockwiseModel(nn.Module):
             torch.manual_seed(seed)
             if kind == "stern":
                 heads = SternHeads(hidden, num_heads - 1, ffn_dim or 4 * hidden, act).to(device=p.device, dtype=p.dtype)
+            elif kind == "medusa":
+                emb = base.get_output_embeddings().weight if medusa_lm_head == "heads" else None
+                heads = MedusaHeads(hidden, num_heads - 1, medusa_layers, medusa_lm_head, medusa_fc_bias, emb,
+                                    logit_scale).to(device=p.device, dtype=p.dtype)
             else:
                 heads = DynamoHeads(base, num_heads - 1)
         if kind == "dynamo":
@@ -179,7 +192,9 @@ class BlockwiseModel(nn.Module):
                 f"head checkpoint {path} was trained on a {cfg['base_model_type']} base, not {base.config.model_type}; "
                 "load it onto the base it was trained with"
             )
-        bm = cls.from_base(base, int(cfg["num_heads"]), cfg["kind"], ffn_dim=cfg.get("ffn_dim"), act=cfg.get("act", "gelu"))
+        bm = cls.from_base(base, int(cfg["num_heads"]), cfg["kind"], ffn_dim=cfg.get("ffn_dim"), act=cfg.get("act", "gelu"),
+                           medusa_layers=cfg.get("num_layers", 1), medusa_lm_head=cfg.get("lm_head", "heads"),
+                           medusa_fc_bias=cfg.get("fc_bias", True), logit_scale=cfg.get("logit_scale", 1.0))
         if base_dir is not None:
             bm.base_ref = str(base_dir)
         wfile = path / WEIGHTS_NAME
@@ -194,9 +209,11 @@ class BlockwiseModel(nn.Module):
                 v.copy_(state[k].to(dtype=v.dtype, device=v.device))
         return bm.eval()
 
-    def save_pretrained(self, path: str | Path, base_ref: str | None = None, bundle_base: bool | None = None) -> None:
+    def save_pretrained(self, path: str | Path, base_ref: str | None = None, bundle_base: bool | None = None,
+                        extra: dict | None = None) -> None:
         """Write ``heads_config.json`` and ``heads.safetensors`` (heads 2..h, their current dtype) into ``path``.
 
+        ``extra``: more entries for ``heads_config.json`` (e.g. what ``import medusa`` keeps of the source config).
         The config names the base: ``base_ref`` if given (relative to ``path``), else the directory
         the base was loaded from (as a relative path); if there is none, or ``bundle_base=True``,
         the base itself is saved into ``path/base``.
@@ -217,6 +234,11 @@ class BlockwiseModel(nn.Module):
         }
         if self.kind == "stern":
             cfg.update(ffn_dim=self.heads.ffn, act=self.heads.act_name)
+        elif self.kind == "medusa":
+            cfg.update(num_layers=self.heads.num_layers, lm_head=self.heads.lm_head, fc_bias=self.heads.fc_bias,
+                       logit_scale=self.heads.logit_scale)
+        if extra:
+            cfg.update(extra)
         state = {k: v.detach().contiguous().cpu() for k, v in self.heads.head_state_dict().items()}
         with atomic_file(path / WEIGHTS_NAME) as tmp:
             save_file(state, str(tmp), metadata={"format": "pt"})
@@ -229,13 +251,19 @@ class BlockwiseModel(nn.Module):
         from transformers import DynamicCache
 
         base = DynamicCache(config=self.base.config)
-        if self.kind == "stern":
+        if self.position_wise:
             return base
         return BlockwiseCache(base, [DynamicCache(config=b.config) for b in self.heads.blocks])
 
+    @property
+    def position_wise(self) -> bool:
+        """Whether the extra heads are a function of the final hidden state at one position
+        (Stern, Medusa), so that ``draft_logits`` computes them from stored hidden states."""
+        return self.kind in POSITION_WISE
+
     def head_parameters(self):
         """The parameters of heads 2..h (what head training updates when the base is frozen)."""
-        if self.kind == "stern":
+        if self.position_wise:
             return list(self.heads.parameters())
         return list(self.heads.head_parameters())
 
@@ -250,6 +278,56 @@ class BlockwiseModel(nn.Module):
         bias = getattr(lm, "bias", None)
         return torch.nn.functional.linear(states, scale_grad(lm.weight, grad_scale),
                                           None if bias is None else scale_grad(bias, grad_scale))
+
+    def project_heads(self, states: torch.Tensor, first: int = 0, columns: torch.Tensor | None = None,
+                      grad_scale: float = 1.0) -> torch.Tensor:
+        """Logits of extra heads ``first .. first+n-1`` (0-based: 0 is head 2) from their states before
+        the LM head, ``states [..., n, H] -> [..., n, V']``: the base's output embedding (Stern, DynaMo,
+        tied Medusa) or each head's own LM head. ``columns`` (int64[V'] token ids) projects onto those
+        vocabulary entries only (the projection weights are gathered once per ``columns`` tensor);
+        ``grad_scale`` as in ``unembed`` (the shared output embedding only)."""
+        n, H = states.shape[-2], states.shape[-1]
+        own = self.heads.lm_weights(first, n) if self.kind == "medusa" else None  # [n, V, H] or None
+        if own is None:
+            if columns is None:
+                logits = self.unembed(states, grad_scale)
+            else:
+                w, b = self._column_weights(columns)
+                logits = torch.nn.functional.linear(states, w, b)
+        else:
+            w = own if columns is None else self._column_weights(columns)[0][first : first + n]
+            x = states.reshape(-1, n, H).transpose(0, 1)  # [n, M, H]
+            logits = torch.bmm(x, w.transpose(1, 2)).transpose(0, 1).reshape(*states.shape[:-1], -1)
+        scale = getattr(self.heads, "logit_scale", 1.0)
+        return logits if scale == 1.0 else logits * scale
+
+    def draft_logits(self, hidden: torch.Tensor, count: int, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of extra heads 1..count (heads 2..count+1) at final hidden states ``hidden [m, H]``:
+        ``[m, count, V']``, over the token ids ``columns`` (int64[V']) when given, else the full
+        vocabulary. Position-wise kinds only (``position_wise``): what a verifier calls at the
+        accepted node of each row to draft the next step."""
+        if not self.position_wise:
+            raise ModelError(f"{self.kind} heads read their own KV caches; draft_logits needs position-wise "
+                             "(stern or medusa) heads")
+        if count <= 0:
+            cols = hf.model_vocab_size(self.base) if columns is None else len(columns)
+            return hidden.new_zeros(*hidden.shape[:-1], 0, cols)
+        return self.project_heads(self.heads(hidden, count), 0, columns)
+
+    def _column_weights(self, columns: torch.Tensor):
+        """(weight, bias) of the projection onto ``columns``: ``[V', H]`` and ``[V']`` or None for the
+        output embedding, ``[n, V', H]`` and None for own Medusa LM heads. Cached while ``columns`` is
+        the same tensor and no weight changed (training updates the weights in place)."""
+        lm = self.base.get_output_embeddings()
+        src = self.heads.lm if self.kind == "medusa" and self.heads.lm is not None else lm.weight
+        bias = None if src is not lm.weight else getattr(lm, "bias", None)
+        version = (src._version, None if bias is None else bias._version)
+        if self._columns is None or self._columns[0] is not columns or self._columns[1] != version:
+            cols = columns.to(src.device)
+            w = src.detach().index_select(src.dim() - 2, cols).contiguous()
+            b = None if bias is None else bias.detach().index_select(0, cols).contiguous()
+            self._columns = (columns, version, (w, b))
+        return self._columns[2]
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache: bool = False, heads: bool = True, **base_kwargs) -> BlockwiseOutput:
@@ -279,24 +357,24 @@ class BlockwiseModel(nn.Module):
             head_hidden = self.heads(hidden)
         head_logits = None
         if heads:
-            head_logits = torch.cat([out.logits.unsqueeze(-2), self.unembed(head_hidden)], dim=-2)
+            head_logits = torch.cat([out.logits.unsqueeze(-2), self.project_heads(head_hidden)], dim=-2)
         return BlockwiseOutput(logits=out.logits, head_logits=head_logits, hidden=hidden,
                                past_key_values=pkv, head_hidden=head_hidden)
 
     def head_logits_from(self, out: BlockwiseOutput, positions: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """All heads' logits at ``positions`` (indices into the s positions of ``out``): [b, len(positions), h, V].
 
-        Cheap for Stern heads (computed here from ``out.hidden``); for dynamo the head states
+        Cheap for position-wise heads (computed here from ``out.hidden``); for dynamo the head states
         come from the forward (run whenever ``use_cache`` or ``heads`` was true).
         """
         pos = torch.as_tensor(positions, dtype=torch.long, device=out.logits.device).reshape(-1)
-        if self.kind == "stern":
+        if self.position_wise:
             states = out.head_hidden[:, pos] if out.head_hidden is not None else self.heads(out.hidden[:, pos])
         else:
             if out.head_hidden is None:
                 raise InputError("this dynamo forward ran without heads or cache; call it with heads=True or use_cache=True")
             states = out.head_hidden[:, pos]
-        return torch.cat([out.logits[:, pos].unsqueeze(-2), self.unembed(states)], dim=-2)
+        return torch.cat([out.logits[:, pos].unsqueeze(-2), self.project_heads(states)], dim=-2)
 
 
 def _dir_of(base: nn.Module) -> str | None:

@@ -15,6 +15,11 @@ model's output embedding (shared, tied) turns each into logits.
   rotary/absolute positions and KV caching are the base architecture's own code; positional
   and token embeddings of that one-layer backbone are zero and frozen, so it computes exactly
   ``final_norm(layer(stem))``. ``check_weight_transfer`` proves this on the concrete model.
+- ``MedusaHeads`` (Medusa, Cai et al. 2024; vLLM's and FasterDecoding's layout): head ``j`` is
+  ``num_layers`` residual blocks ``x <- x + SiLU(W_jl x + b_jl)`` on the final hidden state,
+  then its own LM head ``[V, H]`` (``lm_head="heads"``) or the base's output embedding
+  (``lm_head="tied"``). ``W, b`` start at zero and own LM heads as copies of the base's output
+  embedding, so before training every head predicts what head 1 predicts.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import copy
 import torch
 from torch import nn
 
-from latticedraft.errors import ModelError
+from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu.models import hf
 
 
@@ -112,6 +117,70 @@ class SternHeads(nn.Module):
         for j in range(self.num_extra):
             out[f"heads.{j}.fc1.weight"], out[f"heads.{j}.fc1.bias"] = self.w1[j], self.b1[j]
             out[f"heads.{j}.fc2.weight"], out[f"heads.{j}.fc2.bias"] = self.w2[j], self.b2[j]
+        return out
+
+
+LM_HEADS = ("heads", "tied")
+
+
+class MedusaHeads(nn.Module):
+    """``num_extra`` Medusa heads: ``num_layers`` residual SiLU blocks each, then an LM head.
+
+    Stacked weights: ``w [n, L, H, H]``, ``b [n, L, H]`` (absent with ``fc_bias=False``), and with
+    ``lm_head="heads"`` ``lm [n, V, H]`` (None when tied to the base's output embedding).
+    ``forward(hidden [..., H], count=None) -> [..., count, H]``: the states before the LM head
+    of the first ``count`` heads. ``lm_weights(first, n) -> [n, V, H]`` or None (tied).
+    ``logit_scale`` multiplies the heads' logits (vLLM's ``logit_scale``; 1 for heads trained here).
+    Checkpoint names are vLLM's: ``blocks.{j}.layers.{l}.weight`` / ``.bias``, ``lm_heads.{j}.weight``.
+    """
+
+    def __init__(self, hidden: int, num_extra: int, num_layers: int = 1, lm_head: str = "heads",
+                 fc_bias: bool = True, output_embedding: torch.Tensor | None = None, logit_scale: float = 1.0):
+        super().__init__()
+        if lm_head not in LM_HEADS:
+            raise ModelError(f"unknown Medusa lm_head {lm_head!r}; use one of {', '.join(LM_HEADS)}")
+        if not isinstance(num_layers, int) or num_layers < 0:
+            raise InputError(f"--medusa-layers {num_layers}: a Medusa head needs 0 or more residual blocks")
+        self.num_layers, self.lm_head, self.fc_bias = num_layers, lm_head, bool(fc_bias)
+        self.logit_scale = float(logit_scale)
+        self.w = nn.Parameter(torch.zeros(num_extra, num_layers, hidden, hidden))
+        self.b = nn.Parameter(torch.zeros(num_extra, num_layers, hidden)) if fc_bias else None
+        self.lm = None
+        if lm_head == "heads":
+            if output_embedding is None:
+                raise ModelError("Medusa heads with their own LM heads start from the base's output embedding; pass it")
+            self.lm = nn.Parameter(output_embedding.detach().float().clone()[None].repeat(num_extra, 1, 1))
+        self.act = nn.SiLU()
+        self._n = num_extra
+
+    @property
+    def num_extra(self) -> int:
+        return self._n
+
+    def forward(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
+        n = self.num_extra if count is None else min(int(count), self.num_extra)
+        lead, H = hidden.shape[:-1], hidden.shape[-1]
+        x = hidden.reshape(1, -1, H).expand(n, -1, H)  # [n, M, H]
+        for layer in range(self.num_layers):
+            w = self.w[:n, layer].transpose(1, 2)
+            z = torch.bmm(x, w) if self.b is None else torch.baddbmm(self.b[:n, layer, None, :], x, w)
+            x = x + self.act(z)
+        return x.transpose(0, 1).reshape(*lead, n, H)
+
+    def lm_weights(self, first: int, n: int) -> torch.Tensor | None:
+        """The own LM heads of heads ``first .. first+n-1`` (0-based among the extra heads): [n, V, H]; None if tied."""
+        return None if self.lm is None else self.lm[first : first + n]
+
+    def head_state_dict(self) -> dict[str, torch.Tensor]:
+        """Per-head views of the stacked weights (vLLM's names): copying into them loads a checkpoint."""
+        out = {}
+        for j in range(self.num_extra):
+            for layer in range(self.num_layers):
+                out[f"blocks.{j}.layers.{layer}.weight"] = self.w[j, layer]
+                if self.b is not None:
+                    out[f"blocks.{j}.layers.{layer}.bias"] = self.b[j, layer]
+            if self.lm is not None:
+                out[f"lm_heads.{j}.weight"] = self.lm[j]
         return out
 
 

@@ -58,13 +58,27 @@ def load_causal_lm(path: str | Path, device=None, dtype=None) -> nn.Module:
         hf_logging.disable_progress_bar()
     p = check_model_dir(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=resolve_dtype(dtype))
+        model, info = AutoModelForCausalLM.from_pretrained(str(p), dtype=resolve_dtype(dtype), output_loading_info=True)
     except Exception as e:  # safetensors, json, size mismatches: any failure here is a bad directory
         raise ModelError(f"model directory {p} cannot be loaded as a causal LM ({brief(e)}); "
                          "check its config.json and weights, or re-save the model") from e
+    check_loading_info(info, p)
     if device is not None:
         model = model.to(device)
     return model.eval()
+
+
+def check_loading_info(info: dict, path: Path) -> None:
+    """``ModelError`` when ``from_pretrained(..., output_loading_info=True)`` reports weights the config
+    does not describe, or config parts the weights lack (transformers would start those at random)."""
+    for key, what in (("missing_keys", "lacks weights its config.json describes"),
+                      ("mismatched_keys", "has weights of other shapes than its config.json describes"),
+                      ("unexpected_keys", "has weights its config.json does not describe")):
+        names = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get(key) or ())
+        if names:
+            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+            raise ModelError(f"model directory {path} {what} ({names[0]}{more}); the config and the weights come "
+                             "from different models: copy the matching config.json or re-save the model")
 
 
 def brief(e: BaseException, limit: int = 160) -> str:

@@ -58,7 +58,7 @@ def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: f
     v = out.logits.shape[-1]
     losses = [ce(out.logits[:, :-1].float().reshape(-1, v), batch[:, 1:].reshape(-1))]
     for j in range(2, bm.num_heads + 1):
-        logits = bm.unembed(states[:, : s - j, j - 2], grad_scale=scale).float()
+        logits = bm.project_heads(states[:, : s - j, j - 2 : j - 1], first=j - 2, grad_scale=scale)[:, :, 0].float()
         losses.append(ce(logits.reshape(-1, v), batch[:, j:].reshape(-1)))
     return losses
 
@@ -75,6 +75,8 @@ def train_heads(
     lr_base: float = 1e-5,
     lr_stem: float = 1e-6,
     ffn_dim: int | None = None,
+    medusa_layers: int = 1,
+    medusa_lm_head: str = "heads",
     tokenizer_path: str | Path | None = None,
     resume: bool = False,
     save_dtype: str = "float32",
@@ -88,7 +90,9 @@ def train_heads(
     ``cfg.lr`` is LR_M (the new heads). With ``unfreeze`` the base trains too at ``lr_base`` (LR_B)
     and the heads' gradient into the trunk is scaled by ``lr_stem / lr_base`` (LR_MB); the
     updated base is then saved into ``out_dir/base``. ``lambdas`` weights the per-head losses
-    (length ``num_heads``, default all 1). The config names ``base_dir`` relatively.
+    (length ``num_heads``, default all 1). The config names ``base_dir`` relatively. ``kind="medusa"``:
+    ``medusa_layers`` residual blocks per head and ``medusa_lm_head`` ("heads": one LM head each,
+    starting from the base's output embedding; "tied": the base's output embedding).
     """
     import hashlib
 
@@ -114,7 +118,8 @@ def train_heads(
     check_tokenizer_fits(tok, base, where=f"the base model in {base_dir}")
     tokens = encode_files(corpus, tok, encoding_errors)
     windows = TokenWindows(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, source=f"the corpus ({len(corpus)} files)")
-    bm = BlockwiseModel.from_base(base, num_heads, kind, seed=cfg.seed, ffn_dim=ffn_dim)
+    bm = BlockwiseModel.from_base(base, num_heads, kind, seed=cfg.seed, ffn_dim=ffn_dim, medusa_layers=medusa_layers,
+                                  medusa_lm_head=medusa_lm_head)
     for p in bm.base.parameters():
         p.requires_grad_(unfreeze)
     head_params = bm.head_parameters()
@@ -124,7 +129,8 @@ def train_heads(
         groups.append({"params": [p for p in bm.base.parameters() if id(p) not in ids], "lr": lr_base})
     with open(base_dir / "config.json", "rb") as f:
         base_id = hashlib.sha256(f.read()).hexdigest()[:16]
-    key = {"kind": kind, "num_heads": num_heads, "ffn_dim": ffn_dim, "lambdas": lambdas, "unfreeze": unfreeze,
+    medusa = {"medusa_layers": medusa_layers, "medusa_lm_head": medusa_lm_head} if kind == "medusa" else {}
+    key = {"kind": kind, "num_heads": num_heads, "ffn_dim": ffn_dim, **medusa, "lambdas": lambdas, "unfreeze": unfreeze,
            "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None, "base_config": base_id,
            "tokenizer": fingerprint(tok), "tokens": int(len(tokens)),
            "optim": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"}}
@@ -153,7 +159,7 @@ def train_heads(
             bm.save_pretrained(stage, base_ref=os.path.relpath(base_dir.resolve(), out.resolve()))
         bm.float()
         write_json_atomic(stage / "training.json", {
-            "kind": kind, "num_heads": num_heads, "lambdas": lambdas, "unfreeze": unfreeze,
+            "kind": kind, "num_heads": num_heads, **medusa, "lambdas": lambdas, "unfreeze": unfreeze,
             "lr_heads": cfg.lr, "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None,
             "optim": asdict(cfg), "head_parameters": sum(p.numel() for p in head_params),
             "corpus_files": len(corpus), "corpus_tokens": int(len(tokens)), "steps": res.steps, "tokens_seen": res.tokens,

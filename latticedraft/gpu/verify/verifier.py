@@ -178,19 +178,14 @@ class Forward:
         at node ``nodes[i]`` of row i: [b, h-1, V'] (V' = ``len(vocab)`` when a reduced draft
         vocabulary is given, else V; [b, 0, V] for a model without heads). The base model's
         own head is not projected here: its argmax at that node is the walk's bonus token."""
-        if self.lazy:
-            # Stern heads are FFNs on the final hidden state: run them on the b selected states
-            # and project all h-1 heads in one 2-D matmul (onto the draft vocabulary if given)
+        if self.lazy:  # position-wise heads: run them on the b selected final hidden states only
             hid = self.hidden[torch.arange(len(nodes), device=self.hidden.device), nodes.to(self.hidden.device)]
-            extra = None if self.num_heads is None else self.num_heads - 1
-            if extra == 0 or not hasattr(self.model, "heads"):  # the base model's head only (no drafting heads)
+            extra = 0 if not hasattr(self.model, "draft_logits") else (
+                self.model.num_heads if self.num_heads is None else self.num_heads) - 1
+            if extra <= 0:  # the base model's head only (no drafting heads)
                 return hid.new_zeros(len(nodes), 0, len(vocab) if vocab is not None else
                                      hf.model_vocab_size(getattr(self.model, "base", self.model)))
-            states = self.model.heads(hid, extra)  # [b, h-1, H]
-            b, h, H = states.shape
-            flat = states.reshape(-1, H)
-            out = vocab.project(flat) if vocab is not None else self.model.unembed(flat)
-            return out.view(b, h, -1)
+            return self.model.draft_logits(hid, extra, None if vocab is None else vocab.ids)
         b = self.logits.shape[0]
         rows = torch.arange(b, device=self.logits.device)
         nodes = nodes.to(self.logits.device)
@@ -205,8 +200,8 @@ class Forward:
 class DraftVocab:
     """A reduced vocabulary the extra heads project onto (FR-Spec, EAGLE-3): the V' most
     frequent token ids of the training corpus. Drafting only: verification always uses the full
-    vocabulary in the model's dtype, so the output is unchanged. ids: int64[V'] token ids;
-    ``project(states [m, H]) -> [m, V']`` uses the matching rows of the output embedding."""
+    vocabulary in the model's dtype, so the output is unchanged. ids: int64[V'] token ids (the
+    heads project onto them: ``BlockwiseModel.draft_logits(..., columns=ids)``)."""
 
     def __init__(self, model, ids):
         lm = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -218,15 +213,9 @@ class DraftVocab:
             raise InputError(f"draft vocabulary ids must lie in [0, {V}) and be non-empty; got {len(ids)} ids "
                              f"in [{ids.min() if len(ids) else '-'}, {ids.max() if len(ids) else '-'}]")
         self.ids = torch.as_tensor(ids, device=lm.weight.device)
-        self.weight = lm.weight.detach().index_select(0, self.ids).contiguous()
-        bias = getattr(lm, "bias", None)
-        self.bias = None if bias is None else bias.detach().index_select(0, self.ids).contiguous()
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
-
-    def project(self, states: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(states, self.weight, self.bias)
 
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
@@ -234,9 +223,9 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling",
 
 def lazy_logits_ok(model) -> bool:
     """True when logits may be computed later from the final hidden states with the output
-    embedding alone (``model.unembed``): a Stern ``BlockwiseModel`` whose base applies no
-    soft-capping or scaling to its logits."""
-    if getattr(model, "kind", None) != "stern" or not hasattr(model, "unembed"):
+    embedding alone (``model.unembed``): a ``BlockwiseModel`` with position-wise heads (Stern,
+    Medusa: ``draft_logits``) whose base applies no soft-capping or scaling to its logits."""
+    if not getattr(model, "position_wise", False) or not hasattr(model, "unembed"):
         return False
     cfg = base_config(model)
     return all(getattr(cfg, a, None) in (None, 1.0) for a in _LOGIT_TRANSFORMS)

@@ -131,8 +131,8 @@ def test_fewer_than_two_heads_rejected(h):
 
 
 def test_unknown_kind_rejected():
-    with pytest.raises(InputError, match="stern or dynamo"):
-        BlockwiseModel.from_base(make_tiny("gpt2"), 3, "medusa")
+    with pytest.raises(InputError, match="stern, medusa or dynamo"):
+        BlockwiseModel.from_base(make_tiny("gpt2"), 3, "hydra")
 
 
 @pytest.mark.parametrize("other", [dict(hidden=48), dict(vocab=101)])
@@ -204,3 +204,50 @@ def test_left_padding_with_2d_mask(arch_name, kind, ids):
         padded = bm(batch, attention_mask=mask, position_ids=pos)
         alone = bm(short[None])
     torch.testing.assert_close(padded.head_logits[1, 3:], alone.head_logits[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,lm_head", [("stern", None), ("medusa", "heads"), ("medusa", "tied")])
+def test_draft_logits_equal_the_forward_heads_and_project_onto_columns(kind, lm_head, ids):
+    """``draft_logits`` at stored final hidden states = the forward's heads 2..count+1, and with
+    ``columns`` exactly those vocabulary entries (the lazy verifier path and the draft vocabulary)."""
+    kw = {} if lm_head is None else dict(medusa_lm_head=lm_head, medusa_layers=2)
+    bm = BlockwiseModel.from_base(make_tiny("llama"), 4, kind, **kw).eval()
+    perturb_heads(bm)
+    assert bm.position_wise
+    cols = torch.tensor([3, 0, 17, 96, 40])
+    with torch.no_grad():
+        out = bm(ids)
+        hid = out.hidden.reshape(-1, out.hidden.shape[-1])
+        full = out.head_logits.reshape(-1, 4, V)
+        torch.testing.assert_close(bm.draft_logits(hid, 3), full[:, 1:], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(bm.draft_logits(hid, 2), full[:, 1:3], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(bm.draft_logits(hid, 3, cols), full[:, 1:, cols], rtol=1e-5, atol=1e-6)
+        assert bm.draft_logits(hid, 0, cols).shape == (hid.shape[0], 0, 5)
+        proj = bm.heads.lm if lm_head == "heads" else bm.base.get_output_embeddings().weight
+        proj.mul_(-1.5)  # a changed projection is seen: the column cache follows the weights (training)
+        torch.testing.assert_close(bm.draft_logits(hid, 3, cols), bm.draft_logits(hid, 3)[..., cols], rtol=1e-5, atol=1e-6)
+
+
+def test_draft_logits_refuses_dynamo(ids):
+    bm = BlockwiseModel.from_base(make_tiny("gpt2"), 3, "dynamo").eval()
+    assert not bm.position_wise
+    with pytest.raises(ModelError, match="position-wise"):
+        bm.draft_logits(torch.zeros(2, 32), 2)
+
+
+def test_medusa_config_round_trip(ids, tmp_path):
+    base = make_tiny("gpt2")
+    base.save_pretrained(tmp_path / "base")
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
+    bm = BlockwiseModel.from_base(base, 3, "medusa", medusa_layers=2, medusa_lm_head="tied", medusa_fc_bias=False,
+                                  logit_scale=0.5).eval()
+    perturb_heads(bm)
+    bm.save_pretrained(tmp_path / "heads")
+    loaded = BlockwiseModel.from_pretrained(tmp_path / "heads")
+    h = loaded.heads
+    assert (h.num_layers, h.lm_head, h.fc_bias, h.logit_scale) == (2, "tied", False, 0.5)
+    with torch.no_grad():
+        assert torch.equal(bm(ids).head_logits, loaded(ids).head_logits)
+        plain = BlockwiseModel.from_base(base, 3, "medusa", medusa_layers=2, medusa_lm_head="tied", medusa_fc_bias=False)
+        plain.heads.load_state_dict(bm.heads.state_dict())
+        torch.testing.assert_close(bm(ids).head_logits[..., 1:, :], 0.5 * plain(ids).head_logits[..., 1:, :])

@@ -43,6 +43,11 @@ def test_lms_load_with_auto_class_and_fit_the_tokenizer(name, tok):
 
     with safe_open(str(D / name / "model.safetensors"), "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}  # committed as fp16
+    # ... but the config says float32: a plain load is what the CLI runs, not emulated half precision
+    from latticedraft.gpu.models.hf import load_causal_lm
+
+    ours = load_causal_lm(D / name).state_dict()
+    assert m.dtype == torch.float32 and all(torch.equal(v, ours[k]) for k, v in m.state_dict().items())
 
 
 def test_rescorers_are_about_a_tenth_and_a_quarter_of_the_base():

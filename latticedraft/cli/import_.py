@@ -1,0 +1,35 @@
+"""``latticedraft import <verb>``: read heads trained elsewhere into a latticedraft head directory
+(``import medusa``: vLLM's or FasterDecoding's Medusa checkpoints). ``import`` is a Python keyword,
+hence the module's name."""
+
+from __future__ import annotations
+
+
+def _cmd_import_medusa(a) -> int:
+    from latticedraft.gpu.models.medusa_io import import_medusa
+    from latticedraft.paths import check_writable
+
+    check_writable(a.out, "--out", "directory")
+    r = import_medusa(a.src, a.base, a.out)
+    print(f"imported {r.num_heads} Medusa heads ({r.layout} layout, {r.num_layers} residual "
+          f"block{'s' if r.num_layers != 1 else ''} each, {'own LM heads' if r.lm_head == 'heads' else 'tied LM head'}, "
+          f"{r.dtype}) to {r.out_dir}; decode with --model {r.out_dir}")
+    return 0
+
+
+def add_parser(groups) -> None:
+    grp = groups.add_parser("import", help="read heads trained elsewhere (Medusa checkpoints)",
+                            description="Read heads trained elsewhere into a latticedraft head directory that every "
+                                        "drafter decodes with.")
+    verbs = grp.add_subparsers(dest="verb", required=True, metavar="<verb>")
+    p = verbs.add_parser("medusa", help="Medusa heads in vLLM's or FasterDecoding's layout",
+                         description="Read Medusa heads (vLLM's layout: config.json + blocks.I.layers.L.weight, "
+                                     "lm_heads.I.weight; FasterDecoding's: medusa_head.I.L.linear.weight in "
+                                     "medusa_lm_head.pt or .safetensors) for the base model BASE and write a head "
+                                     "directory: N Medusa heads become heads 2..N+1 beside the base's own head 1.")
+    p.add_argument("src", metavar="SRC", help="Medusa checkpoint directory (config.json and the weights)")
+    p.add_argument("--base", required=True, metavar="BASE", help="the base model directory (HF format) the heads were "
+                                                                 "trained on")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output head directory (heads_config.json names "
+                                                                    "BASE relatively)")
+    p.set_defaults(func=_cmd_import_medusa)
