@@ -106,8 +106,9 @@ def _cmd_decode_dataset(a) -> int:
         method=a.method, model=resolved(a.model, default_model_dir()),
         tokenizer=None if a.tokenizer is None else resolved(a.tokenizer, None), max_new_tokens=a.max_new_tokens,
         verify=a.verify, spec=spec, lm=resolved(a.lm, default_lm_dir()),
-        rescorer=resolved(a.rescorer, default_rescorer_dir()))
-    plan = dr.plan_output(a.output, world, settings, a.resume)
+        rescorer=resolved(a.rescorer, default_rescorer_dir()),
+        draft_model=None if a.draft_model is None else resolved(a.draft_model, None))
+    plan = dr.plan_output(a.output, world, settings, a.resume, prompts=a.prompts)
     loud = world.rank == 0 or not a.quiet_ranks
     if bad and world.rank == 0:
         print(summarize_bad(bad), file=sys.stderr)
@@ -117,7 +118,7 @@ def _cmd_decode_dataset(a) -> int:
     device = shards.device_for(world, a.device)
     shards.init(world, device)  # returns once every rank has joined, so after every rank's plan_output
     try:
-        s = Session(a.model, a.tokenizer, a.lm, a.rescorer, device, a.threads)
+        s = Session(a.model, a.tokenizer, a.lm, a.rescorer, device, a.threads, a.draft_model)
         check_model_limits(a, s.model)
         if a.method == "bpd":
             s.prepare(spec, batch_size=a.batch_size)
@@ -125,7 +126,7 @@ def _cmd_decode_dataset(a) -> int:
                                   verify=a.verify, batch_size=a.batch_size, sort_by_length=a.sort_by_length,
                                   quiet_ranks=a.quiet_ranks)
         if loud:
-            print(summary.line(world), file=sys.stderr)
+            print(summary.line(world, a.output), file=sys.stderr)
         merged = dr.finish_output(plan, prompts, device)
     finally:
         shards.finish(world)

@@ -38,7 +38,7 @@ def test_scan_finds_complete_records_and_a_torn_tail(tmp_path):
 
 
 @pytest.mark.parametrize("bad, needle", [
-    ("not json", "line 2 is not a record"),
+    ("not json", "line 2 is not JSON (Expecting value at column 1), not a record, though the line(s) before it are"),
     (json.dumps(_rec(1)), "line 2 repeats the record of prompt id 1"),
     (json.dumps(_rec(2, {**SETTINGS, "max_new_tokens": 16})), "max_new_tokens 16 there, 12 now"),
 ])
