@@ -155,7 +155,7 @@ def test_lm_sizes_are_bounded_by_memory(tmp_path, capsys, corpus, args, flag):
 
 
 def test_heads_batch_is_bounded_by_the_memory_there_is(tmp_path, capsys, base, corpus, monkeypatch):
-    """Under a 64 MiB budget (a memory cap), a batch whose logits alone need 200 MiB is refused with the
+    """Under a 64 MiB budget (a memory cap), a batch whose logits alone need 512 MiB is refused with the
     largest --batch-size that fits; the bisection's answer fits and one more does not."""
     import latticedraft.memory as mem
     from latticedraft.gpu.train import footprint

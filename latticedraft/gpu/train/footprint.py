@@ -3,10 +3,13 @@ without loading it) and a lower bound on the memory each ``train`` verb will tak
 
 Bytes are float32 (4 per number). A trained parameter costs 16 bytes (weight, gradient and
 AdamW's two moments), a frozen one 4. Of the activations only what one micro-batch must keep for
-the backward pass is counted, and from below: logits ``[b, s, V]`` twice (the logits and the
-cross-entropy's softmax), about 8 hidden-sized tensors ``[b, s, H]`` per trained layer, none for
-frozen layers run without gradients. So a run this estimate refuses cannot fit; one it admits
-may still not (the estimate ignores the allocator, the corpus and the framework itself).
+the backward pass is counted, and from below: the copies of the logits ``[b, s, V]`` alive at the
+peak of the backward pass (each loss's saved log-softmax, and one gradient of that size), about
+8 hidden-sized tensors ``[b, s, H]`` per trained layer (and two ``[b, s, F]`` of a trained MLP),
+none for frozen layers run without gradients. So a run this estimate refuses cannot fit; one it
+admits may still not (the estimate ignores the allocator, the corpus and the framework itself).
+``benchmarks/train_footprint.py`` checks it against measured peaks: 0.39-0.75 of the real growth
+of the resident set on CPU.
 
 Sizes: ``b`` = ``--batch-size``, ``s`` = ``--seq-len``, ``V`` vocabulary, ``H`` hidden size,
 ``L`` layers, ``F`` feed-forward width.
@@ -99,34 +102,36 @@ def read_base_shape(base_dir) -> BaseShape:
                      ffn=_first(cfg, "intermediate_size", "n_inner") or 4 * hidden, params=params)
 
 
-def _logits(b: int, s: int, v: int) -> int:
-    return 2 * b * s * v * F32
+def _logits(b: int, s: int, v: int, copies: int) -> int:
+    return copies * b * s * v * F32
 
 
 def lm_bytes(vocab: int, n_embd: int, n_layer: int, n_positions: int, ffn: int, b: int, s: int) -> int:
     """``train lm``: every parameter trained (learned positions counted, as GPT-2 has them)."""
     params = vocab * n_embd + n_positions * n_embd + n_layer * (4 * n_embd ** 2 + 2 * n_embd * ffn)
-    return params * TRAINED + n_layer * 8 * b * s * n_embd * F32 + _logits(b, s, vocab)
+    acts = n_layer * b * s * (8 * n_embd + 2 * ffn) * F32  # + the MLP's input and output of its activation
+    return params * TRAINED + acts + _logits(b, s, vocab, 2)
 
 
 def heads_bytes(base: BaseShape, heads: int, kind: str, ffn: int, b: int, s: int, unfreeze: bool) -> int:
-    """``train heads``: the base (trained with ``unfreeze``), heads 2..h and one logits tensor per head."""
+    """``train heads``: the base (trained with ``unfreeze``), heads 2..h, each head's saved log-softmax and one gradient."""
     per_head = 2 * base.hidden * ffn if kind == "stern" else base.layer_params
     extra = heads - 1
     base_bytes = base.params * (TRAINED if unfreeze else FROZEN)
     acts = extra * 8 * b * s * base.hidden * F32 + (base.layers * 8 * b * s * base.hidden * F32 if unfreeze else 0)
-    return base_bytes + extra * per_head * TRAINED + acts + heads * _logits(b, s, base.vocab)
+    return base_bytes + extra * per_head * TRAINED + acts + _logits(b, s, base.vocab, heads + 1)
 
 
 def adapter_bytes(base: BaseShape, b: int, s: int) -> int:
-    """``train adapter``: the frozen base, one trained attention layer, the teacher's and the adapter's logits."""
-    return (base.params * FROZEN + 4 * base.hidden ** 2 * TRAINED + 2 * _logits(b, s, base.vocab)
+    """``train adapter``: the frozen base, one trained attention layer, the teacher's probabilities, the
+    adapter's log-softmax and its gradient."""
+    return (base.params * FROZEN + 4 * base.hidden ** 2 * TRAINED + _logits(b, s, base.vocab, 3)
             + (base.layers + 1) * b * s * base.hidden * F32)
 
 
 def exit_heads_bytes(base: BaseShape, b: int, s: int) -> int:
-    """``train heads --early-exit``: the frozen base, an H x H map per layer 1..L-1 and its logits (all
-    kept until the summed loss's backward pass), and the teacher's."""
+    """``train heads --early-exit``: the frozen base, an H x H map per layer 1..L-1, and per layer the
+    teacher's probabilities and the head's log-softmax (all kept for the summed loss's backward pass)."""
     extra = base.layers - 1
-    return (base.params * FROZEN + extra * base.hidden ** 2 * TRAINED + (extra + 1) * _logits(b, s, base.vocab)
+    return (base.params * FROZEN + extra * base.hidden ** 2 * TRAINED + _logits(b, s, base.vocab, 2 * extra + 1)
             + (base.layers + 1) * b * s * base.hidden * F32)
