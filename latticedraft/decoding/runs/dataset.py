@@ -212,6 +212,8 @@ def decode_shard(session, plan: OutputPlan, prompts: list[Prompt], *, method: st
         done = summary.already + summary.decoded
         if plan.target is None:
             return f"the records of {summary.decoded} of {len(todo)} prompts were written to standard output"
+        if done == 0:
+            return f"no prompt had a complete record yet and {plan.target} was not written; rerun the command"
         return (f"{done} of {len(mine)} prompts have complete records in {plan.target}; rerun the same command with "
                 f"--resume to decode the other {len(mine) - done}")
 

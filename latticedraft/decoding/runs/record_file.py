@@ -125,20 +125,29 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class RecordWriter:
-    """Appends records to one file, first cutting off the torn tail that ``scan`` found."""
+    """Appends records to one file, first cutting off the torn tail that ``scan`` found. The file
+    (and its directory) is opened on the first record, so a run that fails before its first
+    record leaves no output behind and a torn tail as it was."""
 
     def __init__(self, path: Path, scanned: Scan | None = None):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
-        os.ftruncate(self.fd, scanned.complete_bytes if scanned is not None else 0)
-        os.lseek(self.fd, 0, os.SEEK_END)
+        self.keep = scanned.complete_bytes if scanned is not None else 0
+        self.fd = None
+
+    def _open(self) -> int:
+        if self.fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
+            os.ftruncate(self.fd, self.keep)
+            os.lseek(self.fd, 0, os.SEEK_END)
+        return self.fd
 
     def append(self, rec: dict) -> None:
-        _write_all(self.fd, (json.dumps(rec, ensure_ascii=False) + "\n").encode())
+        _write_all(self._open(), (json.dumps(rec, ensure_ascii=False) + "\n").encode())
 
     def sync(self) -> None:
-        os.fsync(self.fd)
+        if self.fd is not None:
+            os.fsync(self.fd)
 
     def close(self) -> None:
         if self.fd is not None:

@@ -7,7 +7,7 @@ seed and ``i``), a tqdm bar with every loss term, and a stop on a non-finite los
 the last good checkpoint and says so. An interrupt (Ctrl-C) names the checkpoint it keeps.
 
 Where a command may write (and what ``--force`` / ``--resume`` mean there) is ``outputs.py``'s
-rule: each ``train_*`` function calls ``claim_output`` before any work and ``finish_dir`` at the end.
+rule: each ``train_*`` function calls ``outputs.claim_dir`` before any work and ``finish_dir`` at the end.
 """
 
 from __future__ import annotations
@@ -124,20 +124,32 @@ def run_training(
     ``out_dir/checkpoint.pt`` with the optimizer, the schedule and ``config_key``; resuming from a
     checkpoint whose ``config_key`` differs raises ``ModelError``. ``stop_after`` ends this run after
     that many steps with a checkpoint to ``resume`` from (time-sliced training on a shared machine).
-    Without ``resume`` an existing checkpoint is removed first (the caller's ``claim_output`` allowed
-    that only under ``--force``). Resuming a checkpoint of the last step trains no more steps and
+    Without ``resume`` an existing checkpoint is removed first (the caller's ``outputs.claim_dir``
+    allowed that only under ``--force``); a directory this call made is removed again when the run
+    fails before writing anything into it. Resuming a checkpoint of the last step trains no more steps and
     returns a finished result, so an interrupted ``finish_dir`` completes on ``--resume``.
     """
     cfg.validate()
     out_dir = Path(out_dir)
+    made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run(module, param_groups, loss_fn, windows, cfg, out_dir, config_key, resume, desc, device, stop_after)
+    except BaseException:
+        if made and not any(out_dir.iterdir()):  # a run that failed before its first checkpoint leaves no directory
+            out_dir.rmdir()
+        raise
+
+
+def _run(module, param_groups, loss_fn, windows, cfg: OptimConfig, out_dir: Path, config_key: dict, resume: bool,
+         desc: str, device, stop_after: int | None) -> TrainResult:
     ckpt_path = out_dir / CHECKPOINT
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW(param_groups, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_lr_lambda(cfg.steps, cfg.warmup_frac))
     start, history, before = 0, [], 0.0  # before: seconds the earlier slices trained
     if not resume:
-        ckpt_path.unlink(missing_ok=True)  # allowed by claim_output (--force) or absent
+        ckpt_path.unlink(missing_ok=True)  # allowed by outputs.claim_dir (--force) or absent
     if resume:
         if not ckpt_path.is_file():
             raise InputError(f"--resume given but {ckpt_path} does not exist; drop --resume to start afresh")

@@ -173,3 +173,15 @@ def test_bad_ids_are_shown_as_written(tmp_path, capsys, bundle, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"prompt": "a", "id": true}\n')))
     refused(capsys, _decode(bundle, "--prompts", "-", "--output", tmp_path / "o.jsonl"), "'id' true is neither",
             watch=[tmp_path])
+
+
+def test_a_run_that_fails_before_its_first_record_leaves_no_output(tmp_path, capsys, bundle, monkeypatch):
+    from latticedraft.decoding.runs.session import Session
+    from latticedraft.errors import InputError
+
+    def refuse(self, *a, **k):
+        raise InputError("--max-new-tokens: this prompt does not fit (a refusal found while decoding)")
+
+    monkeypatch.setattr(Session, "decode", refuse)
+    refused(capsys, _decode(bundle, "--prompts", bundle / "prompts.jsonl", "--output", tmp_path / "sub" / "o.jsonl"),
+            "--max-new-tokens", watch=[tmp_path])

@@ -33,8 +33,12 @@ def test_scan_finds_complete_records_and_a_torn_tail(tmp_path):
     w.close()
     assert rf.scan(f, SETTINGS).order == [1, "b", 3] and not rf.scan(f, SETTINGS).torn
     assert rf.scan(tmp_path / "missing.jsonl", SETTINGS).order == []
-    rf.RecordWriter(tmp_path / "new" / "dir" / "out.jsonl").close()  # the directory is made
-    assert (tmp_path / "new" / "dir" / "out.jsonl").read_bytes() == b""
+    rf.RecordWriter(tmp_path / "new" / "dir" / "out.jsonl").close()  # no record: nothing is made
+    assert not (tmp_path / "new").exists()
+    w = rf.RecordWriter(tmp_path / "new" / "dir" / "out.jsonl")
+    w.append(_rec(1))  # the first record makes the directory and the file
+    w.close()
+    assert rf.scan(tmp_path / "new" / "dir" / "out.jsonl", SETTINGS).order == [1]
 
 
 @pytest.mark.parametrize("bad, needle", [
