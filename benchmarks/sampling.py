@@ -99,7 +99,6 @@ def main(argv=None) -> int:
     dyn = None
     if "DynaMo" in a.rows:
         from latticedraft.lm.cooccurrence import resolve_table
-        from latticedraft.paths import data_dir
 
         dmodel = Session(a.dynamo_model or data_dir() / "heads-dynamo", None, threads=a.threads).model
         dyn = (dmodel, resolve_table("auto", s.tokenizer, notify=lambda m: print(m, file=sys.stderr)))

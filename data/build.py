@@ -112,8 +112,9 @@ def _train_lm(name: str, arch: dict, opt: dict) -> None:
     from latticedraft.gpu.train.loop import OptimConfig
 
     out = DATA / name
+    resume = (out / "checkpoint.pt").is_file()
     res = train_lm(DATA / "tokenizer", stdlib_split("train"), out, LMArch(**arch), OptimConfig(seed=SEED, **opt),
-                   resume=(out / "checkpoint.pt").is_file(), save_dtype="float16")
+                   resume=resume, force=not resume, save_dtype="float16")
     _record_float32(out)
     print(f"{name}: {res.steps} steps, {res.tokens} tokens, {res.seconds} s, final loss {res.losses}")
 
@@ -138,9 +139,9 @@ def _train_heads(name: str) -> None:
 
     spec = HEADS[name]
     out = DATA / name
+    resume = (out / "checkpoint.pt").is_file()
     res = train_heads(DATA / "base", stdlib_split("train"), out, spec["num_heads"], spec["kind"],
-                      OptimConfig(seed=SEED, **spec["opt"]), resume=(out / "checkpoint.pt").is_file(),
-                      save_dtype="float16")
+                      OptimConfig(seed=SEED, **spec["opt"]), resume=resume, force=not resume, save_dtype="float16")
     print(f"{name}: {res.steps} steps, {res.tokens} tokens, {res.seconds} s, final loss {res.losses}")
 
 
@@ -317,9 +318,10 @@ def _train_self_draft(name: str) -> None:
     resume = (out / "checkpoint.pt").is_file()
     if name == "adapter-kangaroo":
         res = train_adapter(DATA / "base", stdlib_split("train"), out, spec["exit_layer"], cfg, resume=resume,
-                            save_dtype="float16")
+                            force=not resume, save_dtype="float16")
     else:
-        res = train_exit_heads(DATA / "base", stdlib_split("train"), out, cfg, resume=resume, save_dtype="float16")
+        res = train_exit_heads(DATA / "base", stdlib_split("train"), out, cfg, resume=resume, force=not resume,
+                               save_dtype="float16")
     from latticedraft.decoding.runs.loaders import load_model
 
     split = LayerSplit(load_model(DATA / "base"))

@@ -56,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         where = f" {e.filename}" if e.filename else ""
         print(f"error:{where}: {e.strerror or e}; check the path and its permissions", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:  # what was kept and how to continue (interrupts.keeping)
+        from latticedraft.interrupts import message
+
+        print("error: " + message(e), file=sys.stderr)
         return 130
 
 

@@ -78,8 +78,6 @@ def _check_output(a) -> None:
     if a.prompts is None:
         raise InputError("--output needs --prompts FILE.jsonl (- reads standard input); use --prompts for a data set")
     refuse_given(a, ("json",), "--output writes one JSON record per prompt already")
-    if a.prompts != "-" and a.output != "-" and Path(a.prompts).resolve() == Path(a.output).resolve():
-        raise InputError(f"--output {a.output} is the --prompts file; write the records to another file")
 
 
 def _dataset(a, method, options, sampling) -> int:
@@ -104,7 +102,7 @@ def _dataset(a, method, options, sampling) -> int:
                                files=files)
     if a.truncate_left is not None:
         settings["truncate_left"] = a.truncate_left
-    plan = dr.plan_output(a.output, world, settings, a.resume)
+    plan = dr.plan_output(a.output, world, settings, a.resume, prompts=a.prompts)
     loud = world.rank == 0 or not a.quiet_ranks
     if bad and world.rank == 0:
         print(summarize_bad(bad), file=sys.stderr)
@@ -122,7 +120,7 @@ def _dataset(a, method, options, sampling) -> int:
                                   verify=a.verify, batch_size=a.batch_size, sort_by_length=a.sort_by_length,
                                   quiet_ranks=a.quiet_ranks, sampling=sampling, label=method.label(options, sampling))
         if loud:
-            print(summary.line(world), file=sys.stderr)
+            print(summary.line(world, a.output), file=sys.stderr)
         merged = dr.finish_output(plan, prompts, device)
     finally:
         shards.finish(world)

@@ -70,6 +70,7 @@ def _cmd_eval(a) -> int:
 
     if a.records is not None:
         return _cmd_eval_records(a)
+    refuse_given(a, ("force",), "--force applies to eval --records --out DIR")
     check_ranges(a)
     check_writable(a.out, "--out", "directory")
     values, given_ = option_values(a), given_dests(a)
@@ -118,12 +119,13 @@ def _cmd_eval_records(a) -> int:
     """``eval --records OUT.jsonl``: a ``decode --output`` run per rank and in total."""
     from latticedraft.cli.checks import given, refuse_given
     from latticedraft.decoding.runs import rank_summary
-    from latticedraft.paths import check_writable
 
-    refuse_given(a, [d for d in a._defaults if d not in ("records", "out")],
-                 "eval --records summarizes a finished decode --output run (only --out applies)")
+    refuse_given(a, [d for d in a._defaults if d not in ("records", "out", "force")],
+                 "eval --records summarizes a finished decode --output run (only --out and --force apply)")
     if given(a, "out"):
-        check_writable(a.out, "--out", "directory")
+        rank_summary.check_out(a.out, a.force)
+    else:
+        refuse_given(a, ("force",), "eval --records writes files only with an explicit --out")
     summary = rank_summary.summarize(rank_summary.read_records(a.records))
     print(rank_summary.table(summary))
     if given(a, "out"):
@@ -139,6 +141,9 @@ def add_parser(groups) -> None:
     p.add_argument("--records", default=None, metavar="OUT.jsonl",
                    help="instead: summarize a `decode --output` run, per rank and in total (block efficiency, "
                         "tokens/s); writes records.json and records.md only with an explicit --out")
+    p.add_argument("--force", action="store_true",
+                   help="with --records --out DIR: replace the records.json and records.md an earlier eval --records "
+                        "wrote there")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="{\"prompt\", \"reference\"?} per line (default data/prompts.jsonl)")
     p.add_argument("--num-prompts", type=int, default=20, help="prompts evaluated (default 20)")
     p.add_argument("--skip", type=int, default=0, help="skip the first N prompts (the tuning split of `tune`)")

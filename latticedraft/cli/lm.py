@@ -69,15 +69,24 @@ def _cmd_lm_convert(a) -> int:
     import time
 
     from latticedraft.errors import InputError
-    from latticedraft.lm.wfst import arpa_to_fst, check_unk_cost
-    from latticedraft.paths import check_writable
+    from latticedraft.lm.build import MAX_VOCAB
+    from latticedraft.lm.wfst import arpa_to_fst, check_unk_cost, fst_bytes, is_fst_file, is_fst_npz
+    from latticedraft.memory import check_fits
+    from latticedraft.outputs import claim_file
 
     check_unk_cost(a.unk_cost)
-    check_writable(a.out, "--out", "file")
-    if a.out.exists() and not a.force:
-        raise InputError(f"--out {a.out} exists; pass --force to replace it")
+    if a.vocab_size is not None:
+        if not 1 <= a.vocab_size <= MAX_VOCAB:
+            raise InputError(f"--vocab-size {a.vocab_size} is outside 1..{MAX_VOCAB} (token ids label the WFST as "
+                             "int32, id + 1)")
+        check_fits({"--vocab-size": a.vocab_size}, lambda s: fst_bytes(s["--vocab-size"]),
+                   doing="for the WFST's arrays (its unigram state has an arc per id)")
     if not a.out.parent.is_dir():
         raise InputError(f"the directory of --out {a.out} does not exist; create it first")
+    for path, flag, what, own in ((a.out, "--out", "an OpenFst LM (lm.fst)", is_fst_file),
+                                  (a.out.with_suffix(".npz"), "the .npz beside --out", "the CSR cache of an LM (lm.npz)",
+                                   is_fst_npz)):
+        claim_file(path, force=a.force, is_own=own, what=what, command="latticedraft lm convert", flag=flag)
     t0 = time.perf_counter()
     f = arpa_to_fst(a.arpa, a.out, vocab_size=a.vocab_size, unk_cost=a.unk_cost)
     print(f"wrote {a.out} (+ {a.out.with_suffix('.npz').name}): order {f.order}, {f.vocab_size} labels, "
@@ -110,7 +119,9 @@ def add_parser(groups) -> None:
     t.add_argument("--train-tokenizer", type=int, metavar="VOCAB_SIZE", help="train a byte-level BPE on the corpus")
     b.add_argument("--memory", default="512M", help="lmplz/build_binary sorting memory, e.g. 512M, 4G, 20%% (default 512M)")
     b.add_argument("--temp-dir", type=Path, help="where lmplz puts its temporary files (default: the build directory)")
-    b.add_argument("--force", action="store_true", help="replace an existing build in --out")
+    b.add_argument("--force", action="store_true",
+                   help="replace an existing LM build in --out (one with manifest.json; files you added there are "
+                        "kept; any other directory is refused)")
     b.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
                    help="non-UTF-8 bytes in the corpus: fail naming the byte (strict) or replace them")
     b.add_argument("--unk-cost", type=float, default=1000.0, help="cost (-ln p) of ids never seen, >= 0 (default 1000)")
@@ -139,7 +150,8 @@ def add_parser(groups) -> None:
     c.add_argument("--vocab-size", type=int, help="V, the tokenizer's vocabulary size (default: largest id + 1)")
     c.add_argument("--unk-cost", type=float, default=1000.0,
                    help="cost of ids absent from the ARPA, >= 0 (default 1000)")
-    c.add_argument("--force", action="store_true", help="replace an existing --out")
+    c.add_argument("--force", action="store_true",
+                   help="replace an existing --out (and the .npz beside it) that lm convert wrote")
     c.set_defaults(func=_cmd_lm_convert)
     x = sub.add_parser("index", help="write the memory-mapped search tables (tables/) into an older LM build",
                        description="Write DIR/tables/, the exact searches' arrays as .npy files that every process "
@@ -180,8 +192,9 @@ def _add_lm_cooccurrence(sub, build_parser) -> None:
 
 
 def _cmd_lm_cooccurrence(a) -> int:
-    from latticedraft.lm.cooccurrence import CooccurrenceStats, build_for_lm_dir
+    from latticedraft.lm.cooccurrence import CooccurrenceStats, build_for_lm_dir, cooccurrence_output
 
+    cooccurrence_output(a.lm, a.force)  # before standard input is read
     with stdin_corpus(a.corpus or []) as corpus:
         out = build_for_lm_dir(a.lm, tokenizer_path=a.tokenizer, corpus=corpus or None,
                                encoding_errors=a.encoding_errors, force=a.force)

@@ -6,25 +6,8 @@ import argparse
 from pathlib import Path
 
 from latticedraft.cli.args import stdin_corpus
-
-
-def _optim_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
-    g = p.add_argument_group("optimisation (AdamW β=(0.9, 0.95), ε=1e-8, cosine schedule)")
-    g.add_argument("--steps", type=int, default=steps, help=f"optimizer updates (default {steps})")
-    g.add_argument("--lr", type=float, default=lr, help=f"peak learning rate (default {lr})")
-    g.add_argument("--batch-size", type=int, default=16, help="windows per micro-batch (default 16)")
-    g.add_argument("--seq-len", type=int, default=256, help="tokens per window (default 256)")
-    g.add_argument("--grad-accum", type=int, default=1, help="micro-batches per update (default 1)")
-    g.add_argument("--warmup-frac", type=float, default=0.01, help="linear warm-up fraction of the steps (default 0.01)")
-    g.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
-    g.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints (default 100)")
-    g.add_argument("--seed", type=int, default=0, help="seed for initialisation and batch order (default 0)")
-    g.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (same settings required)")
-    g.add_argument("--stop-after", type=int, default=None, help="stop after N steps this run, leaving a checkpoint to --resume")
-    g.add_argument("--save-dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="dtype of the saved weights")
-    g.add_argument("--device", default=None, help="torch device (default cpu)")
-    g.add_argument("--encoding-errors", default="strict", choices=["strict", "replace"],
-                   help="non-UTF-8 bytes in the corpus: fail naming the byte (strict) or replace them")
+from latticedraft.cli.train_checks import check_training, check_training_memory
+from latticedraft.cli.train_checks import optim_args as _optim_args
 
 
 def _optim_config(a):
@@ -45,42 +28,43 @@ def _print_trained(res, loss_label: str) -> int:
     return 0
 
 
-def _check_train(a) -> None:
-    """What ``train lm`` / ``train heads`` can check before reading the corpus or loading a model."""
-    from latticedraft.cli.checks import at_least, check_device, finite
-    from latticedraft.paths import check_writable
-
-    check_device(a.device)
-    check_writable(a.out, "--out", "directory")
-    for d in ("steps", "batch_size", "seq_len", "grad_accum", "checkpoint_every", "stop_after", "sliding_window", "ffn_dim"):
-        at_least(a, d, 1)
-    for d in ("lr", "warmup_frac", "weight_decay"):
-        finite(a, d)
-
-
 def _cmd_train_lm(a) -> int:
+    from dataclasses import replace
+
+    from latticedraft.gpu.train import footprint
     from latticedraft.gpu.train.lm import LMArch, train_lm
     from latticedraft.lm.corpus import resolve_corpus
+    from latticedraft.lm.tokenizer import load_tokenizer
+    from latticedraft.outputs import TRAINED_LM
 
-    _check_train(a)
+    check_training(a, TRAINED_LM)
+    arch = LMArch(n_embd=a.n_embd, n_layer=a.n_layer, n_head=a.n_head, n_positions=a.n_positions, family=a.family,
+                  sliding_window=a.sliding_window, ffn_dim=a.ffn_dim)
+    arch.check(a.seq_len)
+    vocab = load_tokenizer(a.tokenizer).get_vocab_size(with_added_tokens=True)
+    sizes = {"--n-embd": a.n_embd, "--n-layer": a.n_layer, "--n-positions": a.n_positions,
+             "--batch-size": a.batch_size, "--seq-len": a.seq_len}
+    if a.ffn_dim is not None:
+        sizes["--ffn-dim"] = a.ffn_dim
+    check_training_memory(a, sizes, lambda s: footprint.lm_bytes(
+        vocab, s["--n-embd"], s["--n-layer"], s["--n-positions"],
+        s.get("--ffn-dim", replace(arch, n_embd=s["--n-embd"]).ffn), s["--batch-size"], s["--seq-len"]))
 
     with stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)
-        res = train_lm(a.tokenizer, files, a.out,
-                       LMArch(n_embd=a.n_embd, n_layer=a.n_layer, n_head=a.n_head, n_positions=a.n_positions,
-                              family=a.family, sliding_window=a.sliding_window, ffn_dim=a.ffn_dim),
-                       _optim_config(a), resume=a.resume, save_dtype=a.save_dtype, device=a.device,
-                       encoding_errors=a.encoding_errors, stop_after=a.stop_after)
+        res = train_lm(a.tokenizer, files, a.out, arch, _optim_config(a), resume=a.resume, save_dtype=a.save_dtype,
+                       device=a.device, encoding_errors=a.encoding_errors, stop_after=a.stop_after, force=a.force)
     return _print_trained(res, "final loss")
 
 
 def _cmd_train_heads(a) -> int:
-    from latticedraft.gpu.train.heads import train_heads
+    from latticedraft.gpu.train import footprint
+    from latticedraft.gpu.train.heads import check_head_options, train_heads
     from latticedraft.lm.corpus import resolve_corpus
+    from latticedraft.outputs import HEADS
 
     from latticedraft.cli.checks import at_least, refuse_given
 
-    _check_train(a)
     at_least(a, "medusa_layers", 0)
     if a.kind != "medusa":
         refuse_given(a, ("medusa_layers", "medusa_lm_head"), f"--kind {a.kind} heads are not Medusa heads")
@@ -92,6 +76,15 @@ def _cmd_train_heads(a) -> int:
         from latticedraft.errors import InputError
 
         raise InputError("train heads needs --heads H (the number of heads), or --early-exit for PPD's per-layer heads")
+    check_head_options(a.heads, a.seq_len, a.lambdas)
+    base = check_training(a, HEADS, base_dir=a.base)
+    at_least(a, "ffn_dim", 1)
+    sizes = {"--heads": a.heads, "--batch-size": a.batch_size, "--seq-len": a.seq_len}
+    if a.kind == "stern" and a.ffn_dim is not None:
+        sizes["--ffn-dim"] = a.ffn_dim
+    check_training_memory(a, sizes, lambda s: footprint.heads_bytes(
+        base, s["--heads"], a.kind, s.get("--ffn-dim", a.ffn_dim or 4 * base.hidden), s["--batch-size"],
+        s["--seq-len"], a.unfreeze))
 
     with stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)
@@ -99,40 +92,57 @@ def _cmd_train_heads(a) -> int:
                           unfreeze=a.unfreeze, lr_base=a.lr_base, lr_stem=a.lr_stem, ffn_dim=a.ffn_dim,
                           medusa_layers=a.medusa_layers, medusa_lm_head=a.medusa_lm_head,
                           tokenizer_path=a.tokenizer, resume=a.resume, save_dtype=a.save_dtype, device=a.device,
-                          encoding_errors=a.encoding_errors, stop_after=a.stop_after)
+                          encoding_errors=a.encoding_errors, stop_after=a.stop_after, force=a.force)
     return _print_trained(res, "final loss per head")
 
 
 def _cmd_train_exit_heads(a) -> int:
     """``train heads --early-exit``: PPD's per-layer early-exit heads (``gpu/exit_heads.py``)."""
     from latticedraft.cli.checks import refuse_given
+    from latticedraft.gpu.train import footprint
     from latticedraft.gpu.train.self_draft import train_exit_heads
     from latticedraft.lm.corpus import resolve_corpus
+    from latticedraft.outputs import EXIT_HEADS
 
     refuse_given(a, ("heads", "lambdas", "ffn_dim"), "--early-exit trains one head per layer by distillation")
     if a.kind != "stern" or a.unfreeze:
         from latticedraft.errors import InputError
 
         raise InputError("--early-exit trains early-exit heads on a frozen base; drop --kind and --unfreeze")
+    base = check_training(a, EXIT_HEADS, base_dir=a.base)
+    if base.layers < 2:
+        from latticedraft.errors import InputError
+
+        raise InputError(f"--early-exit needs a base of at least 2 layers; {base.path} has {base.layers}")
+    check_training_memory(a, {"--batch-size": a.batch_size, "--seq-len": a.seq_len},
+                          lambda s: footprint.exit_heads_bytes(base, s["--batch-size"], s["--seq-len"]))
     with stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)
         res = train_exit_heads(a.base, files, a.out, _optim_config(a), tokenizer_path=a.tokenizer, resume=a.resume,
                                save_dtype=a.save_dtype, device=a.device, encoding_errors=a.encoding_errors,
-                               stop_after=a.stop_after)
+                               stop_after=a.stop_after, force=a.force)
     return _print_trained(res, "final distillation loss per layer")
 
 
 def _cmd_train_adapter(a) -> int:
     """``train adapter``: Kangaroo's self-drafting adapter (``gpu/adapter.py``)."""
+    from latticedraft.errors import InputError
+    from latticedraft.gpu.train import footprint
     from latticedraft.gpu.train.self_draft import train_adapter
     from latticedraft.lm.corpus import resolve_corpus
+    from latticedraft.outputs import ADAPTER
 
-    _check_train(a)
+    base = check_training(a, ADAPTER, base_dir=a.base)
+    if not 1 <= a.exit_layer < base.layers:
+        raise InputError(f"--exit-layer {a.exit_layer} must lie in [1, {base.layers - 1}] for a base of {base.layers} "
+                         f"layers ({base.path}; the remaining layers verify)")
+    check_training_memory(a, {"--batch-size": a.batch_size, "--seq-len": a.seq_len},
+                          lambda s: footprint.adapter_bytes(base, s["--batch-size"], s["--seq-len"]))
     with stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)
         res = train_adapter(a.base, files, a.out, a.exit_layer, _optim_config(a), tokenizer_path=a.tokenizer,
                             resume=a.resume, save_dtype=a.save_dtype, device=a.device,
-                            encoding_errors=a.encoding_errors, stop_after=a.stop_after)
+                            encoding_errors=a.encoding_errors, stop_after=a.stop_after, force=a.force)
     return _print_trained(res, "final")
 
 

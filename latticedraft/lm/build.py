@@ -27,15 +27,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Sequence
 
-from latticedraft.errors import BuildError, InputError
+from latticedraft.errors import InputError
 from latticedraft.atomic import atomic_file, publish_mode
 from latticedraft.lm.corpus import resolve_corpus
 from latticedraft.lm.tokenizer import fingerprint, load_tokenizer, train_tokenizer
+from latticedraft.outputs import LM_BUILD, claim_dir
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 MIN_ORDER, MAX_ORDER = 2, 6
 SENTENCES = ("lines", "paragraphs", "files")
+MIN_TRAIN_VOCAB, MAX_VOCAB = 257, 2**31 - 2  # 256 bytes + end-of-text; FST labels (id + 1) are int32
 
 
 @dataclass
@@ -111,16 +113,26 @@ def validate(opts: BuildOptions) -> None:
         raise InputError(f"--encoding-errors {opts.encoding_errors!r}: use strict or replace")
     if opts.temp_dir is not None and not Path(opts.temp_dir).is_dir():
         raise InputError(f"--temp-dir {opts.temp_dir} is not an existing directory; create it or pick another")
-    out = Path(opts.out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} exists and is not a directory; choose a directory path")
-    if out.is_dir() and not opts.force:
-        if (out / MANIFEST).exists():
-            raise InputError(f"--out {out} already holds an LM build ({MANIFEST}); pass --force to replace it "
-                             "or choose another directory")
-        if any(out.iterdir()):
-            raise InputError(f"--out {out} is not empty and holds no LM build; choose a new or empty directory "
-                             "(or --force to replace its contents)")
+    if opts.train_tokenizer is not None and not MIN_TRAIN_VOCAB <= opts.train_tokenizer <= MAX_VOCAB:
+        raise InputError(f"--train-tokenizer {opts.train_tokenizer} is outside {MIN_TRAIN_VOCAB}..{MAX_VOCAB}: byte-level "
+                         "BPE needs 256 bytes + end-of-text, and token ids label the WFST as int32 (id + 1)")
+    _check_memory(opts.memory)
+    claim_dir(opts.out, LM_BUILD, force=opts.force)
+
+
+def _check_memory(memory: str) -> None:
+    """An absolute ``--memory`` must fit the machine: lmplz allocates it up front and fails late."""
+    from latticedraft.memory import available_bytes, human
+
+    m = _SIZE.match(memory)
+    number, unit = float(m.group(1)), m.group(2).lower()
+    if unit == "%":
+        return
+    scale = 1024 ** ("bkmgtpezy".index(unit) if unit else 1)  # lmplz reads a bare number as KiB
+    want, have = int(number * scale), available_bytes()
+    if have is not None and want > have:
+        raise InputError(f"--memory {memory} asks lmplz and build_binary for {human(want)}, but {human(have)} is "
+                         f"available on this machine; give at most {have // 2**20}M (or a percentage, e.g. 50%)")
 
 
 def _versions() -> dict:
@@ -156,9 +168,13 @@ def build(opts: BuildOptions) -> dict:
 
 
 def _install(work: Path, out: Path) -> None:
-    """Swap the finished build into ``out`` (the old contents, if any, are removed after)."""
+    """Swap the finished build into ``out``. What an earlier build wrote there is removed after;
+    anything else in ``out`` (files the user put beside the build) is moved into the new one."""
     old = None
     if out.exists():
+        for f in out.iterdir():
+            if not LM_BUILD.owns(f.name) and not (work / f.name).exists():
+                os.replace(f, work / f.name)
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.replace(out, old)
     publish_mode(work, directory=True)
@@ -336,8 +352,15 @@ def read_manifest(d: str | Path) -> dict:
     if not d.is_dir():
         raise InputError(f"LM directory {d} does not exist; build one with `latticedraft lm build --out {d}`")
     if not m.is_file():
-        raise InputError(f"{d} holds no {MANIFEST}, so it is not a complete LM build; rebuild it with "
-                         f"`latticedraft lm build --out {d} --force`")
+        from latticedraft.outputs import describe_dir
+
+        names = [p.name for p in d.iterdir()]
+        what = ("not an LM build (the directory is empty)" if not names
+                else "not a complete LM build (a build writes it last)" if all(LM_BUILD.owns(n) for n in names)
+                else f"not an LM build (it holds {describe_dir(d)})")
+        raise InputError(f"{d} holds no {MANIFEST}, so it is {what}; pass a directory written by `latticedraft lm "
+                         "build`, or build one into a new directory with `latticedraft lm build --corpus FILES "
+                         "--tokenizer TOKENIZER --out NEW_DIR`")
     try:
         return json.loads(m.read_text())
     except (OSError, json.JSONDecodeError) as e:

@@ -256,6 +256,32 @@ class CooccurrenceStats:
         return stats
 
 
+def _is_table(p: Path) -> bool:
+    """Whether ``p`` is an ``.npz`` with a co-occurrence header (what ``save`` writes), without reading it."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(p) as z:
+            return "header.npy" in z.namelist() and "unigram.npy" in z.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def cooccurrence_output(lm_dir: str | Path, force: bool = False) -> Path:
+    """``lm_dir/cooccurrence.npz`` if ``lm cooccurrence`` may write it (checked before counting):
+    the directory exists, and an existing table is replaced only with ``force`` (a file there that
+    is no co-occurrence table never is)."""
+    from latticedraft.outputs import claim_file
+
+    from latticedraft.paths import require_dir
+
+    d = require_dir(lm_dir, "LM build directory", "pass --lm DIR, a directory `latticedraft lm build` wrote")
+    out = d / FILE_NAME
+    claim_file(out, force=force, is_own=_is_table, what="a co-occurrence table", command="latticedraft lm cooccurrence",
+               flag="--lm")
+    return out
+
+
 def build_for_lm_dir(lm_dir: str | Path, tokenizer_path: str | Path | None = None, corpus: Sequence[str] | None = None,
                      encoding_errors: str = "strict", force: bool = False) -> Path:
     """Count co-occurrences for an LM build directory and write ``<lm_dir>/cooccurrence.npz``.
@@ -268,11 +294,7 @@ def build_for_lm_dir(lm_dir: str | Path, tokenizer_path: str | Path | None = Non
     from latticedraft.lm.tokenizer import load_tokenizer
 
     d = Path(lm_dir)
-    if not d.is_dir():
-        raise InputError(f"LM build directory {d} does not exist; run `latticedraft lm build --out {d}` first")
-    out = d / FILE_NAME
-    if out.exists() and not force:
-        raise InputError(f"{out} already exists; pass --force to rebuild it")
+    out = cooccurrence_output(d, force)
     manifest = {}
     if (d / "manifest.json").is_file():
         manifest = json.loads((d / "manifest.json").read_text())

@@ -185,9 +185,10 @@ def test_non_empty_directory_without_build(tmp_path, corpus_file):
     out = tmp_path / "lm"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(InputError, match="not empty and holds no LM build"):
-        build(_opts(corpus_file, out))
-    assert (out / "notes.txt").read_text() == "mine"
+    for force in (False, True):  # --force replaces an LM build only, never another directory
+        with pytest.raises(InputError, match=r"holds 1 entry \(notes.txt\), not an LM build .*choose a new or empty"):
+            build(_opts(corpus_file, out, force=force))
+    assert (out / "notes.txt").read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == ["lm"]
 
 
 def _fake_tool(tmp_path, monkeypatch, name: str, script: str):

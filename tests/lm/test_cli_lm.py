@@ -65,7 +65,7 @@ def test_convert_and_its_errors(tmp_path, tiny_arpa):
     assert r.returncode == 0, r.stderr
     assert "7 states" in r.stdout and out.is_file() and out.with_suffix(".npz").is_file()
     r = _cli("convert", tiny_arpa, "--out", out)
-    assert r.returncode == 2 and "exists; pass --force" in r.stderr
+    assert r.returncode == 2 and "already holds an OpenFst LM (lm.fst); pass --force" in r.stderr
     bad = tmp_path / "bad.arpa"
     bad.write_text(tiny_arpa.read_text().replace("-0.9\t0 1\t-0.15", "-0.9\t0 x\t-0.15"))
     r = _cli("convert", bad, "--out", tmp_path / "bad.fst")

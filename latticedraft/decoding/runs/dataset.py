@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from latticedraft import interrupts
 from latticedraft.decoding.runs import record_file as rf
 from latticedraft.decoding.runs.prompt_set import Prompt
 from latticedraft.decoding.runs.shards import World, shard_of
@@ -63,9 +64,13 @@ class OutputPlan:
         return rf.fingerprint(self.settings)
 
 
-def plan_output(output: str, world: World, settings: dict, resume: bool) -> OutputPlan:
-    """Check OUT against ``resume`` and ``settings`` and find this rank's finished prompts."""
+def plan_output(output: str, world: World, settings: dict, resume: bool, prompts: str | None = None) -> OutputPlan:
+    """Check OUT against ``resume``, ``settings`` and the prompt file ``prompts`` (OUT must be
+    another file) and find this rank's finished prompts."""
     plan = OutputPlan(output, world, settings)
+    if output != STDOUT and prompts not in (None, STDOUT) and _same_file(prompts, output):
+        raise InputError(f"--output {output} is the --prompts file itself; write the records to another file "
+                         "(a run appends them to --output)")
     if output == STDOUT:
         if resume:
             raise InputError("--resume needs --output FILE: records written to standard output (-) cannot be read back")
@@ -79,10 +84,9 @@ def plan_output(output: str, world: World, settings: dict, resume: bool) -> Outp
     check_writable(out, "--output", "file")
     parts = rf.part_files(out)
     if not resume:
-        if (out.exists() and out.stat().st_size > 0) or parts:
-            held = out if out.exists() else parts[0]
-            raise InputError(f"--output {out}: {held} already holds records; pass --resume to continue that run, "
-                             "or choose another --output")
+        held = out if out.exists() and out.stat().st_size > 0 else (parts[0] if parts else None)
+        if held is not None:
+            raise InputError(_existing(out, held))
     plan.target = rf.part_path(out, world.rank, world.size) if world.distributed else out
     # this rank reads OUT, its own part file and parts of other world sizes (no rank writes
     # those now); the parts of its fellow ranks are theirs until the merge
@@ -95,6 +99,28 @@ def plan_output(output: str, world: World, settings: dict, resume: bool) -> Outp
         if path == plan.target:
             plan.target_scan = sc
     return plan
+
+
+def _same_file(a: str, b: str) -> bool:
+    pa, pb = Path(a), Path(b)
+    if pa.exists() and pb.exists():
+        return pa.samefile(pb)
+    return pa.resolve() == pb.resolve()
+
+
+def _existing(out: Path, held: Path) -> str:
+    """The refusal for an OUT (or part file ``held``) that exists without ``--resume``: records of
+    an earlier run can be resumed; any other file is named for what it is and never appended to."""
+    from latticedraft.decoding.runs import line_kinds as lk
+
+    with open(held, "rb") as f:
+        head = f.read(1 << 20)
+    first = head.split(b"\n", 1)[0]
+    if lk.describe_line(first) is None or (b"\n" not in head and lk.is_torn_tail(first)):
+        return (f"--output {out}: {held} already holds records of a `decode --output` run; pass --resume to continue "
+                "that run (the same settings), or choose another --output")
+    return rf.not_records("--output", out, 1, lk.describe_line(first) or "a record", head,
+                          "choose another --output (a run appends its records to it)", "")
 
 
 def my_prompts(prompts: list[Prompt], world: World) -> list[Prompt]:
@@ -151,8 +177,11 @@ class ShardSummary:
     calls: int = 0
     seconds: float = 0.0
 
-    def line(self, world: World) -> str:
+    def line(self, world: World, output: str = "--output") -> str:
         who = f"rank {world.rank}/{world.size}: " if world.distributed else ""
+        if self.decoded == 0:
+            return (f"{who}nothing left to decode: all {self.prompts} prompts already have complete records in "
+                    f"{output}" if self.prompts else f"{who}no prompts fall to this rank")
         rate = self.tokens / self.seconds if self.seconds > 0 else 0.0
         be = self.tokens / self.calls if self.calls else 0.0
         return (f"{who}decoded {self.decoded} of {self.prompts} prompts ({self.already} already had records), "
@@ -202,27 +231,39 @@ def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, opt
         writer = rf.RecordWriter(plan.target, plan.target_scan)
     bar = progress_bar(world, len(mine), summary.already, quiet_ranks, progress_file)
     t0 = time.perf_counter()
-    try:
-        for batch in batches(todo, [len(x) for x in ids], batch_size, sort_by_length):
-            t_batch = time.perf_counter()
-            res = session.decode([ids[i] for i in batch], method, options, max_new_tokens=max_new_tokens, verify=verify,
-                                 batch_size=len(batch), sampling=sampling, rows=[work.rows[i] for i in batch])
-            recs = records(res, session.tokenizer, session.base_dir, [todo[i].text for i in batch])
-            share = round((time.perf_counter() - t_batch) / len(batch), 6)
-            for i, rec in zip(batch, recs):
-                writer.append({"id": todo[i].id, "fingerprint": plan.fingerprint, **rec, "method": label or method,
-                               "share_seconds": share,
-                               "rank": world.rank, "world_size": world.size, "settings": plan.settings})
-            writer.sync()
-            summary.decoded += len(batch)
-            summary.tokens += res.tokens
-            summary.calls += res.calls
-            summary.seconds = time.perf_counter() - t0
-            bar.update(len(batch))
-            bar.set_postfix_str(f"{summary.tokens / max(summary.seconds, 1e-9):.1f} tok/s", refresh=False)
-    finally:
-        writer.close()
-        bar.close()
+
+    def kept() -> str:  # what an interrupt leaves (interrupts.keeping)
+        done = summary.already + summary.decoded
+        if plan.target is None:
+            return f"the records of {summary.decoded} of {len(todo)} prompts were written to standard output"
+        if done == 0:
+            return f"no prompt had a complete record yet and {plan.target} was not written; rerun the command"
+        return (f"{done} of {len(mine)} prompts have complete records in {plan.target}; rerun the same command with "
+                f"--resume to decode the other {len(mine) - done}")
+
+    with interrupts.keeping(kept):
+        try:
+            for batch in batches(todo, [len(x) for x in ids], batch_size, sort_by_length):
+                t_batch = time.perf_counter()
+                res = session.decode([ids[i] for i in batch], method, options, max_new_tokens=max_new_tokens,
+                                     verify=verify, batch_size=len(batch), sampling=sampling,
+                                     rows=[work.rows[i] for i in batch])
+                recs = records(res, session.tokenizer, session.base_dir, [todo[i].text for i in batch])
+                share = round((time.perf_counter() - t_batch) / len(batch), 6)
+                for i, rec in zip(batch, recs):
+                    writer.append({"id": todo[i].id, "fingerprint": plan.fingerprint, **rec, "method": label or method,
+                                   "share_seconds": share,
+                                   "rank": world.rank, "world_size": world.size, "settings": plan.settings})
+                    summary.decoded += 1
+                writer.sync()
+                summary.tokens += res.tokens
+                summary.calls += res.calls
+                summary.seconds = time.perf_counter() - t0
+                bar.update(len(batch))
+                bar.set_postfix_str(f"{summary.tokens / max(summary.seconds, 1e-9):.1f} tok/s", refresh=False)
+        finally:
+            writer.close()
+            bar.close()
     return summary
 
 
@@ -236,5 +277,9 @@ def finish_output(plan: OutputPlan, prompts: list[Prompt], device=None) -> tuple
     if plan.world.rank != 0 or plan.target is None:
         return None
     out = Path(plan.output)
-    scans = [rf.scan(p, plan.settings) for p in [out, *rf.part_files(out)] if p.exists()]
-    return rf.merge(out, scans, [p.id for p in prompts])
+    parts = " and its part files" if plan.world.distributed else ""
+    note = (f"every record is kept in {out}{parts} (the merge writes a new file and renames it); rerun the same "
+            "command with --resume to put them in prompt order")
+    with interrupts.keeping(lambda: note):
+        scans = [rf.scan(p, plan.settings) for p in [out, *rf.part_files(out)] if p.exists()]
+        return rf.merge(out, scans, [p.id for p in prompts])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from latticedraft.decoding.runs.line_kinds import show_id
 from latticedraft.errors import InputError
 
 
@@ -46,7 +47,7 @@ def _check(rec, line: int) -> str | None:
     if not rec["prompt"]:
         return "an empty prompt"
     if "id" in rec and (isinstance(rec["id"], bool) or not isinstance(rec["id"], (str, int))):
-        return f"'id' {rec['id']!r} is neither a string nor an integer"
+        return f"'id' {show_id(rec['id'])} is neither a string nor an integer"
     return None
 
 
@@ -69,7 +70,7 @@ def parse_prompt_set(text: str, where: str, skip_bad: bool = False,
         if why is None:
             pid = rec.get("id", n)
             if pid in seen:
-                why = f"a duplicate id {pid!r} (first on line {seen[pid]})"
+                why = f"a duplicate id {show_id(pid)} (first on line {seen[pid]})"
         if why is not None:
             if not skip_bad:
                 raise InputError(f"{where} line {n}: {why}; fix that line, or pass --skip-bad to leave bad lines out")

@@ -15,35 +15,57 @@ from pathlib import Path
 from latticedraft.errors import InputError
 
 
+FIELDS = ("id", "fingerprint", "tokens", "calls", "share_seconds")
+
+
 def read_records(path) -> list[dict]:
-    """The records of a merged OUT file; ``InputError`` names a line that is not one, a second
-    fingerprint or a repeated id."""
+    """The records of a merged OUT file; ``InputError`` names what a line that is no record is
+    instead (a --prompts file, ``decode --json`` output, a tokenizer …, with advice for that), a torn
+    last line (finish that run with ``--resume``), a second fingerprint or a repeated id."""
+    from latticedraft.decoding.runs import line_kinds as lk
+    from latticedraft.decoding.runs.record_file import not_records
     from latticedraft.paths import require_file
 
     p = require_file(path, "--records", "give the OUT.jsonl of `latticedraft decode --output`")
+    data = p.read_bytes()
     recs, ids, fp = [], set(), None
-    for n, line in enumerate(p.read_text(encoding="utf-8").split("\n"), 1):
-        if not line.strip():
+    lines = data.split(b"\n")
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
             continue
-        try:
-            r = json.loads(line)
-            ok = isinstance(r, dict) and {"id", "fingerprint", "tokens", "calls", "share_seconds"} <= set(r)
-        except json.JSONDecodeError:
-            ok = False
-        if not ok:
-            raise InputError(f"--records {p} line {n} is not a record of `decode --output` (a torn last line: "
-                             "finish the run with --resume first)")
+        r, why = lk.parse_line(raw, FIELDS)
+        if why is not None:
+            last = n == len(lines)  # no newline after it
+            if last and lk.is_torn_tail(raw):
+                raise InputError(f"--records {p} ends with a torn line (line {n}: a run was stopped while writing it); "
+                                 f"finish that run first: rerun its `latticedraft decode --prompts IN --output {p}` "
+                                 "command with --resume")
+            raise InputError(not_records("--records", p, n if recs else 1, why, data, _foreign_fix(data, p),
+                                         "remove line {line}, or summarize the OUT.jsonl of one run"))
         if fp is not None and r["fingerprint"] != fp:
             raise InputError(f"--records {p} line {n} has fingerprint {r['fingerprint']}, line 1 {fp}: the file "
                              "mixes runs with different settings; summarize one run at a time")
         if r["id"] in ids:
-            raise InputError(f"--records {p} line {n} repeats prompt id {r['id']!r}; remove one of the two")
+            raise InputError(f"--records {p} line {n} repeats prompt id {lk.show_id(r['id'])}; remove one of the two")
         fp = r["fingerprint"]
         ids.add(r["id"])
         recs.append(r)
     if not recs:
-        raise InputError(f"--records {p} holds no records")
+        raise InputError(f"--records {p} is empty (no records); give the OUT.jsonl of a `decode --output` run")
     return recs
+
+
+def _foreign_fix(data: bytes, p) -> str:
+    """Advice for a --records file of another kind."""
+    from latticedraft.decoding.runs import line_kinds as lk
+
+    kind = lk.describe_file(data)
+    if kind == lk.JSON_OUTPUT:
+        return "run `latticedraft decode --prompts IN --output OUT.jsonl` instead and summarize OUT.jsonl"
+    if kind == lk.PROMPTS_FILE:
+        return (f"decode it first with `latticedraft decode --prompts {p} --output OUT.jsonl`, then summarize "
+                "OUT.jsonl")
+    return "give the OUT.jsonl that `latticedraft decode --prompts IN --output OUT.jsonl` wrote"
 
 
 def _row(recs: list[dict], seconds: float) -> dict:
@@ -73,6 +95,36 @@ def table(summary: dict) -> str:
     rows = [fmt(k, r) for k, r in summary["ranks"].items()]
     rows.append(fmt(f"all ({len(summary['ranks'])} rank(s), longest rank's time)", summary["total"]))
     return "\n".join([head, *rows])
+
+
+def _is_summary_json(p: Path) -> bool:
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(obj, dict) and {"ranks", "total", "fingerprint"} <= set(obj)
+
+
+def _is_summary_table(p: Path) -> bool:
+    try:
+        with open(p, "rb") as f:
+            return f.read(12) == b"| rank | pro"
+    except OSError:
+        return False
+
+
+def check_out(out_dir, force: bool) -> None:
+    """``eval --records --out DIR``: ``records.json`` and ``records.md`` there are replaced only with
+    ``force``, and only when an earlier ``eval --records`` wrote them (``outputs.claim_file``)."""
+    from latticedraft.outputs import claim_file
+    from latticedraft.paths import check_writable
+
+    out = Path(out_dir)
+    check_writable(out, "--out", "directory")
+    for name, what, own in (("records.json", "a records summary (records.json)", _is_summary_json),
+                            ("records.md", "a records table (records.md)", _is_summary_table)):
+        claim_file(out / name, force=force, is_own=own, what=what, command="latticedraft eval --records",
+                   flag="--out")
 
 
 def write(summary: dict, out_dir) -> dict:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from latticedraft.atomic import atomic_file
+from latticedraft.decoding.runs import line_kinds as lk
 from latticedraft.errors import InputError
 
 TIMING_FIELDS = ("seconds", "share_seconds")  # differ between runs of the same settings
@@ -67,9 +68,24 @@ class Scan:
     torn: bool = False
 
 
+def not_records(flag: str, path, line: int, why: str, data: bytes, foreign_fix: str, line_fix: str) -> str:
+    """The refusal for a file that should hold ``decode --output`` records but whose line ``line``
+    is ``why`` instead: a file of another kind when that is its first line (named by
+    ``line_kinds.describe_file``; ``foreign_fix``), else a record file that was edited or joined
+    with another (``line_fix``, formatted with ``line``)."""
+    if line == 1:
+        kind = lk.describe_file(data)
+        return (f"{flag} {path} is not a record file of `latticedraft decode --output`: it looks like {kind}"
+                f"{'' if kind in lk.WHOLE_FILE_KINDS else f' (line 1 is {why})'}; {foreign_fix}")
+    return (f"{flag} {path} line {line} is {why}, not a record, though the line(s) before it are records (the file "
+            f"was edited or joined with another); {line_fix.format(line=line)}")
+
+
 def scan(path: Path, settings: dict, flag: str = "--output") -> Scan:
-    """The complete records of ``path`` (missing: none). ``InputError`` when a complete line is no
-    record of ``decode --output``, repeats an id, or was written with other settings (naming them)."""
+    """The complete records of ``path`` (missing: none). ``InputError`` when a line is no record
+    of ``decode --output`` (naming what it is instead), repeats an id, or was written with other
+    settings (naming them). Bytes after the last newline are a torn record to cut off only when
+    they start as a record does; anything else there is refused, never cut."""
     fp = fingerprint(settings)
     s = Scan(Path(path))
     if not s.path.exists():
@@ -77,21 +93,23 @@ def scan(path: Path, settings: dict, flag: str = "--output") -> Scan:
     data = s.path.read_bytes()
     end = data.rfind(b"\n") + 1
     s.complete_bytes, s.torn = end, end < len(data)
-    for n, raw in enumerate(data[:end].split(b"\n")[:-1], 1):
-        try:
-            rec = json.loads(raw)
-            ok = isinstance(rec, dict) and "id" in rec and "fingerprint" in rec
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            ok = False
-        if not ok:
-            raise InputError(f"{flag} {path} line {n} is not a record of `latticedraft decode --output`; "
-                             "remove that line or write to another --output")
+    lines = data[:end].split(b"\n")[:-1]
+    foreign_fix = f"choose another {flag} (a run appends its records to it)"
+    if s.torn and not lk.is_torn_tail(data[end:]):
+        n = len(lines) + 1
+        raise InputError(not_records(flag, path, n, lk.describe_line(data[end:]) or "a record without its newline",
+                                     data, foreign_fix, "remove line {line} or write to another " + flag))
+    for n, raw in enumerate(lines, 1):
+        rec, why = lk.parse_line(raw)
+        if why is not None:
+            raise InputError(not_records(flag, path, n, why, data, foreign_fix,
+                                         "remove line {line} or write to another " + flag))
         if rec["fingerprint"] != fp:
             raise InputError(f"{flag} {path} line {n} was written with other settings "
                              f"({describe_difference(rec.get('settings') or {}, settings)}); "
                              "rerun with the same settings to --resume, or write to another --output")
         if rec["id"] in s.lines:
-            raise InputError(f"{flag} {path} line {n} repeats the record of prompt id {rec['id']!r}; "
+            raise InputError(f"{flag} {path} line {n} repeats the record of prompt id {lk.show_id(rec['id'])}; "
                              "remove one of the two lines")
         s.lines[rec["id"]] = raw + b"\n"
         s.records[rec["id"]] = rec
@@ -107,20 +125,29 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class RecordWriter:
-    """Appends records to one file, first cutting off the torn tail that ``scan`` found."""
+    """Appends records to one file, first cutting off the torn tail that ``scan`` found. The file
+    (and its directory) is opened on the first record, so a run that fails before its first
+    record leaves no output behind and a torn tail as it was."""
 
     def __init__(self, path: Path, scanned: Scan | None = None):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
-        os.ftruncate(self.fd, scanned.complete_bytes if scanned is not None else 0)
-        os.lseek(self.fd, 0, os.SEEK_END)
+        self.keep = scanned.complete_bytes if scanned is not None else 0
+        self.fd = None
+
+    def _open(self) -> int:
+        if self.fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o666)
+            os.ftruncate(self.fd, self.keep)
+            os.lseek(self.fd, 0, os.SEEK_END)
+        return self.fd
 
     def append(self, rec: dict) -> None:
-        _write_all(self.fd, (json.dumps(rec, ensure_ascii=False) + "\n").encode())
+        _write_all(self._open(), (json.dumps(rec, ensure_ascii=False) + "\n").encode())
 
     def sync(self) -> None:
-        os.fsync(self.fd)
+        if self.fd is not None:
+            os.fsync(self.fd)
 
     def close(self) -> None:
         if self.fd is not None:

@@ -104,8 +104,11 @@ def model_vocab_size(model: nn.Module) -> int:
 
 def check_tokenizer_fits(tokenizer, model: nn.Module, where: str = "the model") -> None:
     """The tokenizer's vocabulary must be the model's (padding the model's up to a multiple of 128 is allowed)."""
-    nt = tokenizer.get_vocab_size(with_added_tokens=True)
-    nm = model_vocab_size(model)
+    check_vocab_fits(tokenizer.get_vocab_size(with_added_tokens=True), model_vocab_size(model), where)
+
+
+def check_vocab_fits(nt: int, nm: int, where: str = "the model") -> None:
+    """``check_tokenizer_fits`` on sizes: a tokenizer of ``nt`` tokens, a model vocabulary of ``nm``."""
     padded = -(-nt // 128) * 128
     if nt > nm or (nt != nm and nm != padded):
         raise ModelError(

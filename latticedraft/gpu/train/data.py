@@ -29,6 +29,14 @@ def progress_enabled() -> bool:
     return sys.stderr.isatty()
 
 
+def quiet_hf_progress() -> None:
+    """Turn transformers' own bars ("Writing model shards", "Loading weights") off unless stderr is a terminal."""
+    if not progress_enabled():
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
 def _cache_file(files: Sequence[Path], tokenizer, encoding_errors: str) -> Path:
     from latticedraft.lm.tokenizer import fingerprint
     from latticedraft.paths import cache_dir

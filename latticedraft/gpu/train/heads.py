@@ -23,12 +23,12 @@ from typing import Sequence
 import torch
 
 from latticedraft.errors import InputError
+from latticedraft.outputs import HEADS, claim_dir
 from latticedraft.gpu.models.heads import scale_grad
-from latticedraft.gpu.train.data import TokenWindows, encode_files
+from latticedraft.gpu.train.data import TokenWindows, encode_files, quiet_hf_progress
 from latticedraft.gpu.train.loop import (
     OptimConfig,
     TrainResult,
-    check_resume,
     finish_dir,
     run_training,
     write_json_atomic,
@@ -63,6 +63,22 @@ def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: f
     return losses
 
 
+def check_head_options(num_heads: int, seq_len: int, lambdas: Sequence[float] | None) -> list[float]:
+    """``--heads`` in [2, ``seq_len`` - 1] (head h predicts token t+h inside a window) and one
+    non-negative finite ``--lambdas`` weight per head; returns the weights (default all 1)."""
+    from latticedraft.gpu.models.blockwise import _check_num_heads
+
+    _check_num_heads(num_heads)
+    if num_heads >= seq_len:
+        raise InputError(f"--heads {num_heads} must be smaller than --seq-len {seq_len} (each head needs a target "
+                         f"token in the window); use --heads 2..{seq_len - 1} or a longer --seq-len")
+    weights = [1.0] * num_heads if lambdas is None else [float(x) for x in lambdas]
+    if len(weights) != num_heads or any(not (0 <= x < float("inf")) for x in weights):
+        raise InputError(f"--lambdas needs {num_heads} finite non-negative weights (one per head), got "
+                         f"{' '.join(f'{x:g}' for x in weights)}")
+    return weights
+
+
 def train_heads(
     base_dir: str | Path,
     corpus: Sequence[Path],
@@ -84,6 +100,7 @@ def train_heads(
     device=None,
     encoding_errors: str = "strict",
     stop_after: int | None = None,
+    force: bool = False,
 ) -> TrainResult:
     """Train heads 2..h of a ``BlockwiseModel`` on ``base_dir`` and save them into ``out_dir``.
 
@@ -96,18 +113,13 @@ def train_heads(
     """
     import hashlib
 
-    from latticedraft.gpu.models.blockwise import BlockwiseModel, _check_num_heads
+    from latticedraft.gpu.models.blockwise import BlockwiseModel
     from latticedraft.gpu.models.hf import check_tokenizer_fits, load_causal_lm, resolve_dtype
     from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
 
     cfg.validate()
-    _check_num_heads(num_heads)
-    check_resume(out_dir, resume)
-    if num_heads >= cfg.seq_len:
-        raise InputError(f"--heads {num_heads} must be smaller than --seq-len {cfg.seq_len} (each head needs a target token)")
-    lambdas = [1.0] * num_heads if lambdas is None else [float(x) for x in lambdas]
-    if len(lambdas) != num_heads or any(not (x >= 0) for x in lambdas):
-        raise InputError(f"--lambdas needs {num_heads} non-negative weights (one per head), got {lambdas}")
+    lambdas = check_head_options(num_heads, cfg.seq_len, lambdas)
+    claim_dir(out_dir, HEADS, force=force, resume=resume)
     base_dir = Path(base_dir)
     base = load_causal_lm(base_dir, device=device)
     n_pos = getattr(base.config, "max_position_embeddings", None) or getattr(base.config, "n_positions", None)
@@ -150,6 +162,7 @@ def train_heads(
         return res
 
     def write(stage: Path) -> None:
+        quiet_hf_progress()
         bm.heads.to(resolve_dtype(save_dtype))
         if unfreeze:
             bm.base.to(resolve_dtype(save_dtype))
@@ -166,5 +179,5 @@ def train_heads(
             "seconds": res.seconds, "final_loss": res.losses, "resumed_from": res.resumed_from,
         })
 
-    finish_dir(out, write, keep_checkpoint)
+    finish_dir(out, write, keep_checkpoint, HEADS)
     return res

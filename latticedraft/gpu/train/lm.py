@@ -13,11 +13,11 @@ from typing import Sequence
 import torch
 
 from latticedraft.errors import InputError
-from latticedraft.gpu.train.data import TokenWindows, encode_files
+from latticedraft.outputs import TRAINED_LM, claim_dir
+from latticedraft.gpu.train.data import TokenWindows, encode_files, quiet_hf_progress
 from latticedraft.gpu.train.loop import (
     OptimConfig,
     TrainResult,
-    check_resume,
     finish_dir,
     run_training,
     write_json_atomic,
@@ -41,6 +41,37 @@ class LMArch:
     sliding_window: int | None = None
     ffn_dim: int | None = None  # Mistral only; default 8/3 × n_embd rounded up to a multiple of 8
 
+    @property
+    def ffn(self) -> int:
+        """The MLP width: 4 × ``n_embd`` (gpt2), ``ffn_dim`` or 8/3 × ``n_embd`` rounded up to a multiple of 8 (mistral)."""
+        if self.family == "gpt2":
+            return 4 * self.n_embd
+        return self.ffn_dim or -(-8 * self.n_embd // 3 // 8) * 8
+
+    def check(self, seq_len: int) -> None:
+        """``InputError`` naming the option when the sizes do not make a model (or ``seq_len`` exceeds its context)."""
+        for flag, v in (("--n-embd", self.n_embd), ("--n-layer", self.n_layer), ("--n-head", self.n_head),
+                        ("--n-positions", self.n_positions)):
+            if v < 1:
+                raise InputError(f"{flag} {v} must be at least 1")
+        if self.family not in ("gpt2", "mistral"):
+            raise InputError(f"--family {self.family!r} is not known; choose gpt2 or mistral")
+        if seq_len > self.n_positions:
+            raise InputError(f"--seq-len {seq_len} exceeds the model's context --n-positions {self.n_positions}; "
+                             f"lower --seq-len or raise --n-positions")
+        if self.n_embd % self.n_head:
+            raise InputError(f"--n-embd {self.n_embd} is not divisible by --n-head {self.n_head}")
+        if self.sliding_window is not None:
+            if self.family != "mistral" or self.sliding_window < 1:
+                raise InputError(f"--sliding-window {self.sliding_window} needs --family mistral and a window of at "
+                                 "least 1")
+            if self.sliding_window > self.n_positions:
+                raise InputError(f"--sliding-window {self.sliding_window} exceeds the context --n-positions "
+                                 f"{self.n_positions} (such a window is full attention); lower it or drop it")
+        if self.ffn_dim is not None and (self.family != "mistral" or self.ffn_dim < 1):
+            raise InputError(f"--ffn-dim {self.ffn_dim} needs --family mistral (GPT-2's MLP is 4 x --n-embd) and a "
+                             "width of at least 1")
+
     def hf_config(self, vocab: int):
         """The transformers config for this architecture and a ``vocab``-token tokenizer."""
         if self.family == "gpt2":
@@ -53,9 +84,8 @@ class LMArch:
             )
         from transformers import MistralConfig
 
-        ffn = self.ffn_dim or -(-8 * self.n_embd // 3 // 8) * 8
         return MistralConfig(
-            vocab_size=vocab, hidden_size=self.n_embd, intermediate_size=ffn, num_hidden_layers=self.n_layer,
+            vocab_size=vocab, hidden_size=self.n_embd, intermediate_size=self.ffn, num_hidden_layers=self.n_layer,
             num_attention_heads=self.n_head, num_key_value_heads=self.n_head, max_position_embeddings=self.n_positions,
             sliding_window=self.sliding_window, tie_word_embeddings=True, attention_dropout=0.0, rope_theta=10000.0,
             bos_token_id=0, eos_token_id=0, pad_token_id=0,
@@ -80,6 +110,7 @@ def train_lm(
     device=None,
     encoding_errors: str = "strict",
     stop_after: int | None = None,
+    force: bool = False,
 ) -> TrainResult:
     """Train a causal LM (``arch.family``: GPT-2 or Mistral) on ``corpus`` and save it (HF format +
     ``tokenizer.json`` + ``training.json``) into ``out_dir``, loadable by ``AutoModelForCausalLM``."""
@@ -89,15 +120,8 @@ def train_lm(
     from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
 
     cfg.validate()
-    check_resume(out_dir, resume)
-    if cfg.seq_len > arch.n_positions:
-        raise InputError(f"--seq-len {cfg.seq_len} exceeds the model's context --n-positions {arch.n_positions}")
-    if arch.n_embd % arch.n_head:
-        raise InputError(f"--n-embd {arch.n_embd} is not divisible by --n-head {arch.n_head}")
-    if arch.family not in ("gpt2", "mistral"):
-        raise InputError(f"--family {arch.family!r} is not known; choose gpt2 or mistral")
-    if arch.sliding_window is not None and (arch.family != "mistral" or arch.sliding_window < 1):
-        raise InputError(f"--sliding-window {arch.sliding_window} needs --family mistral and a window of at least 1")
+    claim_dir(out_dir, TRAINED_LM, force=force, resume=resume)
+    arch.check(cfg.seq_len)
     tok = load_tokenizer(tokenizer_path)
     tokens = encode_files(corpus, tok, encoding_errors)
     windows = TokenWindows(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, source=f"the corpus ({len(corpus)} files)")
@@ -117,6 +141,7 @@ def train_lm(
         return res
 
     def write(stage: Path) -> None:
+        quiet_hf_progress()
         model.to(resolve_dtype(save_dtype)).save_pretrained(stage)
         model.float()
         tok.save(str(stage / "tokenizer.json"))
@@ -127,5 +152,5 @@ def train_lm(
             "loss_every_10": [h["loss"] for h in res.history[::10]],
         })
 
-    finish_dir(out, write, keep_checkpoint)
+    finish_dir(out, write, keep_checkpoint, TRAINED_LM)
     return res

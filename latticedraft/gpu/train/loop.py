@@ -4,7 +4,10 @@ AdamW with β = (0.9, 0.95), ε = 1e-8, a cosine schedule with linear warm-up ov
 ``warmup_frac`` (1%) of the steps, gradient accumulation, gradient clipping, a checkpoint every
 ``checkpoint_every`` steps (written atomically), exact ``resume`` (batch ``i`` depends only on the
 seed and ``i``), a tqdm bar with every loss term, and a stop on a non-finite loss that keeps
-the last good checkpoint and says so.
+the last good checkpoint and says so. An interrupt (Ctrl-C) names the checkpoint it keeps.
+
+Where a command may write (and what ``--force`` / ``--resume`` mean there) is ``outputs.py``'s
+rule: each ``train_*`` function calls ``outputs.claim_dir`` before any work and ``finish_dir`` at the end.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from latticedraft import interrupts, outputs
 from latticedraft.atomic import atomic_file, write_atomic
 from latticedraft.errors import BuildError, InputError, ModelError
 from latticedraft.gpu.train.data import TokenWindows, progress_enabled
 
-CHECKPOINT = "checkpoint.pt"
+CHECKPOINT = outputs.CHECKPOINT
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes 64-bit seeds; numpy's take any non-negative integer
 
 
 @dataclass
@@ -56,6 +61,14 @@ class OptimConfig:
             raise InputError(f"--lr {self.lr} must be a positive number")
         if self.checkpoint_every < 1:
             raise InputError(f"--checkpoint-every {self.checkpoint_every} must be at least 1")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise InputError(f"--seed {self.seed} is outside 0..{MAX_SEED} (it seeds torch and numpy generators)")
+        if self.seq_len < 2:
+            raise InputError(f"--seq-len {self.seq_len} must be at least 2 (a window predicts its next tokens)")
+        if not (math.isfinite(self.warmup_frac) and 0.0 <= self.warmup_frac <= 1.0):
+            raise InputError(f"--warmup-frac {self.warmup_frac} must lie in [0, 1] (a fraction of --steps)")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise InputError(f"--weight-decay {self.weight_decay} must be a finite number >= 0")
 
 
 @dataclass
@@ -111,15 +124,32 @@ def run_training(
     ``out_dir/checkpoint.pt`` with the optimizer, the schedule and ``config_key``; resuming from a
     checkpoint whose ``config_key`` differs raises ``ModelError``. ``stop_after`` ends this run after
     that many steps with a checkpoint to ``resume`` from (time-sliced training on a shared machine).
+    Without ``resume`` an existing checkpoint is removed first (the caller's ``outputs.claim_dir``
+    allowed that only under ``--force``); a directory this call made is removed again when the run
+    fails before writing anything into it. Resuming a checkpoint of the last step trains no more steps and
+    returns a finished result, so an interrupted ``finish_dir`` completes on ``--resume``.
     """
     cfg.validate()
     out_dir = Path(out_dir)
+    made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run(module, param_groups, loss_fn, windows, cfg, out_dir, config_key, resume, desc, device, stop_after)
+    except BaseException:
+        if made and not any(out_dir.iterdir()):  # a run that failed before its first checkpoint leaves no directory
+            out_dir.rmdir()
+        raise
+
+
+def _run(module, param_groups, loss_fn, windows, cfg: OptimConfig, out_dir: Path, config_key: dict, resume: bool,
+         desc: str, device, stop_after: int | None) -> TrainResult:
     ckpt_path = out_dir / CHECKPOINT
     trainable = {n for n, p in module.named_parameters() if p.requires_grad}
     opt = torch.optim.AdamW(param_groups, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_lr_lambda(cfg.steps, cfg.warmup_frac))
     start, history, before = 0, [], 0.0  # before: seconds the earlier slices trained
+    if not resume:
+        ckpt_path.unlink(missing_ok=True)  # allowed by outputs.claim_dir (--force) or absent
     if resume:
         if not ckpt_path.is_file():
             raise InputError(f"--resume given but {ckpt_path} does not exist; drop --resume to start afresh")
@@ -138,8 +168,6 @@ def run_training(
         sched.load_state_dict(ck["scheduler"])
         torch.set_rng_state(ck["rng"])
         start, history, before = int(ck["step"]), list(ck["history"]), float(ck.get("seconds", 0.0))
-        if start >= cfg.steps:
-            raise InputError(f"checkpoint {ckpt_path} already finished all {cfg.steps} steps; nothing to resume")
 
     def save(step: int) -> None:
         state = {n: p.detach().cpu().clone() for n, p in module.named_parameters() if n in trainable}
@@ -153,40 +181,49 @@ def run_training(
     params = [p for g in param_groups for p in g["params"]]
     last_good = start if resume else None
     t0 = time.time()
+
+    def kept() -> str:
+        if last_good is None:
+            return (f"no checkpoint had been written yet (the first comes at step {min(cfg.checkpoint_every, cfg.steps)}); "
+                    f"rerun the command to start again")
+        return (f"the checkpoint of step {last_good} of {cfg.steps} is kept in {ckpt_path}; rerun the same command "
+                "with --resume to continue")
+
     module.train()
     bar = tqdm(range(start, cfg.steps), desc=desc, unit="step", initial=start, total=cfg.steps,
                disable=not progress_enabled())
-    for step in bar:
-        sums: dict[str, float] = {}
-        for micro in range(cfg.grad_accum):
-            batch = torch.from_numpy(windows.batch(step * cfg.grad_accum + micro))
-            if device is not None:
-                batch = batch.to(device)
-            loss, parts = loss_fn(batch)
-            if not torch.isfinite(loss):
-                bar.close()
-                kept = (f"the last good checkpoint (step {last_good}) is kept in {ckpt_path}"
-                        if last_good is not None else "no checkpoint had been written yet")
-                raise BuildError(
-                    f"training loss became {loss.item()} at step {step}; stopped, {kept}; "
-                    "lower --lr or check the data, then --resume"
-                )
-            (loss / cfg.grad_accum).backward()
-            for k, v in parts.items():
-                sums[k] = sums.get(k, 0.0) + v / cfg.grad_accum
-        if cfg.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        history.append({"step": step + 1, **{k: round(v, 5) for k, v in sums.items()}})
-        bar.set_postfix({k: f"{v:.3f}" for k, v in sums.items()}, refresh=False)
-        stopping = stop_after is not None and step + 1 - start >= stop_after
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or stopping:
-            save(step + 1)
-            last_good = step + 1
-        if stopping:
-            break
+    with interrupts.keeping(kept):
+        for step in bar:
+            sums: dict[str, float] = {}
+            for micro in range(cfg.grad_accum):
+                batch = torch.from_numpy(windows.batch(step * cfg.grad_accum + micro))
+                if device is not None:
+                    batch = batch.to(device)
+                loss, parts = loss_fn(batch)
+                if not torch.isfinite(loss):
+                    bar.close()
+                    good = (f"the last good checkpoint (step {last_good}) is kept in {ckpt_path}"
+                            if last_good is not None else "no checkpoint had been written yet")
+                    raise BuildError(
+                        f"training loss became {loss.item()} at step {step}; stopped, {good}; "
+                        "lower --lr or check the data, then --resume"
+                    )
+                (loss / cfg.grad_accum).backward()
+                for k, v in parts.items():
+                    sums[k] = sums.get(k, 0.0) + v / cfg.grad_accum
+            if cfg.max_grad_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            history.append({"step": step + 1, **{k: round(v, 5) for k, v in sums.items()}})
+            bar.set_postfix({k: f"{v:.3f}" for k, v in sums.items()}, refresh=False)
+            stopping = stop_after is not None and step + 1 - start >= stop_after
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or stopping:
+                save(step + 1)
+                last_good = step + 1
+            if stopping:
+                break
     bar.close()
     module.eval()
     tail = history[-max(1, len(history) // 10):]
@@ -199,28 +236,35 @@ def run_training(
     )
 
 
-def check_resume(out_dir: str | Path, resume: bool) -> None:
-    """Fail before any expensive work when ``--resume`` has nothing to resume from."""
-    ck = Path(out_dir) / CHECKPOINT
-    if resume and not ck.is_file():
-        raise InputError(f"--resume given but {ck} does not exist; drop --resume to start afresh")
-
-
 def write_json_atomic(path: Path, obj) -> None:
     write_atomic(path, json.dumps(obj, indent=1) + "\n")
 
 
-def finish_dir(out_dir: Path, write: Callable[[Path], None], keep_checkpoint: bool) -> None:
-    """Write the final artefacts into a hidden staging dir, then move each file into ``out_dir``."""
-    stage = out_dir / ".partial"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir(parents=True)
-    write(stage)
-    for f in sorted(stage.iterdir()):
-        target = out_dir / f.name
-        if target.is_dir():
-            shutil.rmtree(target)
-        os.replace(f, target)
-    stage.rmdir()
+def finish_dir(out_dir: Path, write: Callable[[Path], None], keep_checkpoint: bool,
+               kind: outputs.OutputKind) -> None:
+    """Write the final artefacts into a hidden staging dir, then move each into ``out_dir``, and
+    remove what an earlier output of ``kind`` had there that this one no longer writes (a forced
+    replacement; other files stay). An interrupt here keeps the last step's checkpoint, from
+    which ``--resume`` writes the output without training again."""
+    stage = out_dir / outputs.STAGING
+    note = (f"training finished and its checkpoint is kept in {out_dir / CHECKPOINT}; rerun the same command "
+            "with --resume to write the output")
+    with interrupts.keeping(lambda: note):
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir(parents=True)
+        try:
+            write(stage)
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        written = {f.name for f in stage.iterdir()}
+        for f in sorted(stage.iterdir()):
+            target = out_dir / f.name
+            if target.is_dir():
+                shutil.rmtree(target)
+            os.replace(f, target)
+        stage.rmdir()
+        for old in outputs.stale(out_dir, kind, written):
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
     if not keep_checkpoint:
         (out_dir / CHECKPOINT).unlink(missing_ok=True)

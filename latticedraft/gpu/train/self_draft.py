@@ -22,7 +22,8 @@ import torch
 from latticedraft.errors import InputError
 from latticedraft.gpu.train.data import TokenWindows, encode_files
 from latticedraft.gpu.verify.layer_split import LayerSplit
-from latticedraft.gpu.train.loop import OptimConfig, TrainResult, check_resume, finish_dir, run_training, write_json_atomic
+from latticedraft.gpu.train.loop import OptimConfig, TrainResult, finish_dir, run_training, write_json_atomic
+from latticedraft.outputs import ADAPTER, EXIT_HEADS, OutputKind, claim_dir
 
 
 def soft_ce(student: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
@@ -57,12 +58,13 @@ def exit_heads_loss(split: LayerSplit, heads, batch: torch.Tensor) -> tuple[torc
     return sum(losses), {f"l{j}": x.item() for j, x in enumerate(losses, start=1)}
 
 
-def _setup(base_dir, corpus, cfg: OptimConfig, tokenizer_path, device, encoding_errors, out_dir, resume):
+def _setup(base_dir, corpus, cfg: OptimConfig, tokenizer_path, device, encoding_errors, out_dir, resume,
+           out_kind: OutputKind, force: bool):
     from latticedraft.gpu.models.hf import check_tokenizer_fits, load_causal_lm
     from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
 
     cfg.validate()
-    check_resume(out_dir, resume)
+    claim_dir(out_dir, out_kind, force=force, resume=resume)
     base_dir = Path(base_dir)
     base = load_causal_lm(base_dir, device=device)
     split = LayerSplit(base)  # refuses encoder-decoders and attention without 4-D masks, in one line
@@ -83,7 +85,7 @@ def _setup(base_dir, corpus, cfg: OptimConfig, tokenizer_path, device, encoding_
 
 
 def _train(module, loss_fn, kind, split, windows, key, n_tokens, corpus, cfg, out_dir, resume, save, save_dtype,
-           keep_checkpoint, device, stop_after, desc) -> TrainResult:
+           keep_checkpoint, device, stop_after, desc, out_kind: OutputKind) -> TrainResult:
     from latticedraft.gpu.models.hf import resolve_dtype
 
     torch.manual_seed(cfg.seed)
@@ -103,32 +105,36 @@ def _train(module, loss_fn, kind, split, windows, key, n_tokens, corpus, cfg, ou
         module.float()
         write_json_atomic(stage / "training.json", report)
 
-    finish_dir(out, write, keep_checkpoint)
+    finish_dir(out, write, keep_checkpoint, out_kind)
     return res
 
 
 def train_adapter(base_dir, corpus: Sequence[Path], out_dir, exit_layer: int, cfg: OptimConfig,
                   tokenizer_path=None, resume: bool = False, save_dtype: str = "float32", keep_checkpoint: bool = False,
-                  device=None, encoding_errors: str = "strict", stop_after: int | None = None) -> TrainResult:
+                  device=None, encoding_errors: str = "strict", stop_after: int | None = None,
+                  force: bool = False) -> TrainResult:
     """Train Kangaroo's adapter on the first ``exit_layer`` layers of the base in ``base_dir``; save it into ``out_dir``."""
     from latticedraft.gpu.models.adapter import KangarooAdapter, save_adapter
 
-    split, windows, key, n = _setup(base_dir, corpus, cfg, tokenizer_path, device, encoding_errors, out_dir, resume)
+    split, windows, key, n = _setup(base_dir, corpus, cfg, tokenizer_path, device, encoding_errors, out_dir, resume,
+                                    ADAPTER, force)
     adapter = KangarooAdapter(split, exit_layer).to(split.device)
     return _train(adapter, lambda b: adapter_loss(split, adapter, b), "kangaroo-adapter", split, windows,
                   {**key, "exit_layer": exit_layer}, n, corpus, cfg, out_dir, resume,
                   lambda stage, rep: save_adapter(adapter, split, stage, {"training": rep["final_loss"]}),
-                  save_dtype, keep_checkpoint, device, stop_after, desc=f"train adapter l={exit_layer}")
+                  save_dtype, keep_checkpoint, device, stop_after, desc=f"train adapter l={exit_layer}", out_kind=ADAPTER)
 
 
 def train_exit_heads(base_dir, corpus: Sequence[Path], out_dir, cfg: OptimConfig, tokenizer_path=None,
                      resume: bool = False, save_dtype: str = "float32", keep_checkpoint: bool = False, device=None,
-                     encoding_errors: str = "strict", stop_after: int | None = None) -> TrainResult:
+                     encoding_errors: str = "strict", stop_after: int | None = None,
+                     force: bool = False) -> TrainResult:
     """Train PPD's early-exit heads for layers 1..d-1 of the base in ``base_dir``; save them into ``out_dir``."""
     from latticedraft.gpu.models.exit_heads import ExitHeads, save_exit_heads
 
-    split, windows, key, n = _setup(base_dir, corpus, cfg, tokenizer_path, device, encoding_errors, out_dir, resume)
+    split, windows, key, n = _setup(base_dir, corpus, cfg, tokenizer_path, device, encoding_errors, out_dir, resume,
+                                    EXIT_HEADS, force)
     heads = ExitHeads(split).to(split.device)
     return _train(heads, lambda b: exit_heads_loss(split, heads, b), "early-exit-heads", split, windows, key, n, corpus,
                   cfg, out_dir, resume, lambda stage, rep: save_exit_heads(heads, split, stage, {"training": rep["final_loss"]}),
-                  save_dtype, keep_checkpoint, device, stop_after, desc="train early-exit heads")
+                  save_dtype, keep_checkpoint, device, stop_after, desc="train early-exit heads", out_kind=EXIT_HEADS)

@@ -24,7 +24,9 @@ def test_ids_are_the_id_field_else_the_line_number():
     ('{"text": "a"}', "no string 'prompt'"),
     ('{"prompt": ""}', "an empty prompt"),
     ('{"prompt": "a", "id": 1.5}', "neither a string nor an integer"),
-    ('{"prompt": "a", "id": "x"}', "a duplicate id 'x' (first on line 1)"),
+    ('{"prompt": "a", "id": null}', "'id' null is neither a string nor an integer"),  # as written, not Python's None
+    ('{"prompt": "a", "id": true}', "'id' true is neither a string nor an integer"),
+    ('{"prompt": "a", "id": "x"}', "a duplicate id \"x\" (first on line 1)"),
 ])
 def test_bad_lines_are_refused_naming_the_line_or_skipped_and_counted(line, why):
     text = _jsonl({"id": "x", "prompt": "first"}, line, {"prompt": "last"})

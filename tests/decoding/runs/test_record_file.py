@@ -33,12 +33,16 @@ def test_scan_finds_complete_records_and_a_torn_tail(tmp_path):
     w.close()
     assert rf.scan(f, SETTINGS).order == [1, "b", 3] and not rf.scan(f, SETTINGS).torn
     assert rf.scan(tmp_path / "missing.jsonl", SETTINGS).order == []
-    rf.RecordWriter(tmp_path / "new" / "dir" / "out.jsonl").close()  # the directory is made
-    assert (tmp_path / "new" / "dir" / "out.jsonl").read_bytes() == b""
+    rf.RecordWriter(tmp_path / "new" / "dir" / "out.jsonl").close()  # no record: nothing is made
+    assert not (tmp_path / "new").exists()
+    w = rf.RecordWriter(tmp_path / "new" / "dir" / "out.jsonl")
+    w.append(_rec(1))  # the first record makes the directory and the file
+    w.close()
+    assert rf.scan(tmp_path / "new" / "dir" / "out.jsonl", SETTINGS).order == [1]
 
 
 @pytest.mark.parametrize("bad, needle", [
-    ("not json", "line 2 is not a record"),
+    ("not json", "line 2 is not JSON (Expecting value at column 1), not a record, though the line(s) before it are"),
     (json.dumps(_rec(1)), "line 2 repeats the record of prompt id 1"),
     (json.dumps(_rec(2, {**SETTINGS, "max_new_tokens": 16})), "max_new_tokens 16 there, 12 now"),
 ])

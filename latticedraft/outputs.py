@@ -1,0 +1,186 @@
+"""Overwrite protection: one rule for every command that writes an output directory or file.
+
+- A path that does not exist yet, or an empty directory, is written freely.
+- An existing output is refused without ``--force`` (or ``--resume`` where the command resumes).
+- ``--force`` replaces only what that command itself wrote. A directory is recognised as the
+  command's own by its marker (an LM build by ``manifest.json``, heads by ``heads_config.json``,
+  an adapter by ``adapter.json``, exit heads by ``exit_heads.json``, a trained LM by
+  ``training.json`` + ``config.json``); anything else is refused even with ``--force``, naming what
+  the directory holds and the fix. Files the command does not write (a README, ``draft_vocab.json``
+  beside heads) survive a forced replacement.
+- A training checkpoint (``checkpoint.pt``) is never discarded silently: without ``--resume`` it is
+  refused naming ``--resume`` and ``--force``; ``--force`` discards it when training starts.
+
+A command declares its output as an ``OutputKind`` (add one below for a new command) and calls
+``claim_dir`` / ``claim_file`` in the one place where it checks its options, before any work;
+writers stage under a temporary name and rename (``atomic.py``); ``stale`` lists what a forced
+replacement removes because the new output no longer writes it.
+
+Example::
+
+    claim_dir(Path("out/heads"), HEADS, force=False)   # InputError if out/heads holds anything
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+
+from latticedraft.errors import InputError
+
+CHECKPOINT = "checkpoint.pt"
+STAGING = ".partial"  # the training loop's staging directory inside its output (finish_dir)
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """What one command writes into its output directory.
+
+    ``what``: a noun phrase for messages ("multi-token heads"); ``command``: the command that
+    writes it ("train heads"); ``markers``: the files that together identify a finished output;
+    ``owned``: glob patterns of every entry the command writes (markers included), the only
+    entries ``--force`` may replace; ``resumable``: the command keeps ``checkpoint.pt`` there
+    while it runs (``--resume`` continues it)."""
+
+    what: str
+    command: str
+    markers: tuple[str, ...]
+    owned: tuple[str, ...]
+    resumable: bool = False
+
+    def recognises(self, d: Path) -> bool:
+        return all((Path(d) / m).exists() for m in self.markers)
+
+    def owns(self, name: str) -> bool:
+        if self.resumable and name in (STAGING, CHECKPOINT):
+            return True
+        return any(fnmatch.fnmatchcase(name, pat) for pat in self.owned)
+
+    @property
+    def marker_text(self) -> str:
+        return " + ".join(self.markers)
+
+
+LM_BUILD = OutputKind("an LM build", "latticedraft lm build", ("manifest.json",),
+                      ("manifest.json", "lm.arpa", "lm.bin", "lm.fst", "lm.npz", "tables", "tokenizer.json",
+                       "cooccurrence.npz", "corpus.ids"))
+TRAINED_LM = OutputKind("a trained LM", "latticedraft train lm", ("training.json", "config.json"),
+                        ("training.json", "config.json", "generation_config.json", "model.safetensors",
+                         "model-*.safetensors", "model.safetensors.index.json", "tokenizer.json"), resumable=True)
+HEADS = OutputKind("multi-token heads", "latticedraft train heads", ("heads_config.json",),
+                   ("heads_config.json", "heads.safetensors", "training.json", "base"), resumable=True)
+ADAPTER = OutputKind("a Kangaroo adapter", "latticedraft train adapter", ("adapter.json",),
+                     ("adapter.json", "adapter.safetensors", "training.json"), resumable=True)
+EXIT_HEADS = OutputKind("early-exit heads", "latticedraft train heads --early-exit", ("exit_heads.json",),
+                        ("exit_heads.json", "exit_heads.safetensors", "training.json"), resumable=True)
+KINDS = [LM_BUILD, HEADS, ADAPTER, EXIT_HEADS, TRAINED_LM]  # every kind, to name what a directory holds
+
+
+def register(kind: OutputKind) -> OutputKind:
+    """Add a command's output kind (so other commands can name it in their refusals); returns it."""
+    if kind not in KINDS:
+        KINDS.append(kind)
+    return kind
+
+
+def _entries(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir())
+
+
+def describe_dir(d: Path) -> str:
+    """What directory ``d`` holds, for messages: a known output ("multi-token heads
+    (heads_config.json)"), a model ("a model (config.json)"), else its first entries."""
+    d = Path(d)
+    for k in KINDS:
+        if k.recognises(d):
+            return f"{k.what} ({k.marker_text}, written by `{k.command}`)"
+    names = _entries(d)
+    if not names:
+        return "nothing (an empty directory)"
+    if "config.json" in names:
+        weights = [n for n in names if n.endswith((".safetensors", ".bin"))][:2]
+        return f"a model ({', '.join(['config.json', *weights])})"
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"{len(names)} entr{'y' if len(names) == 1 else 'ies'} ({shown})"
+
+
+@dataclass
+class Claim:
+    """The outcome of ``claim_dir``: ``existing``: the directory already held something (an
+    earlier output of the same command, or a checkpoint); ``discard_checkpoint``: ``--force``
+    was given over a checkpoint, which the command removes when its work starts."""
+
+    path: Path
+    existing: bool = False
+    discard_checkpoint: bool = False
+
+
+def claim_dir(path, kind: OutputKind, *, force: bool = False, resume: bool = False, flag: str = "--out") -> Claim:
+    """Check, before any work, that ``kind``'s command may write directory ``path``.
+
+    Creates and removes nothing. ``InputError`` (naming ``flag``, what the directory holds and the
+    fix) when: ``path`` is a file; it is not empty and holds neither ``kind``'s marker nor only its
+    checkpoint (even with ``force``: a model, another command's output, anything else); it holds
+    ``kind``'s output or checkpoint and neither ``force`` nor ``resume`` was given; ``resume``
+    finds no checkpoint; ``force`` and ``resume`` are both given.
+    """
+    from latticedraft.paths import check_writable
+
+    p = Path(path)
+    check_writable(p, flag, "directory")
+    if force and resume:
+        raise InputError(f"{flag} {p}: --force and --resume contradict each other (--resume continues "
+                         f"{CHECKPOINT}, --force starts afresh); give one of them")
+    names = _entries(p) if p.is_dir() else []
+    ckpt = kind.resumable and CHECKPOINT in names
+    if resume:
+        if not kind.resumable:
+            raise InputError(f"--resume does not apply to `{kind.command}`; drop --resume")
+        if ckpt:
+            return Claim(p, existing=True)
+        if kind.recognises(p):
+            raise InputError(f"--resume: {flag} {p} holds finished {kind.what} ({kind.marker_text}) and no "
+                             f"{CHECKPOINT}, so there is nothing to resume; use it as it is, or pass --force "
+                             "(without --resume) to train again")
+        raise InputError(f"--resume given but {p / CHECKPOINT} does not exist; drop --resume to start afresh")
+    if not names:
+        return Claim(p)
+    unfinished = kind.resumable and set(names) <= {CHECKPOINT, STAGING}  # a first run stopped before its output
+    if not (kind.recognises(p) or unfinished):
+        raise InputError(f"{flag} {p} holds {describe_dir(p)}, not {kind.what} from `{kind.command}`; "
+                         f"--force replaces only that command's own output, so choose a new or empty directory")
+    if not force:
+        if ckpt:
+            raise InputError(f"{flag} {p} holds {CHECKPOINT}, an unfinished `{kind.command}` run; pass --resume "
+                             "to continue it (same settings), or --force to discard it and start afresh")
+        raise InputError(f"{flag} {p} already holds {kind.what} ({kind.marker_text}); pass --force to replace it, "
+                         f"or choose another {flag}")
+    return Claim(p, existing=True, discard_checkpoint=ckpt)
+
+
+def stale(d: Path, kind: OutputKind, written: set[str]) -> list[Path]:
+    """Entries of ``d`` that ``kind``'s command wrote earlier and the new output no longer has
+    (``written``: the names it has now), to remove when a forced replacement completes."""
+    d = Path(d)
+    if not d.is_dir():
+        return []
+    return [d / n for n in _entries(d) if n not in written and n not in (CHECKPOINT, STAGING) and kind.owns(n)]
+
+
+def claim_file(path, *, force: bool, is_own, what: str, command: str, flag: str = "--out") -> None:
+    """Check, before any work, that ``command`` may write file ``path``: a new path is free; an
+    existing one needs ``force`` and must be ``command``'s own output (``is_own(path)`` True,
+    ``what`` names it for the message); ``InputError`` otherwise, naming ``flag``."""
+    from latticedraft.paths import check_writable
+
+    p = Path(path)
+    check_writable(p, flag, "file")
+    if not p.exists():
+        return
+    other = flag.split()[-1]  # the option to change ("--out" of "the .npz beside --out")
+    if not is_own(p):
+        raise InputError(f"{flag} {p} exists and is not {what} written by `{command}`; --force replaces only "
+                         f"that, so choose another {other}")
+    if not force:
+        raise InputError(f"{flag} {p} already holds {what}; pass --force to replace it, or choose another {other}")
