@@ -159,7 +159,7 @@ def speculative_decode(
         res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts,
                               sides if any(s is not None for s in sides) else None,
                               heads=want_heads if gate is not None else uses_heads, choose=choose,
-                              hidden=hidden if verifier.split is not None else None)
+                              hidden=hidden if verifier.mode == "split" else None)
         t1 = time.perf_counter()
         timing["model"] += t1 - t0
         if gate is not None:  # this step's arm, tokens and wall-clock time
@@ -192,11 +192,10 @@ def _keep_rows(keep: list[int], b: int, state, heads: torch.Tensor, proposers) -
     drop the others (nothing to do when all go on or none does)."""
     if len(keep) == b or not keep:
         return heads
-    sel = torch.as_tensor(keep, dtype=torch.long, device=state.valid.device)
-    state.select_rows(sel)
+    state.select_rows(keep)
     for p in proposers:
         p.retire(keep)
-    return heads[sel.to(heads.device)]
+    return heads[torch.as_tensor(keep, dtype=torch.long, device=heads.device)]
 
 
 def _prefixes(paths: np.ndarray) -> int:

@@ -9,7 +9,7 @@ import torch
 from latticedraft.decoding.bpd import DrafterSpec
 from latticedraft.decoding.runs.loaders import default_model_dir
 from latticedraft.gpu.train.data import encode_files
-from latticedraft.gpu.verify.verifier import position_limit, sliding_window
+from latticedraft.gpu.verify.modes import position_limit, sliding_window
 from latticedraft.lm.corpus import stdlib_split
 
 PROMPT, NEW = 1500, 24

@@ -12,7 +12,7 @@ import torch
 from latticedraft.decoding.bpd import bpd_decode
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.gpu.models.blockwise import BlockwiseModel
-from latticedraft.gpu.verify.verifier import lazy_logits_ok
+from latticedraft.gpu.verify.forward import lazy_logits_ok
 from tests.decoding.tiny import prompts, reference, tiny_model
 from tests.lattice.toylm import make_toy_lm
 

@@ -14,7 +14,7 @@ import torch
 from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows
 from latticedraft.errors import InputError
 from latticedraft.gpu.verify.kvcache import cache_length, crop_to
-from latticedraft.gpu.verify.verifier import position_limit
+from latticedraft.gpu.verify.modes import position_limit
 
 
 class IncrementalLM:

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from latticedraft.errors import InputError
-from latticedraft.gpu.verify.verifier import position_limit
+from latticedraft.gpu.verify.modes import position_limit
 
 
 def truncate_left(prompts: Sequence, keep: int | None) -> list[np.ndarray]:

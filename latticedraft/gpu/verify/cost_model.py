@@ -80,7 +80,7 @@ class CostModel:
         vocab = hf.model_vocab_size(getattr(verifier.model, "base", verifier.model))
         prompts = [rng.integers(1, vocab, size=context) for _ in range(batch)]
         state, _, _ = verifier.prefill(prompts)
-        length, next_pos = state.length, state.next_pos.clone()
+        saved = state.save()
         times = {n: [] for n in grid}
         for rep in range(repeats + 1):
             for n in grid:
@@ -89,8 +89,7 @@ class CostModel:
                 t0 = time.perf_counter()
                 verifier.verify(state, roots, drafts)
                 dt = time.perf_counter() - t0
-                state.truncate(length)
-                state.next_pos = next_pos.clone()
+                state.restore(saved)
                 if rep:  # the first round warms up
                     times[n].append(dt)
         # a low quantile resists bursts of load from other processes; the fit is nondecreasing

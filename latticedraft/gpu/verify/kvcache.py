@@ -1,18 +1,13 @@
-"""A KV cache with per-row slot bookkeeping, for batches whose rows accept different lengths.
+"""A KV cache with per-row slot bookkeeping over a transformers ``DynamicCache``: the batched
+verification fallback's (drafts as batch rows over copies of the cache) and the layer ranges of
+PPD and Kangaroo's first layers (``split_cache.py``), all of which run transformers' own modules.
+The tree and split verifiers keep theirs in the preallocated ``kv.KVCache``.
 
-``SlotCache`` wraps a transformers ``DynamicCache`` (full-attention layers only: sliding
-windows are applied through the attention mask, see ``verify.py``) and records, for each
-batch row and cache slot, whether the slot holds a real token (``valid``) and its position
-id (``pos``). Rows of one batch accept different numbers of draft tokens; the cache keeps
-one common length and marks the surplus slots invalid, so they are masked out of every
-later attention. Keys/values are tensors ``[b, heads, L, head_dim]`` in ``cache.layers[i]``.
-
-Rolling buffer (Mistral 7B, section 2; ``window`` = W set): the cache holds at most W slots
-per layer and position ``p`` of a row lives in slot ``p mod W``. A forward appends its nodes
-(a verification tree, a prefill chunk) after the W slots; ``commit`` / ``roll_in`` then write
-the kept ones to their slots, overwriting position ``p - W``, which no later query can see
-(a key is visible iff ``key_pos > query_pos - W``), and drop the appended tail. Slot order is
-no longer position order, so only an explicit position-based mask (tree mode) may read it.
+``SlotCache`` records, for each batch row and cache slot, whether the slot holds a real token
+(``valid``) and its position id (``pos``). Rows of one batch accept different numbers of draft
+tokens; the cache keeps one common length and marks the surplus slots invalid, so they are
+masked out of every later attention. Keys/values are tensors ``[b, heads, L, head_dim]`` in
+``cache.layers[i]``.
 """
 
 from __future__ import annotations
@@ -32,21 +27,15 @@ class SlotCache:
     valid: torch.Tensor
     pos: torch.Tensor
     next_pos: torch.Tensor
-    window: int | None = None  # W: rolling buffer of W slots (None: every position is kept)
 
     @classmethod
-    def empty(cls, batch: int, device: torch.device | str = "cpu", window: int | None = None) -> "SlotCache":
+    def empty(cls, batch: int, device: torch.device | str = "cpu") -> "SlotCache":
         return cls(
             cache=DynamicCache(),
             valid=torch.zeros(batch, 0, dtype=torch.bool, device=device),
             pos=torch.zeros(batch, 0, dtype=torch.long, device=device),
             next_pos=torch.zeros(batch, dtype=torch.long, device=device),
-            window=window,
         )
-
-    @property
-    def rolling(self) -> bool:
-        return self.window is not None
 
     def nbytes(self) -> int:
         """Bytes held by the keys and values of every layer."""
@@ -78,13 +67,6 @@ class SlotCache:
         valid (computed when None).
         """
         m = keep.shape[1]
-        if self.rolling:
-            n_app = self.appended(start)  # one extra column takes the padding entries, then goes
-            app = torch.full((self.batch, n_app + 1), -1, dtype=torch.long, device=keep.device)
-            new_pos = self.next_pos[:, None] + torch.cumsum(keep_valid.long(), dim=1) - 1
-            app.scatter_(1, torch.where(keep_valid, keep, n_app), torch.where(keep_valid, new_pos, -1))
-            self.roll_in(start, app[:, :n_app])
-            return
         if prefix is None:  # callers that know it (from host-side paths) save two device syncs
             prefix = bool(keep_valid.all()) and bool((keep == torch.arange(m, device=keep.device)).all())
         for layer in self._layers():
@@ -101,36 +83,6 @@ class SlotCache:
         self.valid = torch.cat([self.valid[:, :start], keep_valid], dim=1)
         self.pos = torch.cat([self.pos[:, :start], new_pos], dim=1)
         self.next_pos = self.next_pos + keep_valid.long().sum(dim=1)
-
-    def roll_in(self, start: int, app_pos: torch.Tensor) -> None:
-        """Rolling buffer: write the slots appended after ``start`` whose position is given
-        (``app_pos`` int64[b, m], -1 = drop) to slots ``pos mod W`` and drop the appended tail.
-        Positions of a row must continue its ``next_pos`` without gaps. The buffer then holds
-        ``max(start, min(W, max next_pos))`` slots (``start`` exceeds the second when the row with
-        the most positions has left the batch); slot ``s`` of row ``i`` holds the latest position
-        ``≡ s (mod W)`` below ``next_pos[i]`` (invalid while there is none)."""
-        W = int(self.window)
-        dev = app_pos.device
-        nxt = torch.maximum(self.next_pos, app_pos.max(dim=1).values + 1)
-        size = max(min(W, int(nxt.max())), start)  # start <= W: the buffer never exceeds W
-        s = torch.arange(size, device=dev)
-        last = nxt[:, None] - 1
-        p = last - torch.remainder(last - s[None], W)  # [b, size]: the position slot s must hold
-        match = (app_pos[:, None, :] == p[:, :, None]) & (p >= 0)[:, :, None]  # [b, size, m]
-        found = match.any(dim=2)
-        j = match.long().argmax(dim=2)
-        old_pos = torch.full_like(p, -1)
-        old_pos[:, :start] = self.pos[:, :start]
-        valid = (found | (old_pos == p)) & (p >= 0)
-        src = torch.where(found, start + j, torch.where(s[None] < start, s[None], 0))
-        for layer in self._layers():
-            for name in ("keys", "values"):
-                t = getattr(layer, name)
-                idx = src[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
-                setattr(layer, name, torch.take_along_dim(t, idx, dim=2))
-        self.valid = valid
-        self.pos = torch.where(valid, p, torch.full_like(p, -1))
-        self.next_pos = nxt
 
     def append_valid(self, valid: torch.Tensor, pos: torch.Tensor) -> None:
         """Record slots the last forward appended without selection (the prefill)."""
@@ -153,9 +105,19 @@ class SlotCache:
         self.valid = torch.take_along_dim(self.valid, order, dim=1)
         self.pos = torch.take_along_dim(self.pos, order, dim=1)
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only batch rows ``rows`` (int64[b']), e.g. to drop finished sequences or pick
-        the winning draft row after a batched (fallback) verification."""
+    def save(self) -> tuple:
+        """What ``restore`` needs to undo every later step (the cost model's repeated steps)."""
+        return self.length, self.next_pos.clone()
+
+    def restore(self, saved: tuple) -> None:
+        length, next_pos = saved
+        self.truncate(length)
+        self.next_pos = next_pos.clone()
+
+    def select_rows(self, rows) -> None:
+        """Keep only batch rows ``rows`` (int64[b'], a tensor or a list), e.g. to drop finished
+        sequences or pick the winning draft row after a batched (fallback) verification."""
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.valid.device)
         for layer in self._layers():
             layer.keys = layer.keys[rows]
             layer.values = layer.values[rows]

@@ -1,4 +1,4 @@
-"""Mistral's rolling-buffer KV cache and chunked prefill (``kvcache.SlotCache.roll_in``,
+"""Mistral's rolling-buffer KV cache and chunked prefill (``kv.KVCache.roll_in``,
 ``prefill.chunked_prefill``, ``Verifier(kv_cache=...)``) on tiny random Mistral models with
 sliding windows of 8 and 16 and prompts of about 3 windows."""
 
@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from latticedraft.errors import ModelError
-from latticedraft.gpu.verify.kvcache import SlotCache
+from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.prefill import chunked_prefill
-from latticedraft.gpu.verify.verifier import Verifier, choose_kv_cache
+from latticedraft.gpu.verify.verifier import Verifier
+from latticedraft.gpu.verify.modes import choose_kv_cache
 from tests.decoding.tiny import ToyHeads, prompts, reference, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -32,14 +33,16 @@ def test_chunked_prefill_equals_full_prefill_logits(window):
     v = Verifier(model, kv_cache="rolling")
     ids, valid = _left_padded(ps)
     outs = []
+    state = v.new_state(len(ps))
 
-    def run(*args):
-        outs.append(v._run_tree(*args))
+    def run(x, allowed, pos):
+        outs.append(v._run(x, allowed, pos, state))
         return outs[-1]
 
-    state, last = chunked_prefill(run, ids, valid, window)
-    assert last is outs[-1] and [o.out.logits.shape[1] for o in outs] == [window] * 3  # chunks of W
-    got = torch.cat([o.out.logits for o in outs], dim=1)
+    last = chunked_prefill(run, state, ids, valid, window)
+    logits = [o.unembed(o.hidden) for o in outs]  # (lazy calls: the projection of every node)
+    assert last is outs[-1] and [x.shape[1] for x in logits] == [window] * 3  # chunks of W
+    got = torch.cat(logits, dim=1)
     for i, p in enumerate(ps):
         full = model(input_ids=torch.as_tensor(p)[None]).logits[0]  # one full-context forward
         torch.testing.assert_close(got[i, -len(p):], full, atol=1e-5, rtol=0)
@@ -53,18 +56,20 @@ def test_chunked_prefill_equals_full_prefill_logits(window):
 
 def test_roll_in_keeps_slots_of_short_rows_invalid_and_drops_rejected_nodes():
     W = 4
-    st = SlotCache.empty(2, window=W)
+    st = KVCache(2, layers=1, window=W)
     # a forward appended 3 slots; row 0 keeps all three (positions 0..2), row 1 only its first
-    st.cache.update(torch.arange(6.0).view(2, 1, 3, 1), torch.zeros(2, 1, 3, 1), 0)
+    st.reserve(3)
+    st.update(torch.arange(6.0).view(2, 1, 3, 1), torch.zeros(2, 1, 3, 1), 0)
     st.roll_in(0, torch.tensor([[0, 1, 2], [0, -1, -1]]))
     assert st.length == 3 and st.next_pos.tolist() == [3, 1]
     assert st.pos.tolist() == [[0, 1, 2], [0, -1, -1]] and st.valid.tolist() == [[True] * 3, [True, False, False]]
     # verification commit: row 0 accepts appended nodes 2 and 0 (positions 3, 4), row 1 node 1 (position 1)
-    st.cache.update(torch.arange(10.0, 16.0).view(2, 1, 3, 1), torch.zeros(2, 1, 3, 1), 0)
+    st.reserve(3)
+    st.update(torch.arange(10.0, 16.0).view(2, 1, 3, 1), torch.zeros(2, 1, 3, 1), 0)
     st.commit(3, torch.tensor([[2, 0], [1, 0]]), torch.tensor([[True, True], [True, False]]))
     assert st.length == W and st.next_pos.tolist() == [5, 2]
     assert st.pos.tolist() == [[4, 1, 2, 3], [0, 1, -1, -1]]  # position 0 of row 0 rolled out (slot 0 = 4)
-    keys = st.cache.layers[0].keys[:, 0, :, 0]
+    keys = st.store[0, 0, :, 0, :W, 0]
     assert keys[0].tolist() == [10.0, 1.0, 2.0, 12.0] and keys[1, :2].tolist() == [3.0, 14.0]
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from latticedraft.errors import InputError, ModelError
-from latticedraft.gpu.verify.verifier import Verifier, choose_mode, sliding_window
+from latticedraft.gpu.verify.verifier import Verifier
+from latticedraft.gpu.verify.modes import choose_mode, sliding_window
 from tests.decoding.tiny import ToyHeads, prompts, reference, tiny_model
 
 ARCHS = ["gpt2", "llama", "mistral"]

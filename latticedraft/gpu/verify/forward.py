@@ -1,0 +1,142 @@
+"""One target call's results, and transformers' own forward as the verifier's fallback.
+
+``Forward`` holds either the logits [b, s, V] or, lazily, the final hidden states [b, s, H] from
+which the output projection and the extra heads run only at the nodes asked for (the accept
+walk's, the accepted node's). ``hf_forward`` runs a model through transformers (any causal LM,
+any head kind); ``lean.LeanStack`` runs the supported ones without it. ``DraftVocab`` is the
+reduced vocabulary the extra heads project onto.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from latticedraft.errors import InputError
+from latticedraft.gpu.models import hf
+from latticedraft.gpu.verify.modes import base_config
+
+
+def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool[b, N, K] (True = may attend) -> additive float mask [b, 1, N, K] (0 or dtype min)."""
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return bias[:, None]
+
+
+class Forward:
+    """One target call. Either ``logits`` [b, s, V] (a plain causal LM, or a base whose logits
+    are not the plain output projection) or, for a lazy call, ``hidden`` [b, s, H], the final
+    hidden states, from which the output projection and the heads run only where asked for."""
+
+    def __init__(self, model, out=None, hidden=None, num_heads: int | None = None, unembed=None):
+        self.model, self.out, self.hidden = model, out, hidden
+        self.unembed = unembed if unembed is not None else getattr(model, "unembed", None)
+        self.lazy = hidden is not None
+        self.logits = None if self.lazy else out.logits
+        self.num_heads = num_heads
+        self.project_all = False  # lazy calls: project every node at the first argmax (set by the verifier)
+        self.seconds = 0.0  # time spent in argmax_at / logits_at (the output projection and the argmax)
+
+    def argmax_at(self, rows, nodes) -> np.ndarray:
+        """The base model's greedy token after node ``nodes[j]`` of row ``rows[j]``: int64[m].
+
+        Lazy calls project either every node in one matmul at the first call (``project_all``)
+        or only the nodes the walk visits, one small matmul per level; the verifier picks the
+        cheaper from the measured projection cost and the walk's measured depth."""
+        t0 = time.perf_counter()
+        if self.lazy and self.logits is None and self.project_all:
+            b, n, H = self.hidden.shape
+            self.logits = self.unembed(self.hidden.reshape(-1, H)).view(b, n, -1)
+        src = self.logits if self.logits is not None else self.hidden
+        r = torch.as_tensor(rows, dtype=torch.long, device=src.device)
+        n = torch.as_tensor(nodes, dtype=torch.long, device=src.device)
+        if self.logits is None:
+            out = self.unembed(self.hidden[r, n]).argmax(dim=-1).cpu().numpy()
+        else:
+            out = self.logits[r, n].argmax(dim=-1).cpu().numpy()
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def logits_at(self, rows, nodes) -> torch.Tensor:
+        """The base model's logits after node ``nodes[j]`` of row ``rows[j]``: [m, V]."""
+        src = self.logits if self.logits is not None else self.hidden
+        r = torch.as_tensor(rows, dtype=torch.long, device=src.device)
+        n = torch.as_tensor(nodes, dtype=torch.long, device=src.device)
+        return src[r, n] if self.logits is not None else self.unembed(self.hidden[r, n])
+
+    def draft_heads_at(self, nodes: torch.Tensor, vocab: "DraftVocab | None" = None) -> torch.Tensor:
+        """The extra heads' logits (heads 1..num_heads-1, what the next lattice is built from)
+        at node ``nodes[i]`` of row i: [b, h-1, V'] (V' = ``len(vocab)`` when a reduced draft
+        vocabulary is given, else V; [b, 0, V] for a model without heads). The base model's
+        own head is not projected here: its argmax at that node is the walk's bonus token."""
+        if self.lazy:  # position-wise heads: run them on the b selected final hidden states only
+            hid = self.hidden[torch.arange(len(nodes), device=self.hidden.device), nodes.to(self.hidden.device)]
+            extra = 0 if not hasattr(self.model, "draft_logits") else (
+                self.model.num_heads if self.num_heads is None else self.num_heads) - 1
+            if extra <= 0:  # the base model's head only (no drafting heads)
+                return hid.new_zeros(len(nodes), 0, len(vocab) if vocab is not None else
+                                     hf.model_vocab_size(getattr(self.model, "base", self.model)))
+            return self.model.draft_logits(hid, extra, None if vocab is None else vocab.ids)
+        b = self.logits.shape[0]
+        rows = torch.arange(b, device=self.logits.device)
+        nodes = nodes.to(self.logits.device)
+        if not hasattr(self.model, "head_logits_from"):
+            return self.logits.new_zeros(b, 0, self.logits.shape[-1])
+        uniq, inv = torch.unique(nodes, return_inverse=True)
+        hl = self.model.head_logits_from(self.out, uniq)  # [b, u, h, V]: heads only where needed
+        hl = hl[rows, inv][:, 1 : self.num_heads]
+        return hl if vocab is None else hl.index_select(-1, vocab.ids.to(hl.device))
+
+
+class DraftVocab:
+    """A reduced vocabulary the extra heads project onto (FR-Spec, EAGLE-3): the V' most
+    frequent token ids of the training corpus. Drafting only: verification always uses the full
+    vocabulary in the model's dtype, so the output is unchanged. ids: int64[V'] token ids (the
+    heads project onto them: ``BlockwiseModel.draft_logits(..., columns=ids)``)."""
+
+    def __init__(self, model, ids):
+        lm = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if lm is None:
+            lm = getattr(model, "base", model).get_output_embeddings()
+        ids = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1))
+        V = int(lm.weight.shape[0])
+        if len(ids) == 0 or ids[0] < 0 or ids[-1] >= V:
+            raise InputError(f"draft vocabulary ids must lie in [0, {V}) and be non-empty; got {len(ids)} ids "
+                             f"in [{ids.min() if len(ids) else '-'}, {ids.max() if len(ids) else '-'}]")
+        self.ids = torch.as_tensor(ids, device=lm.weight.device)
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def lazy_logits_ok(model) -> bool:
+    """True when logits may be computed later from the final hidden states with the output
+    embedding alone (``model.unembed``): a ``BlockwiseModel`` with position-wise heads (Stern,
+    Medusa: ``draft_logits``) whose base applies no soft-capping or scaling to its logits."""
+    if not getattr(model, "position_wise", False) or not hasattr(model, "unembed"):
+        return False
+    cfg = base_config(model)
+    return all(getattr(cfg, a, None) in (None, 1.0) for a in _LOGIT_TRANSFORMS)
+
+
+def hf_forward(model, input_ids, attention_mask, position_ids, cache, lazy: bool = False,
+               num_heads: int | None = None) -> Forward:
+    """One target call; works for a BlockwiseModel (Stern heads) and for a plain HF causal LM.
+    Heads are computed afterwards only at the nodes asked for (``Forward.draft_heads_at``; the first
+    ``num_heads``, default all). With ``lazy`` only the decoder backbone runs (no output
+    projection, no hidden-state recording): a tree of N nodes pays the projection only for the
+    nodes the accept walk visits, and the call costs what a plain decoder call costs."""
+    kw = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+              past_key_values=cache, use_cache=True)
+    if lazy:
+        out = hf.backbone(model.base)(**kw)
+        return Forward(model, hidden=out.last_hidden_state, num_heads=num_heads)
+    if hasattr(model, "head_logits_from"):
+        kw["heads"] = False
+    return Forward(model, out=model(**kw), num_heads=num_heads)
