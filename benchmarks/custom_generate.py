@@ -19,9 +19,11 @@ output equals the baseline's token for token. The load average is recorded.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -51,20 +53,23 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--out", default="benchmarks/results/custom_generate.json")
+    from latticedraft.quiet import add_verbose_arg, quiet_libraries
+
+    add_verbose_arg(ap)
     a = ap.parse_args(argv)
+    quiet_libraries(a.verbose)
     from transformers import AutoModelForCausalLM
 
     from latticedraft.decoding.custom_generate.entry import CLI_DEFAULTS, session_for
     from latticedraft.decoding.custom_generate.export import export_custom_generate
     from latticedraft.decoding.runs.loaders import encode
     from latticedraft.decoding.runs.prompt_set import read_prompts
-    from latticedraft.quiet import quiet_libraries
 
-    quiet_libraries(False)
-    torch.set_num_threads(a.threads)
-    torch.set_grad_enabled(False)
+    torch.set_num_threads(a.threads)  # (generate and the decode loop run without autograd on their own)
     model = AutoModelForCausalLM.from_pretrained(data_dir() / "base").eval()
-    method = export_custom_generate(Path(tempfile.mkdtemp(prefix="custom_generate.")) / "method")
+    tmp = tempfile.mkdtemp(prefix="custom_generate.")
+    atexit.register(shutil.rmtree, tmp, True)
+    method = export_custom_generate(Path(tmp) / "method")
     session = session_for(model, {}, _spec(CLI_DEFAULTS))
     prompts = encode(session.tokenizer, [r["prompt"] for r in read_prompts(a.prompts, limit=a.num_prompts)])
     inputs = [torch.as_tensor(p)[None] for p in prompts]
