@@ -5,9 +5,10 @@
 - ``--force`` replaces only what that command itself wrote. A directory is recognised as the
   command's own by its marker (an LM build by ``manifest.json``, heads by ``heads_config.json``,
   an adapter by ``adapter.json``, exit heads by ``exit_heads.json``, a trained LM by
-  ``training.json`` + ``config.json``); anything else is refused even with ``--force``, naming what
-  the directory holds and the fix. Files the command does not write (a README, ``draft_vocab.json``
-  beside heads) survive a forced replacement.
+  ``training.json`` + ``config.json``, a custom_generate export by ``latticedraft_generate.json``);
+  anything else is refused even with ``--force``, naming what the directory holds and the fix.
+  Files the command does not write (a README, ``draft_vocab.json`` beside heads) survive a forced
+  replacement.
 - A training checkpoint (``checkpoint.pt``) is never discarded silently: without ``--resume`` it is
   refused naming ``--resume`` and ``--force``; ``--force`` discards it when training starts.
 
@@ -74,7 +75,10 @@ ADAPTER = OutputKind("a Kangaroo adapter", "latticedraft train adapter", ("adapt
                      ("adapter.json", "adapter.safetensors", "training.json"), resumable=True)
 EXIT_HEADS = OutputKind("early-exit heads", "latticedraft train heads --early-exit", ("exit_heads.json",),
                         ("exit_heads.json", "exit_heads.safetensors", "training.json"), resumable=True)
-KINDS = [LM_BUILD, HEADS, ADAPTER, EXIT_HEADS, TRAINED_LM]  # every kind, to name what a directory holds
+MARKER_CUSTOM_GENERATE = "latticedraft_generate.json"
+CUSTOM_GENERATE = OutputKind("a custom_generate method", "latticedraft export custom-generate", (MARKER_CUSTOM_GENERATE,),
+                             (MARKER_CUSTOM_GENERATE, "custom_generate", "README.md"))
+KINDS = [LM_BUILD, HEADS, ADAPTER, EXIT_HEADS, TRAINED_LM, CUSTOM_GENERATE]  # every kind, to name what a directory holds
 
 
 def register(kind: OutputKind) -> OutputKind:
