@@ -42,7 +42,7 @@ def _model(random: bool):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from latticedraft.gpu.verify.verifier import position_limit, sliding_window
+    from latticedraft.gpu.verify.modes import position_limit, sliding_window
     from latticedraft.paths import data_dir
 
     base = data_dir() / "base"
@@ -70,7 +70,7 @@ def child(args) -> dict:
 
     from latticedraft.decoding.bpd import bpd_decode
     from latticedraft.decoding.proposers.lookahead import lookahead_decode
-    from latticedraft.gpu.verify.verifier import sliding_window
+    from latticedraft.gpu.verify.modes import sliding_window
 
     torch.set_num_threads(1)
     model, desc = _model(args.random)

@@ -121,7 +121,7 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
                         kv_cache=kv_cache)
     policy = tree if from_heads or source is None else "fixed"
     if policy == "auto" and cost is None:
-        cost = CostModel.cached(verifier, batch=len(prompts))
+        cost = CostModel.for_batch(verifier, len(prompts))
     planner = TreePlanner(policy, acceptance, cost)
     gated = GatedHeads(gate or HeadGate(), ctx) if tree == "auto" and ctx is not None and from_heads else None
     n = len(prompts)

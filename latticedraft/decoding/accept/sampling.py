@@ -85,8 +85,12 @@ class SamplingOptions:
     def probs(self, logits: torch.Tensor, contexts=None) -> np.ndarray:
         """Distributions from raw logits [m, V] -> float64 [m, V] (rows sum to 1). contexts: m
         token-id sequences, the text each row continues (prompt + output so far + draft prefix);
-        needed only with a repetition penalty."""
-        x = logits.detach().to(torch.float64)
+        needed only with a repetition penalty.
+
+        transformers' processors, in generate's order; with a top-k, top-k and top-p run on the
+        k candidates (``_top_k_p``) instead of sorting the whole vocabulary, which keeps the same
+        tokens (rows with a tie at the k-th score go through transformers' own warpers)."""
+        x = logits.detach().to(torch.float64, copy=True)  # (the repetition penalty writes in place)
         procs = self._procs()
 
         def run(ids, scores):  # LogitsProcessorList's loop without its per-call signature inspection
@@ -94,14 +98,38 @@ class SamplingOptions:
                 scores = proc(ids, scores)
             return scores
 
-        if self.repetition_penalty == 1.0:
-            x = run(torch.zeros(x.shape[0], 0, dtype=torch.long, device=x.device), x)
-        else:
+        if self.repetition_penalty != 1.0:
             if contexts is None or len(contexts) != x.shape[0]:
                 raise InputError("a repetition penalty needs the context of every row")
-            x = torch.cat([run(torch.as_tensor(np.asarray(c, dtype=np.int64)[None], device=x.device), x[i:i + 1])
+            x = torch.cat([procs[0](torch.as_tensor(np.asarray(c, dtype=np.int64)[None], device=x.device), x[i:i + 1])
                            for i, c in enumerate(contexts)])
+        if self.temperature != 1.0:
+            x = x / self.temperature
+        fast = self._top_k_p(x) if 0 < self.top_k < x.shape[-1] else None
+        if fast is None:
+            ids = torch.zeros(x.shape[0], 0, dtype=torch.long, device=x.device)
+            for proc in procs[int(self.repetition_penalty != 1.0) + int(self.temperature != 1.0):]:
+                x = proc(ids, x)
+        else:
+            x = fast
         return torch.softmax(x, dim=-1).cpu().numpy()
+
+    def _top_k_p(self, x: torch.Tensor) -> torch.Tensor | None:
+        """transformers' top-k then top-p warpers on scores x [m, V] (after the penalty and the
+        temperature), computed on the k best scores: top-k keeps every score >= the k-th; top-p,
+        on the ascending order of the kept ones (the others have probability 0 and are removed
+        already), drops those whose cumulative probability is <= 1 - top_p, always keeping the
+        best. None where a row ties at its k-th score (transformers' warpers decide there)."""
+        vals, idx = torch.topk(x, self.top_k, dim=-1)  # descending
+        keep = x >= vals[:, -1:]
+        if int(keep.sum(dim=-1).max()) > self.top_k:
+            return None
+        if self.top_p < 1.0:
+            asc = vals.flip(-1)
+            drop = torch.softmax(asc, dim=-1).cumsum(dim=-1) <= (1 - self.top_p)
+            drop[:, -1] = False
+            keep = torch.zeros_like(keep).scatter_(1, idx.flip(-1), ~drop)
+        return x.masked_fill(~keep, -float("inf"))
 
     def _procs(self):
         """``processors()``, built once per options object."""

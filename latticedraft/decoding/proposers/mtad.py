@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from latticedraft.decoding.proposers.base import EMPTY, Proposal, Proposer, Step, StepRows
+from latticedraft.decoding.proposers.draft_model import IncrementalLM
 from latticedraft.decoding.registry import Method
 from latticedraft.decoding.accept.sampling import SamplingOptions
 from latticedraft.errors import InputError
@@ -55,18 +56,33 @@ def check_mtad(gamma: int, beams: int, tau: float) -> None:
 
 @torch.inference_mode()
 def beam_sample(draft_model, history: np.ndarray, gamma: int, beams: int, options: SamplingOptions,
-                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                rng: np.random.Generator, lm: IncrementalLM | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Beam sampling with ``draft_model`` after ``history`` (int64[t]). Returns the draft
     int64[gamma] (the beam of highest joint q) and q float64[gamma], q[i] = q(x_1..x_{i+1} |
-    history), the product of the processed conditionals. Costs gamma forwards of [W, t + i]."""
+    history), the product of the processed conditionals.
+
+    The history runs through ``lm`` (an ``IncrementalLM`` of the draft model that keeps its cache
+    between steps: only the tokens accepted since the last step are fed; default a fresh one);
+    then every draft position is one call over the W beams' newest tokens, their caches copied
+    from the history's and reordered as beams are kept: gamma - 1 calls of W tokens per step."""
+    from transformers import DynamicCache
+
+    lm = lm if lm is not None else IncrementalLM(draft_model)
     dev = next(draft_model.parameters()).device
+    logits = lm.next_logits(np.asarray(history, dtype=np.int64), room=gamma)[None]  # [1, V]
+    cache = DynamicCache()
+    for i, layer in enumerate(lm.cache.layers):
+        cache.update(layer.keys, layer.values, i)  # a copy of the history's keys and values
     seqs = np.zeros((1, 0), dtype=np.int64)
     logq = np.zeros(1)
     cum = np.zeros((1, 0))  # joint log q of every prefix of every beam
-    for _ in range(gamma):
-        ids = np.concatenate([np.repeat(history[None], len(seqs), axis=0), seqs], axis=1)
-        logits = draft_model(input_ids=torch.as_tensor(ids, device=dev)).logits[:, -1]
-        ctx = list(ids) if options.repetition_penalty != 1.0 else None
+    for j in range(gamma):
+        if j:
+            out = draft_model(input_ids=torch.as_tensor(seqs[:, -1:], device=dev), past_key_values=cache, use_cache=True)
+            logits = out.logits[:, -1]
+        ctx = None
+        if options.repetition_penalty != 1.0:
+            ctx = [np.concatenate([history, s]) for s in seqs]
         cond = options.probs(logits, ctx)  # [w, V]
         with np.errstate(divide="ignore"):
             joint = logq[:, None] + np.log(cond)  # [w, V]
@@ -77,6 +93,8 @@ def beam_sample(draft_model, history: np.ndarray, gamma: int, beams: int, option
         logq = joint[b, tok]
         seqs = np.concatenate([seqs[b], tok[:, None]], axis=1)
         cum = np.concatenate([cum[b], logq[:, None]], axis=1)
+        if j + 1 < gamma:
+            cache.reorder_cache(torch.as_tensor(b, device=dev))
     best = int(np.argmax(logq))
     return seqs[best].astype(np.int64), np.exp(cum[best])
 
@@ -93,9 +111,11 @@ class MtadProposer(Proposer):
         check_mtad(gamma, beams, 0.0)
         self.draft_model, self.gamma, self.beams = draft_model, int(gamma), int(beams)
         self.rngs: dict[int, np.random.Generator] = {}
+        self.lms: dict[int, IncrementalLM] = {}
 
     def start(self, rows: StepRows) -> None:
         self.rngs = {}
+        self.lms = {i: IncrementalLM(self.draft_model) for i in rows.index}
 
     def propose(self, step: Step) -> list[Proposal]:
         if step.samplers is None:
@@ -108,7 +128,7 @@ class MtadProposer(Proposer):
                 continue
             rng = self.rngs.setdefault(i, np.random.default_rng([sampler.options.seed, sampler.row, 1]))
             toks, q = beam_sample(self.draft_model, np.asarray(step.histories[j], dtype=np.int64), n, self.beams,
-                                  sampler.options, rng)
+                                  sampler.options, rng, self.lms[i])
             out.append(Proposal(toks[None], q=q[None]))
         return out
 

@@ -27,8 +27,9 @@ from latticedraft.gpu.models import hf
 from latticedraft.paths import cache_dir
 
 GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
+MAX_BATCH = 64  # the batch sizes ``for_batch`` looks for among the stored curves
 QUANTILE = 0.25
-FORMAT = 2
+FORMAT = 3  # 3: the lean verify step (curves of earlier steps are measured again)
 
 
 @dataclass(frozen=True)
@@ -99,18 +100,50 @@ class CostModel:
                                                            "raw_seconds": raw, "quantile": QUANTILE})
 
     @classmethod
-    def cached(cls, verifier, batch: int = 1, refresh: bool = False, **measure_kw) -> "CostModel":
-        """The curve for this verifier and batch size from the cache, measured and stored if
-        absent (or ``refresh``). Measuring takes ~1-3 s on the bundled model."""
+    def stored(cls, verifier, batch: int) -> "CostModel | None":
+        """The curve for this verifier and batch size from the cache, or None."""
         key = fingerprint(verifier, batch)
         path = cache_dir() / "cost_model" / f"{key}.json"
-        if path.is_file() and not refresh:
+        if path.is_file():
             try:
                 d = json.loads(path.read_text())
                 if d.get("format") == FORMAT and d.get("key") == key:
                     return cls.from_json(d)
             except (OSError, ValueError, KeyError):
                 pass  # a damaged cache entry is measured again
+        return None
+
+    @classmethod
+    def for_batch(cls, verifier, batch: int) -> "CostModel":
+        """The curve at ``batch`` rows without measuring when any batch size was measured: the one
+        stored for it, else the nearest stored sizes below and above, interpolated linearly in the
+        number of rows (the one side alone where only one exists); measured (and stored) only
+        when none is (a decode's last, partial batch never pays for a measurement)."""
+        exact = cls.stored(verifier, batch)
+        if exact is not None:
+            return exact
+        found = {b: cm for b in range(1, MAX_BATCH + 1) if b != batch and (cm := cls.stored(verifier, b)) is not None}
+        lo = max((b for b in found if b < batch), default=None)
+        hi = min((b for b in found if b > batch), default=None)
+        if lo is None and hi is None:
+            return cls.cached(verifier, batch)
+        if lo is None or hi is None:
+            return found[lo if hi is None else hi]
+        w = (batch - lo) / (hi - lo)
+        nodes = [n for n in found[lo].nodes if n in found[hi].nodes]
+        secs = [(1 - w) * found[lo].seconds(n) + w * found[hi].seconds(n) for n in nodes]
+        return cls(tuple(nodes), tuple(secs), f"{found[lo].key}+{found[hi].key}",
+                   {"interpolated": {"batch": batch, "from": [lo, hi]}})
+
+    @classmethod
+    def cached(cls, verifier, batch: int = 1, refresh: bool = False, **measure_kw) -> "CostModel":
+        """The curve for this verifier and batch size from the cache, measured and stored if
+        absent (or ``refresh``). Measuring takes ~1-3 s on the bundled model."""
+        key = fingerprint(verifier, batch)
+        path = cache_dir() / "cost_model" / f"{key}.json"
+        hit = None if refresh else cls.stored(verifier, batch)
+        if hit is not None:
+            return hit
         cm = cls.measure(verifier, batch=batch, **measure_kw)
         cm = cls(cm.nodes, cm.seconds_at, key, {**(cm.info or {}), **describe(verifier, batch)})
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,6 +173,7 @@ def describe(verifier, batch: int) -> dict:
         "dtype": str(verifier.dtype), "device": str(verifier.device), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "cpu": platform.processor() or platform.machine(), "batch": batch,
         "mode": verifier.mode, "lazy": verifier.lazy, "draft_vocab": getattr(verifier, "draft_vocab_size", None),
+        "lean": getattr(verifier, "stack", None) is not None,
     }
 
 

@@ -235,3 +235,28 @@ def test_beam_sample_returns_the_joint_q_of_its_best_beam():
             want *= float(torch.softmax(draft(torch.as_tensor([ids])).logits[0, -1].double(), -1)[t])
         ids.append(t)
         assert q[i] == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("opts", [SamplingOptions(top_k=20, top_p=0.9), SamplingOptions(top_k=50),
+                                  SamplingOptions(top_k=7, top_p=0.5, temperature=0.7),
+                                  SamplingOptions(top_k=3, top_p=0.99, repetition_penalty=1.3)])
+def test_top_k_and_top_p_on_the_k_candidates_equal_transformers_warpers(opts):
+    """``SamplingOptions.probs`` warps on the k best scores; transformers' processors sort the whole
+    vocabulary: the same distribution, bit for bit, ties at the k-th score included."""
+    g = torch.Generator().manual_seed(1)
+    for trial in range(40):
+        V, m = int(torch.randint(20, 3000, (1,), generator=g)), 3
+        x = torch.randn(m, V, generator=g, dtype=torch.float64) * (1 + trial % 4)
+        if trial % 5 == 0:  # a tie at the k-th score
+            top = torch.topk(x[0], opts.top_k).values
+            x[0, x[0] < top[-1]] = x[0, x[0] < top[-1]].max()
+            x[0, torch.argsort(x[0])[0]] = top[-1]
+        ctx = [np.arange(4)] * m
+        y = x.clone()
+        procs = list(opts.processors())
+        if opts.repetition_penalty != 1.0:
+            penalty = procs.pop(0)
+            y = torch.cat([penalty(torch.as_tensor(ctx[i])[None], y[i:i + 1]) for i in range(m)])
+        for p in procs:
+            y = p(torch.zeros(m, 0, dtype=torch.long), y)
+        assert np.array_equal(opts.probs(x, ctx), torch.softmax(y, -1).numpy())
