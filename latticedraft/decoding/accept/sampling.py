@@ -90,46 +90,68 @@ class SamplingOptions:
         transformers' processors, in generate's order; with a top-k, top-k and top-p run on the
         k candidates (``_top_k_p``) instead of sorting the whole vocabulary, which keeps the same
         tokens (rows with a tie at the k-th score go through transformers' own warpers)."""
+        x = self._scaled(logits, contexts)
+        fast = self._top_k_p(x) if 0 < self.top_k < x.shape[-1] else None
+        if fast is None:
+            x = self._warp(x)
+        else:
+            vals, idx, keep = fast
+            x = torch.full_like(x, -float("inf")).scatter_(1, idx, vals.masked_fill(~keep, -float("inf")))
+        return torch.softmax(x, dim=-1).cpu().numpy()
+
+    def kept(self, logits: torch.Tensor, contexts=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``probs`` as its nonzero entries: rows int64[n], tokens int64[n], probs float64[n]
+        (each row's sum 1), without a [m, V] softmax where a top-k applies and no row ties at
+        its k-th score (then the softmax runs over the k candidates: equal to ``probs`` up to
+        rounding in the normaliser)."""
+        x = self._scaled(logits, contexts)
+        fast = self._top_k_p(x) if 0 < self.top_k < x.shape[-1] else None
+        if fast is None:
+            p = torch.softmax(self._warp(x), dim=-1).cpu().numpy()
+            rows, toks = np.nonzero(p)
+            return rows, toks, p[rows, toks]
+        vals, idx, keep = fast
+        p = torch.softmax(vals.masked_fill(~keep, -float("inf")), dim=-1).cpu().numpy()
+        keep = keep.cpu().numpy()
+        rows = np.nonzero(keep)[0]
+        return rows, idx.cpu().numpy()[keep], p[keep]
+
+    def _scaled(self, logits: torch.Tensor, contexts) -> torch.Tensor:
+        """float64 logits [m, V] after the repetition penalty and the temperature (a copy)."""
         x = logits.detach().to(torch.float64, copy=True)  # (the repetition penalty writes in place)
-        procs = self._procs()
-
-        def run(ids, scores):  # LogitsProcessorList's loop without its per-call signature inspection
-            for proc in procs:
-                scores = proc(ids, scores)
-            return scores
-
         if self.repetition_penalty != 1.0:
             if contexts is None or len(contexts) != x.shape[0]:
                 raise InputError("a repetition penalty needs the context of every row")
-            x = torch.cat([procs[0](torch.as_tensor(np.asarray(c, dtype=np.int64)[None], device=x.device), x[i:i + 1])
+            penalty = self._procs()[0]
+            x = torch.cat([penalty(torch.as_tensor(np.asarray(c, dtype=np.int64)[None], device=x.device), x[i:i + 1])
                            for i, c in enumerate(contexts)])
         if self.temperature != 1.0:
             x = x / self.temperature
-        fast = self._top_k_p(x) if 0 < self.top_k < x.shape[-1] else None
-        if fast is None:
-            ids = torch.zeros(x.shape[0], 0, dtype=torch.long, device=x.device)
-            for proc in procs[int(self.repetition_penalty != 1.0) + int(self.temperature != 1.0):]:
-                x = proc(ids, x)
-        else:
-            x = fast
-        return torch.softmax(x, dim=-1).cpu().numpy()
+        return x
 
-    def _top_k_p(self, x: torch.Tensor) -> torch.Tensor | None:
-        """transformers' top-k then top-p warpers on scores x [m, V] (after the penalty and the
-        temperature), computed on the k best scores: top-k keeps every score >= the k-th; top-p,
-        on the ascending order of the kept ones (the others have probability 0 and are removed
-        already), drops those whose cumulative probability is <= 1 - top_p, always keeping the
-        best. None where a row ties at its k-th score (transformers' warpers decide there)."""
+    def _warp(self, x: torch.Tensor) -> torch.Tensor:
+        """transformers' top-k and top-p warpers on scaled scores x [m, V]."""
+        ids = torch.zeros(x.shape[0], 0, dtype=torch.long, device=x.device)
+        for proc in self._procs()[int(self.repetition_penalty != 1.0) + int(self.temperature != 1.0):]:
+            x = proc(ids, x)
+        return x
+
+    def _top_k_p(self, x: torch.Tensor):
+        """transformers' top-k then top-p warpers on scaled scores x [m, V], computed on the k
+        best: (vals [m, k] descending, their token ids [m, k], keep bool [m, k]). top-k keeps
+        every score >= the k-th; top-p, on the ascending order of the kept ones (the others
+        have probability 0 and are removed already), drops those whose cumulative probability
+        is <= 1 - top_p, always keeping the best. None where a row ties at its k-th score with
+        a token outside the k (transformers' warpers decide there)."""
         vals, idx = torch.topk(x, self.top_k, dim=-1)  # descending
-        keep = x >= vals[:, -1:]
-        if int(keep.sum(dim=-1).max()) > self.top_k:
+        if int((x >= vals[:, -1:]).sum(dim=-1).max()) > self.top_k:
             return None
+        keep = torch.ones_like(vals, dtype=torch.bool)
         if self.top_p < 1.0:
-            asc = vals.flip(-1)
-            drop = torch.softmax(asc, dim=-1).cumsum(dim=-1) <= (1 - self.top_p)
+            drop = torch.softmax(vals.flip(-1), dim=-1).cumsum(dim=-1) <= (1 - self.top_p)
             drop[:, -1] = False
-            keep = torch.zeros_like(keep).scatter_(1, idx.flip(-1), ~drop)
-        return x.masked_fill(~keep, -float("inf"))
+            keep = ~drop.flip(-1)
+        return vals, idx, keep
 
     def _procs(self):
         """``processors()``, built once per options object."""

@@ -268,7 +268,7 @@ class NeuralDrafter(Drafter):
 
     def spawn(self, row: int = 0):
         d = copy.copy(self)
-        d.lm = IncrementalLM(self.rescorer)
+        d.lm = IncrementalLM(self.rescorer, self.lm.stack)
         return d
 
     @staticmethod

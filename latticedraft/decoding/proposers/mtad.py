@@ -5,8 +5,8 @@ of high joint probability); with tau >= 1 it is exactly ordinary sampling from t
 
 One step: the auxiliary draft model drafts gamma tokens by *beam sampling* (``beam_sample``:
 W beams; at each position W (beam, token) pairs are drawn without replacement from the joint
-q(beam prefix) * q(token | beam prefix), each conditional after the sampling processors; the
-draft is the beam of highest joint q), and q_i = q(x_1..x_i | context). The target verifies
+q(beam prefix) * q(token | beam prefix) (Gumbel-top-k over the pairs the processors keep), each
+conditional after the sampling processors; the draft is the beam of highest joint q), and q_i = q(x_1..x_i | context). The target verifies
 [root, x_1..x_gamma] in one call on the one loop, accepting by ``accept.mtad.MtadRule``: with P_i
 the target's distribution (after the same processors) before x_i and p_i = prod_{k <= i}
 P_k(x_k), eta is the largest i with min(1, p_i / q_i) > tau (0 if none): x_1..x_eta are
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from latticedraft.decoding.proposers.base import EMPTY, Proposal, Proposer, Step, StepRows
-from latticedraft.decoding.proposers.draft_model import IncrementalLM
+from latticedraft.decoding.proposers.draft_model import IncrementalLM, lean_stack
 from latticedraft.decoding.registry import Method
 from latticedraft.decoding.accept.sampling import SamplingOptions
 from latticedraft.errors import InputError
@@ -63,38 +63,34 @@ def beam_sample(draft_model, history: np.ndarray, gamma: int, beams: int, option
 
     The history runs through ``lm`` (an ``IncrementalLM`` of the draft model that keeps its cache
     between steps: only the tokens accepted since the last step are fed; default a fresh one);
-    then every draft position is one call over the W beams' newest tokens, their caches copied
-    from the history's and reordered as beams are kept: gamma - 1 calls of W tokens per step."""
-    from transformers import DynamicCache
-
+    then every draft position is one call over the W beams' newest tokens (``lm.beams()``: their
+    caches copied from the history's and reordered as beams are kept): gamma - 1 calls of W
+    tokens per step."""
     lm = lm if lm is not None else IncrementalLM(draft_model)
-    dev = next(draft_model.parameters()).device
     logits = lm.next_logits(np.asarray(history, dtype=np.int64), room=gamma)[None]  # [1, V]
-    cache = DynamicCache()
-    for i, layer in enumerate(lm.cache.layers):
-        cache.update(layer.keys, layer.values, i)  # a copy of the history's keys and values
+    fork = lm.beams()
     seqs = np.zeros((1, 0), dtype=np.int64)
     logq = np.zeros(1)
     cum = np.zeros((1, 0))  # joint log q of every prefix of every beam
     for j in range(gamma):
         if j:
-            out = draft_model(input_ids=torch.as_tensor(seqs[:, -1:], device=dev), past_key_values=cache, use_cache=True)
-            logits = out.logits[:, -1]
+            logits = fork.step(seqs[:, -1])
         ctx = None
         if options.repetition_penalty != 1.0:
             ctx = [np.concatenate([history, s]) for s in seqs]
-        cond = options.probs(logits, ctx)  # [w, V]
-        with np.errstate(divide="ignore"):
-            joint = logq[:, None] + np.log(cond)  # [w, V]
-        flat = np.exp(joint - joint.max()).reshape(-1)
-        n = min(beams, int((flat > 0).sum()))
-        pick = rng.choice(len(flat), size=n, replace=False, p=flat / flat.sum())
-        b, tok = np.divmod(pick, cond.shape[1])
-        logq = joint[b, tok]
+        b, tok, cond = options.kept(logits, ctx)  # the (beam, token) pairs the processors keep
+        joint = logq[b] + np.log(cond)
+        n = min(beams, len(joint))
+        # n draws without replacement, each proportional to exp(joint) among those left: the n
+        # largest joint + Gumbel(0, 1) keys (the Gumbel-top-k trick), best first
+        keys = joint + rng.gumbel(size=len(joint))
+        pick = np.argpartition(-keys, n - 1)[:n] if n < len(keys) else np.arange(n)
+        pick = pick[np.argsort(-keys[pick], kind="stable")]
+        b, tok, logq = b[pick], tok[pick], joint[pick]
         seqs = np.concatenate([seqs[b], tok[:, None]], axis=1)
         cum = np.concatenate([cum[b], logq[:, None]], axis=1)
         if j + 1 < gamma:
-            cache.reorder_cache(torch.as_tensor(b, device=dev))
+            fork.keep(b)
     best = int(np.argmax(logq))
     return seqs[best].astype(np.int64), np.exp(cum[best])
 
@@ -115,7 +111,8 @@ class MtadProposer(Proposer):
 
     def start(self, rows: StepRows) -> None:
         self.rngs = {}
-        self.lms = {i: IncrementalLM(self.draft_model) for i in rows.index}
+        stack = lean_stack(self.draft_model)
+        self.lms = {i: IncrementalLM(self.draft_model, stack) for i in rows.index}
 
     def propose(self, step: Step) -> list[Proposal]:
         if step.samplers is None:

@@ -206,6 +206,14 @@ class KVCache:
         """Drop the slots from ``length`` on (a forward whose nodes are all discarded)."""
         self.length = self.end = int(length)
 
+    def fork(self, rows) -> "KVCache":
+        """A new cache holding copies of rows ``rows`` (int64[b'], repeats allowed); this one unchanged."""
+        import copy
+
+        other = copy.copy(self)
+        other.select_rows(rows)
+        return other
+
     def select_rows(self, rows) -> None:
         """Keep only batch rows ``rows`` (int64[b'], in the new order), e.g. to drop finished sequences."""
         rows = _host(rows)

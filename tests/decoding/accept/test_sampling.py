@@ -260,3 +260,17 @@ def test_top_k_and_top_p_on_the_k_candidates_equal_transformers_warpers(opts):
         for p in procs:
             y = p(torch.zeros(m, 0, dtype=torch.long), y)
         assert np.array_equal(opts.probs(x, ctx), torch.softmax(y, -1).numpy())
+
+
+@pytest.mark.parametrize("opts", [SamplingOptions(top_k=20, top_p=0.9), SamplingOptions(top_k=0, top_p=0.8),
+                                  SamplingOptions(top_k=5, temperature=0.5, repetition_penalty=1.2)])
+def test_kept_lists_the_nonzero_entries_of_probs(opts):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 300, generator=g, dtype=torch.float64) * 3
+    x[1, :] = x[1].max()  # every score tied: the warpers' own path
+    ctx = [np.arange(6)] * 4
+    dense = opts.probs(x, ctx)
+    rows, toks, p = opts.kept(x, ctx)
+    assert np.array_equal(np.sort(rows * 300 + toks), np.flatnonzero(dense))
+    np.testing.assert_allclose(p, dense[rows, toks], rtol=1e-12)
+    np.testing.assert_allclose(np.bincount(rows, p), 1.0, rtol=1e-12)
