@@ -133,6 +133,7 @@ def speculative_decode(
         props = [p.propose(step) for p in proposers] or [[Proposal.empty() for _ in live]]
         by_row = [[pp[j] for pp in props] for j in range(len(live))]
         drafts, qs, sides, hidden, nodes = [], [], [], [], []
+        plans = planner.plan_rows(by_row, step.rooms) if sampling is None else None
         for j, mine in enumerate(by_row):
             if sampling is not None:  # verified as drawn: the one source's paths and their q
                 prop = next((x for x in mine if x.tokens.size), mine[0])
@@ -140,9 +141,8 @@ def speculative_decode(
                 qs.append(prop.q)
                 nodes.append(1 + _prefixes(prop.tokens))
             else:
-                plan = planner.plan(mine, step.rooms[j])
-                drafts.append(plan.drafts)
-                nodes.append(plan.nodes)
+                drafts.append(plans[j].drafts)
+                nodes.append(plans[j].nodes)
             sides.append(next((x.side for x in mine if x.side is not None), None))
             hidden.append(next((x.hidden for x in mine if x.hidden is not None), None))
             if sides[-1] is not None:

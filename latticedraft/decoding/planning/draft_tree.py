@@ -13,7 +13,8 @@ never grows along a path) for the n that maximises
 
 -- expected tokens per second, the dynamic-tree idea of SpecInfer / Sequoia / EAGLE-2 applied to
 the rescored lattice. ``overhead`` is the per-step time spent outside the verify call
-(drafting, bookkeeping), measured by the decode loop as it runs. The ``fixed`` policy verifies
+(drafting, bookkeeping), measured by the decode loop as it runs. In a batched step the rows'
+trees are padded to the largest, so one n serves every row (``plan_rows``). The ``fixed`` policy verifies
 every candidate path, as given.
 
     >>> plan = TreePlanner("fixed").plan([Proposal(np.array([[4, 5]]))])
@@ -68,6 +69,32 @@ class TreePlanner:
         """The paths to verify after the root, at most ``room`` tokens deep, from one step's
         ``Proposal`` s of one row (their order breaks ties). ``auto`` needs each proposal's
         ``rates`` (its proposer fills them when the step carries an acceptance model)."""
+        return self.plan_rows([proposals], [room])[0]
+
+    def plan_rows(self, proposals: list[list], rooms: list) -> list[Plan]:
+        """``plan`` for the rows of one batched step. The rows' trees are padded to the largest,
+        so ``auto`` picks one tree size n for all (the cost model's ``T(n)`` is the step over
+        every row at n nodes): the n maximising (sum over rows of 1 + the n - 1 largest P of the
+        row) / (T(n) + overhead); every row then verifies its n - 1 most probable nodes (fewer
+        only where it has fewer)."""
+        tries = [self._trie(props, room) for props, room in zip(proposals, rooms)]
+        if self.policy == "fixed":
+            return [_as_plan([t for t, _ in cands], None) for cands in tries]
+        tries = [_nodes(cands) for cands in tries]
+        most = max((len(P) for _, _, P in tries), default=0)
+        total = np.zeros(min(most, self.max_nodes - 1) + 1)  # total[m]: every row with m drafted nodes
+        gains = []
+        for _, _, P in tries:
+            g = 1.0 + np.concatenate([[0.0], np.cumsum(np.sort(P)[::-1])])[: len(total)]
+            gains.append(g)
+            total += np.concatenate([g, np.full(len(total) - len(g), g[-1])])
+        sizes = np.arange(1, len(total) + 1)
+        m = int(np.argmax(total / (self._T[sizes - 1] + self.overhead)))
+        return [_top_paths(parent, token, P, m, float(g[min(m, len(g) - 1)]))
+                for (parent, token, P), g in zip(tries, gains)]
+
+    def _trie(self, proposals: list, room) -> list:
+        """The candidate paths of one row: [(tokens int64[d], rates float64[d] or None)]."""
         cands = []
         for prop in proposals:
             for r, row in enumerate(np.atleast_2d(prop.tokens)):
@@ -78,45 +105,48 @@ class TreePlanner:
                 if self.policy == "auto" and rates is None:
                     rates = np.full(d, 0.5)  # an unrated source: the uncalibrated prior of a context token
                 cands.append((row[:d], rates))
-        if self.policy == "fixed":
-            return _as_plan([t for t, _ in cands], None)
-        # trie over all candidates: node id -> (parent, token, P); children keyed (parent, token)
-        key: dict[tuple[int, int], int] = {}
-        parent, token, prob = [-1], [-1], [1.0]
-        for toks, rates in cands:
-            node, p = 0, 1.0
-            for t, r in zip(toks.tolist(), rates.tolist()):
-                p *= r
-                nxt = key.get((node, t))
-                if nxt is None:
-                    nxt = len(token)
-                    key[(node, t)] = nxt
-                    parent.append(node)
-                    token.append(t)
-                    prob.append(p)
-                elif p > prob[nxt]:
-                    prob[nxt] = p
-                node = nxt
-        P = np.asarray(prob[1:])
-        if len(P) == 0:
-            return Plan(np.zeros((1, 0), np.int64), 1, 1.0)
-        # parents precede children in the node order; a stable sort by -P keeps them first on ties
-        order = np.argsort(-P, kind="stable")[: self.max_nodes - 1]
-        gain = 1.0 + np.concatenate([[0.0], np.cumsum(P[order])])  # gain[m]: m drafted nodes
-        sizes = np.arange(1, len(gain) + 1)
-        rate = gain / (self._T[sizes - 1] + self.overhead)
-        m = int(np.argmax(rate))
-        chosen = set((order[:m] + 1).tolist())
-        chosen = {c for c in chosen if _closed(c, parent, chosen)}
-        leaves = chosen - {parent[x] for x in chosen}
-        paths = []
-        for leaf in sorted(leaves):
-            path, node = [], leaf
-            while node > 0:
-                path.append(token[node])
-                node = parent[node]
-            paths.append(np.asarray(path[::-1], dtype=np.int64))
-        return _as_plan(paths, float(gain[m]))
+        return cands
+
+
+def _nodes(cands: list) -> tuple[list, list, np.ndarray]:
+    """The trie over candidate paths: (parent, token, P) per node after the root (node ids from 1;
+    index 0 of parent/token is the root); a node proposed by several paths keeps the highest P."""
+    key: dict[tuple[int, int], int] = {}
+    parent, token, prob = [-1], [-1], [1.0]
+    for toks, rates in cands:
+        node, p = 0, 1.0
+        for t, r in zip(toks.tolist(), rates.tolist()):
+            p *= r
+            nxt = key.get((node, t))
+            if nxt is None:
+                nxt = len(token)
+                key[(node, t)] = nxt
+                parent.append(node)
+                token.append(t)
+                prob.append(p)
+            elif p > prob[nxt]:
+                prob[nxt] = p
+            node = nxt
+    return parent, token, np.asarray(prob[1:])
+
+
+def _top_paths(parent: list, token: list, P: np.ndarray, m: int, expected: float) -> Plan:
+    """The plan verifying the m most probable nodes (an ancestor-closed set: P never grows along
+    a path, and a stable sort keeps parents, which precede children, first on ties)."""
+    if len(P) == 0:
+        return Plan(np.zeros((1, 0), np.int64), 1, 1.0)
+    order = np.argsort(-P, kind="stable")[:m]
+    chosen = set((order + 1).tolist())
+    chosen = {c for c in chosen if _closed(c, parent, chosen)}
+    leaves = chosen - {parent[x] for x in chosen}
+    paths = []
+    for leaf in sorted(leaves):
+        path, node = [], leaf
+        while node > 0:
+            path.append(token[node])
+            node = parent[node]
+        paths.append(np.asarray(path[::-1], dtype=np.int64))
+    return _as_plan(paths, expected)
 
 
 def _closed(node: int, parent: list, chosen: set) -> bool:

@@ -200,9 +200,11 @@ class Session:
         spec.context()
         if spec.tree == "auto" and spec.name != "oracle":  # (the oracle's references come per call)
             # measure T(n) and fit the acceptance rates now (both cached on disk after the first
-            # run), so that streaming output and timings never include them
+            # run), so that streaming output and timings never include them; at batch 1 and at
+            # the run's batch size, between which a last, partial batch interpolates
             warm = np.asarray(self.tokenizer.encode("import os\n").ids, dtype=np.int64)
-            self.decode([warm] * batch_size, "bpd", spec, max_new_tokens=2, batch_size=batch_size)
+            for b in sorted({1, batch_size}):
+                self.decode([warm] * b, "bpd", spec, max_new_tokens=2, batch_size=b)
 
     def decode(self, prompt_ids: list, method: str = "bpd", options=None, *, max_new_tokens: int = 64,
                verify: str = "auto", batch_size: int = 1, sampling=None, on_tokens=None, first_row: int = 0,

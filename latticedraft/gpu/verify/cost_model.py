@@ -100,9 +100,10 @@ class CostModel:
                                                            "raw_seconds": raw, "quantile": QUANTILE})
 
     @classmethod
-    def stored(cls, verifier, batch: int) -> "CostModel | None":
-        """The curve for this verifier and batch size from the cache, or None."""
-        key = fingerprint(verifier, batch)
+    def stored(cls, verifier, batch: int, described: dict | None = None) -> "CostModel | None":
+        """The curve for this verifier and batch size from the cache, or None. described:
+        ``describe(verifier, any batch)``, when the caller has it already."""
+        key = fingerprint(verifier, batch, described)
         path = cache_dir() / "cost_model" / f"{key}.json"
         if path.is_file():
             try:
@@ -115,24 +116,23 @@ class CostModel:
 
     @classmethod
     def for_batch(cls, verifier, batch: int) -> "CostModel":
-        """The curve at ``batch`` rows without measuring when any batch size was measured: the one
-        stored for it, else the nearest stored sizes below and above, interpolated linearly in the
-        number of rows (the one side alone where only one exists); measured (and stored) only
-        when none is (a decode's last, partial batch never pays for a measurement)."""
-        exact = cls.stored(verifier, batch)
+        """The curve at ``batch`` rows: the one stored for it, else, between the nearest stored
+        sizes below and above, their linear interpolation in the number of rows (a decode's
+        last, partial batch, between batch 1 and the run's size, which the run's warm-up
+        measured); measured and stored when no stored sizes lie on both sides."""
+        described = describe(verifier, batch)
+        exact = cls.stored(verifier, batch, described)
         if exact is not None:
             return exact
-        found = {b: cm for b in range(1, MAX_BATCH + 1) if b != batch and (cm := cls.stored(verifier, b)) is not None}
-        lo = max((b for b in found if b < batch), default=None)
-        hi = min((b for b in found if b > batch), default=None)
-        if lo is None and hi is None:
-            return cls.cached(verifier, batch)
+        lo = next((b for b in range(batch - 1, 0, -1) if cls.stored(verifier, b, described) is not None), None)
+        hi = next((b for b in range(batch + 1, MAX_BATCH + 1) if cls.stored(verifier, b, described) is not None), None)
         if lo is None or hi is None:
-            return found[lo if hi is None else hi]
+            return cls.cached(verifier, batch)
+        below, above = cls.stored(verifier, lo, described), cls.stored(verifier, hi, described)
         w = (batch - lo) / (hi - lo)
-        nodes = [n for n in found[lo].nodes if n in found[hi].nodes]
-        secs = [(1 - w) * found[lo].seconds(n) + w * found[hi].seconds(n) for n in nodes]
-        return cls(tuple(nodes), tuple(secs), f"{found[lo].key}+{found[hi].key}",
+        nodes = [n for n in below.nodes if n in above.nodes]
+        secs = [(1 - w) * below.seconds(n) + w * above.seconds(n) for n in nodes]
+        return cls(tuple(nodes), tuple(secs), f"{below.key}+{above.key}",
                    {"interpolated": {"batch": batch, "from": [lo, hi]}})
 
     @classmethod
@@ -177,8 +177,10 @@ def describe(verifier, batch: int) -> dict:
     }
 
 
-def fingerprint(verifier, batch: int) -> str:
-    return hashlib.sha256(json.dumps(describe(verifier, batch), sort_keys=True).encode()).hexdigest()[:16]
+def fingerprint(verifier, batch: int, described: dict | None = None) -> str:
+    """The cache key: a hash of ``describe(verifier, batch)`` (``described``: that of any batch size)."""
+    d = dict(described if described is not None else describe(verifier, batch), batch=batch)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _position_limit(model) -> int | None:

@@ -39,24 +39,45 @@ class Forward:
         self.num_heads = num_heads
         self.project_all = False  # lazy calls: project every node at the first argmax (set by the verifier)
         self.seconds = 0.0  # time spent in argmax_at / logits_at (the output projection and the argmax)
+        self.projections = 0  # output projections run by argmax_at / prefetch (lazy calls)
+        self._argmax = None  # lazy calls: int64[b, s], the argmax of each node projected so far (-1: not yet)
+
+    def prefetch(self, rows, nodes) -> None:
+        """Lazy calls: project nodes ``nodes[j]`` of rows ``rows[j]`` now, in one matmul, for the
+        ``argmax_at`` calls to come (the nodes the walk will most likely visit)."""
+        if self.lazy and self.logits is None and len(rows):
+            self._project(np.asarray(rows, dtype=np.int64), np.asarray(nodes, dtype=np.int64))
+
+    def _project(self, rows: np.ndarray, nodes: np.ndarray) -> None:
+        t0 = time.perf_counter()
+        if self._argmax is None:
+            self._argmax = np.full(self.hidden.shape[:2], -1, dtype=np.int64)
+        dev = self.hidden.device
+        h = self.hidden[torch.from_numpy(rows).to(dev), torch.from_numpy(nodes).to(dev)]
+        self._argmax[rows, nodes] = self.unembed(h).argmax(dim=-1).cpu().numpy()
+        self.projections += 1
+        self.seconds += time.perf_counter() - t0
 
     def argmax_at(self, rows, nodes) -> np.ndarray:
         """The base model's greedy token after node ``nodes[j]`` of row ``rows[j]``: int64[m].
 
         Lazy calls project either every node in one matmul at the first call (``project_all``)
-        or only the nodes the walk visits, one small matmul per level; the verifier picks the
-        cheaper from the measured projection cost and the walk's measured depth."""
+        or the nodes not projected yet (``prefetch``), one small matmul per call; the verifier
+        picks from the measured projection cost and the walk's measured depth."""
+        if self.lazy and self.logits is None and not self.project_all:
+            rows, nodes = np.asarray(rows, dtype=np.int64), np.asarray(nodes, dtype=np.int64)
+            if self._argmax is None or (self._argmax[rows, nodes] < 0).any():
+                miss = np.ones(len(rows), bool) if self._argmax is None else self._argmax[rows, nodes] < 0
+                self._project(rows[miss], nodes[miss])
+            return self._argmax[rows, nodes]
         t0 = time.perf_counter()
-        if self.lazy and self.logits is None and self.project_all:
+        if self.lazy and self.logits is None:
             b, n, H = self.hidden.shape
             self.logits = self.unembed(self.hidden.reshape(-1, H)).view(b, n, -1)
-        src = self.logits if self.logits is not None else self.hidden
-        r = torch.as_tensor(rows, dtype=torch.long, device=src.device)
-        n = torch.as_tensor(nodes, dtype=torch.long, device=src.device)
-        if self.logits is None:
-            out = self.unembed(self.hidden[r, n]).argmax(dim=-1).cpu().numpy()
-        else:
-            out = self.logits[r, n].argmax(dim=-1).cpu().numpy()
+            self.projections += 1
+        r = torch.as_tensor(rows, dtype=torch.long, device=self.logits.device)
+        n = torch.as_tensor(nodes, dtype=torch.long, device=self.logits.device)
+        out = self.logits[r, n].argmax(dim=-1).cpu().numpy()
         self.seconds += time.perf_counter() - t0
         return out
 

@@ -85,6 +85,15 @@ def build_tree(root_token: int, drafts: np.ndarray) -> DraftTree:
     )
 
 
+def main_path(tree: DraftTree) -> np.ndarray:
+    """The nodes of the first draft (the proposer's best), root first: int64[k + 1]. ``build_tree``
+    numbers them 0..k, each the parent of the next."""
+    k = 1
+    while k < tree.size and tree.parent[k] == k - 1:
+        k += 1
+    return np.arange(k, dtype=np.int64)
+
+
 def accept_path(tree: DraftTree, argmax: np.ndarray) -> tuple[list[int], int]:
     """Longest root path whose every token equals the target's argmax at its parent.
 

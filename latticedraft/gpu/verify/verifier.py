@@ -66,7 +66,7 @@ from latticedraft.gpu.verify.modes import (base_config, choose_kv_cache, choose_
                                            position_limit, sliding_window)
 from latticedraft.gpu.verify.prefill import chunked_prefill, window_mask
 from latticedraft.gpu.verify.side_branch import SideBranch, step_layout
-from latticedraft.gpu.verify.tree import build_tree, pack_trees
+from latticedraft.gpu.verify.tree import build_tree, main_path, pack_trees
 from latticedraft.gpu.verify.walk import node_of, prefix_of, walk, walk_batched
 
 UNEMBED_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows at which the output projection is timed (once per model)
@@ -138,7 +138,7 @@ class Verifier:
         self.device = model_device(model)
         self.draft_vocab = None if draft_vocab is None else DraftVocab(model, draft_vocab)
         self.draft_vocab_size = None if self.draft_vocab is None else len(self.draft_vocab)
-        self.levels = 1.0  # running mean of the accept walk's levels (accepted drafts + 1) per row
+        self.off_path = 1.0  # running mean of the projections the accept walk adds to the main paths'  one
         self.position_limit = position_limit(model)
         self.peak_cache_bytes = 0  # the largest KV cache seen right after a forward (in-flight nodes included)
         self.timing = dict.fromkeys(STEP_PARTS, 0.0)  # seconds per part of every verify call so far
@@ -302,10 +302,19 @@ class Verifier:
         t2 = time.perf_counter()
         tm["tree"] += t1 - t0
         tm["forward"] += t2 - t1
-        if self.lazy:  # one projection of all b * n nodes, or b rows per expected level (+ the side nodes)
+        if self.lazy:  # one projection of all b * n nodes, or each row's main path first (+ the side nodes)
+            main = [main_path(t) for t in trees]
+            rows = np.repeat(np.arange(b), [len(m) for m in main])
+            nodes = np.concatenate([layouts[i].tree_index[m] for i, m in enumerate(main)])
             n_side = 0 if sides is None else sum(len(sd.wanted) for sd in sides)
-            walked = self.levels * self.unembed_seconds(b) + (self.unembed_seconds(n_side) if n_side else 0.0)
-            out.project_all = self.unembed_seconds(b * n) <= walked
+            by_path = (self.unembed_seconds(len(nodes) + n_side) + self.off_path * self.unembed_seconds(b))
+            out.project_all = self.unembed_seconds(b * n) <= by_path
+            if not out.project_all:
+                if sides is not None:
+                    rows = np.concatenate([rows, [i for i, sd in enumerate(sides) for _ in sd.wanted]]).astype(np.int64)
+                    nodes = np.concatenate([nodes, [int(layouts[i].side_index[k]) for i, sd in enumerate(sides)
+                                                    for k in sd.wanted]]).astype(np.int64)
+                out.prefetch(rows, nodes)
         side_argmax = None
         if sides is not None:
             rows = [i for i, sd in enumerate(sides) for _ in range(len(sd.wanted))]
@@ -326,7 +335,8 @@ class Verifier:
         t3 = time.perf_counter()
         tm["project"] += out.seconds
         tm["walk"] += t3 - t2 - out.seconds
-        self.levels = 0.8 * self.levels + 0.2 * float(np.mean([len(p) for p in paths]))
+        if self.lazy and not out.project_all:
+            self.off_path = 0.8 * self.off_path + 0.2 * (out.projections - 1)
         m = max(len(p) for p in paths)
         keep = np.zeros((b, m), dtype=np.int64)
         keep_valid = np.zeros((b, m), dtype=bool)

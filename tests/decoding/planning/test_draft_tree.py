@@ -118,3 +118,18 @@ def test_bad_policy_and_missing_cost():
         TreePlanner("bogus")
     with pytest.raises(InputError, match="cost model"):
         TreePlanner("auto")
+
+
+def test_rows_of_a_batch_share_one_tree_size():
+    """The padded batch pays for the largest tree: one size m for every row (all its nodes where a
+    row has fewer), the m maximising the rows' summed gain over T(m + 1), by brute force."""
+    planner = TreePlanner("auto", cost=curve(1.0, 0.05))
+    rich = Proposal(np.array([[1, 2, 3, 4], [5, 6, 7, 8]]), rates=np.array([[0.9] * 4, [0.3] * 4]))
+    poor = Proposal(np.array([[9, 10, 11, 12]]), rates=np.array([[0.2, 0.1, 0.1, 0.1]]))
+    Ps = [np.sort(np.concatenate([np.cumprod(r) for r in p.rates]))[::-1] for p in (rich, poor)]
+    rate = [sum(1 + P[:m].sum() for P in Ps) / (1.0 + 0.05 * m) for m in range(9)]
+    m = int(np.argmax(rate))
+    plans = planner.plan_rows([[rich], [poor]], [None, None])
+    assert [p.nodes for p in plans] == [1 + min(m, len(P)) for P in Ps] == [6, 5]
+    assert planner.plan([poor]).nodes == 2  # alone, the poor row would verify one node
+    assert TreePlanner("fixed").plan_rows([[rich], [poor]], [2, None])[0].drafts.shape == (2, 2)

@@ -50,6 +50,27 @@ def test_cached_measures_once_per_fingerprint(tmp_path, monkeypatch):
     assert calls == [1, 4, 1]
 
 
+def test_for_batch_interpolates_between_measured_sizes_and_measures_outside_them(tmp_path, monkeypatch):
+    """A partial batch between the stored sizes costs no measurement; a size with stored curves on
+    one side only is measured (a batch-4 curve is never used for batch 1)."""
+    monkeypatch.setenv("LATTICEDRAFT_CACHE", str(tmp_path))
+    v = Verifier(blockwise("gpt2", torch.float32, num_heads=3))
+    calls = []
+
+    def fake(cls, verifier, batch=1, **kw):
+        calls.append(batch)
+        return CostModel((1, 2, 8), (1.0 * batch, 2.0 * batch, 4.0 * batch))
+
+    monkeypatch.setattr(CostModel, "measure", classmethod(fake))
+    assert CostModel.for_batch(v, 4).seconds(2) == 8.0 and calls == [4]
+    assert CostModel.for_batch(v, 1).seconds(2) == 2.0 and calls == [4, 1]
+    mid = CostModel.for_batch(v, 3)
+    assert calls == [4, 1] and mid.seconds(8) == pytest.approx(12.0) and mid.info["interpolated"]["from"] == [1, 4]
+    assert CostModel.for_batch(v, 4).seconds(8) == 16.0 and calls == [4, 1]
+    CostModel.for_batch(v, 6)
+    assert calls == [4, 1, 6]
+
+
 def test_fingerprint_follows_threads_and_draft_vocab():
     m = blockwise("gpt2", torch.float32, num_heads=3)
     plain, reduced = Verifier(m), Verifier(m, draft_vocab=np.arange(10))
