@@ -114,7 +114,7 @@ def speculative_decode(
 
     t0 = time.perf_counter()
     state, first, heads = verifier.prefill(prompts, choose=rule.for_step(row_ids, None, None, prompts), stem=stem)
-    timing["model"] += time.perf_counter() - t0
+    timing["prefill"] = time.perf_counter() - t0
     keep = state_rows.finish([state_rows.emit(i, [int(first[i])]) for i in range(b)])
     roots = [int(first[i]) for i in state_rows.live]
     heads = _keep_rows(keep, b, state, heads, proposers)
@@ -184,6 +184,7 @@ def speculative_decode(
         timing["accept"] += t_step - t1
     lattice = sum(getattr(p, "lattice_seconds", 0.0) for p in proposers)
     timing["lattice"], timing["draft"] = lattice, timing["draft"] - lattice
+    timing.update({f"verify.{k}": v for k, v in verifier.timing.items()})  # the verify calls' parts
     return state_rows.result(verifier.mode, verifier.mode_reason, timing, steps, verifier.peak_cache_bytes)
 
 

@@ -48,8 +48,9 @@ class StepRecord:
 @dataclass
 class DecodeResult:
     """sequences: one per prompt, in order; verify_mode: "tree" | "batched" | "split" |
-    "generate"; verify_reason: why (and the method's settings); timing: seconds per part
-    (model, lattice, draft, accept) over the whole run; steps: per-step records (only when
+    "generate"; verify_reason: why (and the method's settings); timing: seconds per part over
+    the whole run (the one loop's: prefill, model = the verify calls, lattice, draft, accept, and
+    verify.<part> = the verify calls' ``Verifier.timing``); steps: per-step records (only when
     asked for); kv_peak_bytes: the verifier's largest KV cache (0 where not measured)."""
 
     sequences: list[SequenceResult]

@@ -42,21 +42,37 @@ class Forward:
         self.projections = 0  # output projections run by argmax_at / prefetch (lazy calls)
         self._argmax = None  # lazy calls: int64[b, s], the argmax of each node projected so far (-1: not yet)
 
-    def prefetch(self, rows, nodes) -> None:
+    def prefetch(self, rows, nodes, logits: bool = False) -> None:
         """Lazy calls: project nodes ``nodes[j]`` of rows ``rows[j]`` now, in one matmul, for the
-        ``argmax_at`` calls to come (the nodes the walk will most likely visit)."""
+        ``argmax_at`` (or, with ``logits``, ``logits_at``) calls to come: the nodes the walk
+        will most likely visit."""
         if self.lazy and self.logits is None and len(rows):
-            self._project(np.asarray(rows, dtype=np.int64), np.asarray(nodes, dtype=np.int64))
+            self._project(np.asarray(rows, dtype=np.int64), np.asarray(nodes, dtype=np.int64), logits)
 
-    def _project(self, rows: np.ndarray, nodes: np.ndarray) -> None:
+    def _project(self, rows: np.ndarray, nodes: np.ndarray, keep: bool = False) -> torch.Tensor:
+        """The logits [m, V] of the given nodes; records their argmax (and, with ``keep``, the
+        logits themselves) for later calls."""
         t0 = time.perf_counter()
         if self._argmax is None:
             self._argmax = np.full(self.hidden.shape[:2], -1, dtype=np.int64)
+            self._kept = {}
         dev = self.hidden.device
-        h = self.hidden[torch.from_numpy(rows).to(dev), torch.from_numpy(nodes).to(dev)]
-        self._argmax[rows, nodes] = self.unembed(h).argmax(dim=-1).cpu().numpy()
+        z = self.unembed(self.hidden[torch.from_numpy(rows).to(dev), torch.from_numpy(nodes).to(dev)])
+        self._argmax[rows, nodes] = z.argmax(dim=-1).cpu().numpy()
+        if keep:
+            self._kept.update(zip(zip(rows.tolist(), nodes.tolist()), z))
         self.projections += 1
         self.seconds += time.perf_counter() - t0
+        return z
+
+    def _project_all(self) -> None:
+        """Lazy calls: the logits of every node, in one matmul (once)."""
+        if self.lazy and self.logits is None:
+            t0 = time.perf_counter()
+            b, n, H = self.hidden.shape
+            self.logits = self.unembed(self.hidden.reshape(-1, H)).view(b, n, -1)
+            self.projections += 1
+            self.seconds += time.perf_counter() - t0
 
     def argmax_at(self, rows, nodes) -> np.ndarray:
         """The base model's greedy token after node ``nodes[j]`` of row ``rows[j]``: int64[m].
@@ -70,11 +86,8 @@ class Forward:
                 miss = np.ones(len(rows), bool) if self._argmax is None else self._argmax[rows, nodes] < 0
                 self._project(rows[miss], nodes[miss])
             return self._argmax[rows, nodes]
+        self._project_all()
         t0 = time.perf_counter()
-        if self.lazy and self.logits is None:
-            b, n, H = self.hidden.shape
-            self.logits = self.unembed(self.hidden.reshape(-1, H)).view(b, n, -1)
-            self.projections += 1
         r = torch.as_tensor(rows, dtype=torch.long, device=self.logits.device)
         n = torch.as_tensor(nodes, dtype=torch.long, device=self.logits.device)
         out = self.logits[r, n].argmax(dim=-1).cpu().numpy()
@@ -83,10 +96,19 @@ class Forward:
 
     def logits_at(self, rows, nodes) -> torch.Tensor:
         """The base model's logits after node ``nodes[j]`` of row ``rows[j]``: [m, V]."""
-        src = self.logits if self.logits is not None else self.hidden
-        r = torch.as_tensor(rows, dtype=torch.long, device=src.device)
-        n = torch.as_tensor(nodes, dtype=torch.long, device=src.device)
-        return src[r, n] if self.logits is not None else self.unembed(self.hidden[r, n])
+        if self.project_all:
+            self._project_all()
+        if self.logits is not None:
+            r = torch.as_tensor(rows, dtype=torch.long, device=self.logits.device)
+            return self.logits[r, torch.as_tensor(nodes, dtype=torch.long, device=self.logits.device)]
+        rows, nodes = np.asarray(rows, dtype=np.int64), np.asarray(nodes, dtype=np.int64)
+        kept = {} if self._argmax is None else self._kept
+        miss = np.asarray([(r, n) not in kept for r, n in zip(rows.tolist(), nodes.tolist())], dtype=bool)
+        if miss.all():
+            return self._project(rows, nodes)
+        if miss.any():
+            self._project(rows[miss], nodes[miss], keep=True)
+        return torch.stack([self._kept[(r, n)] for r, n in zip(rows.tolist(), nodes.tolist())])
 
     def draft_heads_at(self, nodes: torch.Tensor, vocab: "DraftVocab | None" = None) -> torch.Tensor:
         """The extra heads' logits (heads 1..num_heads-1, what the next lattice is built from)

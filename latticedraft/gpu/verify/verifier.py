@@ -314,7 +314,7 @@ class Verifier:
                     rows = np.concatenate([rows, [i for i, sd in enumerate(sides) for _ in sd.wanted]]).astype(np.int64)
                     nodes = np.concatenate([nodes, [int(layouts[i].side_index[k]) for i, sd in enumerate(sides)
                                                     for k in sd.wanted]]).astype(np.int64)
-                out.prefetch(rows, nodes)
+                out.prefetch(rows, nodes, logits=choose is not None)
         side_argmax = None
         if sides is not None:
             rows = [i for i, sd in enumerate(sides) for _ in range(len(sd.wanted))]
