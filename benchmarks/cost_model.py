@@ -169,6 +169,7 @@ def plot(curves: dict, path: Path) -> None:
     plt.close(fig)
 
 
+@torch.no_grad()  # scoped: a global switch would leak into the caller (tests run main in-process)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-prompts", type=int, default=8)
@@ -182,7 +183,6 @@ def main(argv=None) -> int:
     add_verbose_arg(ap)
     a = ap.parse_args(argv)
     quiet_libraries(a.verbose)
-    torch.set_grad_enabled(False)
     s = Session(threads=a.threads)
     recs = read_prompts(data_dir() / "prompts.jsonl", limit=a.num_prompts)
     ids = encode(s.tokenizer, [r["prompt"] for r in recs])

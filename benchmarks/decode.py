@@ -65,6 +65,7 @@ OWN = {  # latticedraft's own loop on the same forward as BPD, without head draf
 HF_ROWS = ("prompt-lookup (HF)", "assisted (HF, rescorer-small drafts)")
 
 
+@torch.no_grad()  # scoped: a global switch would leak into the caller (tests run main in-process)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -87,7 +88,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     quiet_libraries(a.verbose)
 
-    torch.set_grad_enabled(False)
     s = Session(a.model, None, a.lm, a.rescorer, a.device, a.threads)
     recs = read_prompts(a.prompts, limit=a.num_prompts)
     ids = encode(s.tokenizer, [r["prompt"] for r in recs])

@@ -48,6 +48,7 @@ def _parse(cfg: str) -> tuple[int, int, int, bool]:
     return W, N, G, ref
 
 
+@torch.no_grad()  # scoped: a global switch would leak into the caller (tests run main in-process)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -67,7 +68,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     quiet_libraries(a.verbose)
 
-    torch.set_grad_enabled(False)
     s = Session(a.model, None, None, None, None, a.threads)
     recs = read_prompts(a.prompts)[a.skip : a.skip + a.num_prompts]
     if a.lookahead_config:

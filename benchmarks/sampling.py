@@ -69,6 +69,7 @@ def perplexity(base, prompts, outs) -> float:
     return math.exp(nll / max(n, 1))
 
 
+@torch.no_grad()  # scoped: a global switch would leak into the caller (tests run main in-process)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="heads checkpoint (default data/heads-stern; its base is the target)")
@@ -89,7 +90,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     quiet_libraries(a.verbose)
 
-    torch.set_grad_enabled(False)
     s = Session(a.model, None, None, None, None, a.threads, a.draft_model)
     base = getattr(s.model, "base", s.model)
     texts = [r["prompt"] for r in read_prompts(a.prompts, limit=a.num_prompts)]

@@ -42,6 +42,7 @@ from latticedraft.gpu.verify.layer_split import LayerSplit  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 
+@torch.no_grad()  # scoped: a global switch would leak into the caller (tests run main in-process)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -63,7 +64,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     quiet_libraries(a.verbose)
 
-    torch.set_grad_enabled(False)
     s = Session(a.model, threads=a.threads)
     d = LayerSplit(s.model).num_layers
     recs = read_prompts(a.prompts)[a.skip: a.skip + a.num_prompts]

@@ -71,6 +71,7 @@ def parts(result) -> dict:
     return out
 
 
+@torch.no_grad()  # scoped: a global switch would leak into the caller (tests run main in-process)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
@@ -86,7 +87,6 @@ def main(argv=None) -> int:
     add_verbose_arg(ap)
     a = ap.parse_args(argv)
     quiet_libraries(a.verbose)
-    torch.set_grad_enabled(False)
     s = Session(a.model, None, threads=a.threads)
     ids = encode(s.tokenizer, [r["prompt"] for r in read_prompts(a.prompts, limit=a.num_prompts)])
     rows_out = []

@@ -43,6 +43,7 @@ import numpy as np
 from latticedraft.errors import InputError, ModelError
 
 VARIANTS = ("CO+AT+G3", "CO+AT", "CO", "CO-0.5+AT+G3", "AT+G3")
+GRID_COPIES = 4  # float64 arrays of the joint's shape alive at once in ``step_distribution``
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,25 @@ class DynamoConfig:
                 )
             if self.max_n > 3:
                 raise InputError(f"--max-n {self.max_n}: co-occurrence statistics and joints cover at most 3 tokens")
+        if vocab_size is not None and num_heads is not None:
+            self._check_grid(vocab_size, self.n_for(num_heads))
+
+    def _check_grid(self, vocab_size: int, n: int) -> None:
+        """Refuse a joint grid (k^n float64 entries and its working copies: mask, blur, weights)
+        that does not fit in host memory, naming the largest top-k that does."""
+        from latticedraft.memory import available_bytes, human
+
+        k = self.top_k or vocab_size
+        need = lambda k: GRID_COPIES * 8 * k ** n  # noqa: E731
+        have = available_bytes()
+        if n < 2 or have is None or need(k) <= have:
+            return
+        fits = int((have / (GRID_COPIES * 8)) ** (1 / n))
+        while need(fits + 1) <= have:
+            fits += 1
+        what = f"--top-k {self.top_k}" + (f" (0: the whole vocabulary, {vocab_size} tokens)" if not self.top_k else "")
+        raise InputError(f"{what} makes DynaMo's joint over {n} tokens {k}^{n} entries, about {human(need(k))}, but "
+                         f"{human(have)} is available; use --top-k {fits} or lower (the paper uses 50), or --max-n {n - 1}")
 
     def n_for(self, num_heads: int) -> int:
         return self.max_n if self.max_n is not None else min(num_heads, 3)

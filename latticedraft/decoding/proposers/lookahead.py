@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from latticedraft.decoding.proposers.base import EMPTY, Proposal, Proposer, Step, StepRows
 from latticedraft.decoding.registry import Method
@@ -132,6 +133,7 @@ def lookahead_decode(model, prompts: list, *, W: int = 15, N: int = 5, G: int = 
     from latticedraft.gpu.models import hf
 
     opts = LookaheadOptions(W, N, G, prompt_as_reference, seed)
+    check_step_size(model, opts, len(prompts))
     V = hf.model_vocab_size(getattr(model, "base", model))
     index = list(range(first_row, first_row + len(prompts)))
     res = speculative_decode(model, prompts, [LookaheadProposer(opts, V)], max_new_tokens=max_new_tokens,
@@ -140,6 +142,38 @@ def lookahead_decode(model, prompts: list, *, W: int = 15, N: int = 5, G: int = 
                              on_tokens=on_tokens)
     res.verify_reason += f"; lookahead W={W} N={N} G={G}" + ("" if sampling is None else f"; sampling {sampling}")
     return res
+
+
+def check_step_size(model, o: LookaheadOptions, batch: int = 1) -> None:
+    """Refuse a window or n-gram size beyond the model's positions, or a step whose nodes (1 +
+    (W + G) (N - 1) per row once the window is full) would not fit in memory: its masks (bool
+    [n, n] twice), hidden states and keys/values, a lower bound, estimated before allocating."""
+    from latticedraft.gpu.verify.modes import base_config, model_device, model_dtype, position_limit
+    from latticedraft.memory import check_fits
+
+    limit = position_limit(model)
+    for flag, v, what in (("--window", o.W, "window column"), ("--ngram", o.N, "n-gram token")):
+        if limit and v > limit:
+            raise InputError(f"{flag} {v} must be <= {limit}, the model's positions (one {what} per position); "
+                             f"lower {flag}")
+    cfg = base_config(model)
+    H = int(getattr(cfg, "hidden_size", 0) or getattr(cfg, "n_embd", 0))
+    layers = int(getattr(cfg, "num_hidden_layers", 0) or getattr(cfg, "n_layer", 0))
+    heads = int(getattr(cfg, "num_attention_heads", 0) or getattr(cfg, "n_head", 1))
+    kv = int(getattr(cfg, "num_key_value_heads", None) or heads) * (H // max(heads, 1))
+    item = torch.finfo(model_dtype(model)).bits // 8
+
+    def need(s: dict) -> int:
+        n = 1 + (s["--window"] + s["--pool"]) * (s["--ngram"] - 1)
+        return batch * (2 * n * n + n * item * (4 * H + 2 * layers * kv))
+
+    check_fits({"--window": o.W, "--ngram": o.N, "--pool": o.G}, need, device=model_device(model),
+               doing="for one lookahead step's nodes (masks, hidden states, keys and values)",
+               low={"--ngram": 2, "--pool": 0})
+
+
+def _prepare(session, o: LookaheadOptions, batch_size: int) -> None:
+    check_step_size(session.model, o, batch_size)
 
 
 def _configure(values: dict, given: set) -> LookaheadOptions:
@@ -174,4 +208,5 @@ METHOD = Method(
     label=_label,
     settings=_settings,
     run=_run,
+    prepare=_prepare,
 )

@@ -430,3 +430,16 @@ def test_cli_decode_dynamo_bad_input_is_one_line(saved, capsys, extra, message):
     rc, out, err = _run(["decode", "--method", "dynamo", "--model", str(saved / "heads"), "--tokenizer",
                          str(saved / "tokenizer.json"), "--prompt", "w1 w2", "--max-new-tokens", "3"] + extra, capsys)
     assert rc == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_a_joint_grid_that_cannot_fit_is_refused_naming_the_top_k_that_does(monkeypatch):
+    import latticedraft.memory as memory
+
+    monkeypatch.setattr(memory, "available_bytes", lambda device=None: 4 * 8 * 100 ** 3)  # exactly k=100 at n=3
+    DynamoConfig(top_k=100, cooccurrence=False).validate(vocab_size=8192, num_heads=3)
+    with pytest.raises(InputError, match=r"--top-k 0 \(0: the whole vocabulary, 8192 tokens\).*use --top-k 100 or "
+                                         r"lower.*--max-n 2"):
+        DynamoConfig(top_k=0, cooccurrence=False).validate(vocab_size=8192, num_heads=3)
+    with pytest.raises(InputError, match="--top-k 101 makes"):
+        DynamoConfig(top_k=101, cooccurrence=False).validate(vocab_size=8192, num_heads=3)
+    DynamoConfig(top_k=0, cooccurrence=False, max_n=1).validate(vocab_size=8192, num_heads=3)  # one token: no grid

@@ -215,3 +215,20 @@ def test_bpd_without_heads_plus_pool_is_lookahead_decoding():
     assert [s.tokens.tolist() for s in via_bpd.sequences] == refs
     assert [s.tokens_per_call for s in via_bpd.sequences] == [s.tokens_per_call for s in direct.sequences]
     assert via_bpd.block_efficiency > 1.2
+
+
+def test_a_step_beyond_the_positions_or_the_memory_is_refused_before_decoding(monkeypatch):
+    import latticedraft.memory as memory
+    from latticedraft.decoding.proposers.lookahead import check_step_size
+
+    model = tiny_model("llama")
+    limit = model.config.max_position_embeddings
+    with pytest.raises(InputError, match=f"--window {limit + 1} must be <= {limit}"):
+        lookahead_decode(model, prompts(1), W=limit + 1, max_new_tokens=4)
+    with pytest.raises(InputError, match=f"--ngram {limit + 1} must be <= {limit}"):
+        check_step_size(model, LookaheadOptions(W=4, N=limit + 1, G=4))
+    monkeypatch.setattr(memory, "available_bytes", lambda device=None: 10_000_000)
+    check_step_size(model, LookaheadOptions(W=15, N=5, G=15))  # the default fits in 10 MB
+    with pytest.raises(InputError, match=r"--window 200 \(with --ngram 60, --pool 15\) would need about .* the "
+                                         r"largest --window that fits is \d+"):
+        check_step_size(model, LookaheadOptions(W=200, N=60, G=15))
