@@ -122,7 +122,7 @@ def main(argv=None) -> int:
               "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
               "cpu_count": os.cpu_count(), "loadavg": os.getloadavg(), "torch": torch.__version__, "rows": results}
     write_atomic(Path(a.out), json.dumps(report, indent=1) + "\n")
-    print(f"| row | tokens/call | tokens/s | vs HF greedy | exact |\n|---|---|---|---|---|")
+    print("| row | tokens/call | tokens/s | vs HF greedy | exact |\n|---|---|---|---|---|")
     for r in results:
         tpc = "-" if r["tokens_per_call"] is None else f"{r['tokens_per_call']:.2f}"
         print(f"| {r['row']} | {tpc} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {'yes' if r['exact'] else 'NO'} |")

@@ -9,7 +9,6 @@ tokenizers reject with a ``TypeError``).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from latticedraft.errors import InputError
 

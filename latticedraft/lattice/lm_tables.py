@@ -15,7 +15,6 @@ of their sources (``_numba_cache.drop_stale``).
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 from latticedraft.lm.search_tables import (  # noqa: F401  (re-exported)

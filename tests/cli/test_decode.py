@@ -2,9 +2,7 @@
 way the bundled one is (heads checkpoint + HF base directory), with the bundled tokenizer."""
 
 import json
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM

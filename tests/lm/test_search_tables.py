@@ -17,7 +17,7 @@ import pytest
 
 from latticedraft.lattice import Sausage, rescore
 from latticedraft.lattice.lm_tables import lm_arrays
-from latticedraft.lattice.search import history_state, lm_step
+from latticedraft.lattice.search import lm_step
 from latticedraft.lm.build import BuildOptions, build
 from latticedraft.lm.corpus import read_text, stdlib_split
 from latticedraft.lm.ngram import NgramLM

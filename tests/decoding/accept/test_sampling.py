@@ -17,7 +17,7 @@ from scipy.stats import chisquare
 
 from latticedraft.decoding.bpd import bpd_decode
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
-from latticedraft.decoding.accept.sampling import SamplingOptions, SeededDraws, accept, attempts_at
+from latticedraft.decoding.accept.sampling import SamplingOptions, accept, attempts_at
 from latticedraft.gpu.models.blockwise import BlockwiseModel
 from tests.decoding.proposers.test_lookahead_sampling import enumerate_outcomes, target_distribution
 from tests.decoding.tiny import reference, tiny_model

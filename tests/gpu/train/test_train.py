@@ -13,7 +13,7 @@ from latticedraft.gpu.train.lm import LMArch, train_lm
 from latticedraft.gpu.train.loop import OptimConfig, cosine_lr_lambda, run_training
 from latticedraft.lm.corpus import stdlib_split
 from latticedraft.paths import data_dir
-from tests.gpu.conftest import V, make_tiny, perturb_heads
+from tests.gpu.conftest import V, make_tiny
 
 
 def test_a_few_steps_lower_the_loss_of_heads_2_to_h(arch, kind):
