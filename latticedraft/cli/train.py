@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from latticedraft.cli.args import stdin_corpus
+from latticedraft.cli.train_distill import add_draft_model_parser, distill_args, distill_config
 
 
 def _optim_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
@@ -86,12 +87,14 @@ def _cmd_train_heads(a) -> int:
 
         raise InputError("train heads needs --heads H (the number of heads), or --early-exit for PPD's per-layer heads")
 
+    distill = distill_config(a)
     with stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)
         res = train_heads(a.base, files, a.out, a.heads, a.kind, _optim_config(a), lambdas=a.lambdas,
                           unfreeze=a.unfreeze, lr_base=a.lr_base, lr_stem=a.lr_stem, ffn_dim=a.ffn_dim,
                           tokenizer_path=a.tokenizer, resume=a.resume, save_dtype=a.save_dtype, device=a.device,
-                          encoding_errors=a.encoding_errors, stop_after=a.stop_after)
+                          encoding_errors=a.encoding_errors, stop_after=a.stop_after, distill=distill,
+                          token_input=a.token_input)
     return _print_trained(res, "final loss per head")
 
 
@@ -101,7 +104,8 @@ def _cmd_train_exit_heads(a) -> int:
     from latticedraft.gpu.train.self_draft import train_exit_heads
     from latticedraft.lm.corpus import resolve_corpus
 
-    refuse_given(a, ("heads", "lambdas", "ffn_dim"), "--early-exit trains one head per layer by distillation")
+    refuse_given(a, ("heads", "lambdas", "ffn_dim", "self_distill", "token_input"),
+                 "--early-exit trains one head per layer by distillation")
     if a.kind != "stern" or a.unfreeze:
         from latticedraft.errors import InputError
 
@@ -173,9 +177,13 @@ def add_parser(groups) -> None:
     p.add_argument("--lr-base", type=float, default=1e-5, help="LR_B: the base's own parameters (with --unfreeze)")
     p.add_argument("--lr-stem", type=float, default=1e-6, help="LR_MB: gradient from heads 2..h into the base (with --unfreeze)")
     p.add_argument("--ffn-dim", type=int, default=None, help="Stern head hidden width (default 4 × hidden size)")
+    p.add_argument("--token-input", action="store_true",
+                   help="Stern heads that also read the embedding of the base's greedy next token (EAGLE's token "
+                        "input): head j knows token t+1 when it drafts token t+j")
     p.add_argument("--early-exit", action="store_true",
                    help="instead: one early-exit head per layer 1..d-1 for PPD (--method ppd --exit-heads DIR), "
                         "distilled from the full model")
+    distill_args(p, switch=True)
     _optim_args(p, steps=300, lr=1e-3)
     p.set_defaults(func=_cmd_train_heads)
     p = verbs.add_parser("adapter", help="train Kangaroo's self-drafting adapter on the base's first l layers",
@@ -189,3 +197,4 @@ def add_parser(groups) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: BASE/tokenizer.json)")
     _optim_args(p, steps=300, lr=1e-3)
     p.set_defaults(func=_cmd_train_adapter)
+    add_draft_model_parser(verbs)

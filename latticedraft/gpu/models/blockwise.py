@@ -120,12 +120,15 @@ class BlockwiseModel(nn.Module):
 
     @classmethod
     def from_base(cls, base: nn.Module, num_heads: int, kind: str = "stern", seed: int = 0,
-                  ffn_dim: int | None = None, act: str = "gelu") -> "BlockwiseModel":
+                  ffn_dim: int | None = None, act: str = "gelu", token_input: bool = False) -> "BlockwiseModel":
         """New heads on ``base`` (seeded init; Stern heads start as copies of head 1's prediction,
-        DynaMo heads as copies of the final layer). ``ffn_dim`` defaults to 4 × hidden size."""
+        DynaMo heads as copies of the final layer). ``ffn_dim`` defaults to 4 × hidden size;
+        ``token_input``: Stern heads that also read the base's greedy next token (``SternHeads``)."""
         _check_num_heads(num_heads)
         if kind not in KINDS:
             raise InputError(f"--kind {kind!r} is unknown; use stern or dynamo")
+        if token_input and kind != "stern":
+            raise InputError("--token-input is a Stern head option; drop it or use --kind stern")
         if base.get_output_embeddings() is None:
             raise ModelError(f"{type(base).__name__} has no output embedding; pass a *ForCausalLM model")
         hidden = int(base.config.hidden_size)
@@ -133,7 +136,9 @@ class BlockwiseModel(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             if kind == "stern":
-                heads = SternHeads(hidden, num_heads - 1, ffn_dim or 4 * hidden, act).to(device=p.device, dtype=p.dtype)
+                heads = SternHeads(hidden, num_heads - 1, ffn_dim or 4 * hidden, act, token_input).to(
+                    device=p.device, dtype=p.dtype)
+                heads.attach(base)
             else:
                 heads = DynamoHeads(base, num_heads - 1)
         if kind == "dynamo":
@@ -179,7 +184,8 @@ class BlockwiseModel(nn.Module):
                 f"head checkpoint {path} was trained on a {cfg['base_model_type']} base, not {base.config.model_type}; "
                 "load it onto the base it was trained with"
             )
-        bm = cls.from_base(base, int(cfg["num_heads"]), cfg["kind"], ffn_dim=cfg.get("ffn_dim"), act=cfg.get("act", "gelu"))
+        bm = cls.from_base(base, int(cfg["num_heads"]), cfg["kind"], ffn_dim=cfg.get("ffn_dim"), act=cfg.get("act", "gelu"),
+                           token_input=bool(cfg.get("token_input", False)))
         if base_dir is not None:
             bm.base_ref = str(base_dir)
         wfile = path / WEIGHTS_NAME
@@ -217,6 +223,8 @@ class BlockwiseModel(nn.Module):
         }
         if self.kind == "stern":
             cfg.update(ffn_dim=self.heads.ffn, act=self.heads.act_name)
+            if self.heads.token_input:
+                cfg["token_input"] = True
         state = {k: v.detach().contiguous().cpu() for k, v in self.heads.head_state_dict().items()}
         with atomic_file(path / WEIGHTS_NAME) as tmp:
             save_file(state, str(tmp), metadata={"format": "pt"})
@@ -276,7 +284,7 @@ class BlockwiseModel(nn.Module):
             if use_cache:
                 pkv = BlockwiseCache(out.past_key_values, head_caches)
         elif heads:
-            head_hidden = self.heads(hidden)
+            head_hidden = self.heads(hidden, next_tokens=out.logits.argmax(-1) if self.heads.token_input else None)
         head_logits = None
         if heads:
             head_logits = torch.cat([out.logits.unsqueeze(-2), self.unembed(head_hidden)], dim=-2)
@@ -291,7 +299,11 @@ class BlockwiseModel(nn.Module):
         """
         pos = torch.as_tensor(positions, dtype=torch.long, device=out.logits.device).reshape(-1)
         if self.kind == "stern":
-            states = out.head_hidden[:, pos] if out.head_hidden is not None else self.heads(out.hidden[:, pos])
+            if out.head_hidden is not None:
+                states = out.head_hidden[:, pos]
+            else:
+                nxt = out.logits[:, pos].argmax(-1) if self.heads.token_input else None
+                states = self.heads(out.hidden[:, pos], next_tokens=nxt)
         else:
             if out.head_hidden is None:
                 raise InputError("this dynamo forward ran without heads or cache; call it with heads=True or use_cache=True")
