@@ -75,7 +75,7 @@ def _cmd_train_draft_model(a) -> int:
         files = resolve_corpus(corpus)
         res = train_draft_model(a.base, files, a.out, arch, _optim_config(a), distill, tokenizer_path=a.tokenizer,
                                 resume=a.resume, save_dtype=a.save_dtype, device=a.device,
-                                encoding_errors=a.encoding_errors, stop_after=a.stop_after)
+                                encoding_errors=a.encoding_errors, stop_after=a.stop_after, init=a.init)
     return _print_trained(res, "final")
 
 
@@ -97,6 +97,10 @@ def add_draft_model_parser(verbs) -> None:
     p.add_argument("--n-head", type=int, default=4, help="attention heads per layer (default 4)")
     p.add_argument("--ffn-dim", type=int, default=None,
                    help="feed-forward width (default: the base's ratio to its hidden size, times --n-embd)")
+    p.add_argument("--init", choices=["base", "random"], default="base",
+                   help="base: start from what fits of the base (its embeddings, projected onto their top principal "
+                        "directions when narrower; at the base's width also its final norm and evenly spaced layers); "
+                        "random: the config's own initialisation (default base)")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: BASE/tokenizer.json)")
     distill_args(p, switch=False)
     _optim_args(p, steps=600, lr=3e-3)

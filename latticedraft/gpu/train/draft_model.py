@@ -8,6 +8,12 @@ the text with ``loss="hard"``) on the base's own continuations of corpus prompts
 (``continuations.py``) or on the corpus itself. This is the model that ``--drafter model``,
 ``--method mtad``, HF assisted generation and the neural rescorer use.
 
+``init="base"`` (the default) starts the student from the base where their shapes allow
+(``init_from_base``): the token (and learned position) embeddings, projected onto their top
+``n_embd`` principal directions when the student is narrower, and at the base's width also the
+final norm and, with the base's attention heads, evenly spaced decoder layers (a one-layer
+student starts from the base's first layer, DistilBERT's layer-dropping init). ``init="random"`` starts from the config's own init.
+
 Runs the loop in ``loop.py`` (AdamW, cosine schedule, atomic checkpoints, exact ``--resume``, a
 stop on NaN); saves the student in HF format with the base's ``tokenizer.json`` and a
 ``training.json`` naming the base and the distillation settings.
@@ -93,6 +99,49 @@ def draft_config(base_config, arch: DraftArch):
     return cfg
 
 
+INITS = ("base", "random")
+
+
+@torch.no_grad()
+def init_from_base(student: torch.nn.Module, base: torch.nn.Module) -> list[str]:
+    """Copy into ``student`` what fits of ``base`` (see the module docstring); returns the names of
+    the student's tensors that were set. Matrices whose last dimension is the base's width H and
+    the student's w < H are multiplied by ``P`` [H, w], the top-w right singular vectors of the
+    base's token embedding (so tied input and output embeddings stay tied)."""
+    from latticedraft.gpu.models import hf
+
+    H, w = int(base.config.hidden_size), int(student.config.hidden_size)
+    emb = base.get_input_embeddings().weight.float()
+    P = torch.linalg.svd(emb, full_matrices=False).Vh[:w].T if w < H else None  # [H, w]
+    sb, bb = hf.backbone(student), hf.backbone(base)
+    n_s, n_b = hf.num_layers(student.config), hf.num_layers(base.config)
+    layers_s, layers_b = hf.decoder_layers_name(sb, n_s), hf.decoder_layers_name(bb, n_b)
+    prefix_s = next(n for n, m in student.named_modules() if m is sb)
+    own = student.state_dict()
+    done = []
+    for name, t in base.state_dict().items():
+        if f".{layers_b}." in f".{name}" or name not in own:
+            continue
+        tgt = own[name]
+        if tgt.shape == t.shape:
+            tgt.copy_(t)
+        elif P is not None and t.dim() == 2 and t.shape[-1] == H and tgt.shape == (t.shape[0], w):
+            tgt.copy_((t.float() @ P).to(tgt.dtype))
+        else:
+            continue
+        done.append(name)
+    heads = lambda c: (c.num_attention_heads, getattr(c, "num_key_value_heads", None))  # noqa: E731
+    if w == H and heads(student.config) == heads(base.config):  # evenly spaced layers of the base
+        picks = [round(i * (n_b - 1) / max(1, n_s - 1)) for i in range(n_s)]
+        for i, j in enumerate(picks):
+            src = getattr(bb, layers_b)[j].state_dict()
+            dst = getattr(sb, layers_s)[i]
+            if all(k in dst.state_dict() and dst.state_dict()[k].shape == v.shape for k, v in src.items()):
+                dst.load_state_dict(src)
+                done.append(f"{prefix_s}.{layers_s}.{i} <- {layers_b}.{j}")
+    return done
+
+
 def train_draft_model(
     base_dir: str | Path,
     corpus: Sequence[Path],
@@ -107,9 +156,11 @@ def train_draft_model(
     device=None,
     encoding_errors: str = "strict",
     stop_after: int | None = None,
+    init: str = "base",
 ) -> TrainResult:
     """Distil a ``draft_config(base, arch)`` student from the frozen base in ``base_dir`` and save it
-    into ``out_dir`` (HF format + ``tokenizer.json`` + ``training.json``)."""
+    into ``out_dir`` (HF format + ``tokenizer.json`` + ``training.json``); ``init``: ``base`` (start
+    from what fits of the base, ``init_from_base``) or ``random``."""
     from transformers import AutoModelForCausalLM
 
     from latticedraft.gpu.models.hf import check_tokenizer_fits, load_causal_lm, model_vocab_size, resolve_dtype
@@ -118,6 +169,8 @@ def train_draft_model(
     cfg.validate()
     distill.validate()
     arch.validate()
+    if init not in INITS:
+        raise InputError(f"--init {init!r} is not one of {', '.join(INITS)}")
     check_resume(out_dir, resume)
     base_dir = Path(base_dir)
     base = load_causal_lm(base_dir, device=device)
@@ -134,6 +187,7 @@ def train_draft_model(
     scfg = draft_config(teacher.config, arch)
     torch.manual_seed(cfg.seed)
     student = AutoModelForCausalLM.from_config(scfg)
+    copied = init_from_base(student, teacher) if init == "base" else []
     if device is not None:
         student = student.to(device)
     if model_vocab_size(student) != model_vocab_size(teacher):
@@ -141,7 +195,7 @@ def train_draft_model(
                          f"({model_vocab_size(teacher)}); the base's config does not carry its vocabulary size")
     with open(base_dir / "config.json", "rb") as f:
         base_id = hashlib.sha256(f.read()).hexdigest()[:16]
-    key = {"kind": "draft-model", "arch": asdict(arch), "base_config": base_id, "tokenizer": fingerprint(tok),
+    key = {"kind": "draft-model", "arch": asdict(arch), "init": init, "base_config": base_id, "tokenizer": fingerprint(tok),
            "tokens": int(text.windows.tokens.size), "distill": distill.settings(),
            "optim": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"}}
 
@@ -163,11 +217,16 @@ def train_draft_model(
     def write(stage: Path) -> None:
         import os
 
+        from latticedraft.atomic import publish_mode
+
         student.to(resolve_dtype(save_dtype)).save_pretrained(stage)
         student.float()
+        for f in stage.iterdir():  # transformers writes some files with mode 0600
+            publish_mode(f)
         tok.save(str(stage / "tokenizer.json"))
         write_json_atomic(stage / "training.json", {
             "kind": "draft-model", "base": os.path.relpath(base_dir.resolve(), out.resolve()), "arch": asdict(arch),
+            "init": init, "init_from_base": copied,
             "self_distill": distill.settings(), "optim": asdict(cfg),
             "parameters": sum(p.numel() for p in student.parameters()),
             "base_parameters": sum(p.numel() for p in teacher.parameters()), **text.info, "steps": res.steps,

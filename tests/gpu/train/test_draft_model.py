@@ -88,3 +88,37 @@ def test_train_draft_model_end_to_end(saved_bases, own_cache, tmp_path):
     got = s.decode(ids, "bpd", DrafterSpec("model", gamma=3), max_new_tokens=10)
     want = s.decode(ids, "greedy", max_new_tokens=10)
     assert all(np.array_equal(a.tokens, b.tokens) for a, b in zip(got.sequences, want.sequences))
+
+
+@pytest.mark.parametrize("arch", DISTILL_ARCHS)
+def test_init_from_base_copies_what_fits(arch):
+    """At the base's width: embeddings, final norm and evenly spaced layers (first and last for two);
+    narrower: the embeddings projected onto their top principal directions (tied ones stay tied)."""
+    from transformers import AutoModelForCausalLM
+
+    from latticedraft.gpu.models import hf
+    from latticedraft.gpu.train.draft_model import init_from_base
+
+    base = make_tiny(arch)
+    n_head = base.config.num_attention_heads
+    same = AutoModelForCausalLM.from_config(draft_config(base.config, DraftArch(n_layer=2, n_embd=32, n_head=n_head)))
+    done = init_from_base(same, base)
+    bb, sb = hf.backbone(base), hf.backbone(same)
+    name = hf.decoder_layers_name(bb, 2)
+    for i, j in ((0, 0), (1, 1)):
+        a, b = getattr(sb, name)[i].state_dict(), getattr(bb, name)[j].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in b)
+    ids = torch.randint(0, V, (1, 9))
+    with torch.no_grad():  # two of two layers: the student is the base
+        torch.testing.assert_close(same(input_ids=ids).logits, base(input_ids=ids).logits)
+    one = AutoModelForCausalLM.from_config(draft_config(base.config, DraftArch(n_layer=1, n_embd=32, n_head=n_head)))
+    assert any("<- " in d for d in init_from_base(one, base)) and done
+    other = AutoModelForCausalLM.from_config(draft_config(base.config, DraftArch(n_layer=1, n_embd=32, n_head=8)))
+    assert not any("<- " in d for d in init_from_base(other, base))  # other attention heads: no layer copied
+    narrow = AutoModelForCausalLM.from_config(draft_config(base.config, DraftArch(n_layer=1, n_embd=16, n_head=4)))
+    init_from_base(narrow, base)
+    E = base.get_input_embeddings().weight
+    P = torch.linalg.svd(E, full_matrices=False).Vh[:16].T
+    torch.testing.assert_close(narrow.get_input_embeddings().weight, E @ P)
+    if base.config.tie_word_embeddings:
+        assert narrow.get_output_embeddings().weight.data_ptr() == narrow.get_input_embeddings().weight.data_ptr()
