@@ -139,9 +139,11 @@ def measure(heads: dict[str, Path], drafts: dict[str, Path], sets: dict, drafter
         for label, d in heads.items():
             s = Session(d, threads=None)
             a = alpha if alpha is not None else _tuned_alpha(d)
-            r = {"dir": str(d), "num_heads": int(getattr(s.model, "num_heads", 1)),
+            kind = getattr(s.model, "kind", None)
+            r = {"dir": str(d), "kind": kind, "num_heads": int(getattr(s.model, "num_heads", 1)),
                  "agreement": head_agreement(s.model, ids, refs, topk), "drafters": {}}
-            for name, spec in drafter_specs(drafters, a).items():
+            # BPD verifies Stern heads; DynaMo heads decode with their own sampler (agreement only here)
+            for name, spec in (drafter_specs(drafters, a) if kind != "dynamo" else {}).items():
                 run, _ = _run(s, name, ids, refs, spec, cfg)
                 r["drafters"][name] = {"block_efficiency": run.block_efficiency, "tokens": run.tokens,
                                        "calls": run.calls, "exact": run.exact, **({"alpha": a} if "parallel " in name
@@ -171,15 +173,15 @@ def table(doc: dict) -> str:
         L += [f"### {set_label} ({len(row['prompt_indices'])} prompts x {s['max_new_tokens']} tokens)", ""]
         if row["heads"]:
             h = max(r["num_heads"] for r in row["heads"].values())
-            names = list(next(iter(row["heads"].values()))["drafters"])
+            names = next((list(r["drafters"]) for r in row["heads"].values() if r["drafters"]), [])
             L += ["| heads | " + " | ".join(f"head {j} top-1 / top-{s['topk']}" for j in range(2, h + 1)) + " | "
                   + " | ".join(f"BE {n}" for n in names) + " | exact |",
                   "|---|" + "---:|" * (h - 1 + len(names)) + "---|"]
             for label, r in row["heads"].items():
                 ag = r["agreement"]
                 cells = [f"{ag['top1'][j]:.3f} / {ag['topk'][j]:.3f}" if j < len(ag["top1"]) else "-" for j in range(1, h)]
-                be = [f"{r['drafters'][n]['block_efficiency']:.3f}" for n in names]
-                ok = "yes" if all(d["exact"] for d in r["drafters"].values()) else "NO"
+                be = [f"{r['drafters'][n]['block_efficiency']:.3f}" if n in r["drafters"] else "-" for n in names]
+                ok = ("yes" if all(d["exact"] for d in r["drafters"].values()) else "NO") if r["drafters"] else "-"
                 L.append(f"| {label} | " + " | ".join(cells) + " | " + " | ".join(be) + f" | {ok} |")
             L.append("")
         if row["draft_models"]:

@@ -75,7 +75,8 @@ def _cmd_train_draft_model(a) -> int:
         files = resolve_corpus(corpus)
         res = train_draft_model(a.base, files, a.out, arch, _optim_config(a), distill, tokenizer_path=a.tokenizer,
                                 resume=a.resume, save_dtype=a.save_dtype, device=a.device,
-                                encoding_errors=a.encoding_errors, stop_after=a.stop_after, init=a.init)
+                                encoding_errors=a.encoding_errors, stop_after=a.stop_after, init=a.init,
+                                assistant_tokens=a.assistant_tokens)
     return _print_trained(res, "final")
 
 
@@ -101,6 +102,9 @@ def add_draft_model_parser(verbs) -> None:
                    help="base: start from what fits of the base (its embeddings, projected onto their top principal "
                         "directions when narrower; at the base's width also its final norm and evenly spaced layers); "
                         "random: the config's own initialisation (default base)")
+    p.add_argument("--assistant-tokens", type=int, default=5,
+                   help="drafted tokens per round that generation_config.json asks of HF assisted generation, on its "
+                        "heuristic schedule (default 5)")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: BASE/tokenizer.json)")
     distill_args(p, switch=False)
     _optim_args(p, steps=600, lr=3e-3)

@@ -80,11 +80,18 @@ def test_heads_bad_distill_options_are_one_line(saved_bases, tmp_path, files, ca
     (["--n-layer", "0"], "--n-layer 0 must be at least 1"),
     (["--base", "{tmp}/missing"], "does not exist"),
     (["--resume"], "--resume given but"),
+    (["--assistant-tokens", "0"], "--assistant-tokens 0 must be at least 1"),
+    (["--init", "zeros"], None),
 ])
 def test_draft_model_bad_input_is_one_line(saved_bases, tmp_path, files, capsys, args, match):
     argv = ["train", "draft-model", "--corpus", files[0], "--out", str(tmp_path / "d")]
     if "--base" not in args:
         argv += ["--base", str(saved_bases["llama"])]
+    if match is None:  # a choice argparse refuses
+        with pytest.raises(SystemExit) as e:
+            main(argv + args)
+        assert e.value.code == 2 and "invalid choice: 'zeros'" in capsys.readouterr().err
+        return
     assert main(argv + [a.replace("{tmp}", str(tmp_path)) for a in args]) == 2
     _one_line_error(capsys, match)
     assert not (tmp_path / "d" / "config.json").exists()

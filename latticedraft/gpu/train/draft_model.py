@@ -14,6 +14,11 @@ the text with ``loss="hard"``) on the base's own continuations of corpus prompts
 final norm and, with the base's attention heads, evenly spaced decoder layers (a one-layer
 student starts from the base's first layer, DistilBERT's layer-dropping init). ``init="random"`` starts from the config's own init.
 
+The saved ``generation_config.json`` asks HF assisted generation for ``assistant_tokens`` drafted
+tokens per round on its ``heuristic`` schedule (grown by 2 after a fully accepted round, shrunk by 1
+otherwise) instead of transformers' constant 20: a small model on a CPU pays per drafted token
+nearly what the base pays per token, so long rounds of rejected drafts cost more than they save.
+
 Runs the loop in ``loop.py`` (AdamW, cosine schedule, atomic checkpoints, exact ``--resume``, a
 stop on NaN); saves the student in HF format with the base's ``tokenizer.json`` and a
 ``training.json`` naming the base and the distillation settings.
@@ -157,6 +162,7 @@ def train_draft_model(
     encoding_errors: str = "strict",
     stop_after: int | None = None,
     init: str = "base",
+    assistant_tokens: int = 5,
 ) -> TrainResult:
     """Distil a ``draft_config(base, arch)`` student from the frozen base in ``base_dir`` and save it
     into ``out_dir`` (HF format + ``tokenizer.json`` + ``training.json``); ``init``: ``base`` (start
@@ -166,6 +172,8 @@ def train_draft_model(
     from latticedraft.gpu.models.hf import check_tokenizer_fits, load_causal_lm, model_vocab_size, resolve_dtype
     from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
 
+    if assistant_tokens < 1:
+        raise InputError(f"--assistant-tokens {assistant_tokens} must be at least 1")
     cfg.validate()
     distill.validate()
     arch.validate()
@@ -219,6 +227,8 @@ def train_draft_model(
 
         from latticedraft.atomic import publish_mode
 
+        student.generation_config.num_assistant_tokens = assistant_tokens
+        student.generation_config.num_assistant_tokens_schedule = "heuristic"
         student.to(resolve_dtype(save_dtype)).save_pretrained(stage)
         student.float()
         for f in stage.iterdir():  # transformers writes some files with mode 0600

@@ -79,6 +79,8 @@ def test_train_draft_model_end_to_end(saved_bases, own_cache, tmp_path):
     m = load_causal_lm(out)
     assert type(m).__name__ == "MistralForCausalLM" and m.config.hidden_size == 16
     assert (out / "tokenizer.json").read_bytes() == (base_dir / "tokenizer.json").read_bytes()
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["num_assistant_tokens"] == 5 and gen["num_assistant_tokens_schedule"] == "heuristic"
     info = json.loads((out / "training.json").read_text())
     assert info["base"] == "../" + base_dir.name or info["base"].endswith(base_dir.name)
     assert info["self_distill"]["loss"] == "kl" and info["continuation_rows"] == 8 and info["parameters"] < info[
