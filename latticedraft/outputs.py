@@ -69,6 +69,8 @@ LM_BUILD = OutputKind("an LM build", "latticedraft lm build", ("manifest.json",)
 TRAINED_LM = OutputKind("a trained LM", "latticedraft train lm", ("training.json", "config.json"),
                         ("training.json", "config.json", "generation_config.json", "model.safetensors",
                          "model-*.safetensors", "model.safetensors.index.json", "tokenizer.json"), resumable=True)
+DRAFT_MODEL = OutputKind("a draft model", "latticedraft train draft-model", ("training.json", "config.json"),
+                         TRAINED_LM.owned, resumable=True)
 HEADS = OutputKind("multi-token heads", "latticedraft train heads", ("heads_config.json",),
                    ("heads_config.json", "heads.safetensors", "training.json", "base"), resumable=True)
 ADAPTER = OutputKind("a Kangaroo adapter", "latticedraft train adapter", ("adapter.json",),
@@ -78,7 +80,7 @@ EXIT_HEADS = OutputKind("early-exit heads", "latticedraft train heads --early-ex
 MARKER_CUSTOM_GENERATE = "latticedraft_generate.json"
 CUSTOM_GENERATE = OutputKind("a custom_generate method", "latticedraft export custom-generate", (MARKER_CUSTOM_GENERATE,),
                              (MARKER_CUSTOM_GENERATE, "custom_generate", "README.md"))
-KINDS = [LM_BUILD, HEADS, ADAPTER, EXIT_HEADS, TRAINED_LM, CUSTOM_GENERATE]  # every kind, to name what a directory holds
+KINDS = [LM_BUILD, HEADS, ADAPTER, EXIT_HEADS, TRAINED_LM, DRAFT_MODEL, CUSTOM_GENERATE]  # every kind, to name what a directory holds
 
 
 def register(kind: OutputKind) -> OutputKind:

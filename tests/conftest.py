@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 
@@ -31,3 +33,30 @@ def _grad_mode_is_left_as_found():
         torch.set_grad_enabled(before)
         pytest.fail(f"the test left autograd {'on' if after else 'off'} (use `with torch.no_grad()`, not "
                     "torch.set_grad_enabled(False))")
+
+
+DISTILL_ARCHS = ["gpt2", "llama", "mistral"]
+
+
+@pytest.fixture(scope="session")
+def saved_bases(tmp_path_factory):
+    """arch -> directory of a tiny random base (2 layers x 32, 64 positions) with the bundled
+    tokenizer (vocabulary 8192), for the training tests that load a base from a directory."""
+    from latticedraft.paths import data_dir
+    from tests.gpu.conftest import make_tiny
+
+    root = tmp_path_factory.mktemp("bases")
+    out = {}
+    for arch in DISTILL_ARCHS:
+        d = root / arch
+        make_tiny(arch, vocab=8192, hidden=32).save_pretrained(d)
+        shutil.copy(data_dir() / "tokenizer" / "tokenizer.json", d / "tokenizer.json")
+        out[arch] = d
+    return out
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """Continuations and token streams go to a cache of this test, not the checkout's .cache."""
+    monkeypatch.setenv("LATTICEDRAFT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"

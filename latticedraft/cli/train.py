@@ -8,6 +8,7 @@ from pathlib import Path
 from latticedraft.cli.args import stdin_corpus
 from latticedraft.cli.train_checks import check_training, check_training_memory
 from latticedraft.cli.train_checks import optim_args as _optim_args
+from latticedraft.cli.train_distill import add_draft_model_parser, distill_args, distill_config
 
 
 def _optim_config(a):
@@ -77,6 +78,7 @@ def _cmd_train_heads(a) -> int:
 
         raise InputError("train heads needs --heads H (the number of heads), or --early-exit for PPD's per-layer heads")
     check_head_options(a.heads, a.seq_len, a.lambdas)
+    distill = distill_config(a)
     base = check_training(a, HEADS, base_dir=a.base)
     at_least(a, "ffn_dim", 1)
     sizes = {"--heads": a.heads, "--batch-size": a.batch_size, "--seq-len": a.seq_len}
@@ -92,7 +94,8 @@ def _cmd_train_heads(a) -> int:
                           unfreeze=a.unfreeze, lr_base=a.lr_base, lr_stem=a.lr_stem, ffn_dim=a.ffn_dim,
                           medusa_layers=a.medusa_layers, medusa_lm_head=a.medusa_lm_head,
                           tokenizer_path=a.tokenizer, resume=a.resume, save_dtype=a.save_dtype, device=a.device,
-                          encoding_errors=a.encoding_errors, stop_after=a.stop_after, force=a.force)
+                          encoding_errors=a.encoding_errors, stop_after=a.stop_after, force=a.force, distill=distill,
+                          token_input=a.token_input)
     return _print_trained(res, "final loss per head")
 
 
@@ -104,7 +107,8 @@ def _cmd_train_exit_heads(a) -> int:
     from latticedraft.lm.corpus import resolve_corpus
     from latticedraft.outputs import EXIT_HEADS
 
-    refuse_given(a, ("heads", "lambdas", "ffn_dim"), "--early-exit trains one head per layer by distillation")
+    refuse_given(a, ("heads", "lambdas", "ffn_dim", "self_distill", "token_input"),
+                 "--early-exit trains one head per layer by distillation")
     if a.kind != "stern" or a.unfreeze:
         from latticedraft.errors import InputError
 
@@ -196,9 +200,13 @@ def add_parser(groups) -> None:
     p.add_argument("--medusa-layers", type=int, default=1, help="Medusa: residual SiLU blocks per head")
     p.add_argument("--medusa-lm-head", choices=["heads", "tied"], default="heads",
                    help="Medusa: one LM head per head (as Medusa trains them) or the base's output embedding")
+    p.add_argument("--token-input", action="store_true",
+                   help="Stern heads that also read the embedding of the base's greedy next token (EAGLE's token "
+                        "input): head j knows token t+1 when it drafts token t+j")
     p.add_argument("--early-exit", action="store_true",
                    help="instead: one early-exit head per layer 1..d-1 for PPD (--method ppd --exit-heads DIR), "
                         "distilled from the full model")
+    distill_args(p, switch=True)
     _optim_args(p, steps=300, lr=1e-3)
     p.set_defaults(func=_cmd_train_heads)
     p = verbs.add_parser("adapter", help="train Kangaroo's self-drafting adapter on the base's first l layers",
@@ -212,3 +220,4 @@ def add_parser(groups) -> None:
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: BASE/tokenizer.json)")
     _optim_args(p, steps=300, lr=1e-3)
     p.set_defaults(func=_cmd_train_adapter)
+    add_draft_model_parser(verbs)

@@ -128,13 +128,16 @@ class BlockwiseModel(nn.Module):
     def from_base(cls, base: nn.Module, num_heads: int, kind: str = "stern", seed: int = 0,
                   ffn_dim: int | None = None, act: str = "gelu", medusa_layers: int = 1,
                   medusa_lm_head: str = "heads", medusa_fc_bias: bool = True,
-                  logit_scale: float = 1.0) -> "BlockwiseModel":
+                  logit_scale: float = 1.0, token_input: bool = False) -> "BlockwiseModel":
         """New heads on ``base`` (seeded init; Stern and Medusa heads start as copies of head 1's
         prediction, DynaMo heads as copies of the final layer). ``ffn_dim`` (Stern) defaults to
-        4 × hidden size; ``medusa_*`` and ``logit_scale`` shape Medusa heads (see ``MedusaHeads``)."""
+        4 × hidden size; ``medusa_*`` and ``logit_scale`` shape Medusa heads (see ``MedusaHeads``);
+        ``token_input``: Stern heads that also read the base's greedy next token (``SternHeads``)."""
         _check_num_heads(num_heads)
         if kind not in KINDS:
             raise InputError(f"--kind {kind!r} is unknown; use stern, medusa or dynamo")
+        if token_input and kind != "stern":
+            raise InputError("--token-input is a Stern head option; drop it or use --kind stern")
         if base.get_output_embeddings() is None:
             raise ModelError(f"{type(base).__name__} has no output embedding; pass a *ForCausalLM model")
         hidden = int(base.config.hidden_size)
@@ -142,7 +145,9 @@ class BlockwiseModel(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             if kind == "stern":
-                heads = SternHeads(hidden, num_heads - 1, ffn_dim or 4 * hidden, act).to(device=p.device, dtype=p.dtype)
+                heads = SternHeads(hidden, num_heads - 1, ffn_dim or 4 * hidden, act, token_input).to(
+                    device=p.device, dtype=p.dtype)
+                heads.attach(base)
             elif kind == "medusa":
                 emb = base.get_output_embeddings().weight if medusa_lm_head == "heads" else None
                 heads = MedusaHeads(hidden, num_heads - 1, medusa_layers, medusa_lm_head, medusa_fc_bias, emb,
@@ -194,7 +199,8 @@ class BlockwiseModel(nn.Module):
             )
         bm = cls.from_base(base, int(cfg["num_heads"]), cfg["kind"], ffn_dim=cfg.get("ffn_dim"), act=cfg.get("act", "gelu"),
                            medusa_layers=cfg.get("num_layers", 1), medusa_lm_head=cfg.get("lm_head", "heads"),
-                           medusa_fc_bias=cfg.get("fc_bias", True), logit_scale=cfg.get("logit_scale", 1.0))
+                           medusa_fc_bias=cfg.get("fc_bias", True), logit_scale=cfg.get("logit_scale", 1.0),
+                           token_input=bool(cfg.get("token_input", False)))
         if base_dir is not None:
             bm.base_ref = str(base_dir)
         wfile = path / WEIGHTS_NAME
@@ -234,6 +240,8 @@ class BlockwiseModel(nn.Module):
         }
         if self.kind == "stern":
             cfg.update(ffn_dim=self.heads.ffn, act=self.heads.act_name)
+            if self.heads.token_input:
+                cfg["token_input"] = True
         elif self.kind == "medusa":
             cfg.update(num_layers=self.heads.num_layers, lm_head=self.heads.lm_head, fc_bias=self.heads.fc_bias,
                        logit_scale=self.heads.logit_scale)
@@ -260,6 +268,11 @@ class BlockwiseModel(nn.Module):
         """Whether the extra heads are a function of the final hidden state at one position
         (Stern, Medusa), so that ``draft_logits`` computes them from stored hidden states."""
         return self.kind in POSITION_WISE
+
+    @property
+    def token_input(self) -> bool:
+        """Whether the extra heads also read the base's greedy next token (``SternHeads``)."""
+        return bool(getattr(self.heads, "token_input", False))
 
     def head_parameters(self):
         """The parameters of heads 2..h (what head training updates when the base is frozen)."""
@@ -354,7 +367,7 @@ class BlockwiseModel(nn.Module):
             if use_cache:
                 pkv = BlockwiseCache(out.past_key_values, head_caches)
         elif heads:
-            head_hidden = self.heads(hidden)
+            head_hidden = (self.heads(hidden, next_tokens=out.logits.argmax(-1)) if self.token_input else self.heads(hidden))
         head_logits = None
         if heads:
             head_logits = torch.cat([out.logits.unsqueeze(-2), self.project_heads(head_hidden)], dim=-2)
@@ -369,7 +382,12 @@ class BlockwiseModel(nn.Module):
         """
         pos = torch.as_tensor(positions, dtype=torch.long, device=out.logits.device).reshape(-1)
         if self.position_wise:
-            states = out.head_hidden[:, pos] if out.head_hidden is not None else self.heads(out.hidden[:, pos])
+            if out.head_hidden is not None:
+                states = out.head_hidden[:, pos]
+            elif self.token_input:
+                states = self.heads(out.hidden[:, pos], next_tokens=out.logits[:, pos].argmax(-1))
+            else:
+                states = self.heads(out.hidden[:, pos])
         else:
             if out.head_hidden is None:
                 raise InputError("this dynamo forward ran without heads or cache; call it with heads=True or use_cache=True")

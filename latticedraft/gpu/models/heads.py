@@ -7,7 +7,12 @@ model's output embedding (shared, tied) turns each into logits.
 - ``SternHeads`` (Stern et al. 2018; the BPD paper's setup): head ``j`` is a feed-forward block
   with one hidden layer and a residual connection on the final hidden state (after the final
   norm): ``z_j = x + W2_j act(W1_j x + b1_j) + b2_j``. ``W2_j, b2_j`` start at zero, so before
-  training every head predicts what head 1 predicts.
+  training every head predicts what head 1 predicts. With ``token_input`` (EAGLE's token input,
+  Hydra's dependence on the draft so far) each head also reads the embedding of the token that
+  follows ``x``, the base's own greedy token ``y = argmax(head 1)``: ``z_j = x + W2_j act(W1_j x +
+  U_j e(y) + b1_j) + b2_j``. Head 1 is the base, so ``y`` is the token the step emits anyway (the
+  bonus token of greedy verification) and costs no target call; sampling verifies against a drawn
+  token instead, so there the heads are conditioned on the greedy one (drafts only; still lossless).
 - ``DynamoHeads`` (DynaMo, Tuli et al.): head ``j`` is an extra decoder layer, initialised as a
   copy of the base's final layer (weight transfer), fed the stem's output (the input of the
   base's final layer), followed by the base's final norm (shared). Each head layer is run as a
@@ -76,18 +81,21 @@ class SternHeads(nn.Module):
     """``num_extra`` Stern heads, head ``j``: ``z_j = x + W2_j act(W1_j x + b1_j) + b2_j``.
 
     The weights of all heads are stacked (``w1 [n, F, H]``, ``b1 [n, F]``, ``w2 [n, H, F]``,
-    ``b2 [n, H]``) so that every head runs in two batched matmuls, not 2n small ones.
-    ``forward(hidden [..., H], count=None) -> [..., count, H]``: the first ``count`` heads
-    (default all). Checkpoints keep one entry per head and layer (``heads.{j}.fc1.weight`` …,
+    ``b2 [n, H]``; with ``token_input`` also ``u1 [n, F, H]``) so that every head runs in two
+    batched matmuls, not 2n small ones. ``forward(hidden [..., H], count=None, next_tokens=None)
+    -> [..., count, H]``: the first ``count`` heads (default all). ``next_tokens`` [...] (int64),
+    for ``token_input`` heads only: the token after each position (default: the base's greedy
+    token there, computed from ``hidden`` with the base's output embedding; ``attach(base)`` must
+    have been called). Checkpoints keep one entry per head and layer (``heads.{j}.fc1.weight`` …,
     ``head_state_dict``); the initialisation is that of n pairs of ``nn.Linear`` with ``W2, b2``
-    zeroed, drawn in that order from the RNG.
+    zeroed, drawn in that order from the RNG, then (``token_input``) n bias-free ``nn.Linear`` for ``U``.
     """
 
-    def __init__(self, hidden: int, num_extra: int, ffn: int, act: str = "gelu"):
+    def __init__(self, hidden: int, num_extra: int, ffn: int, act: str = "gelu", token_input: bool = False):
         super().__init__()
         if act not in _ACTS:
             raise ModelError(f"unknown head activation {act!r}; use one of {', '.join(_ACTS)}")
-        self.ffn, self.act_name = ffn, act
+        self.ffn, self.act_name, self.token_input = ffn, act, bool(token_input)
         self.act = _ACTS[act]()
         w1, b1 = [], []
         for _ in range(num_extra):
@@ -98,18 +106,40 @@ class SternHeads(nn.Module):
         self.b1 = nn.Parameter(torch.stack(b1))
         self.w2 = nn.Parameter(torch.zeros(num_extra, hidden, ffn))
         self.b2 = nn.Parameter(torch.zeros(num_extra, hidden))
+        if self.token_input:
+            self.u1 = nn.Parameter(torch.stack([nn.Linear(hidden, ffn, bias=False).weight.detach()
+                                                for _ in range(num_extra)]))
+        self._io: list = []  # [input embedding, output embedding] of the base (not registered: the base owns them)
+
+    def attach(self, base: nn.Module) -> None:
+        """Read the next token's embedding (and the greedy token) with ``base``'s own embeddings."""
+        self._io = [base.get_input_embeddings(), base.get_output_embeddings()]
 
     @property
     def num_extra(self) -> int:
         return int(self.w1.shape[0])
 
-    def forward(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, count: int | None = None, next_tokens: torch.Tensor | None = None):
         n = self.num_extra if count is None else min(int(count), self.num_extra)
         lead, H = hidden.shape[:-1], hidden.shape[-1]
         x = hidden.reshape(1, -1, H).expand(n, -1, H)  # [n, M, H]
         z = torch.baddbmm(self.b1[:n, None, :], x, self.w1[:n].transpose(1, 2))  # [n, M, F]
+        if self.token_input:
+            z = z + torch.bmm(self.token_embedding(hidden, next_tokens).reshape(1, -1, H).expand(n, -1, H),
+                              self.u1[:n].transpose(1, 2))
         out = torch.baddbmm(self.b2[:n, None, :], self.act(z), self.w2[:n].transpose(1, 2))  # [n, M, H]
         return (x + out).transpose(0, 1).reshape(*lead, n, H)
+
+    def token_embedding(self, hidden: torch.Tensor, next_tokens: torch.Tensor | None) -> torch.Tensor:
+        """``e(y)`` [..., H] of the token after each position: ``next_tokens`` or the base's greedy token
+        (no gradient: the base's embedding is read, never trained through the heads)."""
+        if not self._io:
+            raise ModelError("token-input Stern heads need the base's embeddings: call attach(base) first")
+        emb, lm = self._io
+        with torch.no_grad():  # the base's embedding is read, never trained through the heads
+            if next_tokens is None:
+                next_tokens = lm(hidden).argmax(-1)
+            return emb(next_tokens).to(hidden.dtype)
 
     def head_state_dict(self) -> dict[str, torch.Tensor]:
         """Per-head views of the stacked weights: copying into them loads a checkpoint."""
@@ -117,6 +147,8 @@ class SternHeads(nn.Module):
         for j in range(self.num_extra):
             out[f"heads.{j}.fc1.weight"], out[f"heads.{j}.fc1.bias"] = self.w1[j], self.b1[j]
             out[f"heads.{j}.fc2.weight"], out[f"heads.{j}.fc2.bias"] = self.w2[j], self.b2[j]
+            if self.token_input:
+                out[f"heads.{j}.fc1_token.weight"] = self.u1[j]
         return out
 
 

@@ -113,6 +113,13 @@ def lm_bytes(vocab: int, n_embd: int, n_layer: int, n_positions: int, ffn: int, 
     return params * TRAINED + acts + _logits(b, s, vocab, 2)
 
 
+def draft_model_bytes(base: BaseShape, n_embd: int, n_layer: int, ffn: int, b: int, s: int) -> int:
+    """``train draft-model``: the student trained as ``train lm`` trains (its positions rotary or
+    learned, counted as learned), the frozen base as its teacher, and the teacher's probabilities."""
+    student = lm_bytes(base.vocab, n_embd, n_layer, base.positions or 0, ffn, b, s)
+    return student + base.params * FROZEN + _logits(b, s, base.vocab, 1)
+
+
 def heads_bytes(base: BaseShape, heads: int, kind: str, ffn: int, b: int, s: int, unfreeze: bool) -> int:
     """``train heads``: the base (trained with ``unfreeze``), heads 2..h, each head's saved log-softmax and one gradient."""
     per_head = 2 * base.hidden * ffn if kind == "stern" else base.layer_params

@@ -11,6 +11,10 @@ only heads 2..h learn. ``unfreeze=True`` trains the base too, with DynaMo's thre
 ``lr_stem / lr_base`` wherever it enters a base parameter (the trunk state the heads read, the
 shared output embedding, DynaMo's shared final norm), so the base's update is
 ``LR_B · (g_own + (LR_MB / LR_B) · g_heads)`` before Adam's normalisation.
+
+Self-distillation (``distill``, ``distill.py``): the text is the base's own continuations of
+corpus prompts and/or the loss of head j is the KL divergence to the frozen base's distribution of
+token t+j; with ``unfreeze`` a frozen copy of the base made before training is the teacher.
 """
 
 from __future__ import annotations
@@ -18,14 +22,14 @@ from __future__ import annotations
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from latticedraft.errors import InputError
 from latticedraft.outputs import HEADS, claim_dir
 from latticedraft.gpu.models.heads import scale_grad
-from latticedraft.gpu.train.data import TokenWindows, encode_files, quiet_hf_progress
+from latticedraft.gpu.train.data import quiet_hf_progress
 from latticedraft.gpu.train.loop import (
     OptimConfig,
     TrainResult,
@@ -33,6 +37,9 @@ from latticedraft.gpu.train.loop import (
     run_training,
     write_json_atomic,
 )
+
+if TYPE_CHECKING:
+    from latticedraft.gpu.train.distill import DistillConfig
 
 
 def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: float = 1.0) -> list[torch.Tensor]:
@@ -53,7 +60,8 @@ def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: f
         finally:
             bm.heads.set_base_grad_scale(1.0)
     else:
-        states = bm.heads(feed)
+        nxt = out.logits.argmax(-1) if bm.heads.token_input else None  # the base's greedy token after t
+        states = bm.heads(feed, next_tokens=nxt)
     ce = torch.nn.functional.cross_entropy
     v = out.logits.shape[-1]
     losses = [ce(out.logits[:, :-1].float().reshape(-1, v), batch[:, 1:].reshape(-1))]
@@ -101,6 +109,8 @@ def train_heads(
     encoding_errors: str = "strict",
     stop_after: int | None = None,
     force: bool = False,
+    distill: "DistillConfig | None" = None,
+    token_input: bool = False,
 ) -> TrainResult:
     """Train heads 2..h of a ``BlockwiseModel`` on ``base_dir`` and save them into ``out_dir``.
 
@@ -109,15 +119,21 @@ def train_heads(
     updated base is then saved into ``out_dir/base``. ``lambdas`` weights the per-head losses
     (length ``num_heads``, default all 1). The config names ``base_dir`` relatively. ``kind="medusa"``:
     ``medusa_layers`` residual blocks per head and ``medusa_lm_head`` ("heads": one LM head each,
-    starting from the base's output embedding; "tied": the base's output embedding).
+    starting from the base's output embedding; "tied": the base's output embedding). ``distill``:
+    train on the base's own continuations and/or with the KL loss (``DistillConfig``; None: the
+    corpus and its tokens). ``token_input``: Stern heads that also read the base's greedy next
+    token (``SternHeads``).
     """
     import hashlib
 
     from latticedraft.gpu.models.blockwise import BlockwiseModel
     from latticedraft.gpu.models.hf import check_tokenizer_fits, load_causal_lm, resolve_dtype
+    from latticedraft.gpu.train.distill import frozen_copy, head_kl_losses, training_text
     from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
 
     cfg.validate()
+    if distill is not None:
+        distill.validate()
     lambdas = check_head_options(num_heads, cfg.seq_len, lambdas)
     claim_dir(out_dir, HEADS, force=force, resume=resume)
     base_dir = Path(base_dir)
@@ -128,10 +144,13 @@ def train_heads(
     tok_path = Path(tokenizer_path) if tokenizer_path else base_dir / "tokenizer.json"
     tok = load_tokenizer(tok_path)
     check_tokenizer_fits(tok, base, where=f"the base model in {base_dir}")
-    tokens = encode_files(corpus, tok, encoding_errors)
-    windows = TokenWindows(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, source=f"the corpus ({len(corpus)} files)")
+    text = training_text(base_dir, corpus, tok, tok_path, cfg.seq_len, cfg.batch_size, cfg.seed, distill,
+                         encoding_errors, device)
+    windows = text.windows
+    kl = distill is not None and distill.loss == "kl"
+    teacher = frozen_copy(base) if kl and unfreeze else None
     bm = BlockwiseModel.from_base(base, num_heads, kind, seed=cfg.seed, ffn_dim=ffn_dim, medusa_layers=medusa_layers,
-                                  medusa_lm_head=medusa_lm_head)
+                                  medusa_lm_head=medusa_lm_head, token_input=token_input)
     for p in bm.base.parameters():
         p.requires_grad_(unfreeze)
     head_params = bm.head_parameters()
@@ -144,16 +163,30 @@ def train_heads(
     medusa = {"medusa_layers": medusa_layers, "medusa_lm_head": medusa_lm_head} if kind == "medusa" else {}
     key = {"kind": kind, "num_heads": num_heads, "ffn_dim": ffn_dim, **medusa, "lambdas": lambdas, "unfreeze": unfreeze,
            "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None, "base_config": base_id,
-           "tokenizer": fingerprint(tok), "tokens": int(len(tokens)),
+           "tokenizer": fingerprint(tok), "tokens": int(windows.tokens.size),
            "optim": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"}}
+    if distill is not None:
+        key["distill"] = distill.settings()
+    if token_input:
+        key["token_input"] = True
     scale = lr_stem / lr_base if unfreeze else 1.0
 
     def loss_fn(batch):
         if not unfreeze:
             bm.base.eval()
-        losses = head_losses(bm, batch, frozen=not unfreeze, stem_grad_scale=scale)
+        agree = []
+        if kl:
+            t_logits = None
+            if teacher is not None:
+                with torch.no_grad():
+                    t_logits = teacher(input_ids=batch).logits
+            losses, agree = head_kl_losses(bm, batch, t_logits, frozen=not unfreeze, stem_grad_scale=scale)
+        else:
+            losses = head_losses(bm, batch, frozen=not unfreeze, stem_grad_scale=scale)
         total = sum(lam * l for lam, l in zip(lambdas, losses))
-        return total, {f"h{j + 1}": l.item() for j, l in enumerate(losses)}
+        parts = {f"h{j + 1}": l.item() for j, l in enumerate(losses)}
+        parts.update({f"a{j + 1}": a for j, a in enumerate(agree) if j > 0 or unfreeze})
+        return total, parts
 
     out = Path(out_dir)
     res = run_training(bm, groups, loss_fn, windows, cfg, out, key, resume, desc=f"train {kind} heads", device=device,
@@ -175,8 +208,9 @@ def train_heads(
             "kind": kind, "num_heads": num_heads, **medusa, "lambdas": lambdas, "unfreeze": unfreeze,
             "lr_heads": cfg.lr, "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None,
             "optim": asdict(cfg), "head_parameters": sum(p.numel() for p in head_params),
-            "corpus_files": len(corpus), "corpus_tokens": int(len(tokens)), "steps": res.steps, "tokens_seen": res.tokens,
+            **text.info, "steps": res.steps, "tokens_seen": res.tokens,
             "seconds": res.seconds, "final_loss": res.losses, "resumed_from": res.resumed_from,
+            "self_distill": None if distill is None else distill.settings(), "token_input": token_input,
         })
 
     finish_dir(out, write, keep_checkpoint, HEADS)
