@@ -89,36 +89,19 @@ def head_kl_losses(bm, batch: torch.Tensor, teacher_logits: torch.Tensor | None 
     logits of this forward, which is the teacher when the base is frozen). Head 1 is the base:
     its KL is 0 when frozen (a constant, no gradient), else the drift of the training base from
     the teacher. Gradients reach the trunk as in ``heads.head_losses``."""
-    from latticedraft.gpu.models.heads import scale_grad
+    from latticedraft.gpu.train.heads import head_logits, head_states
 
     s = batch.shape[1]
-    if bm.num_heads >= s:
-        raise InputError(f"--heads {bm.num_heads} needs sequences longer than {bm.num_heads} tokens; --seq-len is {s}")
-    with torch.set_grad_enabled(not frozen and torch.is_grad_enabled()):
-        out = bm.base(input_ids=batch, output_hidden_states=True)
-    if teacher_logits is None:
-        if not frozen:
-            raise InputError("an unfrozen base needs a separate frozen teacher for the KL loss")
-        teacher_logits = out.logits
-    teacher = Teacher(teacher_logits)
-    feed = out.hidden_states[-2] if bm.kind == "dynamo" else out.hidden_states[-1]
-    scale = 1.0 if frozen else stem_grad_scale
-    feed = feed.detach() if frozen else scale_grad(feed, scale)
-    if bm.kind == "dynamo":
-        bm.heads.set_base_grad_scale(scale)
-        try:
-            states = bm.heads(feed)[0]  # [b, s, h-1, H]
-        finally:
-            bm.heads.set_base_grad_scale(1.0)
-    else:
-        nxt = out.logits.argmax(-1) if bm.heads.token_input else None  # the base's greedy token after t
-        states = bm.heads(feed, next_tokens=nxt)
+    if teacher_logits is None and not frozen:
+        raise InputError("an unfrozen base needs a separate frozen teacher for the KL loss")
+    out, states, scale = head_states(bm, batch, frozen, stem_grad_scale)
+    teacher = Teacher(out.logits if teacher_logits is None else teacher_logits)
     if frozen:
         losses, agree = [out.logits.new_zeros(())], [1.0]
     else:
         losses, agree = [teacher.kl(out.logits, 0, s)], [teacher.agreement(out.logits, 0, s)]
     for j in range(2, bm.num_heads + 1):
-        logits = bm.unembed(states[:, : s - j, j - 2], grad_scale=scale)
+        logits = head_logits(bm, states, j, s - j, scale)
         losses.append(teacher.kl(logits, j - 1, s - 1))
         agree.append(teacher.agreement(logits, j - 1, s - 1))
     return losses, agree

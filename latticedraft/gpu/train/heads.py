@@ -42,9 +42,12 @@ if TYPE_CHECKING:
     from latticedraft.gpu.train.distill import DistillConfig
 
 
-def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: float = 1.0) -> list[torch.Tensor]:
-    """Mean cross-entropy of every head on ``batch`` (int64[b, s]): element ``j-1`` is head ``j`` predicting
-    token ``t+j`` from position ``t`` (positions ``t < s - j``). Head 1's loss is the base model's own."""
+def head_states(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: float = 1.0):
+    """The base's forward on ``batch`` (int64[b, s]) and the extra heads' states ``[b, s, h-1, H]``.
+
+    Frozen: the base runs without gradient and the heads read a detached trunk; else the heads'
+    gradient reaches the trunk scaled by ``stem_grad_scale`` (LR_MB / LR_B). Token-input heads
+    read the base's greedy token after each position. Returns ``(base output, states, scale)``."""
     s = batch.shape[1]
     if bm.num_heads >= s:
         raise InputError(f"--heads {bm.num_heads} needs sequences longer than {bm.num_heads} tokens; --seq-len is {s}")
@@ -56,17 +59,32 @@ def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: f
     if bm.kind == "dynamo":
         bm.heads.set_base_grad_scale(scale)
         try:
-            states = bm.heads(feed)[0]  # [b, s, h-1, H]
+            states = bm.heads(feed)[0]
         finally:
             bm.heads.set_base_grad_scale(1.0)
+    elif bm.token_input:
+        states = bm.heads(feed, next_tokens=out.logits.argmax(-1))
     else:
-        nxt = out.logits.argmax(-1) if bm.heads.token_input else None  # the base's greedy token after t
-        states = bm.heads(feed, next_tokens=nxt)
+        states = bm.heads(feed)
+    return out, states, scale
+
+
+def head_logits(bm, states: torch.Tensor, j: int, length: int, scale: float) -> torch.Tensor:
+    """Head j's logits ``[b, length, V]`` at the first ``length`` positions of ``states`` (its own LM
+    head for Medusa heads, the base's output embedding otherwise)."""
+    return bm.project_heads(states[:, :length, j - 2 : j - 1], first=j - 2, grad_scale=scale)[:, :, 0]
+
+
+def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: float = 1.0) -> list[torch.Tensor]:
+    """Mean cross-entropy of every head on ``batch`` (int64[b, s]): element ``j-1`` is head ``j`` predicting
+    token ``t+j`` from position ``t`` (positions ``t < s - j``). Head 1's loss is the base model's own."""
+    s = batch.shape[1]
+    out, states, scale = head_states(bm, batch, frozen, stem_grad_scale)
     ce = torch.nn.functional.cross_entropy
     v = out.logits.shape[-1]
     losses = [ce(out.logits[:, :-1].float().reshape(-1, v), batch[:, 1:].reshape(-1))]
     for j in range(2, bm.num_heads + 1):
-        logits = bm.project_heads(states[:, : s - j, j - 2 : j - 1], first=j - 2, grad_scale=scale)[:, :, 0].float()
+        logits = head_logits(bm, states, j, s - j, scale).float()
         losses.append(ce(logits.reshape(-1, v), batch[:, j:].reshape(-1)))
     return losses
 
