@@ -36,7 +36,7 @@ import torch
 
 from latticedraft.errors import InputError
 from latticedraft.gpu.train.distill import DistillConfig, frozen_copy, lm_kl_loss, training_text
-from latticedraft.gpu.train.loop import OptimConfig, TrainResult, finish_dir, run_training, write_json_atomic
+from latticedraft.gpu.train.loop import OptimConfig, TrainResult, finish_dir, load_base, run_training, write_json_atomic
 from latticedraft.outputs import DRAFT_MODEL, claim_dir
 
 
@@ -171,8 +171,8 @@ def train_draft_model(
     from what fits of the base, ``init_from_base``) or ``random``."""
     from transformers import AutoModelForCausalLM
 
-    from latticedraft.gpu.models.hf import check_tokenizer_fits, load_causal_lm, model_vocab_size, resolve_dtype
-    from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
+    from latticedraft.gpu.models.hf import model_vocab_size, resolve_dtype
+    from latticedraft.lm.tokenizer import fingerprint
 
     if assistant_tokens < 1:
         raise InputError(f"--assistant-tokens {assistant_tokens} must be at least 1")
@@ -183,13 +183,7 @@ def train_draft_model(
         raise InputError(f"--init {init!r} is not one of {', '.join(INITS)}")
     claim_dir(out_dir, DRAFT_MODEL, force=force, resume=resume)
     base_dir = Path(base_dir)
-    base = load_causal_lm(base_dir, device=device)
-    n_pos = getattr(base.config, "max_position_embeddings", None) or getattr(base.config, "n_positions", None)
-    if n_pos is not None and cfg.seq_len > int(n_pos):
-        raise InputError(f"--seq-len {cfg.seq_len} exceeds the base model's context of {n_pos} tokens")
-    tok_path = Path(tokenizer_path) if tokenizer_path else base_dir / "tokenizer.json"
-    tok = load_tokenizer(tok_path)
-    check_tokenizer_fits(tok, base, where=f"the base model in {base_dir}")
+    base, tok, tok_path = load_base(base_dir, cfg.seq_len, tokenizer_path, device)
     text = training_text(base_dir, corpus, tok, tok_path, cfg.seq_len, cfg.batch_size, cfg.seed, distill,
                          encoding_errors, device)
     teacher = frozen_copy(base)

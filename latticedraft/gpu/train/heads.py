@@ -34,6 +34,7 @@ from latticedraft.gpu.train.loop import (
     OptimConfig,
     TrainResult,
     finish_dir,
+    load_base,
     run_training,
     write_json_atomic,
 )
@@ -145,9 +146,9 @@ def train_heads(
     import hashlib
 
     from latticedraft.gpu.models.blockwise import BlockwiseModel
-    from latticedraft.gpu.models.hf import check_tokenizer_fits, load_causal_lm, resolve_dtype
+    from latticedraft.gpu.models.hf import resolve_dtype
     from latticedraft.gpu.train.distill import frozen_copy, head_kl_losses, training_text
-    from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
+    from latticedraft.lm.tokenizer import fingerprint
 
     cfg.validate()
     if distill is not None:
@@ -155,13 +156,7 @@ def train_heads(
     lambdas = check_head_options(num_heads, cfg.seq_len, lambdas)
     claim_dir(out_dir, HEADS, force=force, resume=resume)
     base_dir = Path(base_dir)
-    base = load_causal_lm(base_dir, device=device)
-    n_pos = getattr(base.config, "max_position_embeddings", None) or getattr(base.config, "n_positions", None)
-    if n_pos is not None and cfg.seq_len > int(n_pos):
-        raise InputError(f"--seq-len {cfg.seq_len} exceeds the base model's context of {n_pos} tokens")
-    tok_path = Path(tokenizer_path) if tokenizer_path else base_dir / "tokenizer.json"
-    tok = load_tokenizer(tok_path)
-    check_tokenizer_fits(tok, base, where=f"the base model in {base_dir}")
+    base, tok, tok_path = load_base(base_dir, cfg.seq_len, tokenizer_path, device)
     text = training_text(base_dir, corpus, tok, tok_path, cfg.seq_len, cfg.batch_size, cfg.seed, distill,
                          encoding_errors, device)
     windows = text.windows
