@@ -30,17 +30,32 @@ SEED = 0
 WINDOW = 256
 BASE = dict(n_embd=128, n_layer=4, n_head=4, n_positions=2048, family="mistral", sliding_window=WINDOW)
 BASE_OPT = dict(steps=2400, lr=3e-3, batch_size=4, seq_len=512, warmup_frac=0.05, weight_decay=0.01, checkpoint_every=50)
-# Neural rescorers: about 1/10 and 1/4 of the base's parameters (the paper's 32M-94M vs 1.5B, scaled). Same
-# family, window and positions as the base, so they score (and draft for) every prompt the base accepts.
-RESCORERS = {
-    "rescorer-small": dict(n_embd=24, n_layer=1, n_head=4, n_positions=2048, family="mistral", sliding_window=WINDOW),
-    "rescorer-medium": dict(n_embd=48, n_layer=2, n_head=4, n_positions=2048, family="mistral", sliding_window=WINDOW),
+# Self-distillation (docs/self-distillation.md): every drafter learns what the base says. The text is the base's
+# own continuations of CONT["prompts"] prompts of 48 stdlib:train tokens to DISTILL_SEQ tokens (half greedy, half
+# sampled at T = 1), made in batches by the decode loop and cached under .cache/continuations (every stage below
+# shares them: same settings, same cache entry); the loss is the KL divergence to the frozen base's distribution
+# (head j at t: the base's distribution of token t+j).
+DISTILL_SEQ = 192
+CONT = dict(prompts=2048, prompt_len=48, sample_fraction=0.5, temperature=1.0, batch_size=16)
+# Draft models: the base's architecture (Mistral, W = 256, 2048 positions, its tokenizer) with 2 layers, started from
+# the base (its embeddings: projected onto their top 64 principal directions for the small one; for the medium one
+# also its final norm and layers 0 and 3) and distilled from it. Sized by benchmarks/draft_model_speed.py (tokens per
+# target call of --drafter model against the draft model's own step cost, docs/self-distillation.md): at the base's
+# width, 2 layers drafted 3.46 tokens per call, 1 layer 2.74, 2 layers of width 64 2.26, and on one CPU thread a
+# forward costs per layer (Python, kernel launches) about what it costs per width, so rescorer-medium (2 x 128) is
+# the fastest --drafter model; rescorer-small (2 x 64, a third of the base's multiply-adds) is the cheaper one for
+# per-slot neural rescoring and for HF assisted generation, whose draft steps cost what the model's matmuls cost.
+DRAFTS = {
+    "rescorer-small": dict(arch=dict(n_layer=2, n_embd=64, n_head=4),
+                           opt=dict(steps=600, lr=3e-3, batch_size=8, seq_len=DISTILL_SEQ, checkpoint_every=25)),
+    "rescorer-medium": dict(arch=dict(n_layer=2, n_embd=128, n_head=4),
+                            opt=dict(steps=400, lr=2e-3, batch_size=8, seq_len=DISTILL_SEQ, checkpoint_every=25)),
 }
-RESCORER_OPT = dict(steps=300, lr=5e-3, batch_size=4, seq_len=512, warmup_frac=0.05, weight_decay=0.01,
-                    checkpoint_every=50)
 HEADS = {
-    "heads-stern": dict(num_heads=8, kind="stern", opt=dict(steps=600, lr=2e-3, batch_size=8, seq_len=128, checkpoint_every=25)),
-    "heads-dynamo": dict(num_heads=3, kind="dynamo", opt=dict(steps=300, lr=1e-3, batch_size=8, seq_len=256, checkpoint_every=20)),
+    "heads-stern": dict(num_heads=8, kind="stern", token_input=True,
+                        opt=dict(steps=600, lr=2e-3, batch_size=8, seq_len=DISTILL_SEQ, checkpoint_every=25)),
+    "heads-dynamo": dict(num_heads=3, kind="dynamo", token_input=False,
+                         opt=dict(steps=300, lr=1e-3, batch_size=8, seq_len=DISTILL_SEQ, checkpoint_every=20)),
 }
 EVAL_WINDOWS = 96  # held-out windows of 256 tokens scored in the report
 LONG_WINDOWS, LONG_LEN, LONG_FROM = 16, 2048, 1536  # long-context check: tokens 1536..2047 of 2048-token windows
@@ -133,6 +148,14 @@ def stage_base() -> None:
     _train_lm("base", BASE, BASE_OPT)
 
 
+def _distill():
+    from latticedraft.gpu.train.continuations import ContinuationSpec
+    from latticedraft.gpu.train.distill import DistillConfig
+
+    return DistillConfig(text="continuations", loss="kl",
+                         continuation=ContinuationSpec(seq_len=DISTILL_SEQ, seed=SEED, **CONT))
+
+
 def _train_heads(name: str) -> None:
     from latticedraft.gpu.train.heads import train_heads
     from latticedraft.gpu.train.loop import OptimConfig
@@ -141,7 +164,22 @@ def _train_heads(name: str) -> None:
     out = DATA / name
     resume = (out / "checkpoint.pt").is_file()
     res = train_heads(DATA / "base", stdlib_split("train"), out, spec["num_heads"], spec["kind"],
-                      OptimConfig(seed=SEED, **spec["opt"]), resume=resume, force=not resume, save_dtype="float16")
+                      OptimConfig(seed=SEED, **spec["opt"]), resume=resume, force=not resume, save_dtype="float16",
+                      distill=_distill(), token_input=spec["token_input"])
+    print(f"{name}: {res.steps} steps, {res.tokens} tokens, {res.seconds} s, final loss {res.losses}")
+
+
+def _train_draft(name: str) -> None:
+    from latticedraft.gpu.train.draft_model import DraftArch, train_draft_model
+    from latticedraft.gpu.train.loop import OptimConfig
+
+    spec = DRAFTS[name]
+    out = DATA / name
+    resume = (out / "checkpoint.pt").is_file()
+    res = train_draft_model(DATA / "base", stdlib_split("train"), out, DraftArch(**spec["arch"]),
+                            OptimConfig(seed=SEED, **spec["opt"]), _distill(), resume=resume, force=not resume,
+                            save_dtype="float16", init="base")
+    _record_float32(out)
     print(f"{name}: {res.steps} steps, {res.tokens} tokens, {res.seconds} s, final loss {res.losses}")
 
 
@@ -173,7 +211,7 @@ def stage_report() -> None:
 
     from latticedraft.gpu.models.blockwise import BlockwiseModel
     from latticedraft.gpu.train.data import TokenWindows, encode_files
-    from latticedraft.gpu.train.evaluate import head_metrics, perplexity
+    from latticedraft.gpu.train.evaluate import follows_base, head_metrics, perplexity
     from latticedraft.gpu.models.hf import load_causal_lm
 
     tok = load_tokenizer(DATA / "tokenizer")
@@ -188,15 +226,23 @@ def stage_report() -> None:
     long = TokenWindows(held, LONG_LEN, 1, SEED, source="held-out files").sequential()
     long = long[:: max(1, len(long) // LONG_WINDOWS)][:LONG_WINDOWS]
     m["heldout"]["long"] = {"windows_scored": len(long), "window": LONG_LEN, "scored_from": LONG_FROM}
-    for name in ["base", *RESCORERS]:
+    base = load_causal_lm(DATA / "base")
+    for name in ["base", *DRAFTS]:
         model = load_causal_lm(DATA / name)
         info = json.loads((DATA / name / "training.json").read_text())
         m["models"][name] = {"parameters": _params(model), "arch": info["arch"], "steps": info["steps"],
                              "tokens_seen": info["tokens_seen"], "seconds": info["seconds"],
-                             "final_train_loss": info["final_loss"]["loss"], "mb": round(_dir_mb(DATA / name), 2),
-                             "heldout_ppl": round(perplexity(model, windows), 3)}
+                             "final_train_loss": next(iter(info["final_loss"].values())),
+                             "mb": round(_dir_mb(DATA / name), 2), "heldout_ppl": round(perplexity(model, windows), 3)}
         if (getattr(model.config, "max_position_embeddings", None) or 0) >= LONG_LEN:
             m["models"][name]["heldout_ppl_long"] = round(perplexity(model, long, batch_size=2, from_position=LONG_FROM), 3)
+        if name in DRAFTS:
+            f = follows_base(model, base, windows)
+            m["models"][name].update({"init": info["init"], "init_from_base": info.get("init_from_base", []),
+                                      "self_distill": info["self_distill"],
+                                      "continuation_seconds": info.get("continuation_seconds", 0.0),
+                                      "heldout_kl_to_base": round(f["kl"], 4),
+                                      "heldout_agreement": round(f["agreement"], 4)})
         print(name, m["models"][name])
     for name, spec in HEADS.items():
         t0 = time.time()
@@ -212,11 +258,13 @@ def stage_report() -> None:
                              "final_train_loss": info["final_loss"], "mb": round(_dir_mb(DATA / name), 2),
                              "load_seconds": round(load_s, 2), "accuracy": [round(x, 4) for x in hm.accuracy],
                              "entropy": [round(x, 4) for x in hm.entropy], "nll": [round(x, 4) for x in hm.nll],
-                             "positions": hm.positions,
+                             "positions": hm.positions, "agreement": [round(x, 4) for x in hm.agreement],
+                             "token_input": bool(info.get("token_input")), "self_distill": info.get("self_distill"),
+                             "continuation_seconds": info.get("continuation_seconds", 0.0),
                              "entropy_rises": bool(np.all(np.diff(ent) > 0)),
                              "accuracy_falls": bool(np.all(np.diff(acc) < 0))}
         print(name, m["models"][name])
-    m["committed_mb"] = round(sum(_dir_mb(DATA / d) for d in ["tokenizer", "base", *RESCORERS, *HEADS])
+    m["committed_mb"] = round(sum(_dir_mb(DATA / d) for d in ["tokenizer", "base", *DRAFTS, *HEADS, *SELF_DRAFT])
                               + sum((DATA / f).stat().st_size for f in ["heldout.txt", "prompts.jsonl"]) / 1e6, 2)
     _write_atomic(DATA / "metrics.json", json.dumps(m, indent=1) + "\n")
     _write_atomic(DATA / "MODELS.md", _models_md(m))
@@ -241,6 +289,7 @@ def _models_md(m: dict) -> str:
     tok = json.loads((DATA / "tokenizer" / "build.json").read_text())
     ms = m["models"]
     total_train = sum(v["seconds"] for v in ms.values())
+    gen = max((v.get("continuation_seconds") or 0.0 for v in ms.values()), default=0.0)  # one shared cache entry
     L = ["# Bundled default models", "",
          "Generated by `bash data/build.sh` (stage `report`); do not edit by hand. Everything is trained on",
          "`stdlib:train` (this interpreter's standard library, 95% of the files) and evaluated on the",
@@ -248,12 +297,20 @@ def _models_md(m: dict) -> str:
          f"{m['heldout']['windows_scored']} windows of {m['heldout']['window']} tokens spread over them are scored).",
          f"Machine: {m['machine']['platform']}, {m['machine']['cpu_count']} CPUs (shared with other jobs while training).", "",
          f"- Tokenizer: byte-level BPE, {tok['vocab_size']} tokens, fingerprint `{tok['fingerprint'][:16]}…`.",
-         f"- Committed size: {m['committed_mb']} MB (fp16 safetensors; the configs record float32, so a plain `from_pretrained` loads float32, as the CLI runs). Total training time: {total_train / 60:.1f} min.",
+         f"- Committed size: {m['committed_mb']} MB (fp16 safetensors; the configs record float32, so a plain "
+         f"`from_pretrained` loads float32, as the CLI runs). Total training time: {total_train / 60:.1f} min, "
+         f"plus {gen / 60:.1f} min generating the base's continuations.",
          "- Sizing: the base is 4 layers × 128 wide, trained on one torch thread (two threads on the shared",
-         "  2-core CPU were 8x slower per step). The base sees ~1.6 passes over the corpus; the rescorers",
-         "  far less. All models are far from converged: they are a reproducible, quickly loaded default,",
-         "  not good code models. The rescorers are tiny because the vocabulary (8192 × width) dominates",
-         "  their parameter count.",
+         "  2-core CPU were 8x slower per step). The base sees ~1.6 passes over the corpus. All models are far",
+         "  from converged: they are a reproducible, quickly loaded default, not good code models.",
+         "- Self-distillation (`docs/self-distillation.md`): the heads and the draft models learn what the base",
+         f"  says, not the corpus: the text is the base's own continuations of {CONT['prompts']} prompts of "
+         f"{CONT['prompt_len']} stdlib:train tokens to {DISTILL_SEQ}",
+         f"  tokens ({1 - CONT['sample_fraction']:.0%} greedy, {CONT['sample_fraction']:.0%} sampled at T = "
+         f"{CONT['temperature']:g}; made by the decode loop, shared by every stage), the loss",
+         "  the KL divergence to the frozen base's distribution (head j at position t: the base's distribution of",
+         "  token t+j, read at t+j-1). \"Agreement with the base\" below: the fraction of held-out positions where a",
+         "  head's (or draft model's) argmax is the base's own argmax for that token.",
          f"- Long context: the causal LMs are Mistral models (RoPE, SwiGLU, tied embeddings) with {BASE['n_positions']}",
          f"  positions and a sliding window of W = {WINDOW}: a token attends to the last W positions only, so",
          "  attention never spans more than W relative positions. Trained on windows of "
@@ -262,30 +319,48 @@ def _models_md(m: dict) -> str:
          f"  column checks it: perplexity of tokens {m['heldout'].get('long', {}).get('scored_from', LONG_FROM)}.."
          f"{LONG_LEN - 1} of {m['heldout'].get('long', {}).get('windows_scored', '?')} held-out windows of "
          f"{LONG_LEN} tokens (each token with >= {LONG_FROM} tokens of context).", "",
-         "## Causal LMs (`train lm`)", "",
+         "## The base (`train lm`)", "",
          "| model | architecture | layers × width | parameters | steps | tokens seen | train time | final train loss "
          "| held-out perplexity | long-context perplexity | MB |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name in ["base", *RESCORERS]:
+    v = ms["base"]
+    a = v["arch"]
+    fam = (f"Mistral, W = {a['sliding_window']}, {a['n_positions']} positions" if a.get("family") == "mistral"
+           else f"GPT-2, {a['n_positions']} positions")
+    long = f"{v['heldout_ppl_long']:.2f}" if "heldout_ppl_long" in v else "–"
+    L.append(f"| `base/` | {fam} | {a['n_layer']} × {a['n_embd']} | {v['parameters'] / 1e6:.2f} M | {v['steps']} | "
+             f"{v['tokens_seen'] / 1e6:.2f} M | {v['seconds'] / 60:.1f} min | {v['final_train_loss']:.3f} | "
+             f"{v['heldout_ppl']:.2f} | {long} | {v['mb']:.1f} |")
+    L += ["", "## Draft models (`train draft-model`: the base's architecture, fewer layers, distilled from the base)", "",
+          "They draft for `--drafter model`, `--method mtad` and HF assisted generation, and rescore for `--drafter "
+          "neural`. Started from the base (`--init base`: its embeddings, final norm and evenly spaced layers).", "",
+          "| model | layers × width (started from the base's) | parameters | steps | tokens seen | train time | final KL (train) "
+          "| held-out KL to the base | agreement with the base | held-out perplexity | long-context perplexity | MB |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in DRAFTS:
         v = ms[name]
         a = v["arch"]
-        fam = (f"Mistral, W = {a['sliding_window']}, {a['n_positions']} positions" if a.get("family") == "mistral"
-               else f"GPT-2, {a['n_positions']} positions")
+        picks = [d.split("<- ")[1].split(".")[-1] for d in v.get("init_from_base", []) if "<- " in d]
+        start = (f"layers {', '.join(picks)}" if picks else "embeddings") if v.get("init") == "base" else "random init"
         long = f"{v['heldout_ppl_long']:.2f}" if "heldout_ppl_long" in v else "–"
-        L.append(f"| `{name}/` | {fam} | {a['n_layer']} × {a['n_embd']} | {v['parameters'] / 1e6:.2f} M "
-                 f"({v['parameters'] / ms['base']['parameters']:.2f} × base) | {v['steps']} | {v['tokens_seen'] / 1e6:.2f} M | "
-                 f"{v['seconds'] / 60:.1f} min | {v['final_train_loss']:.3f} | {v['heldout_ppl']:.2f} | {long} | {v['mb']:.1f} |")
-    L += ["", "## Multi-token heads (`train heads`, base frozen, loss Σ_h L_h with λ_h = 1)", ""]
+        L.append(f"| `{name}/` | {a['n_layer']} × {a['n_embd']} ({start}) | "
+                 f"{v['parameters'] / 1e6:.2f} M ({v['parameters'] / ms['base']['parameters']:.2f} × base) | {v['steps']} | "
+                 f"{v['tokens_seen'] / 1e6:.2f} M | {v['seconds'] / 60:.1f} min | {v['final_train_loss']:.3f} | "
+                 f"{v['heldout_kl_to_base']:.3f} | {v['heldout_agreement']:.3f} | {v['heldout_ppl']:.2f} | {long} | "
+                 f"{v['mb']:.1f} |")
+    L += ["", "## Multi-token heads (`train heads --self-distill`, base frozen, loss Σ_h KL_h)", ""]
     for name in HEADS:
         v = ms[name]
-        L += [f"### `{name}/`: {v['num_heads']} {v['kind']} heads", "",
+        ti = " with token input (`--token-input`: each head reads the base's greedy next token)" if v.get("token_input") else ""
+        L += [f"### `{name}/`: {v['num_heads']} {v['kind']} heads{ti}", "",
               f"{v['head_parameters'] / 1e6:.2f} M head parameters, {v['steps']} steps, {v['tokens_seen'] / 1e6:.2f} M tokens, "
               f"{v['seconds'] / 60:.1f} min, peak LR {v['lr']}, {v['mb']:.1f} MB; loads (with the base) in {v['load_seconds']:.2f} s.", "",
               "| head j (predicts t+j) | " + " | ".join(str(j + 1) for j in range(v["num_heads"])) + " |",
               "|---|" + "---|" * v["num_heads"],
-              "| top-1 accuracy | " + " | ".join(f"{x:.3f}" for x in v["accuracy"]) + " |",
+              "| agreement with the base | " + " | ".join(f"{x:.3f}" for x in v.get("agreement", [])) + " |",
+              "| top-1 accuracy (corpus token) | " + " | ".join(f"{x:.3f}" for x in v["accuracy"]) + " |",
               "| mean entropy (nats) | " + " | ".join(f"{x:.3f}" for x in v["entropy"]) + " |",
-              "| NLL (nats) | " + " | ".join(f"{x:.3f}" for x in v["nll"]) + " |", "",
+              "| NLL of the corpus token (nats) | " + " | ".join(f"{x:.3f}" for x in v["nll"]) + " |", "",
               f"Entropy {'rises strictly' if v['entropy_rises'] else 'does not rise strictly'} with the head index "
               f"(the BPD paper's Figure 2 pattern: {_breaks(v['entropy'], rising=True)}); top-1 accuracy "
               f"{'falls strictly' if v['accuracy_falls'] else 'does not fall strictly'} ({_breaks(v['accuracy'], rising=False)}).",
@@ -392,8 +467,8 @@ def _self_draft_md() -> list[str]:
 
 STAGES = {"tokenizer": stage_tokenizer, "heldout": stage_heldout, "prompts": stage_prompts, "base": stage_base,
           "heads-stern": lambda: _train_heads("heads-stern"), "heads-dynamo": lambda: _train_heads("heads-dynamo"),
-          "rescorer-small": lambda: _train_lm("rescorer-small", RESCORERS["rescorer-small"], RESCORER_OPT),
-          "rescorer-medium": lambda: _train_lm("rescorer-medium", RESCORERS["rescorer-medium"], RESCORER_OPT),
+          "rescorer-small": lambda: _train_draft("rescorer-small"),
+          "rescorer-medium": lambda: _train_draft("rescorer-medium"),
           "draft-vocab": stage_draft_vocab, "report": stage_report, "report-md": stage_report_md,
           "adapter-kangaroo": lambda: _train_self_draft("adapter-kangaroo"),
           "exit-heads-ppd": lambda: _train_self_draft("exit-heads-ppd")}
