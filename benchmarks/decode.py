@@ -4,7 +4,8 @@ Rows: transformers' greedy ``generate`` (the baseline), latticedraft's own greed
 same forward as BPD (so the BPD rows' gain over it is the algorithmic gain alone), context
 n-grams alone, the fast BPD configurations (``DrafterSpec.fast``: cost-aware tree, context
 n-grams, reduced draft vocabulary) with and without context n-grams, the paper's drafters as
-published, and transformers' prompt-lookup and assisted decoding (batch 1 only; with
+published, the bundled draft model (``--draft-model``) drafting for our loop, and transformers'
+prompt-lookup and assisted decoding with the same draft model (batch 1 only; with
 ``--batch-size`` HF's left-padded batched greedy is the reference instead).
 
 Same model and prompts for every method; the methods run round-robin ``--repeats`` times
@@ -57,12 +58,14 @@ DRAFTERS = {
     # the paper's drafters as published (tree fixed, full vocabulary, no context n-grams)
     "bpd top1 (paper)": DrafterSpec("top1"),
     "bpd parallel p=4 slots=3 (paper)": DrafterSpec("parallel", nbest=4, slots=3),
+    # the bundled draft model (data/rescorer-medium, distilled from the base) drafting 4 tokens a call
+    "draft model gamma=4 (latticedraft, rescorer-medium)": DrafterSpec("model", gamma=4),
 }
 OWN = {  # latticedraft's own loop on the same forward as BPD, without head drafts (--drafter none)
     "greedy loop (latticedraft)": DrafterSpec("none"),
     "context n-grams only (latticedraft)": DrafterSpec("none").fast(),
 }
-HF_ROWS = ("prompt-lookup (HF)", "assisted (HF, rescorer-small drafts)")
+HF_ROWS = ("prompt-lookup (HF)", "assisted (HF, rescorer-medium drafts)")
 
 
 @torch.no_grad()  # scoped: a global switch would leak into the caller (tests run main in-process)
@@ -71,12 +74,15 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--lm", default=None)
     ap.add_argument("--rescorer", default=None)
+    ap.add_argument("--draft-model", default=str(data_dir() / "rescorer-medium"),
+                    help="draft model of the draft-model rows, ours and HF assisted (default data/rescorer-medium)")
     ap.add_argument("--prompts", default=str(data_dir() / "prompts.jsonl"))
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--alpha", type=float, default=1.0)
+    ap.add_argument("--alpha", type=float, default=None,
+                    help="the n-gram LM's weight (default: the model's tuned.json, as the demo takes it; else 1.0)")
     ap.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens (default 10)")
     ap.add_argument("--only", nargs="+", default=None, help="run only these rows")
     ap.add_argument("--device", default=None)
@@ -88,7 +94,12 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     quiet_libraries(a.verbose)
 
-    s = Session(a.model, None, a.lm, a.rescorer, a.device, a.threads)
+    s = Session(a.model, None, a.lm, a.rescorer, a.device, a.threads, a.draft_model)
+    if a.alpha is None:
+        from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas
+
+        tuned = default_alphas_file(s.model_dir)
+        a.alpha = read_alphas(tuned).get("ngram", 1.0) if tuned else 1.0
     recs = read_prompts(a.prompts, limit=a.num_prompts)
     ids = encode(s.tokenizer, [r["prompt"] for r in recs])
     rows = ["greedy", *OWN, *DRAFTERS, *HF_ROWS]
@@ -97,10 +108,7 @@ def main(argv=None) -> int:
         rows = [r for r in rows if r not in HF_ROWS]  # transformers' PLD and assisted decoding take batch 1 only
     if a.only:
         rows = [r for r in rows if r in a.only or r.startswith("greedy")]
-    from latticedraft.gpu.models.hf import load_causal_lm
-    from latticedraft.decoding.runs.loaders import default_rescorer_dir
-
-    helper = load_causal_lm(default_rescorer_dir(), dtype=torch.float32) if HF_ROWS[1] in rows else None
+    helper = s.draft_model
     for name in rows:  # cost curves and acceptance rates are measured once and cached, before any timing
         spec = DRAFTERS.get(name) or OWN.get(name)
         if spec is not None:

@@ -133,11 +133,11 @@ class Beams:
 def lean_stack(model):
     """``LeanStack(model)`` where its layers are written out (an unwrapped causal LM; see
     ``lean.supports``), else None."""
-    from latticedraft.gpu.verify.lean import LeanStack, supports
+    from latticedraft.gpu.verify.lean import stack_for, supports
 
     if supports(model) is not None or hasattr(model, "base") or position_limit(model) is None:
         return None
-    return LeanStack(model)
+    return stack_for(model)
 
 
 def causal_mask(start: int, n: int, window: int | None, device) -> torch.Tensor | None:

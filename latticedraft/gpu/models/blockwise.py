@@ -314,18 +314,21 @@ class BlockwiseModel(nn.Module):
         scale = getattr(self.heads, "logit_scale", 1.0)
         return logits if scale == 1.0 else logits * scale
 
-    def draft_logits(self, hidden: torch.Tensor, count: int, columns: torch.Tensor | None = None) -> torch.Tensor:
+    def draft_logits(self, hidden: torch.Tensor, count: int, columns: torch.Tensor | None = None,
+                     next_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Logits of extra heads 1..count (heads 2..count+1) at final hidden states ``hidden [m, H]``:
         ``[m, count, V']``, over the token ids ``columns`` (int64[V']) when given, else the full
         vocabulary. Position-wise kinds only (``position_wise``): what a verifier calls at the
-        accepted node of each row to draft the next step."""
+        accepted node of each row to draft the next step. ``next_tokens`` int64[m]: the base's
+        greedy token after each state, for token-input heads (None: projected here)."""
         if not self.position_wise:
             raise ModelError(f"{self.kind} heads read their own KV caches; draft_logits needs position-wise "
                              "(stern or medusa) heads")
         if count <= 0:
             cols = hf.model_vocab_size(self.base) if columns is None else len(columns)
             return hidden.new_zeros(*hidden.shape[:-1], 0, cols)
-        return self.project_heads(self.heads(hidden, count), 0, columns)
+        states = self.heads(hidden, count, next_tokens=next_tokens) if self.token_input else self.heads(hidden, count)
+        return self.project_heads(states, 0, columns)
 
     def _column_weights(self, columns: torch.Tensor):
         """(weight, bias) of the projection onto ``columns``: ``[V', H]`` and ``[V']`` or None for the

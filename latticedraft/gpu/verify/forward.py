@@ -122,7 +122,11 @@ class Forward:
             if extra <= 0:  # the base model's head only (no drafting heads)
                 return hid.new_zeros(len(nodes), 0, len(vocab) if vocab is not None else
                                      hf.model_vocab_size(getattr(self.model, "base", self.model)))
-            return self.model.draft_logits(hid, extra, None if vocab is None else vocab.ids)
+            nxt = None
+            if getattr(self.model, "token_input", False):  # the greedy token the walk projected already
+                at = nodes.cpu().numpy()
+                nxt = torch.as_tensor(self.argmax_at(np.arange(len(at)), at), device=hid.device)
+            return self.model.draft_logits(hid, extra, None if vocab is None else vocab.ids, next_tokens=nxt)
         b = self.logits.shape[0]
         rows = torch.arange(b, device=self.logits.device)
         nodes = nodes.to(self.logits.device)

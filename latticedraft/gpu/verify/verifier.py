@@ -117,7 +117,7 @@ class Verifier:
             if why is not None:
                 raise ModelError(f"split verification (from layer {from_layer}) runs GPT-2, LLaMA and Mistral layers; "
                                  f"this model: {why}")
-            self.stack = lean.LeanStack(model)
+            self.stack = lean.stack_for(model)
             check_exit_layer(self.stack.split, from_layer, "the split verifier's first layer")
             self.mode, self.mode_reason = "split", (f"layers {from_layer}..{self.num_layers} over the proposer's "
                                                     f"layer-{from_layer} states")
@@ -125,7 +125,7 @@ class Verifier:
         else:
             self.mode, self.mode_reason = choose_mode(model, mode)
             self.rolling = choose_kv_cache(self.window, self.mode, kv_cache)
-            self.stack = lean.LeanStack(model) if self.mode == "tree" and why is None and heads_ok else None
+            self.stack = lean.stack_for(model) if self.mode == "tree" and why is None and heads_ok else None
         self.lazy = self.stack is not None or (self.mode == "tree" and lazy_logits_ok(model))
         self.unembed = self.stack.unembed if self.stack is not None else getattr(model, "unembed", None)
         total = int(getattr(model, "num_heads", 1))

@@ -96,3 +96,15 @@ def test_training_token_input_heads_runs_the_losses():
         sum(losses).backward()
     assert bm.heads.u1.grad is not None and bm.heads.u1.grad.abs().sum() > 0
     assert bm.base.get_input_embeddings().weight.grad is None
+
+
+def test_draft_logits_take_the_greedy_token_the_verifier_already_has():
+    """Passing the base's greedy token after each state (the walk's bonus token) gives the logits the
+    heads compute by projecting it themselves; another token gives other logits."""
+    bm = _token_heads("mistral", num_heads=4)
+    h = torch.randn(3, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        greedy = bm.base.get_output_embeddings()(h).argmax(-1)
+        own = bm.draft_logits(h, 3)
+        assert torch.equal(bm.draft_logits(h, 3, next_tokens=greedy), own)
+        assert not torch.equal(bm.draft_logits(h, 3, next_tokens=(greedy + 1) % V), own)

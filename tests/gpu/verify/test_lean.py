@@ -77,3 +77,19 @@ def test_what_is_not_written_out_is_said():
     assert "dynamic" in supports(m)
     with pytest.raises(ValueError, match="cannot run"):
         LeanStack(m)
+
+
+def test_stack_for_builds_once_per_model_and_weights():
+    """A decode call per batch reuses the model's LeanStack; replaced or trained weights rebuild it
+    (the fused projections are copies of the weights)."""
+    from latticedraft.gpu.verify.lean import stack_for
+
+    m = tiny_model("llama")
+    s1 = stack_for(m)
+    assert stack_for(m) is s1 and stack_for(tiny_model("llama")) is not s1
+    with torch.no_grad():
+        m.model.layers[0].self_attn.q_proj.weight.add_(1.0)
+    s2 = stack_for(m)
+    assert s2 is not s1 and stack_for(m) is s2
+    if s2.fused is not None:
+        assert torch.equal(s2.fused[0][0][: m.config.hidden_size], m.model.layers[0].self_attn.q_proj.weight)
