@@ -36,7 +36,7 @@ from latticedraft.gpu.verify.layer_split import LayerSplit
 FUSE_BYTES = 64 << 20  # fuse the projections of models whose fused copies take at most this
 
 
-_STACKS: "weakref.WeakKeyDictionary" = None  # model -> (parameter key, LeanStack), made on first use
+_STACKS = None  # weakref.WeakKeyDictionary: model -> (parameter key, LeanStack), made on first use
 
 
 def _params_key(model) -> tuple:
