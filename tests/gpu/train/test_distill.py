@@ -41,7 +41,7 @@ def test_teacher_kl_is_the_kl_divergence_and_its_gradient_is_softmax_minus_p():
     assert teacher.agreement(t[:, 1:5], 1, 5) == 1.0
 
 
-@pytest.mark.parametrize("kind", ["stern", "dynamo"])
+@pytest.mark.parametrize("kind", ["stern", "medusa", "dynamo"])
 def test_head_j_learns_the_base_distribution_of_token_t_plus_j(kind):
     """Head j at position t is compared with the frozen base's softmax at position t+j-1 (its
     distribution of token t+j given the text up to t+j-1): checked against an explicit loop."""
@@ -66,7 +66,7 @@ def test_head_j_learns_the_base_distribution_of_token_t_plus_j(kind):
 
 
 @pytest.mark.parametrize("arch", DISTILL_ARCHS)
-@pytest.mark.parametrize("kind", ["stern", "dynamo"])
+@pytest.mark.parametrize("kind", ["stern", "medusa", "dynamo"])
 def test_a_few_kl_steps_bring_every_head_closer_to_the_base(arch, kind):
     base = sharpen(make_tiny(arch))
     bm = BlockwiseModel.from_base(base, 4, kind)
@@ -113,7 +113,7 @@ def _distill(**kw):
 
 
 @pytest.mark.parametrize("arch", DISTILL_ARCHS)
-@pytest.mark.parametrize("kind", ["stern", "dynamo"])
+@pytest.mark.parametrize("kind", ["stern", "medusa", "dynamo"])
 def test_train_heads_self_distill_on_every_architecture(saved_bases, own_cache, tmp_path, arch, kind):
     corpus = stdlib_split("heldout")[:3]
     out = tmp_path / "h"
