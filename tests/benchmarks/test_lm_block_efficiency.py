@@ -5,20 +5,11 @@ to greedy. The real run (the big LMs under /work/biglm) is too long for CI."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-import pytest
+from latticedraft.paths import default_lm_dir
+from tests.benchmarks.bundled import MARKS  # also puts benchmarks/ on the import path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from latticedraft.decoding.runs.loaders import default_model_dir  # noqa: E402
-from latticedraft.paths import default_lm_dir  # noqa: E402
-
-READY = (default_model_dir() / "heads_config.json").is_file() and (default_lm_dir() / "manifest.json").is_file()
-pytestmark = [pytest.mark.skipif(not READY, reason="bundled models not built (bash scripts/setup.sh)"),
-              pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = MARKS
 
 
 def test_default_lms_takes_complete_builds_only(tmp_path):

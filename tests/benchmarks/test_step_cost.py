@@ -4,20 +4,12 @@ and 2): every row equals ``generate``, the parts add up to the step and the tabl
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from tests.benchmarks.bundled import MARKS  # also puts benchmarks/ on the import path
 
-from latticedraft.decoding.runs.loaders import default_model_dir
-from latticedraft.paths import default_lm_dir
-
-READY = (default_model_dir() / "heads_config.json").is_file() and (default_lm_dir() / "manifest.json").is_file()
-pytestmark = [pytest.mark.skipif(not READY, reason="bundled models not built (bash scripts/setup.sh)"),
-              pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = MARKS
 
 
 @pytest.mark.slow
