@@ -236,16 +236,23 @@ def _run(module, param_groups, loss_fn, windows, cfg: OptimConfig, out_dir: Path
     )
 
 
-def load_base(base_dir, seq_len: int, tokenizer_path=None, device=None, position_limit: int | None = None):
-    """The frozen-to-be base of a training run and its tokenizer: ``(base, tokenizer, tokenizer path)``.
+def load_base(base_dir, seq_len: int, tokenizer_path=None, device=None):
+    """The frozen-to-be base of a training run and its tokenizer: ``(base, tokenizer, tokenizer path)``,
+    checked by ``check_base``."""
+    from latticedraft.gpu.models.hf import load_causal_lm
 
-    Refuses ``seq_len`` beyond the base's context (``position_limit``, default its config's) and a
-    tokenizer (default ``BASE/tokenizer.json``) with ids beyond the base's vocabulary, in one line."""
-    from latticedraft.gpu.models.hf import check_tokenizer_fits, load_causal_lm
+    base = load_causal_lm(Path(base_dir), device=device)
+    return (base, *check_base(base, base_dir, seq_len, tokenizer_path))
+
+
+def check_base(base, base_dir, seq_len: int, tokenizer_path=None, position_limit: int | None = None):
+    """Refuse ``seq_len`` beyond the base's context (``position_limit``, default its config's) and a
+    tokenizer (default ``BASE/tokenizer.json``) with ids beyond the base's vocabulary, in one line;
+    returns ``(tokenizer, tokenizer path)``."""
+    from latticedraft.gpu.models.hf import check_tokenizer_fits
     from latticedraft.lm.tokenizer import load_tokenizer
 
     base_dir = Path(base_dir)
-    base = load_causal_lm(base_dir, device=device)
     n_pos = position_limit or getattr(base.config, "max_position_embeddings", None) or getattr(
         base.config, "n_positions", None)
     if n_pos is not None and seq_len > int(n_pos):
@@ -253,7 +260,7 @@ def load_base(base_dir, seq_len: int, tokenizer_path=None, device=None, position
     tok_path = Path(tokenizer_path) if tokenizer_path else base_dir / "tokenizer.json"
     tok = load_tokenizer(tok_path)
     check_tokenizer_fits(tok, base, where=f"the base model in {base_dir}")
-    return base, tok, tok_path
+    return tok, tok_path
 
 
 def write_json_atomic(path: Path, obj) -> None:

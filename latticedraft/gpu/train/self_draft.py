@@ -19,7 +19,6 @@ from typing import Sequence
 
 import torch
 
-from latticedraft.errors import InputError
 from latticedraft.gpu.train.data import TokenWindows, encode_files
 from latticedraft.gpu.verify.layer_split import LayerSplit
 from latticedraft.gpu.train.loop import OptimConfig, TrainResult, finish_dir, run_training, write_json_atomic
@@ -60,19 +59,16 @@ def exit_heads_loss(split: LayerSplit, heads, batch: torch.Tensor) -> tuple[torc
 
 def _setup(base_dir, corpus, cfg: OptimConfig, tokenizer_path, device, encoding_errors, out_dir, resume,
            out_kind: OutputKind, force: bool):
-    from latticedraft.gpu.models.hf import check_tokenizer_fits, load_causal_lm
-    from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
+    from latticedraft.gpu.models.hf import load_causal_lm
+    from latticedraft.gpu.train.loop import check_base
+    from latticedraft.lm.tokenizer import fingerprint
 
     cfg.validate()
     claim_dir(out_dir, out_kind, force=force, resume=resume)
     base_dir = Path(base_dir)
     base = load_causal_lm(base_dir, device=device)
     split = LayerSplit(base)  # refuses encoder-decoders and attention without 4-D masks, in one line
-    n_pos = split.position_limit
-    if n_pos is not None and cfg.seq_len > int(n_pos):
-        raise InputError(f"--seq-len {cfg.seq_len} exceeds the base model's context of {n_pos} tokens")
-    tok = load_tokenizer(Path(tokenizer_path) if tokenizer_path else base_dir / "tokenizer.json")
-    check_tokenizer_fits(tok, base, where=f"the base model in {base_dir}")
+    tok, _ = check_base(base, base_dir, cfg.seq_len, tokenizer_path, split.position_limit)
     tokens = encode_files(corpus, tok, encoding_errors)
     windows = TokenWindows(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, source=f"the corpus ({len(corpus)} files)")
     for p in base.parameters():
