@@ -172,7 +172,8 @@ def main(argv=None) -> int:
            "repeats": a.repeats, "batch_size": a.batch_size, "alpha": a.alpha,
            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                        "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                       "device": a.device or "cpu"},
+                       "device": a.device or "cpu",
+                       "gpu": torch.cuda.get_device_name() if str(a.device).startswith("cuda") else None},
            "rows": results}
     write_atomic(Path(a.out), json.dumps(out, indent=1) + "\n")
     print(f"\n{len(ids)} prompts x {a.max_new_tokens} new tokens, median of {a.repeats}, "

@@ -62,8 +62,8 @@ def perplexity(base, prompts, outs) -> float:
     for p, o in zip(prompts, outs):
         if len(o) == 0:
             continue
-        ids = torch.as_tensor(np.concatenate([p, o])[None])
-        logp = torch.log_softmax(base(ids).logits[0, len(p) - 1 : -1].double(), dim=-1)
+        ids = torch.as_tensor(np.concatenate([p, o])[None], device=base.device)
+        logp = torch.log_softmax(base(ids).logits[0, len(p) - 1 : -1].double().cpu(), dim=-1)
         nll -= float(logp[torch.arange(len(o)), torch.as_tensor(o)].sum())
         n += len(o)
     return math.exp(nll / max(n, 1))
@@ -83,6 +83,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS, metavar="ROW")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default=None, help="torch device (default cpu; e.g. cuda)")
     ap.add_argument("--out", default="benchmarks/results/sampling.json")
     from latticedraft.quiet import add_verbose_arg, quiet_libraries
 
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     quiet_libraries(a.verbose)
 
-    s = Session(a.model, None, None, None, None, a.threads, a.draft_model)
+    s = Session(a.model, None, None, None, a.device, a.threads, a.draft_model)
     base = getattr(s.model, "base", s.model)
     texts = [r["prompt"] for r in read_prompts(a.prompts, limit=a.num_prompts)]
     ids = encode(s.tokenizer, texts)
@@ -100,19 +101,19 @@ def main(argv=None) -> int:
     if "DynaMo" in a.rows:
         from latticedraft.lm.cooccurrence import resolve_table
 
-        dmodel = Session(a.dynamo_model or data_dir() / "heads-dynamo", None, threads=a.threads).model
+        dmodel = Session(a.dynamo_model or data_dir() / "heads-dynamo", None, device=a.device, threads=a.threads).model
         dyn = (dmodel, resolve_table("auto", s.tokenizer, notify=lambda m: print(m, file=sys.stderr)))
 
     def hf(T, assistant=None):
         outs, calls = [], 0
         for i, p in enumerate(ids):
             torch.manual_seed(a.seed * 100003 + i)
-            x = torch.as_tensor(p[None])
+            x = torch.as_tensor(p[None], device=base.device)
             before = target_calls.n
             kw = {} if assistant is None else {"assistant_model": assistant}
             g = base.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=T, top_k=50, top_p=1.0,
                               max_new_tokens=a.max_new_tokens, eos_token_id=s.eos, pad_token_id=0, **kw)
-            o = g[0, x.shape[1]:].numpy()
+            o = g[0, x.shape[1]:].cpu().numpy()
             if s.eos is not None and s.eos in o.tolist():
                 o = o[: o.tolist().index(s.eos) + 1]
             outs.append(o)
@@ -180,6 +181,7 @@ def main(argv=None) -> int:
               "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "seed": a.seed,
               "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
               "cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "torch": torch.__version__,
+              "device": str(base.device), "gpu": torch.cuda.get_device_name() if base.device.type == "cuda" else None,
               "rows": results}
     write_atomic(Path(a.out), json.dumps(report, indent=1) + "\n")
     print(f"\n{len(ids)} prompts x {a.max_new_tokens} new tokens, median of {a.repeats}, load average "

@@ -81,13 +81,15 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default=None, help="torch device (default cpu; e.g. cuda: the parts are then host-side "
+                    "times of asynchronous work, the totals are exact)")
     ap.add_argument("--out", default="benchmarks/results/step_cost.json")
     from latticedraft.quiet import add_verbose_arg, quiet_libraries
 
     add_verbose_arg(ap)
     a = ap.parse_args(argv)
     quiet_libraries(a.verbose)
-    s = Session(a.model, None, threads=a.threads)
+    s = Session(a.model, None, device=a.device, threads=a.threads)
     ids = encode(s.tokenizer, [r["prompt"] for r in read_prompts(a.prompts, limit=a.num_prompts)])
     rows_out = []
     for B in a.batch_sizes:
@@ -141,7 +143,9 @@ def main(argv=None) -> int:
     out = {"benchmark": "step_cost", "model": s.base_dir, "prompts": len(ids), "max_new_tokens": a.max_new_tokens,
            "repeats": a.repeats, "load_average": os.getloadavg(),
            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                       "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+                       "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                       "device": a.device or "cpu",
+                       "gpu": torch.cuda.get_device_name() if str(a.device).startswith("cuda") else None},
            "rows": rows_out}
     write_atomic(Path(a.out), json.dumps(out, indent=1) + "\n")
     print(f"\n{len(ids)} prompts x {a.max_new_tokens} new tokens, median of {a.repeats}, "
