@@ -351,7 +351,7 @@ def _models_md(m: dict) -> str:
     L += ["", "## Multi-token heads (`train heads --self-distill`, base frozen, loss Σ_h KL_h)", ""]
     for name in HEADS:
         v = ms[name]
-        ti = " with token input (`--token-input`: each head reads the base's greedy next token)" if v.get("token_input") else ""
+        ti = " with token input (`--token-input`: each head reads the token after the position: the emitted one when decoding, the text's when training)" if v.get("token_input") else ""
         L += [f"### `{name}/`: {v['num_heads']} {v['kind']} heads{ti}", "",
               f"{v['head_parameters'] / 1e6:.2f} M head parameters, {v['steps']} steps, {v['tokens_seen'] / 1e6:.2f} M tokens, "
               f"{v['seconds'] / 60:.1f} min, peak LR {v['lr']}, {v['mb']:.1f} MB; loads (with the base) in {v['load_seconds']:.2f} s.", "",

@@ -9,10 +9,9 @@ model's output embedding (shared, tied) turns each into logits.
   norm): ``z_j = x + W2_j act(W1_j x + b1_j) + b2_j``. ``W2_j, b2_j`` start at zero, so before
   training every head predicts what head 1 predicts. With ``token_input`` (EAGLE's token input,
   Hydra's dependence on the draft so far) each head also reads the embedding of the token that
-  follows ``x``, the base's own greedy token ``y = argmax(head 1)``: ``z_j = x + W2_j act(W1_j x +
-  U_j e(y) + b1_j) + b2_j``. Head 1 is the base, so ``y`` is the token the step emits anyway (the
-  bonus token of greedy verification) and costs no target call; sampling verifies against a drawn
-  token instead, so there the heads are conditioned on the greedy one (drafts only; still lossless).
+  follows ``x``: ``z_j = x + W2_j act(W1_j x + U_j e(y) + b1_j) + b2_j``. Decoding feeds the token
+  the step emits after ``x`` (the verifier's bonus token: the base's argmax when greedy, the drawn
+  token when sampling), so it costs no target call; training feeds the text's next token.
 - ``DynamoHeads`` (DynaMo, Tuli et al.): head ``j`` is an extra decoder layer, initialised as a
   copy of the base's final layer (weight transfer), fed the stem's output (the input of the
   base's final layer), followed by the base's final norm (shared). Each head layer is run as a

@@ -48,7 +48,9 @@ def head_states(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: f
 
     Frozen: the base runs without gradient and the heads read a detached trunk; else the heads'
     gradient reaches the trunk scaled by ``stem_grad_scale`` (LR_MB / LR_B). Token-input heads
-    read the base's greedy token after each position. Returns ``(base output, states, scale)``."""
+    read the text's own token after each position (teacher forcing; decoding feeds the token the
+    step emitted, which on sampled text is not the argmax), the base's greedy token after the
+    last position (which has no target). Returns ``(base output, states, scale)``."""
     s = batch.shape[1]
     if bm.num_heads >= s:
         raise InputError(f"--heads {bm.num_heads} needs sequences longer than {bm.num_heads} tokens; --seq-len is {s}")
@@ -64,7 +66,7 @@ def head_states(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: f
         finally:
             bm.heads.set_base_grad_scale(1.0)
     elif bm.token_input:
-        states = bm.heads(feed, next_tokens=out.logits.argmax(-1))
+        states = bm.heads(feed, next_tokens=torch.cat([batch[:, 1:], out.logits[:, -1:].argmax(-1)], dim=1))
     else:
         states = bm.heads(feed)
     return out, states, scale

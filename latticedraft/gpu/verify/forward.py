@@ -110,11 +110,14 @@ class Forward:
             self._project(rows[miss], nodes[miss], keep=True)
         return torch.stack([self._kept[(r, n)] for r, n in zip(rows.tolist(), nodes.tolist())])
 
-    def draft_heads_at(self, nodes: torch.Tensor, vocab: "DraftVocab | None" = None) -> torch.Tensor:
+    def draft_heads_at(self, nodes: torch.Tensor, vocab: "DraftVocab | None" = None,
+                       next_tokens: np.ndarray | None = None) -> torch.Tensor:
         """The extra heads' logits (heads 1..num_heads-1, what the next lattice is built from)
         at node ``nodes[i]`` of row i: [b, h-1, V'] (V' = ``len(vocab)`` when a reduced draft
         vocabulary is given, else V; [b, 0, V] for a model without heads). The base model's
-        own head is not projected here: its argmax at that node is the walk's bonus token."""
+        own head is not projected here: its argmax at that node is the walk's bonus token.
+        next_tokens int64[b]: the token emitted after each node (the walk's bonus, which
+        token-input heads read: sampled, it need not be the argmax); None: the argmax there."""
         if self.lazy:  # position-wise heads: run them on the b selected final hidden states only
             hid = self.hidden[torch.arange(len(nodes), device=self.hidden.device), nodes.to(self.hidden.device)]
             extra = 0 if not hasattr(self.model, "draft_logits") else (
@@ -123,9 +126,11 @@ class Forward:
                 return hid.new_zeros(len(nodes), 0, len(vocab) if vocab is not None else
                                      hf.model_vocab_size(getattr(self.model, "base", self.model)))
             nxt = None
-            if getattr(self.model, "token_input", False):  # the greedy token the walk projected already
-                at = nodes.cpu().numpy()
-                nxt = torch.as_tensor(self.argmax_at(np.arange(len(at)), at), device=hid.device)
+            if getattr(self.model, "token_input", False):  # the token emitted there (the walk's bonus)
+                if next_tokens is None:
+                    at = nodes.cpu().numpy()
+                    next_tokens = self.argmax_at(np.arange(len(at)), at)
+                nxt = torch.as_tensor(np.asarray(next_tokens, dtype=np.int64), device=hid.device)
             return self.model.draft_logits(hid, extra, None if vocab is None else vocab.ids, next_tokens=nxt)
         b = self.logits.shape[0]
         rows = torch.arange(b, device=self.logits.device)

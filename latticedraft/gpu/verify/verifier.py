@@ -223,7 +223,7 @@ class Verifier:
         else:
             picked = choose(list(range(b)), out.logits_at(list(range(b)), last.tolist()), [()] * b, None)
             roots = np.asarray(picked[0] if isinstance(picked, tuple) else picked, dtype=np.int64)
-        return roots, out.draft_heads_at(last, self.draft_vocab)
+        return roots, out.draft_heads_at(last, self.draft_vocab, next_tokens=roots)
 
     def unembed_seconds(self, rows: int) -> float:
         """Measured seconds of the output projection over ``rows`` hidden states. Timed once per
@@ -273,8 +273,9 @@ class Verifier:
     def _heads(self, out: Forward, nodes: torch.Tensor, want, accepted, bonus) -> torch.Tensor:
         if callable(want):
             want = want(accepted, bonus)
-        if want:
-            return out.draft_heads_at(nodes, self.draft_vocab)
+        if want:  # token-input heads read the bonus (in the batched fallback, one node per forward row)
+            nxt = bonus if len(bonus) == len(nodes) else None
+            return out.draft_heads_at(nodes, self.draft_vocab, next_tokens=nxt)
         cols = self.draft_vocab_size or hf.model_vocab_size(getattr(self.model, "base", self.model))
         return torch.zeros(len(nodes), 0, cols, dtype=self.dtype, device=self.device)
 

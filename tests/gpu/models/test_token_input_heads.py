@@ -1,5 +1,5 @@
 """Stern heads with token input (EAGLE's token input): each head also reads the embedding of the
-base's greedy next token. The formula, every code path agreeing on that token, checkpoints, and
+token after the position (the text's in training, the emitted one in decoding). The formula, every code path agreeing on that token, checkpoints, and
 decoding with them staying exactly greedy."""
 
 import numpy as np
@@ -108,3 +108,49 @@ def test_draft_logits_take_the_greedy_token_the_verifier_already_has():
         own = bm.draft_logits(h, 3)
         assert torch.equal(bm.draft_logits(h, 3, next_tokens=greedy), own)
         assert not torch.equal(bm.draft_logits(h, 3, next_tokens=(greedy + 1) % V), own)
+
+
+def test_training_reads_the_texts_next_token_not_the_greedy_one():
+    """Teacher forcing: on sampled text the next token is not the base's argmax, and the heads must
+    learn the continuation of the text they are shown (decoding feeds the token it emitted)."""
+    from latticedraft.gpu.train.heads import head_states
+
+    bm = _token_heads("llama", num_heads=3)
+    batch = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        out, states, _ = head_states(bm, batch)
+        feed = out.hidden_states[-1]
+        want = bm.heads(feed[:, :-1], next_tokens=batch[:, 1:])
+        greedy = bm.heads(feed[:, :-1])
+    torch.testing.assert_close(states[:, :-1], want)
+    assert not torch.allclose(states[:, :-1], greedy)  # the random text is not the base's greedy text
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_sampling_feeds_the_heads_the_drawn_token(arch):
+    """Lossless sampling: the heads that draft the next step read the token the step emitted (the
+    drawn bonus), at the prefill and at every step, also where it is not the argmax."""
+    from latticedraft.decoding.accept.sampling import SamplingOptions
+    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
+    from tests.decoding.tiny import prompts
+
+    bm = _token_heads(arch, num_heads=4)
+    seen, emitted = [], []
+    draft_logits = bm.draft_logits
+
+    def spy(hidden, count, columns=None, next_tokens=None):
+        greedy = bm.base.get_output_embeddings()(hidden).argmax(-1)
+        seen.append((next_tokens.tolist(), greedy.tolist(), len(emitted)))
+        return draft_logits(hidden, count, columns, next_tokens)
+
+    bm.draft_logits = spy
+    r = bpd_decode(bm, prompts(1, seed=3, vocab=V), make_drafter("top1", options=LatticeOptions(k=8)),
+                   max_new_tokens=24, sampling=SamplingOptions(temperature=1.5, top_k=0, seed=1),
+                   on_tokens=lambda i, toks: emitted.extend(int(t) for t in toks))
+    out = r.sequences[0].tokens.tolist()
+    assert len(seen) >= 2
+    # a step's heads run before its tokens are emitted: they read the last token that step emits
+    ends = [n for _, _, n in seen[1:]] + [len(out)]
+    assert [tok for (tok,), _, _ in seen] == [out[e - 1] for e in ends]
+    assert any(tok != g for (tok,), (g,), _ in seen)  # drawn tokens that are not the argmax were fed
