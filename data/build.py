@@ -364,6 +364,11 @@ def _models_md(m: dict) -> str:
               f"Entropy {'rises strictly' if v['entropy_rises'] else 'does not rise strictly'} with the head index "
               f"(the BPD paper's Figure 2 pattern: {_breaks(v['entropy'], rising=True)}); top-1 accuracy "
               f"{'falls strictly' if v['accuracy_falls'] else 'does not fall strictly'} ({_breaks(v['accuracy'], rising=False)}).",
+              *([] if not v.get("token_input") else [
+                  "", "Scored on corpus text with the base's greedy token as the token input (what greedy decoding "
+                  "feeds), which on corpus text is often not the text's next token; on the base's own "
+                  "continuations, the text decoding sees, `benchmarks/head_agreement.py` measures the agreement "
+                  "and block efficiency (`benchmarks/results/head_agreement_token_input.json`)."]),
               ""]
     L += _self_draft_md()
     return "\n".join(L) + "\n"
