@@ -39,7 +39,7 @@ stage() {  # stage NAME SECONDS COMMAND...: a time limit each, the log's tail sh
 }
 run_all() {  # run_all TAG SIZE_ARGS...: every benchmark at one size; stops at the first failure
     local tag=$1; shift
-    stage "step_cost$tag" 150 $py benchmarks/step_cost.py --device "$dev" "$@" --out "$out/step_cost$tag.json" &&
+    { [ "${STEP_COST:-1}" = 0 ] || stage "step_cost$tag" 150 $py benchmarks/step_cost.py --device "$dev" "$@" --out "$out/step_cost$tag.json"; } &&
     stage "decode_b1$tag" 150 $py benchmarks/decode.py --device "$dev" "$@" --out "$out/decode$tag.json" &&
     stage "decode_b4$tag" 120 $py benchmarks/decode.py --device "$dev" --batch-size 4 "$@" --out "$out/decode_batch4$tag.json" &&
     stage "sampling$tag" 150 $py benchmarks/sampling.py --device "$dev" --temperatures 1.0 \
@@ -49,5 +49,11 @@ run_all() {  # run_all TAG SIZE_ARGS...: every benchmark at one size; stops at t
 dev=${DEVICE:-cuda}
 stage test_cuda 120 $py -m pytest -q -p no:cacheprovider tests/gpu/verify/test_cuda.py
 # a quick pass first (2 prompts x 16 tokens, one repeat), so that an error costs seconds, not the whole run
-TAIL=3 run_all _quick --num-prompts 2 --max-new-tokens 16 --repeats 1 || exit 1
-[ -n "${QUICK_ONLY:-}" ] || run_all ""
+# (QUICK=0 skips it; QUICK_ONLY=1 stops after it)
+if [ "${QUICK:-1}" != 0 ]; then TAIL=3 run_all _quick --num-prompts 2 --max-new-tokens 16 --repeats 1 || exit 1; fi
+[ -n "${QUICK_ONLY:-}" ] && exit 0
+[ -n "${HELDBACK_ONLY:-}" ] || run_all ""
+# HELDBACK=1 (HELDBACK_ONLY=1: only these; STEP_COST=0 skips step_cost.py): the same on the 16 held-back code prompts the project never trained or tuned on
+if [ -n "${HELDBACK:-}${HELDBACK_ONLY:-}" ]; then
+    run_all _heldback --prompts benchmarks/prompts/heldback-code.jsonl --num-prompts 16
+fi

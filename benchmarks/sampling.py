@@ -128,10 +128,10 @@ def main(argv=None) -> int:
             kw = dict(method="mtad", options=MtadOptions(tau=tau))
         elif row == "ours: draft model":
             kw = dict(method="bpd", options=DrafterSpec(name="model", gamma=4))
-        elif row == "ours: heads (top1)":
-            kw = dict(method="bpd", options=DrafterSpec(name="top1", draft_vocab="auto"))
+        elif row == "ours: heads (top1)":  # as `decode --do-sample` configures it (for_sampling: SAMPLED_SLOTS deep)
+            kw = dict(method="bpd", options=DrafterSpec(name="top1", draft_vocab="auto").for_sampling())
         else:
-            kw = dict(method="bpd", options=DrafterSpec(name="parallel-base", nbest=4, draft_vocab="auto"))
+            kw = dict(method="bpd", options=DrafterSpec(name="parallel-base", nbest=4, draft_vocab="auto").for_sampling())
         outs, calls = [], 0
         for i, p in enumerate(ids):
             r = s.decode([p], max_new_tokens=a.max_new_tokens, sampling=smp, first_row=i, **kw)

@@ -24,6 +24,11 @@ from latticedraft.errors import InputError
 
 AUTO_DRAFT_VOCAB = 1024  # V' of the bundled heads: 80% of corpus tokens, projection 8x cheaper
 FAST = {"tree": "auto", "context_ngrams": 3, "draft_vocab": "auto"}  # fastest in benchmarks/decode.py
+# Heads drafted from when sampling and --slots is not given: a drawn path is accepted token by token
+# with probability sum(min(p, q)) (~0.45 per token at T = 1 with the bundled heads), so a token at
+# depth 4 is reached on ~4% of steps while every drafted slot costs a head, a draw and a tree node
+# each step (benchmarks/sampling.py: the same tokens per call with 3 slots as with 7, docs/sampling.md)
+SAMPLED_SLOTS = 3
 DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none")
 HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")
 # which drafters read a drafting option (the others are refused it)
@@ -61,8 +66,10 @@ class DrafterSpec:
     gamma: int = 4  # tokens the auxiliary draft model drafts per step (--drafter model)
 
     def for_sampling(self) -> "DrafterSpec":
-        """This drafter as lossless sampling verifies it: every drafted path as drawn."""
-        return replace(self, tree="fixed", context_ngrams=0, lookahead=None)
+        """This drafter as lossless sampling verifies it: every drafted path as drawn, ``SAMPLED_SLOTS``
+        deep unless ``slots`` says otherwise."""
+        return replace(self, tree="fixed", context_ngrams=0, lookahead=None,
+                       slots=SAMPLED_SLOTS if self.slots is None else self.slots)
 
     def fast(self) -> "DrafterSpec":
         """This drafter with the fastest measured tree, context and vocabulary settings."""
