@@ -10,3 +10,18 @@ def test_sampling_drafts_sampled_slots_deep_unless_slots_is_given():
     assert given.slots == 6
     assert METHOD.configure({"drafter": "top1"}, {"drafter"}).slots is None  # greedy: every head
     assert DrafterSpec("parallel-base", slots=2).for_sampling().slots == 2
+
+
+def test_sampled_slots_beyond_the_models_heads_draft_from_all_of_them():
+    """A 3-head model (2 drafting heads) under ``--do-sample``'s default 3 slots drafts 2 deep."""
+    from latticedraft.decoding.accept.sampling import SamplingOptions
+    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.proposers.heads import make_drafter
+    from tests.decoding.tiny import blockwise, prompts
+
+    model = blockwise("llama", num_heads=3)
+    spec = DrafterSpec("top1").for_sampling()
+    r = bpd_decode(model, prompts(2), make_drafter("top1", options=spec.lattice_options()), max_new_tokens=12,
+                   sampling=SamplingOptions(seed=3))
+    assert all(len(q.tokens) == 12 for q in r.sequences)
+    assert r.block_efficiency <= 3.0  # the root and at most 2 drafted tokens per call
