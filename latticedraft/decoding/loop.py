@@ -122,6 +122,7 @@ def speculative_decode(
         gate.begin([index[i] for i in state_rows.live], [state_rows.history(i) for i in state_rows.live])
 
     t_step = time.perf_counter()
+    heads_paid = 0.0  # seconds the last verify call spent on the heads this step drafts from
     while state_rows.live:
         live = state_rows.live
         step = Step(index=[index[i] for i in live], rows=[row_ids[i] for i in live],
@@ -156,14 +157,18 @@ def speculative_decode(
                    for h, a, x in zip(step.histories, accepted, bonus)]
             return gate.decide(step.index, nxt)
 
+        h0 = verifier.timing["heads"]
         res = verifier.verify(state, np.asarray(roots, dtype=np.int64), drafts,
                               sides if any(s is not None for s in sides) else None,
                               heads=want_heads if gate is not None else uses_heads, choose=choose,
                               hidden=hidden if verifier.mode == "split" else None)
         t1 = time.perf_counter()
         timing["model"] += t1 - t0
-        if gate is not None:  # this step's arm, tokens and wall-clock time
-            gate.observe(sum(len(a) + 1 for a in res.accepted), t1 - t_step)
+        if gate is not None:  # this step's arm, tokens and wall-clock time; the heads computed in this
+            # call serve the next step (its arm), those this step drafted from came with the last call
+            h = verifier.timing["heads"] - h0
+            gate.observe(sum(len(a) + 1 for a in res.accepted), t1 - t_step - h + heads_paid)
+            heads_paid = h
         # the step's time outside the verify call (drafting, bookkeeping): what every tree size pays
         planner.overhead = 0.8 * planner.overhead + 0.2 * max(t1 - t_step - (t1 - t0), 0.0)
         for p in proposers:

@@ -37,3 +37,51 @@ def test_tries_both_arms_then_follows_the_faster_with_exploration():
 def test_matches_beyond_the_last_bucket_share_it():
     g = HeadGate()
     assert g.bucket(9) == g.bucket(3) == 3 and g.bucket(-1) == 0
+
+
+def test_a_step_is_charged_the_heads_it_drafted_from_not_those_it_computed_for_the_next(monkeypatch):
+    """The heads a step drafts from are computed in the verify call before it: the gate's
+    seconds for a step's arm carry that cost, and a context-only step that computes the next
+    step's heads is not charged for them. Heads made 30 ms slow; the gate alternates its arms."""
+    import time
+
+    import numpy as np
+    import torch
+
+    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
+    from latticedraft.gpu.verify import forward
+    from latticedraft.gpu.verify.cost_model import CostModel
+    from tests.decoding.tiny import blockwise, prompts
+
+    slow = forward.Forward.draft_heads_at
+
+    def heads_30ms(self, *a, **k):
+        time.sleep(0.03)
+        return slow(self, *a, **k)
+
+    monkeypatch.setattr(forward.Forward, "draft_heads_at", heads_30ms)
+
+    class Alternating(HeadGate):
+        def __init__(self):
+            super().__init__()
+            self.calls, self.seen = 0, []
+
+        def choose(self, match):
+            self.calls += 1
+            return self.calls % 2 == 0
+
+        def update(self, match, heads, tokens, seconds):
+            self.seen.append((heads, seconds))
+
+    gate = Alternating()
+    n = np.arange(1, 33)
+    cost = CostModel(tuple(n.tolist()), tuple((1.0 + 0.05 * (n - 1)).tolist()))
+    with torch.no_grad():
+        bpd_decode(blockwise("llama", num_heads=3), prompts(1, seed=4), make_drafter("top1", options=LatticeOptions(k=4)),
+                   max_new_tokens=24, tree="auto", context=ContextNgrams(max_ngram=2), cost=cost, gate=gate)
+    steps = gate.seen[1:]  # (the first step drafts from the prefill's heads, which no step paid for)
+    assert {h for h, _ in steps} == {True, False}
+    assert all(s >= 0.03 for h, s in steps if h)
+    assert all(s < 0.03 for h, s in steps if not h)
