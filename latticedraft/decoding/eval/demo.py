@@ -65,7 +65,7 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
     results, greedy, step_pic = [], None, None
     for name, what, spec in rows:
         t0 = time.perf_counter()
-        toks, res = _run(session, ids, spec, max_new_tokens, name == PICTURE_ROW)
+        toks, res = _run(session, ids, spec, max_new_tokens, False)
         dt = time.perf_counter() - t0
         if greedy is None:
             greedy = toks
@@ -78,8 +78,9 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
             row.update(block_efficiency=round(res.block_efficiency, 3), calls=res.calls, verify=res.verify_mode,
                        tree_nodes_mean=round(float(np.mean(nodes)), 2) if nodes else None,
                        timing={k: round(v, 3) for k, v in res.timing.items()})
-            if res.steps:
-                step_pic = _pick_step(res.steps, greedy, ids) or step_pic
+            if name == PICTURE_ROW:  # its steps recorded in one more, untimed pass (recording costs time)
+                steps = _run(session, ids, spec, max_new_tokens, True)[1].steps
+                step_pic = _pick_step(steps, greedy, ids) or step_pic
         results.append(row)
         notify(f"  {name:<24} done: {n} tokens{f' in {res.calls} calls' if res is not None else ''}, {dt:.1f} s")
     out = Path(out_dir)
