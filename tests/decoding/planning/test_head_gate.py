@@ -42,7 +42,8 @@ def test_matches_beyond_the_last_bucket_share_it():
 def test_a_step_is_charged_the_heads_it_drafted_from_not_those_it_computed_for_the_next(monkeypatch):
     """The heads a step drafts from are computed in the verify call before it: the gate's
     seconds for a step's arm carry that cost, and a context-only step that computes the next
-    step's heads is not charged for them. Heads made 30 ms slow; the gate alternates its arms."""
+    step's heads is not charged for them. Heads made 100 ms slow (a tiny model's step takes ~2 ms);
+    the gate alternates its arms."""
     import time
 
     import numpy as np
@@ -55,10 +56,11 @@ def test_a_step_is_charged_the_heads_it_drafted_from_not_those_it_computed_for_t
     from latticedraft.gpu.verify.cost_model import CostModel
     from tests.decoding.tiny import blockwise, prompts
 
+    SLOW = 0.1
     slow = forward.Forward.draft_heads_at
 
     def heads_30ms(self, *a, **k):
-        time.sleep(0.03)
+        time.sleep(SLOW)
         return slow(self, *a, **k)
 
     monkeypatch.setattr(forward.Forward, "draft_heads_at", heads_30ms)
@@ -83,5 +85,5 @@ def test_a_step_is_charged_the_heads_it_drafted_from_not_those_it_computed_for_t
                    max_new_tokens=24, tree="auto", context=ContextNgrams(max_ngram=2), cost=cost, gate=gate)
     steps = gate.seen[1:]  # (the first step drafts from the prefill's heads, which no step paid for)
     assert {h for h, _ in steps} == {True, False}
-    assert all(s >= 0.03 for h, s in steps if h)
-    assert all(s < 0.03 for h, s in steps if not h)
+    assert all(s >= SLOW for h, s in steps if h)
+    assert all(s < SLOW for h, s in steps if not h)
