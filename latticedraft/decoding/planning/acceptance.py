@@ -4,9 +4,12 @@ A draft tree's expected gain is the sum, over its nodes, of the probability that
 on the target's greedy path. A node's probability is its parent's times the conditional
 acceptance rate of its token, which is read from two tables fitted on held-out greedy decodes:
 
-- ``head_rate[j, b]``: for the candidate tokens of lattice slot j whose head probability falls in
+- ``head_rate[j, b]``: for the draft-tree nodes at slot j whose token's head probability falls in
   bin b (``HEAD_EDGES``), how often the token equals the greedy token at that place, counted
-  where the greedy tokens of slots < j are in the lattice (the only places a node can exist);
+  where the node's parent is the greedy prefix (the conditional the tree's chain rule
+  multiplies: the drafted paths of the calibration decode give the nodes; without them, every
+  candidate of slot j where the greedy tokens of slots < j are in the lattice, which
+  underestimates deep nodes: a path whose tokens were right so far is right more often next);
 - ``ctx_rate[n, d]``: for context n-gram continuations (``context_ngrams``) from a suffix match
   of n tokens, how often token d equals the greedy token given tokens < d did.
 
@@ -30,7 +33,7 @@ from latticedraft.paths import cache_dir
 HEAD_EDGES = np.array([0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0 + 1e-6])
 PRIOR_WEIGHT = 4.0
 CTX_PRIOR = 0.5
-FORMAT = 1
+FORMAT = 2  # 2: the head table counts tree nodes whose parent is the greedy prefix
 
 
 @dataclass
@@ -79,13 +82,14 @@ class AcceptanceModel:
 
 
 def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | None,
-        max_match: int = 8, depth: int = 16) -> AcceptanceModel:
+        max_match: int = 8, depth: int = 16, drafts: list | None = None) -> AcceptanceModel:
     """Fit both tables from decode steps on held-out data.
 
     lattices[i]: the Sausage the heads gave at step i (slot j = token j + 1 after the root; None
     for a step without head drafts, which then feeds the context table only);
     greedy[i]: int64[>= h], the greedy tokens that followed the root; histories[i]: int64[t],
-    the text up to and including the root (for the context n-grams).
+    the text up to and including the root (for the context n-grams); drafts[i]: int64[p, d],
+    the paths drafted from that lattice (-1 pads), whose tree nodes the head table counts.
     """
     prior = AcceptanceModel.prior(max([s.h for s in lattices if s is not None], default=1), max_match, depth)
     nb = len(HEAD_EDGES) - 1
@@ -93,9 +97,11 @@ def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | 
     seen = np.zeros_like(hit)
     c_hit = np.zeros((max_match + 1, depth))
     c_seen = np.zeros_like(c_hit)
-    for s, g, hist in zip(lattices, greedy, histories):
+    for i, (s, g, hist) in enumerate(zip(lattices, greedy, histories)):
         g = np.asarray(g, dtype=np.int64)
-        for j in range(min(s.h, len(g)) if s is not None else 0):
+        if s is not None and drafts is not None:
+            _count_tree(s, g, drafts[i], hit, seen)
+        for j in range(min(s.h, len(g)) if s is not None and drafts is None else 0):
             live = s.tokens[j] >= 0
             probs = np.exp(s.logp[j][live].astype(np.float64))
             bins = np.clip(np.searchsorted(HEAD_EDGES, probs, side="right") - 1, 0, nb - 1)
@@ -115,6 +121,28 @@ def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | 
     head = (hit + PRIOR_WEIGHT * prior.head_rate) / (seen + PRIOR_WEIGHT)
     ctx = (c_hit + PRIOR_WEIGHT * prior.ctx_rate) / (c_seen + PRIOR_WEIGHT)
     return AcceptanceModel(head, ctx, {"head": int(seen.sum()), "ctx": int(c_seen.sum()), "steps": len(lattices)})
+
+
+def _count_tree(s, g: np.ndarray, drafts: np.ndarray, hit: np.ndarray, seen: np.ndarray) -> None:
+    """Add one step's tree to the head table: every node (a distinct prefix of the drafted paths)
+    at slot j whose parent is the greedy prefix g[:j] is seen in the bin of its token's head
+    probability, and hit when its token is g[j]."""
+    nb = seen.shape[1]
+    nodes = set()
+    for row in np.atleast_2d(np.asarray(drafts, dtype=np.int64)):
+        d = int(np.argmax(row < 0)) if (row < 0).any() else len(row)
+        for j in range(min(d, s.h, len(g), seen.shape[0])):
+            nodes.add(tuple(row[: j + 1].tolist()))
+    for node in nodes:
+        j = len(node) - 1
+        if list(node[:j]) != g[:j].tolist():
+            continue  # its parent is not on the greedy path: the node is never reached
+        at = np.flatnonzero(s.tokens[j] == node[j])
+        if not len(at):
+            continue  # a token from outside the lattice (another source): no head probability
+        b = min(max(int(np.searchsorted(HEAD_EDGES, np.exp(float(s.logp[j][at[0]])), side="right")) - 1, 0), nb - 1)
+        seen[j, b] += 1
+        hit[j, b] += node[j] == g[j]
 
 
 def cached(key_parts: dict, build) -> AcceptanceModel:

@@ -19,7 +19,7 @@ def calibrate(model, drafter, prompt_ids: list, *, context: ContextNgrams | None
     """An ``AcceptanceModel`` from decoding ``prompt_ids`` (held out from what is measured)."""
     res = bpd_decode(model, prompt_ids, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                      record_steps=True, tree="fixed", draft_vocab=draft_vocab)
-    lattices, greedy, histories = [], [], []
+    lattices, greedy, histories, drafts = [], [], [], []
     for st in res.steps:
         seq = res.sequences[st.row]
         at = len(st.history) - len(seq.prompt_ids)  # seq.tokens[at] is the token after the root
@@ -29,4 +29,5 @@ def calibrate(model, drafter, prompt_ids: list, *, context: ContextNgrams | None
             lattices.append(st.sausage)  # None for a drafter without heads: context data only
             greedy.append(np.asarray(follow, dtype=np.int64))
             histories.append(st.history)
-    return fit(lattices, greedy, histories, context)
+            drafts.append(st.drafts)
+    return fit(lattices, greedy, histories, context, drafts=drafts)

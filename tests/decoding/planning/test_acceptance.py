@@ -36,6 +36,26 @@ def test_head_rates_count_only_where_the_greedy_prefix_is_in_the_lattice():
     assert m.counts["head"] == 4 * 2 + 3 * 2
 
 
+def test_with_the_drafted_paths_head_rates_count_tree_nodes_whose_parent_is_the_greedy_prefix():
+    """The chain rule multiplies P(node right | parent right): a slot-1 node counts only where its
+    own parent is the greedy token, not wherever the greedy token is somewhere in slot 0."""
+    s = lattice([[(1, 0.85), (2, 0.07)], [(3, 0.85), (4, 0.07)]])
+    drafts = np.array([[1, 3], [2, 4]])  # the tree: 1 -> 3 and 2 -> 4
+    greedy = [np.array([1, 3]), np.array([1, 4]), np.array([2, 4]), np.array([9, 3])]
+    m = fit([s] * 4, greedy, [np.array([0])] * 4, None, drafts=[drafts] * 4)
+    b85 = int(np.searchsorted(HEAD_EDGES, 0.85, side="right")) - 1
+    b05 = int(np.searchsorted(HEAD_EDGES, 0.07, side="right")) - 1
+    prior = AcceptanceModel.prior()
+    rate = lambda hit, seen, j, b: (hit + PRIOR_WEIGHT * prior.head_rate[j, b]) / (seen + PRIOR_WEIGHT)  # noqa: E731
+    assert m.head_rate[0, b85] == pytest.approx(rate(2, 4, 0, b85))  # token 1: right in steps 1 and 2
+    assert m.head_rate[0, b05] == pytest.approx(rate(1, 4, 0, b05))  # token 2: right in step 3
+    # slot 1: node 1 -> 3 seen where greedy starts with 1 (steps 1, 2), right in step 1; node 2 -> 4 seen in
+    # step 3 only, right there. The lattice-wide count would also have seen 4 under 1 in step 2 (a hit).
+    assert m.head_rate[1, b85] == pytest.approx(rate(1, 2, 1, b85))
+    assert m.head_rate[1, b05] == pytest.approx(rate(1, 1, 1, b05))
+    assert m.counts["head"] == 4 * 2 + 3
+
+
 def test_context_rates_per_match_and_depth():
     ctx = ContextNgrams(max_ngram=2, min_ngram=2, num_tokens=3, max_paths=1)
     hist = np.array([5, 6, 7, 8, 9, 5, 6])  # suffix [5, 6] matched: continuation [7, 8, 9]
