@@ -166,7 +166,9 @@ def draw_step(tokenizer, step, truth, path: Path, rows: int = 8) -> Path:
     ctx = _visible(tokenizer.decode([int(x) for x in step.history[-12:]]), space=" ")
     paths = [row[row >= 0] for row in step.drafts]
     lat = sum(len(p) <= h and _in_lattice(s, p) == len(p) for p in paths)  # longer paths come from the context
-    ax.set_title(f"One BPD step after …{ctx!s:.60}\n{lat} lattice paths + {len(paths) - lat} context n-gram paths "
+    n_ctx = len(paths) - lat
+    ax.set_title(f"One BPD step after …{ctx!s:.60}\n{lat} lattice path{'s' if lat != 1 else ''} + {n_ctx} context "
+                 f"n-gram path{'s' if n_ctx != 1 else ''} "
                  f"verified in one tree (blue = in a path); {acc} draft token{'s' if acc != 1 else ''} accepted "
                  f"+ 1 bonus (green = greedy continuation, bold = accepted); number = head probability", fontsize=8.5)
     ax.axis("off")
