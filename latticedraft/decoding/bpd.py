@@ -124,8 +124,6 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
     if lookahead is not None:
         proposers.append(LookaheadProposer(lookahead, hf.model_vocab_size(getattr(model, "base", model))))
     num_heads = getattr(source, "heads_needed", None) if from_heads else 1
-    if num_heads is not None and num_heads > getattr(model, "num_heads", num_heads):
-        num_heads = None  # more slots than the model has heads (SAMPLED_SLOTS on a 3-head model): all of them
     verifier = Verifier(model, verify, num_heads=num_heads, draft_vocab=draft_vocab if from_heads else None,
                         kv_cache=kv_cache)
     policy = tree if from_heads or source is None else "fixed"
