@@ -36,6 +36,11 @@ CTX_PRIOR = 0.5
 FORMAT = 2  # 2: the head table counts tree nodes whose parent is the greedy prefix
 
 
+def head_bins(probs):
+    """The ``HEAD_EDGES`` bin of each head probability (an int array shaped like ``probs``)."""
+    return np.clip(np.searchsorted(HEAD_EDGES, probs, side="right") - 1, 0, len(HEAD_EDGES) - 2)
+
+
 @dataclass
 class AcceptanceModel:
     """head_rate: float[slots, bins]; ctx_rate: float[max_match + 1, depth]; counts: how many
@@ -53,13 +58,11 @@ class AcceptanceModel:
     def head(self, slot: int, prob: float) -> float:
         """Conditional acceptance rate of a slot-``slot`` candidate with head probability ``prob``."""
         j = min(slot, self.head_rate.shape[0] - 1)
-        b = int(np.searchsorted(HEAD_EDGES, prob, side="right")) - 1
-        return float(self.head_rate[j, min(max(b, 0), self.head_rate.shape[1] - 1)])
+        return float(self.head_rate[j, int(head_bins(prob))])
 
     def head_rates(self, probs: np.ndarray) -> np.ndarray:
         """``head`` for a whole draft matrix: probs float[p, d] (slot = column) -> float[p, d]."""
-        nb = self.head_rate.shape[1]
-        bins = np.clip(np.searchsorted(HEAD_EDGES, probs, side="right") - 1, 0, nb - 1)
+        bins = head_bins(probs)
         slots = np.minimum(np.arange(probs.shape[1]), self.head_rate.shape[0] - 1)
         return self.head_rate[slots[None, :], bins]
 
@@ -104,7 +107,7 @@ def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | 
         for j in range(min(s.h, len(g)) if s is not None and drafts is None else 0):
             live = s.tokens[j] >= 0
             probs = np.exp(s.logp[j][live].astype(np.float64))
-            bins = np.clip(np.searchsorted(HEAD_EDGES, probs, side="right") - 1, 0, nb - 1)
+            bins = head_bins(probs)
             np.add.at(seen[j], bins, 1)
             np.add.at(hit[j], bins, s.tokens[j][live] == g[j])
             if g[j] not in s.tokens[j]:
@@ -127,7 +130,6 @@ def _count_tree(s, g: np.ndarray, drafts: np.ndarray, hit: np.ndarray, seen: np.
     """Add one step's tree to the head table: every node (a distinct prefix of the drafted paths)
     at slot j whose parent is the greedy prefix g[:j] is seen in the bin of its token's head
     probability, and hit when its token is g[j]."""
-    nb = seen.shape[1]
     nodes = set()
     for row in np.atleast_2d(np.asarray(drafts, dtype=np.int64)):
         d = int(np.argmax(row < 0)) if (row < 0).any() else len(row)
@@ -140,7 +142,7 @@ def _count_tree(s, g: np.ndarray, drafts: np.ndarray, hit: np.ndarray, seen: np.
         at = np.flatnonzero(s.tokens[j] == node[j])
         if not len(at):
             continue  # a token from outside the lattice (another source): no head probability
-        b = min(max(int(np.searchsorted(HEAD_EDGES, np.exp(float(s.logp[j][at[0]])), side="right")) - 1, 0), nb - 1)
+        b = int(head_bins(np.exp(float(s.logp[j][at[0]]))))
         seen[j, b] += 1
         hit[j, b] += node[j] == g[j]
 

@@ -59,11 +59,11 @@ def test_a_step_is_charged_the_heads_it_drafted_from_not_those_it_computed_for_t
     SLOW = 0.1
     slow = forward.Forward.draft_heads_at
 
-    def heads_30ms(self, *a, **k):
+    def slow_heads(self, *a, **k):
         time.sleep(SLOW)
         return slow(self, *a, **k)
 
-    monkeypatch.setattr(forward.Forward, "draft_heads_at", heads_30ms)
+    monkeypatch.setattr(forward.Forward, "draft_heads_at", slow_heads)
 
     class Alternating(HeadGate):
         def __init__(self):
