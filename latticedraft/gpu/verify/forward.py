@@ -17,6 +17,7 @@ import torch
 from latticedraft.errors import InputError
 from latticedraft.gpu.models import hf
 from latticedraft.gpu.verify.modes import base_config
+from latticedraft.gpu.verify.screened_argmax import argmax_projection
 
 
 def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -35,35 +36,53 @@ class Forward:
         self.model, self.out, self.hidden = model, out, hidden
         self.unembed = unembed if unembed is not None else getattr(model, "unembed", None)
         self.lazy = hidden is not None
+        self.argmax = argmax_projection(self.unembed) if self.lazy else None
         self.logits = None if self.lazy else out.logits
         self.num_heads = num_heads
         self.project_all = False  # lazy calls: project every node at the first argmax (set by the verifier)
         self.seconds = 0.0  # time spent in argmax_at / logits_at (the output projection and the argmax)
         self.projections = 0  # output projections run by argmax_at / prefetch (lazy calls)
         self._argmax = None  # lazy calls: int64[b, s], the argmax of each node projected so far (-1: not yet)
+        self._kept = {}  # lazy calls: (row, node) -> logits [V] kept for logits_at
 
     def prefetch(self, rows, nodes, logits: bool = False) -> None:
         """Lazy calls: project nodes ``nodes[j]`` of rows ``rows[j]`` now, in one matmul, for the
         ``argmax_at`` (or, with ``logits``, ``logits_at``) calls to come: the nodes the walk
         will most likely visit."""
         if self.lazy and self.logits is None and len(rows):
-            self._project(np.asarray(rows, dtype=np.int64), np.asarray(nodes, dtype=np.int64), logits)
+            rows, nodes = np.asarray(rows, dtype=np.int64), np.asarray(nodes, dtype=np.int64)
+            if logits:
+                self._project(rows, nodes, keep=True)
+            else:
+                self._project_argmax(rows, nodes)
+
+    def _argmax_table(self) -> np.ndarray:
+        if self._argmax is None:
+            self._argmax = np.full(self.hidden.shape[:2], -1, dtype=np.int64)
+        return self._argmax
+
+    def _selected(self, rows: np.ndarray, nodes: np.ndarray) -> torch.Tensor:
+        dev = self.hidden.device
+        return self.hidden[torch.from_numpy(rows).to(dev), torch.from_numpy(nodes).to(dev)]
 
     def _project(self, rows: np.ndarray, nodes: np.ndarray, keep: bool = False) -> torch.Tensor:
         """The logits [m, V] of the given nodes; records their argmax (and, with ``keep``, the
         logits themselves) for later calls."""
         t0 = time.perf_counter()
-        if self._argmax is None:
-            self._argmax = np.full(self.hidden.shape[:2], -1, dtype=np.int64)
-            self._kept = {}
-        dev = self.hidden.device
-        z = self.unembed(self.hidden[torch.from_numpy(rows).to(dev), torch.from_numpy(nodes).to(dev)])
-        self._argmax[rows, nodes] = z.argmax(dim=-1).cpu().numpy()
+        z = self.unembed(self._selected(rows, nodes))
+        self._argmax_table()[rows, nodes] = z.argmax(dim=-1).cpu().numpy()
         if keep:
             self._kept.update(zip(zip(rows.tolist(), nodes.tolist()), z))
         self.projections += 1
         self.seconds += time.perf_counter() - t0
         return z
+
+    def _project_argmax(self, rows: np.ndarray, nodes: np.ndarray) -> None:
+        """Records the argmax of the given nodes (``ArgmaxProjection``: no logits kept)."""
+        t0 = time.perf_counter()
+        self._argmax_table()[rows, nodes] = self.argmax(self._selected(rows, nodes))
+        self.projections += 1
+        self.seconds += time.perf_counter() - t0
 
     def _project_all(self) -> None:
         """Lazy calls: the logits of every node, in one matmul (once)."""
@@ -77,16 +96,22 @@ class Forward:
     def argmax_at(self, rows, nodes) -> np.ndarray:
         """The base model's greedy token after node ``nodes[j]`` of row ``rows[j]``: int64[m].
 
-        Lazy calls project either every node in one matmul at the first call (``project_all``)
-        or the nodes not projected yet (``prefetch``), one small matmul per call; the verifier
-        picks from the measured projection cost and the walk's measured depth."""
-        if self.lazy and self.logits is None and not self.project_all:
+        Lazy calls project either every node at the first call (``project_all``) or the nodes
+        not projected yet (``prefetch``), one small projection per call; the verifier picks from
+        the measured projection cost and the walk's measured depth. Only the argmax is computed
+        (``ArgmaxProjection``), not the logits."""
+        if self.lazy and self.logits is None:
             rows, nodes = np.asarray(rows, dtype=np.int64), np.asarray(nodes, dtype=np.int64)
-            if self._argmax is None or (self._argmax[rows, nodes] < 0).any():
-                miss = np.ones(len(rows), bool) if self._argmax is None else self._argmax[rows, nodes] < 0
-                self._project(rows[miss], nodes[miss])
+            if self._argmax is None and self.project_all:
+                t0 = time.perf_counter()
+                b, n, H = self.hidden.shape
+                self._argmax = self.argmax(self.hidden.reshape(-1, H)).reshape(b, n)
+                self.projections += 1
+                self.seconds += time.perf_counter() - t0
+            miss = self._argmax_table()[rows, nodes] < 0
+            if miss.any():
+                self._project_argmax(rows[miss], nodes[miss])
             return self._argmax[rows, nodes]
-        self._project_all()
         t0 = time.perf_counter()
         r = torch.as_tensor(rows, dtype=torch.long, device=self.logits.device)
         n = torch.as_tensor(nodes, dtype=torch.long, device=self.logits.device)
@@ -102,7 +127,7 @@ class Forward:
             r = torch.as_tensor(rows, dtype=torch.long, device=self.logits.device)
             return self.logits[r, torch.as_tensor(nodes, dtype=torch.long, device=self.logits.device)]
         rows, nodes = np.asarray(rows, dtype=np.int64), np.asarray(nodes, dtype=np.int64)
-        kept = {} if self._argmax is None else self._kept
+        kept = self._kept
         miss = np.asarray([(r, n) not in kept for r, n in zip(rows.tolist(), nodes.tolist())], dtype=bool)
         if miss.all():
             return self._project(rows, nodes)

@@ -25,7 +25,9 @@ Each row accepts the longest draft prefix equal to the target's argmax plus one 
 the accepted path is the written prefix) and the extra heads' logits at the last accepted node
 come back for the next step's lattice (predicting and verifying share one call, Stern et al.).
 The output projection runs only at the nodes the walk visits (or every node at once, whichever
-the measured projection cost makes cheaper).
+the measured projection cost makes cheaper), and greedy acceptance computes only its argmax
+(``screened_argmax``: on CPUs with bfloat16 dot products, screened in bfloat16 under a proven
+error bound and settled in float32).
 
 With ``choose`` (an acceptance rule's, ``decoding/accept/``) the walk asks ``choose(rows, logits
 [m, V], prefixes, logits_at)`` for the token at each walked node instead of the argmax
@@ -49,6 +51,7 @@ more batch row.
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from dataclasses import dataclass
@@ -64,6 +67,7 @@ from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.kvcache import SlotCache
 from latticedraft.gpu.verify.modes import (base_config, choose_kv_cache, choose_mode, model_device, model_dtype,
                                            position_limit, sliding_window)
+from latticedraft.gpu.verify.screened_argmax import argmax_projection
 from latticedraft.gpu.verify.prefill import chunked_prefill, window_mask
 from latticedraft.gpu.verify.side_branch import SideBranch, step_layout
 from latticedraft.gpu.verify.tree import build_tree, main_path, pack_trees
@@ -138,6 +142,7 @@ class Verifier:
         self.device = model_device(model)
         self.draft_vocab = None if draft_vocab is None else DraftVocab(model, draft_vocab)
         self.draft_vocab_size = None if self.draft_vocab is None else len(self.draft_vocab)
+        self.sample_states = None  # final states of the first prefill's prompt (<= 64): what projections are timed on
         self.off_path = 1.0  # running mean of the projections the accept walk adds to the main paths'  one
         self.position_limit = position_limit(model)
         self.peak_cache_bytes = 0  # the largest KV cache seen right after a forward (in-flight nodes included)
@@ -218,6 +223,9 @@ class Verifier:
         return (state, *self._prefill_result(out, torch.full((b,), n - 1, dtype=torch.long), choose, b))
 
     def _prefill_result(self, out: Forward, last: torch.Tensor, choose, b: int):
+        if self.sample_states is None and out.lazy:  # real final states to time projections on
+            end = int(last[0]) + 1
+            self.sample_states = out.hidden[0, max(0, end - max(UNEMBED_ROWS)):end].clone()
         if choose is None:
             roots = out.argmax_at(list(range(b)), last.tolist()).astype(np.int64)
         else:
@@ -225,21 +233,29 @@ class Verifier:
             roots = np.asarray(picked[0] if isinstance(picked, tuple) else picked, dtype=np.int64)
         return roots, out.draft_heads_at(last, self.draft_vocab, next_tokens=roots)
 
-    def unembed_seconds(self, rows: int) -> float:
-        """Measured seconds of the output projection over ``rows`` hidden states. Timed once per
-        model, thread count and device (a decode creates a verifier per call)."""
+    def unembed_seconds(self, rows: int, logits: bool = False) -> float:
+        """Measured seconds of the output projection's argmax (``ArgmaxProjection``) or, with
+        ``logits``, of the logits themselves, over ``rows`` hidden states. Timed once per model,
+        thread count and device (a decode creates a verifier per call)."""
         curves = _UNEMBED_CURVES.setdefault(self.model, {})
-        key = (torch.get_num_threads(), str(self.device))
+        key = (torch.get_num_threads(), str(self.device), logits)
         if key not in curves:
             H = int(base_config(self.model).hidden_size)
+            states = self.sample_states
+            if states is None:
+                states = torch.randn(max(UNEMBED_ROWS), H, generator=torch.Generator().manual_seed(0))
+                states = states.to(dtype=self.dtype, device=self.device)
+            argmax = argmax_projection(self.unembed)
+            argmax.calibrate(states, UNEMBED_ROWS)
+            project = (lambda x: self.unembed(x).argmax(dim=-1).cpu()) if logits else argmax
             times = []
             for r in UNEMBED_ROWS:
-                x = torch.randn(r, H, dtype=self.dtype, device=self.device)
-                self.unembed(x)
+                x = states[torch.arange(r) % len(states)]
+                project(x)
                 t = []
                 for _ in range(5):
                     t0 = time.perf_counter()
-                    self.unembed(x).argmax(dim=-1).cpu()
+                    project(x)
                     t.append(time.perf_counter() - t0)
                 times.append(sorted(t)[2])
             curves[key] = np.maximum.accumulate(times)  # more rows never cost less (timing noise can say so)
@@ -308,8 +324,9 @@ class Verifier:
             rows = np.repeat(np.arange(b), [len(m) for m in main])
             nodes = np.concatenate([layouts[i].tree_index[m] for i, m in enumerate(main)])
             n_side = 0 if sides is None else sum(len(sd.wanted) for sd in sides)
-            by_path = (self.unembed_seconds(len(nodes) + n_side) + self.off_path * self.unembed_seconds(b))
-            out.project_all = self.unembed_seconds(b * n) <= by_path
+            cost = functools.partial(self.unembed_seconds, logits=choose is not None)
+            by_path = cost(len(nodes) + n_side) + self.off_path * cost(b)
+            out.project_all = cost(b * n) <= by_path
             if not out.project_all:
                 if sides is not None:
                     rows = np.concatenate([rows, [i for i, sd in enumerate(sides) for _ in sd.wanted]]).astype(np.int64)
