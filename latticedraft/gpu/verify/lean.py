@@ -13,7 +13,8 @@ projections, rotary embedding, scaled-dot-product attention, MLP) with
 - any layer range (``lo..hi``): the split verifier continues from stored layer-l states;
 - on small models (their projections copied side by side take at most ``FUSE_BYTES``), the q, k,
   v projections as one matmul and the MLP's gate and up projections as another, where this
-  machine's matmul gives them bit for bit (checked once at construction, else left apart).
+  machine's matmul gives them bit for bit (checked once at construction, else left apart);
+  likewise the RMS norms as one ``F.rms_norm`` call each.
 
 ``supports(model)`` says whether a model's layers are of a shape written out here (plain RoPE,
 no logit transforms, eager or sdpa attention); other models go through transformers' forward.
@@ -102,6 +103,7 @@ class LeanStack:
         self.gqa = self.kv_heads != self.heads
         self.params = [self._gpt2_params(L) if self.gpt2 else self._llama_params(L) for L in self.layers]
         self.fused = None if self.gpt2 else self._fuse()
+        self.rms = None if self.gpt2 else self._choose_rms()
         self.cos = self.sin = None
         if not self.gpt2:  # every position's rotary cos/sin, from the model's own module
             p = self.split.position_limit or 4096
@@ -116,7 +118,9 @@ class LeanStack:
 
     def norm(self, h: torch.Tensor) -> torch.Tensor:
         """The final norm: [.., H] -> [.., H]."""
-        return self.split.norm(h)
+        if self.rms is None:
+            return self.split.norm(h)
+        return self.rms(h, self.split.norm.weight, self.split.norm.variance_epsilon)
 
     @property
     def unembed(self) -> nn.Module:
@@ -169,6 +173,19 @@ class LeanStack:
                     return None
         return fused
 
+    def _choose_rms(self):
+        """``F.rms_norm`` (one op) where this machine gives transformers' RMSNorm arithmetic bit for
+        bit with it on every norm's weights (checked once), else ``_rms`` (the same ops written out)."""
+        final = self.split.norm
+        norms = [(L[0], L[1]) for L in self.params] + [(L[10], L[11]) for L in self.params]
+        norms.append((final.weight, final.variance_epsilon))
+        g = torch.Generator(device="cpu").manual_seed(0)
+        for rows in (1, 3, 16):
+            x = (3 * torch.randn(2, rows, self.hidden, generator=g)).to(self.split.dtype).to(self.split.device)
+            if not all(torch.equal(_fused_rms(x, w, eps), _rms(x, w, eps)) for w, eps in norms):
+                return _rms
+        return _fused_rms
+
     @staticmethod
     def _gpt2_params(L) -> tuple:
         at, mlp = L.attn, L.mlp
@@ -183,7 +200,7 @@ class LeanStack:
     def _llama_layer(self, i, h, mask, cos, sin, cache):
         (w_in, eps_in, wq, bq, wk, bk, wv, bv, wo, bo, w_post, eps_post, wg, bg, wu, bu, wd, bd) = self.params[i]
         b, n, _ = h.shape
-        x = _rms(h, w_in, eps_in)
+        x = self.rms(h, w_in, eps_in)
         hq, hk, d = self.heads, self.kv_heads, self.head_dim
         if self.fused is None:
             q = F.linear(x, wq, bq).view(b, n, hq, d).transpose(1, 2)
@@ -199,7 +216,7 @@ class LeanStack:
             q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hk:]
         o = self._attend(i, q, k, v, mask, cache).transpose(1, 2).reshape(b, n, -1)
         h = h + F.linear(o, wo, bo)
-        x = _rms(h, w_post, eps_post)
+        x = self.rms(h, w_post, eps_post)
         if self.fused is None:
             gate, up = F.linear(x, wg, bg), F.linear(x, wu, bu)
         else:
@@ -226,6 +243,13 @@ def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = h.to(torch.float32)
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x.to(h.dtype)
+
+
+def _fused_rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``_rms`` as one ``F.rms_norm`` call (float32 inputs only: ``_rms`` normalises in float32)."""
+    if h.dtype != torch.float32 or weight.dtype != torch.float32:
+        return _rms(h, weight, eps)
+    return F.rms_norm(h, (h.shape[-1],), weight, eps)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
