@@ -29,7 +29,7 @@ from latticedraft.paths import cache_dir
 GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
 MAX_BATCH = 64  # the batch sizes ``for_batch`` looks for among the stored curves
 QUANTILE = 0.25
-FORMAT = 3  # 3: the lean verify step (curves of earlier steps are measured again)
+FORMAT = 4  # 4: the screened argmax (curves of earlier steps are measured again)
 
 
 @dataclass(frozen=True)
