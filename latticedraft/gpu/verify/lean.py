@@ -131,7 +131,10 @@ class LeanStack:
             cache) -> torch.Tensor:
         """Layers ``lo..hi-1`` on h [b, n, H] at positions pos int64[b, n]; mask bool[b, 1, n, K]
         (K = the cache's slots after ``cache.reserve(n)``; None: every slot visible); each layer's
-        keys and values go to ``cache.write(layer - cache.first_layer, ...)``."""
+        keys and values go to ``cache.write(layer - cache.first_layer, ...)``. A boolean mask is
+        turned once into the additive one (0 or -inf) that attention would make of it in every layer."""
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, float("-inf"))
         if self.gpt2:
             for i in range(lo, hi):
                 h = self._gpt2_layer(i, h, mask, cache)
