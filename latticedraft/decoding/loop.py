@@ -169,8 +169,10 @@ def speculative_decode(
             h = verifier.timing["heads"] - h0
             gate.observe(sum(len(a) + 1 for a in res.accepted), t1 - t_step - h + heads_paid)
             heads_paid = h
-        # the step's time outside the verify call (drafting, bookkeeping): what every tree size pays
-        planner.overhead = 0.8 * planner.overhead + 0.2 * max(t1 - t_step - (t1 - t0), 0.0)
+        # what every tree size pays: the step's time outside the verify call (drafting, bookkeeping)
+        # and the heads inside it (the cost model's T(n) leaves them out)
+        spent = t1 - t_step - (t1 - t0) + verifier.timing["heads"] - h0
+        planner.overhead = 0.8 * planner.overhead + 0.2 * max(spent, 0.0)
         for p in proposers:
             p.update(step, res.accepted, res.bonus, res.side_argmax)
         done = []

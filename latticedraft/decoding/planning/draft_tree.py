@@ -12,8 +12,9 @@ never grows along a path) for the n that maximises
     (1 + sum of the n - 1 largest P) / (T(n) + overhead)
 
 -- expected tokens per second, the dynamic-tree idea of SpecInfer / Sequoia / EAGLE-2 applied to
-the rescored lattice. ``overhead`` is the per-step time spent outside the verify call
-(drafting, bookkeeping), measured by the decode loop as it runs. In a batched step the rows'
+the rescored lattice. ``overhead`` is the per-step time that does not grow with n: outside the
+verify call (drafting, bookkeeping) and the extra heads inside it, measured by the decode loop
+as it runs. In a batched step the rows'
 trees are padded to the largest, so one n serves every row (``plan_rows``). The ``fixed`` policy verifies
 every candidate path, as given.
 

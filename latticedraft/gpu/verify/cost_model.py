@@ -3,8 +3,9 @@
 Drafting decisions (how many nodes to verify) are made from this curve, measured for the
 model, device, dtype, thread count and batch size in use, never from constants tuned on one
 machine. A step is timed end to end as the decode loop runs it: the tree forward over n nodes
-after a cache of ``context`` tokens, the accept walk, the cache commit and the heads at the
-accepted node. Curves are cached as JSON under ``cache_dir()/cost_model``, keyed by a
+after a cache of ``context`` tokens, the accept walk and the cache commit. The extra heads at
+the accepted node are left out: they cost the same at any n, and a gated step does not run
+them (the decode loop counts their measured time in the planner's per-step overhead). Curves are cached as JSON under ``cache_dir()/cost_model``, keyed by a
 fingerprint of (architecture config, dtype, device, threads, torch version, batch, heads).
 
     >>> cm = CostModel.measure(Verifier(model), batch=1)        # doctest: +SKIP
@@ -29,7 +30,7 @@ from latticedraft.paths import cache_dir
 GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64)
 MAX_BATCH = 64  # the batch sizes ``for_batch`` looks for among the stored curves
 QUANTILE = 0.25
-FORMAT = 4  # 4: the screened argmax (curves of earlier steps are measured again)
+FORMAT = 5  # 5: without the heads (curves of earlier steps are measured again)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class CostModel:
                 roots = rng.integers(1, vocab, size=batch)
                 drafts = [rng.integers(1, vocab, size=(1, n - 1)) for _ in range(batch)]
                 t0 = time.perf_counter()
-                verifier.verify(state, roots, drafts)
+                verifier.verify(state, roots, drafts, heads=False)
                 dt = time.perf_counter() - t0
                 state.restore(saved)
                 if rep:  # the first round warms up
