@@ -92,19 +92,18 @@ class ArgmaxProjection:
             self.norms = sorted_norms.reshape(self.blocks, BLOCK)  # ||w|| per sorted position
             self.block_norm = self.norms[:, 0]  # each block's largest (sorted descending)
 
-    def calibrate(self, states: torch.Tensor, rows=(1, 2, 4, 8, 16, 32, 64), repeats: int = 5,
-                  between=None) -> None:
+    def calibrate(self, states: torch.Tensor, rows=(1, 2, 4, 8, 16, 32, 64), repeats: int = 5) -> None:
         """Sets ``min_rows``, the fewest rows from which the screen is faster than the float32
         projection on this machine, timed once per thread count on ``states`` [k, H] (a model's
         final states: how many candidates the screen keeps depends on how peaked they are),
-        repeated to each row count; ``between()`` runs before every timed call (``median_seconds``)."""
+        repeated to each row count."""
         threads = torch.get_num_threads()
         if not self.screens or self._calibrated == threads:
             return
         self.min_rows = max(rows) + 1
         for r in sorted(rows, reverse=True):
             x = states[torch.arange(r) % len(states)]
-            if median_seconds(self.screened, x, repeats, between) >= median_seconds(self.full, x, repeats, between):
+            if _median_seconds(self.screened, x, repeats) >= _median_seconds(self.full, x, repeats):
                 break
             self.min_rows = r
         self._calibrated = threads
@@ -152,14 +151,10 @@ class ArgmaxProjection:
         return tok[first][keep].astype(np.int64)
 
 
-def median_seconds(f, x: torch.Tensor, repeats: int, between=None) -> float:
-    """The median wall-clock seconds of ``f(x)`` over ``repeats`` calls after one untimed call;
-    ``between()`` (untimed) before each, e.g. to leave the caches as a decode step leaves them."""
+def _median_seconds(f, x: torch.Tensor, repeats: int) -> float:
     f(x)
     times = []
     for _ in range(repeats):
-        if between is not None:
-            between()
         t0 = time.perf_counter()
         f(x)
         times.append(time.perf_counter() - t0)

@@ -67,7 +67,7 @@ from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.kvcache import SlotCache
 from latticedraft.gpu.verify.modes import (base_config, choose_kv_cache, choose_mode, model_device, model_dtype,
                                            position_limit, sliding_window)
-from latticedraft.gpu.verify.screened_argmax import argmax_projection, median_seconds
+from latticedraft.gpu.verify.screened_argmax import argmax_projection
 from latticedraft.gpu.verify.prefill import chunked_prefill, window_mask
 from latticedraft.gpu.verify.side_branch import SideBranch, step_layout
 from latticedraft.gpu.verify.tree import build_tree, main_path, pack_trees
@@ -236,9 +236,7 @@ class Verifier:
     def unembed_seconds(self, rows: int, logits: bool = False) -> float:
         """Measured seconds of the output projection's argmax (``ArgmaxProjection``) or, with
         ``logits``, of the logits themselves, over ``rows`` hidden states. Timed once per model,
-        thread count and device (a decode creates a verifier per call), each call after reading
-        as many bytes as a step streams (``step_like_caches``): in a decode the projection's
-        weights come back from memory every step, which timing it back to back would hide."""
+        thread count and device (a decode creates a verifier per call)."""
         curves = _UNEMBED_CURVES.setdefault(self.model, {})
         key = (torch.get_num_threads(), str(self.device), logits)
         if key not in curves:
@@ -247,11 +245,19 @@ class Verifier:
             if states is None:
                 states = torch.randn(max(UNEMBED_ROWS), H, generator=torch.Generator().manual_seed(0))
                 states = states.to(dtype=self.dtype, device=self.device)
-            between = step_like_caches(self.model, self.device)
             argmax = argmax_projection(self.unembed)
-            argmax.calibrate(states, UNEMBED_ROWS, between=between)
+            argmax.calibrate(states, UNEMBED_ROWS)
             project = (lambda x: self.unembed(x).argmax(dim=-1).cpu()) if logits else argmax
-            times = [median_seconds(project, states[torch.arange(r) % len(states)], 5, between) for r in UNEMBED_ROWS]
+            times = []
+            for r in UNEMBED_ROWS:
+                x = states[torch.arange(r) % len(states)]
+                project(x)
+                t = []
+                for _ in range(5):
+                    t0 = time.perf_counter()
+                    project(x)
+                    t.append(time.perf_counter() - t0)
+                times.append(sorted(t)[2])
             curves[key] = np.maximum.accumulate(times)  # more rows never cost less (timing noise can say so)
         x, y = np.asarray(UNEMBED_ROWS, float), curves[key]
         slope = (y[-1] - y[-2]) / (x[-1] - x[-2])  # linear beyond the last measured size (>= 0)
@@ -427,16 +433,3 @@ class Verifier:
         bonus = bonus.astype(np.int64)
         heads = self._heads(out, nodes, want_heads, accepted, bonus)
         return StepResult(accepted, bonus, heads[sel] if heads.shape[1] else heads[:b], side_argmax)
-
-
-STEP_BYTES_CAP = 64 << 20  # read at most this much (a model this large leaves the caches cold by itself)
-
-
-def step_like_caches(model, device):
-    """A callable that reads twice the model's parameter bytes (at most ``STEP_BYTES_CAP``), as a
-    decode step streams the layers' weights between two output projections; None off the CPU."""
-    if torch.device(device).type != "cpu":
-        return None
-    nbytes = min(2 * sum(p.numel() * p.element_size() for p in model.parameters()), STEP_BYTES_CAP)
-    scratch = torch.ones(max(nbytes // 4, 1))
-    return lambda: scratch.sum()

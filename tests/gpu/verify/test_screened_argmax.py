@@ -173,9 +173,3 @@ def test_greedy_verification_through_the_screen_equals_generate(arch, monkeypatc
     assert calls and max(calls) > 1
     for o, r in zip(out, refs):
         assert o[:20] == r[:20]
-
-
-def test_median_seconds_runs_between_before_every_timed_call():
-    calls = []
-    assert sa.median_seconds(lambda x: calls.append("f"), None, 3, between=lambda: calls.append("b")) >= 0
-    assert calls == ["f", "b", "f", "b", "f", "b", "f"]  # one untimed call first
