@@ -5,8 +5,9 @@ model, device, dtype, thread count and batch size in use, never from constants t
 machine. A step is timed end to end as the decode loop runs it: the tree forward over n nodes
 after a cache of ``context`` tokens, the accept walk and the cache commit. The extra heads at
 the accepted node are left out: they cost the same at any n, and a gated step does not run
-them (the decode loop counts their measured time in the planner's per-step overhead). Curves are cached as JSON under ``cache_dir()/cost_model``, keyed by a
-fingerprint of (architecture config, dtype, device, threads, torch version, batch, heads).
+them (the decode loop counts their measured time in the planner's per-step overhead). Curves
+are cached as JSON under ``cache_dir()/cost_model``, keyed by a fingerprint of (architecture
+config, dtype, device, threads, torch version, batch, heads).
 
     >>> cm = CostModel.measure(Verifier(model), batch=1)        # doctest: +SKIP
     >>> cm.seconds(8) / cm.seconds(1)                            # relative cost of 8 nodes

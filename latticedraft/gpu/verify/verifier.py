@@ -67,8 +67,8 @@ from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.kvcache import SlotCache
 from latticedraft.gpu.verify.modes import (base_config, choose_kv_cache, choose_mode, model_device, model_dtype,
                                            position_limit, sliding_window)
-from latticedraft.gpu.verify.screened_argmax import argmax_projection
 from latticedraft.gpu.verify.prefill import chunked_prefill, window_mask
+from latticedraft.gpu.verify.screened_argmax import argmax_projection
 from latticedraft.gpu.verify.side_branch import SideBranch, step_layout
 from latticedraft.gpu.verify.tree import build_tree, main_path, pack_trees
 from latticedraft.gpu.verify.walk import node_of, prefix_of, walk, walk_batched
