@@ -246,7 +246,7 @@ class Verifier:
                 states = torch.randn(max(UNEMBED_ROWS), H, generator=torch.Generator().manual_seed(0))
                 states = states.to(dtype=self.dtype, device=self.device)
             argmax = argmax_projection(self.unembed)
-            argmax.calibrate(states, UNEMBED_ROWS)
+            argmax.calibrate(states)
             project = (lambda x: self.unembed(x).argmax(dim=-1).cpu()) if logits else argmax
             times = []
             for r in UNEMBED_ROWS:

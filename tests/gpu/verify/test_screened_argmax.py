@@ -3,6 +3,8 @@ near ties and exact ties (lowest token id), a vocabulary that is not a whole num
 non-finite states; the error bound it rests on holds; the float32-accumulation probe rejects a
 matmul that sums in bfloat16; and greedy decoding through the screen equals ``generate``."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -125,15 +127,22 @@ def test_the_probe_rejects_a_matmul_that_sums_in_bfloat16(monkeypatch):
 
 
 @NEEDS_BF16
-def test_calibrate_sets_the_crossover_once_per_thread_count():
+def test_calibrate_measures_once_per_thread_count_and_turns_a_slower_screen_off(monkeypatch):
     lm = _head(vocab=8192, hidden=128)
     ap = sa.ArgmaxProjection(lm)
+    real = ap.screened
+    monkeypatch.setattr(ap, "screened", lambda h: (time.sleep(0.002), real(h))[1])  # a machine where it is slower
     with torch.no_grad():
-        ap.calibrate(_states(lm, 16, 0), rows=(1, 4, 16), repeats=3)
-    assert ap.min_rows in (1, 4, 16, 17)
-    ap.min_rows = -5
-    ap.calibrate(None, rows=(1, 4, 16))  # measured already at this thread count: not again
-    assert ap.min_rows == -5
+        ap.calibrate(_states(lm, 16, 0), rows=(2, 16), repeats=3)
+        assert not ap.faster
+        x = _states(lm, 4, 1)
+        calls = []
+        monkeypatch.setattr(ap, "screened", lambda h: calls.append(h) or real(h))
+        assert np.array_equal(ap(x), lm(x).argmax(-1).numpy()) and not calls  # the float32 path
+        ap.faster = True
+        ap.calibrate(None)  # measured already at this thread count: not again
+        assert ap.faster
+        assert np.array_equal(ap(x[:1]), lm(x[:1]).argmax(-1).numpy()) and len(calls) == 1  # one row: screened
 
 
 def test_one_projection_per_module_until_its_weights_change():
@@ -148,7 +157,7 @@ def test_one_projection_per_module_until_its_weights_change():
 @NEEDS_BF16
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 def test_greedy_verification_through_the_screen_equals_generate(arch, monkeypatch):
-    monkeypatch.setattr(sa.ArgmaxProjection, "calibrate", lambda self, *a, **k: None)  # min_rows stays 1
+    monkeypatch.setattr(sa.ArgmaxProjection, "calibrate", lambda self, *a, **k: None)  # screened, whatever its speed
     model = tiny_model(arch, torch.float32, vocab=300)
     ps = prompts(3, seed=5, vocab=300)
     refs = [reference(model, p, 20) for p in ps]
