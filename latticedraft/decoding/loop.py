@@ -164,15 +164,14 @@ def speculative_decode(
                               hidden=hidden if verifier.mode == "split" else None)
         t1 = time.perf_counter()
         timing["model"] += t1 - t0
+        h = verifier.timing["heads"] - h0  # this verify call's seconds on the extra heads
         if gate is not None:  # this step's arm, tokens and wall-clock time; the heads computed in this
             # call serve the next step (its arm), those this step drafted from came with the last call
-            h = verifier.timing["heads"] - h0
             gate.observe(sum(len(a) + 1 for a in res.accepted), t1 - t_step - h + heads_paid)
             heads_paid = h
         # what every tree size pays: the step's time outside the verify call (drafting, bookkeeping)
         # and the heads inside it (the cost model's T(n) leaves them out)
-        spent = t1 - t_step - (t1 - t0) + verifier.timing["heads"] - h0
-        planner.overhead = 0.8 * planner.overhead + 0.2 * max(spent, 0.0)
+        planner.overhead = 0.8 * planner.overhead + 0.2 * max(t1 - t_step - (t1 - t0) + h, 0.0)
         for p in proposers:
             p.update(step, res.accepted, res.bonus, res.side_argmax)
         done = []

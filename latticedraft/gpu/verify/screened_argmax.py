@@ -106,8 +106,8 @@ class ArgmaxProjection:
         if not self.screens or self._calibrated == threads:
             return
         xs = [states[torch.arange(r) % len(states)] for r in rows]
-        screened = sum(_median_seconds(self.screened, x, repeats) for x in xs)
-        self.faster = screened < sum(_median_seconds(self.full, x, repeats) for x in xs)
+        screened = sum(median_seconds(self.screened, x, repeats) for x in xs)
+        self.faster = screened < sum(median_seconds(self.full, x, repeats) for x in xs)
         self._calibrated = threads
 
     def full(self, h: torch.Tensor) -> np.ndarray:
@@ -153,7 +153,8 @@ class ArgmaxProjection:
         return tok[first][keep].astype(np.int64)
 
 
-def _median_seconds(f, x: torch.Tensor, repeats: int) -> float:
+def median_seconds(f, x: torch.Tensor, repeats: int = 5) -> float:
+    """The median wall-clock seconds of ``f(x)`` over ``repeats`` calls, after one untimed call."""
     f(x)
     times = []
     for _ in range(repeats):

@@ -68,7 +68,7 @@ from latticedraft.gpu.verify.kvcache import SlotCache
 from latticedraft.gpu.verify.modes import (base_config, choose_kv_cache, choose_mode, model_device, model_dtype,
                                            position_limit, sliding_window)
 from latticedraft.gpu.verify.prefill import chunked_prefill, window_mask
-from latticedraft.gpu.verify.screened_argmax import argmax_projection
+from latticedraft.gpu.verify.screened_argmax import argmax_projection, median_seconds
 from latticedraft.gpu.verify.side_branch import SideBranch, step_layout
 from latticedraft.gpu.verify.tree import build_tree, main_path, pack_trees
 from latticedraft.gpu.verify.walk import node_of, prefix_of, walk, walk_batched
@@ -248,16 +248,7 @@ class Verifier:
             argmax = argmax_projection(self.unembed)
             argmax.calibrate(states)
             project = (lambda x: self.unembed(x).argmax(dim=-1).cpu()) if logits else argmax
-            times = []
-            for r in UNEMBED_ROWS:
-                x = states[torch.arange(r) % len(states)]
-                project(x)
-                t = []
-                for _ in range(5):
-                    t0 = time.perf_counter()
-                    project(x)
-                    t.append(time.perf_counter() - t0)
-                times.append(sorted(t)[2])
+            times = [median_seconds(project, states[torch.arange(r) % len(states)]) for r in UNEMBED_ROWS]
             curves[key] = np.maximum.accumulate(times)  # more rows never cost less (timing noise can say so)
         x, y = np.asarray(UNEMBED_ROWS, float), curves[key]
         slope = (y[-1] - y[-2]) / (x[-1] - x[-2])  # linear beyond the last measured size (>= 0)
