@@ -61,4 +61,5 @@ class MtadRule:
                     stop.append(True)
             return np.asarray(out, dtype=np.int64), np.asarray(stop)
 
+        choose.top_k = self.options.top_k_reads()  # the verifier may screen the rest out
         return choose

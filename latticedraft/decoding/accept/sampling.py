@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from latticedraft.errors import InputError
+from latticedraft.gpu.verify.screened_topk import SparseLogits
 
 
 @dataclass(frozen=True)
@@ -82,14 +83,22 @@ class SamplingOptions:
             procs.append(TopPLogitsWarper(top_p=self.top_p, min_tokens_to_keep=1))
         return procs
 
-    def probs(self, logits: torch.Tensor, contexts=None) -> np.ndarray:
-        """Distributions from raw logits [m, V] -> float64 [m, V] (rows sum to 1). contexts: m
-        token-id sequences, the text each row continues (prompt + output so far + draft prefix);
-        needed only with a repetition penalty.
+    def probs(self, logits, contexts=None) -> np.ndarray:
+        """Distributions from raw logits [m, V] (a tensor, or ``SparseLogits``: listed entries,
+        the rest -inf) -> float64 [m, V] (rows sum to 1). contexts: m token-id sequences, the text
+        each row continues (prompt + output so far + draft prefix); needed only with a repetition
+        penalty.
 
         transformers' processors, in generate's order; with a top-k, top-k and top-p run on the
         k candidates (``_top_k_p``) instead of sorting the whole vocabulary, which keeps the same
-        tokens (rows with a tie at the k-th score go through transformers' own warpers)."""
+        tokens (rows with a tie at the k-th score go through transformers' own warpers).
+        ``SparseLogits`` are read entry by entry (``_sparse_probs``) where that keeps the same
+        tokens, else as their dense tensor."""
+        if isinstance(logits, SparseLogits):
+            p = self._sparse_probs(logits)
+            if p is not None:
+                return p
+            logits = logits.dense()
         x = self._scaled(logits, contexts)
         fast = self._top_k_p(x) if 0 < self.top_k < x.shape[-1] else None
         if fast is None:
@@ -98,6 +107,45 @@ class SamplingOptions:
             vals, idx, keep = fast
             x = torch.full_like(x, -float("inf")).scatter_(1, idx, vals.masked_fill(~keep, -float("inf")))
         return torch.softmax(x, dim=-1).cpu().numpy()
+
+    def top_k_reads(self) -> int | None:
+        """k where p reads only each row's k largest logits (ties included): a top-k is set
+        (0 < k) and no repetition penalty (which runs first and can lower a token of the k
+        largest below one outside them); else None."""
+        return self.top_k if self.top_k > 0 and self.repetition_penalty == 1.0 else None
+
+    def _sparse_probs(self, logits: "SparseLogits") -> np.ndarray | None:
+        """``probs`` of ``SparseLogits`` from their entries alone: float64 [m, V]; None where the
+        dense path must decide (a repetition penalty; a top-p over a tie, where transformers'
+        sort order picks which tied token goes). Per row: temperature, then top-k keeps every
+        entry >= the k-th largest (all of them with fewer than k: the unlisted -inf ones have
+        probability 0 anyway), then top-p drops, in ascending order, those whose cumulative
+        probability is <= 1 - top_p (never the largest), then the softmax."""
+        if self.repetition_penalty != 1.0:
+            return None
+        m, V = logits.shape
+        x = logits.values.astype(np.float64)
+        if self.temperature != 1.0:
+            x = x / self.temperature
+        p = np.zeros((m, V))
+        e = logits.bounds()
+        for i in range(m):
+            v, tok = x[e[i]:e[i + 1]], logits.tokens[e[i]:e[i + 1]]
+            if 0 < self.top_k < len(v):
+                keep = v >= np.partition(v, len(v) - self.top_k)[len(v) - self.top_k]
+                v, tok = v[keep], tok[keep]
+            if self.top_p < 1.0:
+                up = np.argsort(v, kind="stable")
+                v, tok = v[up], tok[up]
+                if len(v) > 1 and (v[1:] == v[:-1]).any():
+                    return None
+                w = np.exp(v - v[-1])
+                drop = np.cumsum(w / w.sum()) <= 1 - self.top_p
+                drop[-1] = False
+                v, tok = v[~drop], tok[~drop]
+            w = np.exp(v - v.max())
+            p[i, tok] = w / w.sum()
+        return p
 
     def kept(self, logits: torch.Tensor, contexts=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``probs`` as its nonzero entries: rows int64[n], tokens int64[n], probs float64[n]
@@ -259,6 +307,7 @@ class SpeculativeRule:
                 out.append(accept(p[j], att, rows[r], self.draws))
             return np.asarray(out, dtype=np.int64)
 
+        choose.top_k = self.options.top_k_reads()  # the verifier may screen the rest out
         return choose
 
 
@@ -273,14 +322,18 @@ class DraftSampler:
     def probs(self, logits: torch.Tensor, contexts=None, columns=None) -> np.ndarray:
         """logits [m, V'] -> q float64[m, V]; columns: the token id of each of the V' columns
         (a reduced draft vocabulary; the other tokens get probability 0), None: V' = V."""
+        if columns is not None:  # the listed columns, every other token -inf: read entry by entry
+            m, n = logits.shape
+            x = logits.detach().cpu()
+            x = x if x.dtype in (torch.float32, torch.float64) else x.float()
+            sparse = SparseLogits(np.repeat(np.arange(m), n), np.tile(np.asarray(columns, dtype=np.int64), m),
+                                  x.numpy().reshape(-1), (m, self.vocab_size))
+            return self.options.probs(sparse, contexts)
         logits = logits.detach().to(torch.float64)
-        if columns is not None or logits.shape[-1] != self.vocab_size:
+        if logits.shape[-1] != self.vocab_size:
             full = logits.new_full((logits.shape[0], self.vocab_size), -float("inf"))
-            if columns is None:
-                n = min(logits.shape[-1], self.vocab_size)
-                full[:, :n] = logits[:, :n]
-            else:
-                full[:, torch.as_tensor(columns, device=logits.device)] = logits
+            n = min(logits.shape[-1], self.vocab_size)
+            full[:, :n] = logits[:, :n]
             logits = full
         return self.options.probs(logits, contexts)
 

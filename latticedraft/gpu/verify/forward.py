@@ -18,6 +18,7 @@ from latticedraft.errors import InputError
 from latticedraft.gpu.models import hf
 from latticedraft.gpu.verify.modes import base_config
 from latticedraft.gpu.verify.screened_argmax import argmax_projection
+from latticedraft.gpu.verify.screened_topk import SparseLogits, topk_projection
 
 
 def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -40,6 +41,7 @@ class Forward:
         self.logits = None if self.lazy else out.logits
         self.num_heads = num_heads
         self.project_all = False  # lazy calls: project every node at the first argmax (set by the verifier)
+        self.top_k = None  # lazy calls: logits_at need only what a top-k of top_k reads (set by the verifier)
         self.seconds = 0.0  # time spent in argmax_at / logits_at (the output projection and the argmax)
         self.projections = 0  # output projections run by argmax_at / prefetch (lazy calls)
         self._argmax = None  # lazy calls: int64[b, s], the argmax of each node projected so far (-1: not yet)
@@ -65,14 +67,17 @@ class Forward:
         dev = self.hidden.device
         return self.hidden[torch.from_numpy(rows).to(dev), torch.from_numpy(nodes).to(dev)]
 
-    def _project(self, rows: np.ndarray, nodes: np.ndarray, keep: bool = False) -> torch.Tensor:
-        """The logits [m, V] of the given nodes; records their argmax (and, with ``keep``, the
-        logits themselves) for later calls."""
+    def _project(self, rows: np.ndarray, nodes: np.ndarray, keep: bool = False):
+        """The logits [m, V] of the given nodes (with ``top_k``: what a top-k reads, possibly as
+        ``SparseLogits``); records their argmax (and, with ``keep``, the logits themselves) for
+        later calls."""
         t0 = time.perf_counter()
-        z = self.unembed(self._selected(rows, nodes))
-        self._argmax_table()[rows, nodes] = z.argmax(dim=-1).cpu().numpy()
+        h = self._selected(rows, nodes)
+        z = self.unembed(h) if self.top_k is None else topk_projection(self.unembed, self.top_k)(h)
+        sparse = isinstance(z, SparseLogits)
+        self._argmax_table()[rows, nodes] = z.argmax() if sparse else z.argmax(dim=-1).cpu().numpy()
         if keep:
-            self._kept.update(zip(zip(rows.tolist(), nodes.tolist()), z))
+            self._kept.update(zip(zip(rows.tolist(), nodes.tolist()), z.split() if sparse else z))
         self.projections += 1
         self.seconds += time.perf_counter() - t0
         return z
@@ -119,21 +124,29 @@ class Forward:
         self.seconds += time.perf_counter() - t0
         return out
 
-    def logits_at(self, rows, nodes) -> torch.Tensor:
-        """The base model's logits after node ``nodes[j]`` of row ``rows[j]``: [m, V]."""
-        if self.project_all:
+    def logits_at(self, rows, nodes):
+        """The base model's logits after node ``nodes[j]`` of row ``rows[j]``: [m, V]. With
+        ``top_k`` set on a lazy call, what a top-k of k reads: ``SparseLogits`` where the output
+        projection is screened (``screened_topk``), else the whole logits."""
+        if self.project_all and self.top_k is None:
             self._project_all()
         if self.logits is not None:
             r = torch.as_tensor(rows, dtype=torch.long, device=self.logits.device)
             return self.logits[r, torch.as_tensor(nodes, dtype=torch.long, device=self.logits.device)]
         rows, nodes = np.asarray(rows, dtype=np.int64), np.asarray(nodes, dtype=np.int64)
         kept = self._kept
+        if self.project_all and not kept:  # with a top-k: every node at once, kept
+            b, n = self.hidden.shape[:2]
+            self._project(np.repeat(np.arange(b), n), np.tile(np.arange(n), b), keep=True)
         miss = np.asarray([(r, n) not in kept for r, n in zip(rows.tolist(), nodes.tolist())], dtype=bool)
         if miss.all():
             return self._project(rows, nodes)
         if miss.any():
             self._project(rows[miss], nodes[miss], keep=True)
-        return torch.stack([self._kept[(r, n)] for r, n in zip(rows.tolist(), nodes.tolist())])
+        parts = [kept[(r, n)] for r, n in zip(rows.tolist(), nodes.tolist())]
+        if all(isinstance(p, SparseLogits) for p in parts):
+            return SparseLogits.stack(parts)
+        return torch.stack([p.dense()[0] if isinstance(p, SparseLogits) else p for p in parts])
 
     def draft_heads_at(self, nodes: torch.Tensor, vocab: "DraftVocab | None" = None,
                        next_tokens: np.ndarray | None = None) -> torch.Tensor:

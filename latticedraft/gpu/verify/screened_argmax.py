@@ -63,18 +63,21 @@ def screening_ok(device) -> bool:
     return _OK[dev.type]
 
 
-class ArgmaxProjection:
-    """``argmax(h @ W.T)`` for an output projection ``W`` [V, H]: ``__call__(h [m, H]) ->
-    int64[m]`` (numpy), through the bfloat16 screen (see the module doc) where it applies and is
-    ``faster``; else, or for a module the screen does not apply to (not an ``nn.Linear``, a bias,
-    not float32, not on a CPU, no float32 accumulation), through the float32 projection."""
+class BF16Screen:
+    """The shared part of the screened projections of an output projection ``W`` [V, H]: its
+    bfloat16 copy (vocabulary sorted by ||w_v||, in blocks of ``BLOCK``), the norms and the
+    bound's coefficients, and ``calibrate``, which decides how many rows the screen takes
+    (``max_rows``: where it is faster than float32).
+    ``screens``: whether the screen applies at all (an ``nn.Linear`` without bias, float32, on a
+    CPU whose bfloat16 products accumulate in float32). Subclasses define ``screened(h)`` and
+    ``full(h)`` (the same result through the float32 projection)."""
 
     def __init__(self, unembed):
         self.unembed = unembed
         w = getattr(unembed, "weight", None)
         self.screens = (isinstance(unembed, torch.nn.Linear) and unembed.bias is None
                         and w.dtype == torch.float32 and screening_ok(w.device))
-        self.faster = True  # whether the screen beats the float32 projection here (``calibrate``)
+        self.max_rows = float("inf")  # the most rows the screen takes (``calibrate``; more: float32)
         self._calibrated = None
         if self.screens:
             w = w.detach()
@@ -93,60 +96,96 @@ class ArgmaxProjection:
             self.block_norm = self.norms[:, 0]  # each block's largest (sorted descending)
 
     def calibrate(self, states: torch.Tensor, rows=(2, 4, 8, 16, 32, 64), repeats: int = 5) -> None:
-        """Sets ``faster``: whether the screen, summed over ``rows``, takes less time than the
-        float32 projection on this machine (no bfloat16 dot products: it does not), timed back to
-        back once per thread count on ``states`` [k, H] (a model's final states: how many
-        candidates the screen keeps depends on how peaked they are), repeated to each row count.
-        Where it is faster, a single row is screened too: timed back to back one row costs about
-        the same either way (~75 us float32, ~100 us screened on the bundled model), but in a
-        decode the projection's weights come back from memory every step, and the screen reads
-        half the bytes (one row per step, screened against float32 in one process: the greedy loop
-        1.43x -> 1.56x HF greedy on held-out prompts, 1.41x -> 1.62x on held-back code)."""
+        """Sets ``max_rows`` (``screen_rows``) from the screen's and the float32 path's times at
+        each of ``rows``, timed back to back once per thread count on ``states`` [k, H] (a model's
+        final states: how many candidates the screen keeps depends on how peaked they are),
+        repeated to each row count; on a machine without bfloat16 dot products the screen loses
+        and is switched off."""
         threads = torch.get_num_threads()
         if not self.screens or self._calibrated == threads:
             return
         xs = [states[torch.arange(r) % len(states)] for r in rows]
-        screened = sum(median_seconds(self.screened, x, repeats) for x in xs)
-        self.faster = screened < sum(median_seconds(self.full, x, repeats) for x in xs)
+        screened = [median_seconds(self.screened, x, repeats) for x in xs]
+        self.max_rows = self.screen_rows(rows, screened, [median_seconds(self.timed_full, x, repeats) for x in xs])
         self._calibrated = threads
+
+    def screen_rows(self, rows, screened, full) -> float:
+        """The most rows screened, from the times (seconds) at each of ``rows``: any number where
+        the screen's summed time is less than float32's, else none. Where it is faster, a single
+        row is screened too: timed back to back one row costs about the same either way (~75 us
+        float32, ~100 us screened on the bundled model), but in a decode the projection's weights
+        come back from memory every step, and the screen reads half the bytes (one row per step,
+        screened against float32 in one process: the greedy loop 1.43x -> 1.56x HF greedy on
+        held-out prompts, 1.41x -> 1.62x on held-back code)."""
+        return float("inf") if sum(screened) < sum(full) else 0
+
+    def timed_full(self, h: torch.Tensor):
+        """The float32 path as ``calibrate`` times it (default: ``full``)."""
+        return self.full(h)
+
+    def use_screen(self, h: torch.Tensor) -> bool:
+        """Whether ``__call__`` screens these states (else the float32 projection decides)."""
+        return self.screens and len(h) <= self.max_rows and h.dtype == torch.float32
+
+    def _floor(self, y: np.ndarray) -> np.ndarray:
+        """The least z~ with z~ + B|z~| >= y (x + B|x| is increasing)."""
+        return np.where(y >= 0, y / (1 + self.b), y / (1 - self.b))
+
+    def screened_logits(self, h: torch.Tensor):
+        """The bfloat16 logits z~ [m, blocks, BLOCK] (float32 tensor, sorted order; the last
+        block's padding -inf) and each row's A ||h|| (float64[m])."""
+        m = len(h)
+        z = F.linear(h.detach().to(torch.bfloat16), self.weight16).float()  # [m, blocks * BLOCK], sorted
+        if self.blocks * BLOCK > self.vocab:
+            z[:, self.vocab:] = float("-inf")
+        hn = h.detach().numpy()
+        return z.view(m, self.blocks, BLOCK), self.a * np.sqrt(np.einsum("mh,mh->m", hn, hn, dtype=np.float64))
+
+    def candidates(self, z: torch.Tensor, best: np.ndarray, a: np.ndarray, y: np.ndarray):
+        """The tokens whose float32 logit can be >= y (float64[m]) per row, from the screened
+        logits z [m, blocks, BLOCK] (``screened_logits``), their blocks' maxima best [m, blocks]
+        and a = A ||h|| [m]: (rows int64[c], sorted positions int64[c]), by row (token ids:
+        ``order[positions]``). A block whose maximum is under the threshold of its largest-norm
+        token holds none; the others' tokens are tested one by one."""
+        r, blk = np.nonzero(best >= self._floor(y[:, None] - a[:, None] * self.block_norm[None]))
+        ci, j = np.nonzero(z.numpy()[r, blk] >= self._floor(y[r, None] - a[r, None] * self.norms[blk]))
+        return r[ci], blk[ci] * BLOCK + j
+
+    def exact_logits(self, h: torch.Tensor, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """float32 logits of ``tokens[j]`` at state ``h[rows[j]]``: float32[k]."""
+        return np.einsum("kh,kh->k", self.weight[tokens], h.detach().numpy()[rows])
+
+
+class ArgmaxProjection(BF16Screen):
+    """``argmax(h @ W.T)`` for an output projection ``W`` [V, H]: ``__call__(h [m, H]) ->
+    int64[m]`` (numpy), through the bfloat16 screen (see the module doc) where it applies and is
+    faster (``calibrate``); else, or for a module the screen does not apply to (not an ``nn.Linear``, a bias,
+    not float32, not on a CPU, no float32 accumulation), through the float32 projection."""
 
     def full(self, h: torch.Tensor) -> np.ndarray:
         """The float32 projection's argmax: int64[m]."""
         return self.unembed(h).argmax(dim=-1).cpu().numpy()
 
     def __call__(self, h: torch.Tensor) -> np.ndarray:
-        if not (self.screens and self.faster) or h.dtype != torch.float32:
-            return self.full(h)
-        return self.screened(h)
-
-    def _floor(self, y: np.ndarray) -> np.ndarray:
-        """The least z~ with z~ + B|z~| >= y (x + B|x| is increasing)."""
-        return np.where(y >= 0, y / (1 + self.b), y / (1 - self.b))
+        return self.screened(h) if self.use_screen(h) else self.full(h)
 
     def screened(self, h: torch.Tensor) -> np.ndarray:
         """The argmax through the bfloat16 screen (any number of rows): int64[m]."""
         m = len(h)
-        z = F.linear(h.detach().to(torch.bfloat16), self.weight16).float()  # [m, blocks * BLOCK], sorted
-        if self.blocks * BLOCK > self.vocab:
-            z[:, self.vocab:] = float("-inf")  # the last block's padding
-        z = z.view(m, self.blocks, BLOCK)
+        z, a = self.screened_logits(h)
         best = z.amax(dim=2).numpy()  # [m, blocks]
-        z = z.numpy()
         top_block = best.argmax(axis=1)
         top = best[np.arange(m), top_block].astype(np.float64)
         if not np.isfinite(top).all():  # NaN or infinite logits: the float32 projection decides
             return self.full(h)
-        hn = h.detach().numpy()
-        a = self.a * np.sqrt(np.einsum("mh,mh->m", hn, hn, dtype=np.float64))  # [m]
         y = top - self.b * np.abs(top) - a * self.block_norm[top_block]  # the top's float32 logit is >= y
-        r, blk = np.nonzero(best >= self._floor(y[:, None] - a[:, None] * self.block_norm[None]))
-        ci, j = np.nonzero(z[r, blk] >= self._floor(y[r, None] - a[r, None] * self.norms[blk]))
-        rows, tok = r[ci], self.order[blk[ci] * BLOCK + j]
+        rows, pos = self.candidates(z, best, a, y)
+        tok = self.order[pos]
         if len(tok) == m:  # one candidate per row (each row keeps at least its top): the argmax
             return tok.astype(np.int64)
         if len(tok) > MAX_CANDIDATES * m:  # a flat distribution: the float32 projection is cheaper
             return self.full(h)
-        exact = np.einsum("kh,kh->k", self.weight[tok], hn[rows])  # the candidates' float32 logits
+        exact = self.exact_logits(h, rows, tok)  # the candidates' float32 logits
         first = np.lexsort((tok, -exact, rows))  # per row: the largest logit, then the lowest token id
         keep = np.ones(len(first), dtype=bool)
         keep[1:] = rows[first][1:] != rows[first][:-1]
@@ -164,18 +203,24 @@ def median_seconds(f, x: torch.Tensor, repeats: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-_PROJECTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_PROJECTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> {kind: (weights key, projection)}
+
+
+def cached_projection(unembed, kind, make):
+    """One screened projection per output projection module and ``kind`` (its bfloat16 copy made
+    once, again when the weights change): ``make(unembed)`` builds it. A function (a model's own
+    unembed) is never screened and gets a new one each call."""
+    if not isinstance(unembed, torch.nn.Module):
+        return make(unembed)
+    w = getattr(unembed, "weight", None)
+    key = None if w is None else (w.data_ptr(), w._version)
+    kinds = _PROJECTIONS.setdefault(unembed, {})
+    hit = kinds.get(kind)
+    if hit is None or hit[0] != key:
+        hit = kinds[kind] = (key, make(unembed))
+    return hit[1]
 
 
 def argmax_projection(unembed) -> ArgmaxProjection:
-    """One ``ArgmaxProjection`` per output projection module (its bfloat16 copy made once, again
-    when the weights change)."""
-    if not isinstance(unembed, torch.nn.Module):  # a function (a model's own unembed): never screened
-        return ArgmaxProjection(unembed)
-    w = getattr(unembed, "weight", None)
-    key = None if w is None else (w.data_ptr(), w._version)
-    hit = _PROJECTIONS.get(unembed)
-    if hit is None or hit[0] != key:
-        hit = (key, ArgmaxProjection(unembed))
-        _PROJECTIONS[unembed] = hit
-    return hit[1]
+    """The ``ArgmaxProjection`` of an output projection module (``cached_projection``)."""
+    return cached_projection(unembed, "argmax", ArgmaxProjection)

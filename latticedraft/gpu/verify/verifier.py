@@ -69,9 +69,17 @@ from latticedraft.gpu.verify.modes import (base_config, choose_kv_cache, choose_
                                            position_limit, sliding_window)
 from latticedraft.gpu.verify.prefill import chunked_prefill, window_mask
 from latticedraft.gpu.verify.screened_argmax import argmax_projection, median_seconds
+from latticedraft.gpu.verify.screened_topk import topk_projection
 from latticedraft.gpu.verify.side_branch import SideBranch, step_layout
 from latticedraft.gpu.verify.tree import build_tree, main_path, pack_trees
 from latticedraft.gpu.verify.walk import node_of, prefix_of, walk, walk_batched
+
+
+def top_k_reads(choose) -> int | None:
+    """k where an acceptance rule's ``choose`` reads only each node's k largest logits (ties
+    included; its ``top_k`` attribute), else None (it reads them all, or greedy: None)."""
+    return getattr(choose, "top_k", None) if choose is not None else None
+
 
 UNEMBED_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows at which the output projection is timed (once per model)
 # the parts of a verify call (``Verifier.timing``): the trees, layouts and masks; the layers; the
@@ -229,25 +237,29 @@ class Verifier:
         if choose is None:
             roots = out.argmax_at(list(range(b)), last.tolist()).astype(np.int64)
         else:
+            out.top_k = top_k_reads(choose) if out.lazy else None
             picked = choose(list(range(b)), out.logits_at(list(range(b)), last.tolist()), [()] * b, None)
             roots = np.asarray(picked[0] if isinstance(picked, tuple) else picked, dtype=np.int64)
         return roots, out.draft_heads_at(last, self.draft_vocab, next_tokens=roots)
 
-    def unembed_seconds(self, rows: int, logits: bool = False) -> float:
-        """Measured seconds of the output projection's argmax (``ArgmaxProjection``) or, with
-        ``logits``, of the logits themselves, over ``rows`` hidden states. Timed once per model,
+    def unembed_seconds(self, rows: int, reads="argmax") -> float:
+        """Measured seconds of the output projection over ``rows`` hidden states, as a walk
+        ``reads`` it: ``"argmax"`` its argmax (``ArgmaxProjection``), ``"logits"`` the logits
+        themselves, an int k what a top-k of k reads (``TopKProjection``). Timed once per model,
         thread count and device (a decode creates a verifier per call)."""
         curves = _UNEMBED_CURVES.setdefault(self.model, {})
-        key = (torch.get_num_threads(), str(self.device), logits)
+        key = (torch.get_num_threads(), str(self.device), reads)
         if key not in curves:
             H = int(base_config(self.model).hidden_size)
             states = self.sample_states
             if states is None:
                 states = torch.randn(max(UNEMBED_ROWS), H, generator=torch.Generator().manual_seed(0))
                 states = states.to(dtype=self.dtype, device=self.device)
-            argmax = argmax_projection(self.unembed)
-            argmax.calibrate(states)
-            project = (lambda x: self.unembed(x).argmax(dim=-1).cpu()) if logits else argmax
+            if reads == "logits":
+                project = lambda x: self.unembed(x).argmax(dim=-1).cpu()  # noqa: E731
+            else:
+                project = argmax_projection(self.unembed) if reads == "argmax" else topk_projection(self.unembed, reads)
+                project.calibrate(states)
             times = [median_seconds(project, states[torch.arange(r) % len(states)]) for r in UNEMBED_ROWS]
             curves[key] = np.maximum.accumulate(times)  # more rows never cost less (timing noise can say so)
         x, y = np.asarray(UNEMBED_ROWS, float), curves[key]
@@ -315,7 +327,9 @@ class Verifier:
             rows = np.repeat(np.arange(b), [len(m) for m in main])
             nodes = np.concatenate([layouts[i].tree_index[m] for i, m in enumerate(main)])
             n_side = 0 if sides is None else sum(len(sd.wanted) for sd in sides)
-            cost = functools.partial(self.unembed_seconds, logits=choose is not None)
+            out.top_k = top_k_reads(choose)
+            reads = "argmax" if choose is None else out.top_k or "logits"
+            cost = functools.partial(self.unembed_seconds, reads=reads)
             by_path = cost(len(nodes) + n_side) + self.off_path * cost(b)
             out.project_all = cost(b * n) <= by_path
             if not out.project_all:

@@ -134,14 +134,14 @@ def test_calibrate_measures_once_per_thread_count_and_turns_a_slower_screen_off(
     monkeypatch.setattr(ap, "screened", lambda h: (time.sleep(0.002), real(h))[1])  # a machine where it is slower
     with torch.no_grad():
         ap.calibrate(_states(lm, 16, 0), rows=(2, 16), repeats=3)
-        assert not ap.faster
+        assert ap.max_rows == 0
         x = _states(lm, 4, 1)
         calls = []
         monkeypatch.setattr(ap, "screened", lambda h: calls.append(h) or real(h))
         assert np.array_equal(ap(x), lm(x).argmax(-1).numpy()) and not calls  # the float32 path
-        ap.faster = True
+        ap.max_rows = float("inf")
         ap.calibrate(None)  # measured already at this thread count: not again
-        assert ap.faster
+        assert ap.max_rows == float("inf")
         assert np.array_equal(ap(x[:1]), lm(x[:1]).argmax(-1).numpy()) and len(calls) == 1  # one row: screened
 
 
