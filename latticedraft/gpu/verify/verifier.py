@@ -322,7 +322,10 @@ class Verifier:
         t2 = time.perf_counter()
         tm["tree"] += t1 - t0
         tm["forward"] += t2 - t1
-        if self.lazy:  # one projection of all b * n nodes, or each row's main path first (+ the side nodes)
+        if self.lazy and n == 1:  # every row's root alone: one projection of the b roots
+            out.top_k = top_k_reads(choose)
+            out.project_all = True
+        elif self.lazy:  # one projection of all b * n nodes, or each row's main path first (+ the side nodes)
             main = [main_path(t) for t in trees]
             rows = np.repeat(np.arange(b), [len(m) for m in main])
             nodes = np.concatenate([layouts[i].tree_index[m] for i, m in enumerate(main)])
