@@ -89,7 +89,8 @@ class DrafterSpec:
 def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, eos_token_id=None,
                verify: str = "auto", tree: str = "fixed", context=None, acceptance=None, draft_vocab=None,
                cost=None, gate=None, lookahead=None, sampling=None, draws=None, rule=None, kv_cache: str = "auto",
-               first_row: int = 0, rows: list | None = None, on_tokens=None, record_steps: bool = False):
+               first_row: int = 0, rows: list | None = None, on_tokens=None, record_steps: bool = False,
+               slots: int | None = None):
     """Decode ``prompts`` with BPD on the one loop.
 
     drafter: a lattice ``Drafter`` (``proposers.heads.make_drafter``; spawned per row), any
@@ -101,7 +102,8 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
     heads project onto; lookahead: ``LookaheadOptions`` of a window + pool riding along;
     sampling / draws / rule: lossless sampling (``loop.speculative_decode``); first_row: the
     index of prompts[0] in the caller's prompt list (per-row state and seeds; ``rows`` gives
-    each prompt's run-wide id instead)."""
+    each prompt's run-wide id instead); slots: a continuous batch of that many rows
+    (``loop.speculative_decode``; head and context drafts only)."""
     from latticedraft.decoding.planning.draft_tree import TreePlanner
     from latticedraft.decoding.planning.head_gate import GatedHeads, HeadGate
     from latticedraft.decoding.proposers.base import Proposer
@@ -128,7 +130,7 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
                         kv_cache=kv_cache)
     policy = tree if from_heads or source is None else "fixed"
     if policy == "auto" and cost is None:
-        cost = CostModel.for_batch(verifier, len(prompts))
+        cost = CostModel.for_batch(verifier, len(prompts) if slots is None else min(slots, len(prompts)))
     planner = TreePlanner(policy, acceptance, cost)
     gated = GatedHeads(gate or HeadGate(), ctx) if tree == "auto" and ctx is not None and from_heads else None
     n = len(prompts)
@@ -136,7 +138,7 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
     return speculative_decode(model, prompts, proposers, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                               rule=rule, sampling=sampling, draws=draws, planner=planner, gate=gated,
                               verifier=verifier, index=index, rows=index if rows is None else rows,
-                              on_tokens=on_tokens, record_steps=record_steps)
+                              on_tokens=on_tokens, record_steps=record_steps, slots=slots)
 
 
 # ---------------------------------------------------------------------------------------------- registry
@@ -235,7 +237,7 @@ def _run(session, prompts: list, spec: DrafterSpec, req) -> object:
                       acceptance=session.acceptance(spec) if spec.tree == "auto" else None,
                       draft_vocab=session.draft_vocab(spec.draft_vocab) if spec.name in HEAD_DRAFTERS else None,
                       gate=session.gate(spec), lookahead=spec.lookahead, sampling=req.sampling, rows=req.rows,
-                      on_tokens=req.on_tokens, record_steps=req.record_steps)
+                      on_tokens=req.on_tokens, record_steps=req.record_steps, slots=req.slots)
 
 
 METHOD = Method(
@@ -251,6 +253,7 @@ METHOD = Method(
     settings=_settings,
     run=_run,
     prepare=_prepare,
+    continuous=lambda spec: spec.name in ("none", *HEAD_DRAFTERS) and spec.lookahead is None,
     files=lambda spec: {"ngram": ("lm",), "parallel": ("lm",), "neural": ("rescorer",),
                         "model": ("draft_model",)}.get(spec.name, ()),
 )

@@ -63,6 +63,7 @@ def speculative_decode(
     rows: list[int] | None = None,
     on_tokens=None,
     record_steps: bool = False,
+    slots: int | None = None,
 ) -> DecodeResult:
     """Decode every prompt (int sequences, >= 1 token each) with ``proposers`` (a list; empty:
     latticedraft's greedy loop).
@@ -77,10 +78,23 @@ def speculative_decode(
     onto) and ``num_heads`` (heads computed: the base's + num_heads - 1; default all, 1 without a
     proposer that reads heads). index: each prompt's position in the caller's prompt list (per-call
     proposer state; default 0..b-1); rows: run-wide row ids (seeds; default ``index``).
-    on_tokens(i, new_ids) streams; record_steps keeps a ``StepRecord`` per row and step."""
+    on_tokens(i, new_ids) streams; record_steps keeps a ``StepRecord`` per row and step.
+
+    slots: the most rows in flight (default all): a continuous batch. The first ``slots`` prompts
+    start; whenever rows finish, the next prompts are prefilled on their own and join the running
+    batch in the freed rows (``append_rows`` of the cache), so drafting rows that finish at
+    different steps do not leave the batch running short until the slowest is done. Needs
+    proposers whose per-row state is keyed by the prompt (``Proposer.admits``)."""
     prompts = checked_prompts(model, prompts, max_new_tokens)
     proposers = list(proposers)
     b = len(prompts)
+    slots = b if slots is None else int(slots)
+    if slots < 1:
+        raise InputError(f"slots = {slots}: a batch needs at least one row")
+    if slots < b and not all(p.admits for p in proposers):
+        raise InputError("a continuous batch (slots < prompts) admits prompts into running rows, and "
+                         + ", ".join(p.name for p in proposers if not p.admits)
+                         + " keeps per-batch state; decode these in fixed batches")
     index = list(range(b)) if index is None else list(index)
     row_ids = list(index) if rows is None else list(rows)
     uses_heads = any(p.uses_heads for p in proposers)
@@ -112,14 +126,41 @@ def speculative_decode(
         p.start(StepRows(index, row_ids, prompts))
     stem = next((p.stem for p in proposers if p.stem is not None), None)
 
-    t0 = time.perf_counter()
-    state, first, heads = verifier.prefill(prompts, choose=rule.for_step(row_ids, None, None, prompts), stem=stem)
-    timing["prefill"] = time.perf_counter() - t0
-    keep = state_rows.finish([state_rows.emit(i, [int(first[i])]) for i in range(b)])
-    roots = [int(first[i]) for i in state_rows.live]
-    heads = _keep_rows(keep, b, state, heads, proposers)
-    if gate is not None and state_rows.live:
-        gate.begin([index[i] for i in state_rows.live], [state_rows.history(i) for i in state_rows.live])
+    timing["prefill"] = 0.0
+    waiting = list(range(b))  # prompts not started yet, in order
+    state_rows.live = []
+    state, heads, roots = None, None, []
+
+    def admit():
+        """Prefill waiting prompts into the free rows (until full, or none waits); rows that
+        finish at their first token make room again. A batch that starts afresh (nothing was
+        running) begins the gate again: its first step drafts from the prefill's heads."""
+        nonlocal state, heads, roots
+        fresh = not state_rows.live
+        while waiting and len(state_rows.live) < slots:
+            new = waiting[: slots - len(state_rows.live)]
+            del waiting[: len(new)]
+            t0 = time.perf_counter()
+            ps = [prompts[i] for i in new]
+            st, first, hd = verifier.prefill(ps, choose=rule.for_step([row_ids[i] for i in new], None, None, ps),
+                                             stem=stem)
+            timing["prefill"] += time.perf_counter() - t0
+            if not state_rows.live:  # nothing running: the new rows are the batch
+                state, heads, roots = st, hd, []
+            else:
+                state.append_rows(st)
+                heads = torch.cat([heads, hd[:, : heads.shape[1]]])  # no heads this step: none for them either
+            old = len(state_rows.live)
+            state_rows.live = state_rows.live + new
+            done = [False] * old + [state_rows.emit(i, [int(first[j])]) for j, i in enumerate(new)]
+            roots = roots + [int(x) for x in first]
+            keep = state_rows.finish(done)
+            roots = [roots[j] for j in keep]
+            heads = _keep_rows(keep, len(done), state, heads, proposers)
+        if fresh and gate is not None and state_rows.live:
+            gate.begin([index[i] for i in state_rows.live], [state_rows.history(i) for i in state_rows.live])
+
+    admit()
 
     t_step = time.perf_counter()
     heads_paid = 0.0  # seconds the last verify call spent on the heads this step drafts from
@@ -186,8 +227,9 @@ def speculative_decode(
         keep = state_rows.finish(done)
         roots = [int(res.bonus[j]) for j in keep]
         heads = _keep_rows(keep, len(live), state, res.head_logits, proposers)
+        timing["accept"] += time.perf_counter() - t1
+        admit()  # (its prefill is timed apart: no step's arm pays for it)
         t_step = time.perf_counter()
-        timing["accept"] += t_step - t1
     lattice = sum(getattr(p, "lattice_seconds", 0.0) for p in proposers)
     timing["lattice"], timing["draft"] = lattice, timing["draft"] - lattice
     timing.update({f"verify.{k}": v for k, v in verifier.timing.items()})  # the verify calls' parts

@@ -50,6 +50,7 @@ class Request:
     rows: list | None = None
     on_tokens: Callable | None = None
     record_steps: bool = False
+    slots: int | None = None  # a continuous batch of this many rows over the call's prompts (``Method.continuous``)
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class Method:
     ``method``); settings(options, sampling) -> dict (plain values that decide the output: the
     data-set runs' fingerprint); prepare(session, options, batch_size): load and check what the
     method needs against the model, before any output; run(session, prompts, options, request)
-    -> ``DecodeResult`` for one batch."""
+    -> ``DecodeResult`` for one batch (or, where ``continuous(options)``, for all of a call's prompts
+    in one continuous batch of ``Request.slots`` rows)."""
 
     name: str
     summary: str
@@ -78,6 +80,7 @@ class Method:
     defaults: dict = field(default_factory=dict)  # sampling defaults where they differ from generate's
     files: Callable = lambda options: ()  # noqa: E731  the file options (dests) these options read
     default_model: str | None = None  # the bundled model directory under data/ (None: data/heads-stern)
+    continuous: Callable = lambda options: False  # noqa: E731  run takes all prompts at once with Request.slots
 
     def reads(self, dest: str) -> bool:
         return dest in COMMON or dest in self.options or (self.sampling != "never" and dest in SAMPLING)

@@ -1,6 +1,6 @@
-"""Every registered method, batch 1 and 4, on prompts that end where the model stops: one prompt
-whose first generated token is the end of text, one that stops mid-batch, two that run to the
-budget. Each gives one sequence per prompt, cut exactly at EOS, and every lossless greedy method
+"""Every registered method, batch 1, 2 and 4 (bpd at 2: a continuous batch), on prompts that end
+where the model stops: one prompt whose first generated token is the end of text, one that stops
+mid-batch, two that run to the budget. Each gives one sequence per prompt, cut exactly at EOS, and every lossless greedy method
 equals ``generate(do_sample=False)``. (The crash this guards: a batch whose rows all stop at the
 prefill.)"""
 
@@ -63,7 +63,7 @@ def _options(method: str, d) -> dict:
               "dynamo": {"no_cooccurrence": True, "epsilon_b": 0.2}}.get(method, {})
 
 
-@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("batch", [1, 2, 4])  # 2: bpd's continuous batch (rows refill as they finish)
 @pytest.mark.parametrize("method", list(registry.methods()))
 def test_every_method_stops_at_eos_and_keeps_one_sequence_per_prompt(bundle, method, batch):
     d, base, ps, eos = bundle
@@ -93,7 +93,7 @@ def test_sampling_methods_stop_at_eos_too(bundle, method):
     s.eos = eos
     options = s.configure(method, {"drafter": "top1"} if method == "bpd" else {})
     outs = []
-    for batch in (1, 4):
+    for batch in (1, 2, 4):
         r = s.decode(ps, method, options, max_new_tokens=NEW, batch_size=batch, sampling=SamplingOptions(seed=1))
         assert len(r.sequences) == len(ps)
         for q in r.sequences:
@@ -101,4 +101,4 @@ def test_sampling_methods_stop_at_eos_too(bundle, method):
             assert len(toks) == NEW or toks[-1] == eos
             assert eos not in toks[:-1]
         outs.append([q.tokens.tolist() for q in r.sequences])
-    assert outs[0] == outs[1]  # row r draws from default_rng([seed, r]) whatever its batch
+    assert outs[0] == outs[1] == outs[2]  # row r draws from default_rng([seed, r]) whatever its batch

@@ -265,3 +265,55 @@ def test_every_drafter_with_the_fast_options_equals_generate(name, toy_lm, resco
                        tree="auto", context=ContextNgrams(max_ngram=3), draft_vocab=ids, cost=_flat_or_steep(0.1),
                        gate=gate)
         assert [s.tokens.tolist() for s in r.sequences] == refs[: len(batch)]
+
+
+# -- a continuous batch: rows that finish make room for the next prompts --------------------------
+@pytest.mark.parametrize("arch,verify", [("gpt2", "auto"), ("llama", "auto"), ("mistral", "auto"),
+                                         ("llama", "batched"), ("mistral", "batched")])
+def test_a_continuous_batch_equals_generate_row_by_row(arch, verify, toy_lm):
+    """Seven prompts of different lengths through 3 rows, heads and context paths on an auto tree
+    with the head gate (rows finish at different steps, so later prompts join running rows, the
+    rolling buffer's included): every output is ``generate``'s; with max_new_tokens = 1 every row
+    finishes at its first token and the next ones are admitted at once."""
+    from latticedraft.decoding.planning.head_gate import HeadGate
+    from latticedraft.decoding.proposers.context import ContextNgrams
+
+    model = blockwise(arch, torch.float32, num_heads=4, seed=3)
+    ps = _repetitive(4, seed=5) + prompts(3, seed=8, lengths=(11, 2, 17))
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=4)
+    kw = dict(tree="auto", verify=verify, context=ContextNgrams(max_ngram=3), cost=_flat_or_steep(0.02))
+    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, slots=3, gate=HeadGate(), **kw)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert len({len(s.tokens_per_call) for s in r.sequences}) > 1  # rows took different numbers of steps
+    one = bpd_decode(model, ps, d, max_new_tokens=1, slots=3, **kw)
+    assert [s.tokens.tolist() for s in one.sequences] == [x[:1] for x in refs]
+
+
+def test_a_continuous_batch_with_eos_and_sampling_repeats_the_fixed_batch_rows():
+    """Lossless sampling draws per row (seed, row), so a row emits the same tokens in a continuous
+    batch as alone; an EOS ends rows early and frees their rows."""
+    from latticedraft.decoding.accept.sampling import SamplingOptions
+
+    model = blockwise("llama", torch.float32, num_heads=3, seed=2)
+    ps = prompts(5, seed=9, lengths=(4, 9, 6, 13, 3))
+    d = make_drafter("top1", options=LatticeOptions(k=4))
+    opts = SamplingOptions(temperature=1.0, top_k=20, seed=4)
+    eos = int(bpd_decode(model, ps[1:2], d, max_new_tokens=16, sampling=opts, first_row=1).sequences[0].tokens[4])
+    alone = [bpd_decode(model, [p], d, max_new_tokens=16, sampling=opts, eos_token_id=eos, first_row=i).sequences[0]
+             for i, p in enumerate(ps)]
+    batch = bpd_decode(model, ps, d, max_new_tokens=16, sampling=opts, eos_token_id=eos, slots=2).sequences
+    assert [s.tokens.tolist() for s in batch] == [s.tokens.tolist() for s in alone]
+    assert len(batch[1].tokens) <= 5 and batch[1].tokens[-1] == eos  # an EOS ended a row early
+
+
+def test_a_continuous_batch_needs_proposers_that_admit_rows():
+    from latticedraft.decoding.loop import speculative_decode
+    from latticedraft.decoding.proposers.draft_model import ModelProposer
+
+    model, ps, _ = _case("llama", torch.float32, 2, 0)
+    with pytest.raises(InputError, match="fixed batches"):
+        speculative_decode(model, ps, [ModelProposer(tiny_model("llama", torch.float32, seed=2), 3)],
+                           max_new_tokens=4, slots=2)
+    with pytest.raises(InputError, match="slots = 0"):
+        speculative_decode(model, ps, [], max_new_tokens=4, slots=0)

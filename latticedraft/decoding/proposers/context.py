@@ -88,6 +88,7 @@ class ContextProposer(Proposer):
     before the heads are computed); the step reuses that search."""
 
     name = "context"
+    admits = True
 
     def __init__(self, ngrams: ContextNgrams):
         self.ngrams = ngrams

@@ -355,6 +355,7 @@ class HeadProposer(Proposer):
     row; a row whose step computed no heads (the head gate, no room) proposes nothing."""
 
     name = "heads"
+    admits = True
     uses_heads = True
 
     def __init__(self, drafter: Drafter):

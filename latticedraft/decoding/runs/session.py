@@ -210,7 +210,8 @@ class Session:
                verify: str = "auto", batch_size: int = 1, sampling=None, on_tokens=None, first_row: int = 0,
                rows: list | None = None, record_steps: bool = False):
         """Decode token-id prompts with ``method`` (its options object, None: its defaults) in batches
-        of ``batch_size``; one merged ``DecodeResult`` in prompt order. sampling: ``SamplingOptions``
+        of ``batch_size`` (where the method can, ``Method.continuous``, one continuous batch of that
+        many rows: a finished row takes the next prompt); one merged ``DecodeResult`` in prompt order. sampling: ``SamplingOptions``
         (None: greedy, or the method's own defaults where it always samples); rows: each prompt's
         run-wide id (seeds; default first_row, first_row + 1, ...); on_tokens(i, new_ids) streams
         prompt i's tokens."""
@@ -228,6 +229,11 @@ class Session:
             raise InputError(f"--batch-size must be >= 1, got {batch_size}")
         prompt_ids = fit_prompts(self.model, prompt_ids, max_new_tokens)  # every prompt, before the first batch
         rows = list(range(first_row, first_row + len(prompt_ids))) if rows is None else list(rows)
+        if batch_size > 1 and len(prompt_ids) > batch_size and m.continuous(options):  # rows refill as they finish
+            req = registry.Request(max_new_tokens=max_new_tokens, eos_token_id=self.eos, sampling=sampling,
+                                   verify=verify, rows=rows, on_tokens=on_tokens, record_steps=record_steps,
+                                   slots=batch_size)
+            return m.run(self, prompt_ids, options, req)
         parts = []
         for s in range(0, len(prompt_ids), batch_size):
             cb = None if on_tokens is None else (lambda i, t, s=s: on_tokens(s + i, t))

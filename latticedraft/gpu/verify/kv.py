@@ -202,6 +202,34 @@ class KVCache:
         self.length = self.end = size
         self.next_pos = nxt
 
+    def append_rows(self, other: "KVCache") -> None:
+        """Add ``other``'s rows after this cache's (prompts admitted into a running batch, each
+        prefilled on its own): same layers and window. Both keep their slots; the slots past a
+        row's own length are invalid (masks come from ``valid`` and ``pos``, so a row's slot
+        numbers never mean positions)."""
+        if (other.layers, other.first_layer, other.window) != (self.layers, self.first_layer, self.window):
+            raise InputError("append_rows: the caches hold different layers or windows")
+        b1, b2 = self.batch, other.batch
+        length = max(self.length, other.length)
+        cap = max(self.capacity, other.capacity)
+        valid = np.zeros((b1 + b2, cap), dtype=bool)
+        pos = np.full((b1 + b2, cap), -1, dtype=np.int64)
+        valid[:b1, : self.length], pos[:b1, : self.length] = self.valid, self.pos
+        valid[b1:, : other.length], pos[b1:, : other.length] = other.valid, other.pos
+        ref = self.store if self.store is not None else other.store
+        if ref is not None:
+            L, two, _, h, _, d = ref.shape
+            store = torch.zeros(L, two, b1 + b2, h, cap, d, dtype=ref.dtype, device=ref.device)
+            if self.store is not None:
+                store[:, :, :b1, :, : self.length] = self.store[..., : self.length, :]
+            if other.store is not None:
+                store[:, :, b1:, :, : other.length] = other.store[..., : other.length, :].to(ref.device)
+            self._set_store(store)
+        self._valid, self._pos, self.capacity = valid, pos, cap
+        self.next_pos = np.concatenate([self.next_pos, other.next_pos])
+        self.length = self.end = length
+        self.batch = b1 + b2
+
     def truncate(self, length: int) -> None:
         """Drop the slots from ``length`` on (a forward whose nodes are all discarded)."""
         self.length = self.end = int(length)

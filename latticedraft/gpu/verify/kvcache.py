@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from latticedraft.errors import InputError
+
 
 @dataclass
 class SlotCache:
@@ -124,6 +126,30 @@ class SlotCache:
         self.valid = self.valid[rows]
         self.pos = self.pos[rows]
         self.next_pos = self.next_pos[rows]
+
+    def append_rows(self, other: "SlotCache") -> None:
+        """Add ``other``'s rows after this cache's (prompts admitted into a running batch, each
+        prefilled on its own). The shorter side is padded on the left with invalid slots, so
+        every row's valid slots stay at the right end (``left_align``)."""
+        n = max(self.length, other.length)
+
+        def left(x: torch.Tensor, dim: int, fill) -> torch.Tensor:
+            pad = n - x.shape[dim]
+            if pad == 0:
+                return x
+            shape = list(x.shape)
+            shape[dim] = pad
+            return torch.cat([torch.full(shape, fill, dtype=x.dtype, device=x.device), x], dim=dim)
+
+        mine, theirs = self._layers(), other._layers()
+        if len(mine) != len(theirs):
+            raise InputError("append_rows: the caches hold different layers")
+        for a, b in zip(mine, theirs):
+            for name in ("keys", "values"):
+                setattr(a, name, torch.cat([left(getattr(a, name), 2, 0), left(getattr(b, name), 2, 0)]))
+        self.valid = torch.cat([left(self.valid, 1, False), left(other.valid, 1, False)])
+        self.pos = torch.cat([left(self.pos, 1, -1), left(other.pos, 1, -1)])
+        self.next_pos = torch.cat([self.next_pos, other.next_pos])
 
     def repeat_rows(self, repeats: int) -> None:
         """Each row ``repeats`` times in a row (rows i*repeats ... i*repeats+repeats-1)."""
