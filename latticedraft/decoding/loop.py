@@ -128,7 +128,7 @@ def speculative_decode(
 
     timing["prefill"] = 0.0
     waiting = list(range(b))  # prompts not started yet, in order
-    state_rows.live = []
+    state_rows.live = []  # (``admit`` starts them)
     state, heads, roots = None, None, []
 
     def admit():
@@ -151,7 +151,7 @@ def speculative_decode(
                 state.append_rows(st)
                 heads = torch.cat([heads, hd[:, : heads.shape[1]]])  # no heads this step: none for them either
             old = len(state_rows.live)
-            state_rows.live = state_rows.live + new
+            state_rows.admit(new)
             done = [False] * old + [state_rows.emit(i, [int(first[j])]) for j, i in enumerate(new)]
             roots = roots + [int(x) for x in first]
             keep = state_rows.finish(done)

@@ -16,7 +16,8 @@ import numpy as np
 class SequenceResult:
     """One prompt's decode. tokens: int64[T] generated ids (EOS included if hit);
     tokens_per_call: tokens emitted by each target call (prefill first); seconds: from the
-    start of the decode call to this row's last token."""
+    start of the row's decoding (the call's start; in a continuous batch, the row's admission) to
+    its last token."""
 
     prompt_ids: np.ndarray
     tokens: np.ndarray

@@ -50,6 +50,7 @@ class Rows:
         self.done_at = [0.0] * b
         self.live = list(range(b))
         self.t0 = time.perf_counter()
+        self.begun = [self.t0] * b  # when each row started decoding (``admit``: a continuous batch)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -61,6 +62,13 @@ class Rows:
     def history(self, i: int) -> np.ndarray:
         """Prompt + emitted tokens of row i: int64[t]."""
         return np.concatenate([self.prompts[i], np.asarray(self.out[i], dtype=np.int64)])
+
+    def admit(self, rows: list[int]) -> None:
+        """Rows ``rows`` start decoding now, after the live ones (their ``seconds`` count from here)."""
+        now = time.perf_counter()
+        for i in rows:
+            self.begun[i] = now
+        self.live = self.live + list(rows)
 
     def emit(self, i: int, new) -> bool:
         """Append one target call's tokens to row i (cut after EOS / at the budget); True if the
@@ -76,7 +84,7 @@ class Rows:
         if self.on_tokens is not None:
             self.on_tokens(i, take)
         if stop:
-            self.done_at[i] = time.perf_counter() - self.t0
+            self.done_at[i] = time.perf_counter() - self.begun[i]
         return stop
 
     def step(self, i: int, accepted: int, nodes: int, heads: int = 0) -> None:

@@ -317,3 +317,4 @@ def test_a_continuous_batch_needs_proposers_that_admit_rows():
                            max_new_tokens=4, slots=2)
     with pytest.raises(InputError, match="slots = 0"):
         speculative_decode(model, ps, [], max_new_tokens=4, slots=0)
+
