@@ -90,7 +90,7 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
                verify: str = "auto", tree: str = "fixed", context=None, acceptance=None, draft_vocab=None,
                cost=None, gate=None, lookahead=None, sampling=None, draws=None, rule=None, kv_cache: str = "auto",
                first_row: int = 0, rows: list | None = None, on_tokens=None, record_steps: bool = False,
-               slots: int | None = None):
+               slots: int | None = None, on_done=None):
     """Decode ``prompts`` with BPD on the one loop.
 
     drafter: a lattice ``Drafter`` (``proposers.heads.make_drafter``; spawned per row), any
@@ -103,7 +103,8 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
     sampling / draws / rule: lossless sampling (``loop.speculative_decode``); first_row: the
     index of prompts[0] in the caller's prompt list (per-row state and seeds; ``rows`` gives
     each prompt's run-wide id instead); slots: a continuous batch of that many rows
-    (``loop.speculative_decode``; head and context drafts only)."""
+    (``loop.speculative_decode``; head and context drafts only); on_done(i, result): as each row
+    finishes."""
     from latticedraft.decoding.planning.draft_tree import TreePlanner
     from latticedraft.decoding.planning.head_gate import GatedHeads, HeadGate
     from latticedraft.decoding.proposers.base import Proposer
@@ -138,7 +139,7 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
     return speculative_decode(model, prompts, proposers, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                               rule=rule, sampling=sampling, draws=draws, planner=planner, gate=gated,
                               verifier=verifier, index=index, rows=index if rows is None else rows,
-                              on_tokens=on_tokens, record_steps=record_steps, slots=slots)
+                              on_tokens=on_tokens, record_steps=record_steps, slots=slots, on_done=on_done)
 
 
 # ---------------------------------------------------------------------------------------------- registry
@@ -237,7 +238,8 @@ def _run(session, prompts: list, spec: DrafterSpec, req) -> object:
                       acceptance=session.acceptance(spec) if spec.tree == "auto" else None,
                       draft_vocab=session.draft_vocab(spec.draft_vocab) if spec.name in HEAD_DRAFTERS else None,
                       gate=session.gate(spec), lookahead=spec.lookahead, sampling=req.sampling, rows=req.rows,
-                      on_tokens=req.on_tokens, record_steps=req.record_steps, slots=req.slots)
+                      on_tokens=req.on_tokens, record_steps=req.record_steps, slots=req.slots,
+                      on_done=req.on_done)
 
 
 METHOD = Method(

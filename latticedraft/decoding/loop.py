@@ -64,6 +64,7 @@ def speculative_decode(
     on_tokens=None,
     record_steps: bool = False,
     slots: int | None = None,
+    on_done=None,
 ) -> DecodeResult:
     """Decode every prompt (int sequences, >= 1 token each) with ``proposers`` (a list; empty:
     latticedraft's greedy loop).
@@ -78,7 +79,8 @@ def speculative_decode(
     onto) and ``num_heads`` (heads computed: the base's + num_heads - 1; default all, 1 without a
     proposer that reads heads). index: each prompt's position in the caller's prompt list (per-call
     proposer state; default 0..b-1); rows: run-wide row ids (seeds; default ``index``).
-    on_tokens(i, new_ids) streams; record_steps keeps a ``StepRecord`` per row and step.
+    on_tokens(i, new_ids) streams; on_done(i, result) is called as row i finishes, with a
+    ``DecodeResult`` of that row alone; record_steps keeps a ``StepRecord`` per row and step.
 
     slots: the most rows in flight (default all): a continuous batch. The first ``slots`` prompts
     start; whenever rows finish, the next prompts are prefilled on their own and join the running
@@ -119,7 +121,9 @@ def speculative_decode(
 
         V = hf.model_vocab_size(getattr(model, "base", model))
         samplers = [DraftSampler(sampling, rule.draws, r, V) for r in row_ids]
-    state_rows = Rows(prompts, max_new_tokens, eos_token_id, on_tokens)
+    done_cb = None if on_done is None else (lambda i, seq: on_done(i, DecodeResult(
+        [seq], verifier.mode, verifier.mode_reason, seq.seconds, {}, [], verifier.peak_cache_bytes)))
+    state_rows = Rows(prompts, max_new_tokens, eos_token_id, on_tokens, done_cb)
     timing = {"model": 0.0, "lattice": 0.0, "draft": 0.0, "accept": 0.0}
     steps: list[StepRecord] = []
     for p in proposers:

@@ -51,6 +51,7 @@ class Request:
     on_tokens: Callable | None = None
     record_steps: bool = False
     slots: int | None = None  # a continuous batch of this many rows over the call's prompts (``Method.continuous``)
+    on_done: Callable | None = None  # on_done(i, DecodeResult of row i alone) as it finishes (continuous runs)
 
 
 @dataclass(frozen=True)

@@ -32,15 +32,18 @@ def eos_set(eos_token_id) -> frozenset[int]:
 
 class Rows:
     """prompts: int64[t_i] each; max_new_tokens >= 1; eos_token_id: id, ids or None;
-    on_tokens(i, new_ids): called as tokens are emitted (streaming)."""
+    on_tokens(i, new_ids): called as tokens are emitted (streaming); on_done(i, SequenceResult):
+    called as each row finishes (``finish``)."""
 
-    def __init__(self, prompts: list[np.ndarray], max_new_tokens: int, eos_token_id=None, on_tokens=None):
+    def __init__(self, prompts: list[np.ndarray], max_new_tokens: int, eos_token_id=None, on_tokens=None,
+                 on_done=None):
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.prompts = [np.asarray(p, dtype=np.int64).reshape(-1) for p in prompts]
         if not self.prompts or any(len(p) == 0 for p in self.prompts):
             raise InputError("every prompt must have at least one token")
         self.max_new, self.eos, self.on_tokens = int(max_new_tokens), eos_set(eos_token_id), on_tokens
+        self.on_done = on_done
         b = len(self.prompts)
         self.out: list[list[int]] = [[] for _ in range(b)]
         self.per_call: list[list[int]] = [[] for _ in range(b)]
@@ -98,13 +101,20 @@ class Rows:
         """Drop the rows of ``live`` whose ``done`` (one flag per live row) is set; returns the
         batch positions (indices into the old ``live``) of the rows that go on."""
         keep = [j for j, d in enumerate(done) if not d]
+        if self.on_done is not None:
+            for j, d in enumerate(done):
+                if d:
+                    self.on_done(self.live[j], self.sequence(self.live[j]))
         self.live = [self.live[j] for j in keep]
         return keep
 
+    def sequence(self, i: int) -> SequenceResult:
+        """Row i's decode so far."""
+        return SequenceResult(prompt_ids=self.prompts[i], tokens=np.asarray(self.out[i], dtype=np.int64),
+                              calls=len(self.per_call[i]), tokens_per_call=self.per_call[i], seconds=self.done_at[i],
+                              accepted_drafts=self.accepted[i], tree_nodes=self.nodes[i],
+                              heads_per_step=self.heads[i])
+
     def result(self, mode: str, reason: str, timing: dict, steps=None, kv_peak_bytes: int = 0) -> DecodeResult:
-        seqs = [SequenceResult(prompt_ids=self.prompts[i], tokens=np.asarray(self.out[i], dtype=np.int64),
-                               calls=len(self.per_call[i]), tokens_per_call=self.per_call[i], seconds=self.done_at[i],
-                               accepted_drafts=self.accepted[i], tree_nodes=self.nodes[i],
-                               heads_per_step=self.heads[i])
-                for i in range(len(self.prompts))]
+        seqs = [self.sequence(i) for i in range(len(self.prompts))]
         return DecodeResult(seqs, mode, reason, time.perf_counter() - self.t0, timing, steps or [], kv_peak_bytes)

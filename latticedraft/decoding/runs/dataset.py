@@ -7,24 +7,26 @@ Three steps, so that everything checkable is checked before a model loads:
    settings must match (``record_file.scan``).
 2. ``decode_shard`` decodes this rank's prompts (``shards.shard_of``) that have no record yet, in
    batches (bucketed by token length with ``sort_by_length``), appending each batch's records as
-   it completes: to OUT in a single process, to ``OUT.part-R-of-W`` under a launcher, or in input
-   order to standard output for ``-``.
+   it completes (methods that run a continuous batch, ``Method.continuous``: each prompt's record
+   as it completes, its row taking the next prompt): to OUT in a single process, to
+   ``OUT.part-R-of-W`` under a launcher, or in input order to standard output for ``-``.
 3. ``finish_output``: the barrier, then rank 0 merges OUT and the part files in prompt order.
 
 Records are ``decode --json``'s plus ``id``, ``fingerprint``, ``settings``, ``share_seconds`` (the
-prompt's share of its batch's wall time, drafter set-up and record building included: summed
-per rank, the rank's decoding time), ``rank`` and
-``world_size``.
+prompt's share of its batch's wall time, or in a continuous batch the wall time since the record
+before it, drafter set-up and record building included: summed per rank, the rank's decoding
+time), ``rank`` and ``world_size``.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from latticedraft import interrupts
+from latticedraft.decoding import registry
 from latticedraft.decoding.runs import record_file as rf
 from latticedraft.decoding.runs.prompt_set import Prompt
 from latticedraft.decoding.runs.shards import World, shard_of
@@ -218,8 +220,9 @@ def encode_shard(session, plan: OutputPlan, prompts: list[Prompt], max_new_token
 def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, options, max_new_tokens: int,
                  verify: str, batch_size: int, sort_by_length: bool, quiet_ranks: bool, sampling=None,
                  label: str | None = None, progress_file=None) -> ShardSummary:
-    """Decode ``work`` (``encode_shard``) and append a record per prompt as each batch completes. Every
-    prompt keeps its position in the prompt set as its run-wide row (its seed), whatever batch it is in."""
+    """Decode ``work`` (``encode_shard``) and append a record per prompt as each batch completes (in a
+    continuous batch, as the prompt completes). Every prompt keeps its position in the prompt set
+    as its run-wide row (its seed), whatever batch it is in."""
     from latticedraft.decoding.results import records
 
     world = plan.world
@@ -241,26 +244,47 @@ def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, opt
         return (f"{done} of {len(mine)} prompts have complete records in {plan.target}; rerun the same command with "
                 f"--resume to decode the other {len(mine) - done}")
 
+    def write(i: int, res, share: float) -> None:
+        """Prompt ``todo[i]``'s record (``res``: its ``DecodeResult`` alone)."""
+        rec = records(res, session.tokenizer, session.base_dir, [todo[i].text])[0]
+        writer.append({"id": todo[i].id, "fingerprint": plan.fingerprint, **rec, "method": label or method,
+                       "share_seconds": share, "rank": world.rank, "world_size": world.size,
+                       "settings": plan.settings})
+        summary.decoded += 1
+        summary.tokens += res.tokens
+        summary.calls += res.calls
+        summary.seconds = time.perf_counter() - t0
+        bar.update(1)
+        bar.set_postfix_str(f"{summary.tokens / max(summary.seconds, 1e-9):.1f} tok/s", refresh=False)
+
+    order = batches(todo, [len(x) for x in ids], batch_size, sort_by_length)
     with interrupts.keeping(kept):
         try:
-            for batch in batches(todo, [len(x) for x in ids], batch_size, sort_by_length):
+            if batch_size > 1 and len(todo) > batch_size and registry.get(method).continuous(options):
+                # one continuous batch: a finished prompt's record is written at once and its row
+                # takes the next prompt; its share is the wall time since the record before it
+                flat = [i for batch in order for i in batch]
+                last = [time.perf_counter()]
+
+                def done(j: int, res) -> None:
+                    now = time.perf_counter()
+                    write(flat[j], res, round(now - last[0], 6))
+                    writer.sync()
+                    last[0] = now
+
+                session.decode([ids[i] for i in flat], method, options, max_new_tokens=max_new_tokens, verify=verify,
+                               batch_size=batch_size, sampling=sampling, rows=[work.rows[i] for i in flat],
+                               on_done=done)
+                order = []
+            for batch in order:
                 t_batch = time.perf_counter()
                 res = session.decode([ids[i] for i in batch], method, options, max_new_tokens=max_new_tokens,
                                      verify=verify, batch_size=len(batch), sampling=sampling,
                                      rows=[work.rows[i] for i in batch])
-                recs = records(res, session.tokenizer, session.base_dir, [todo[i].text for i in batch])
                 share = round((time.perf_counter() - t_batch) / len(batch), 6)
-                for i, rec in zip(batch, recs):
-                    writer.append({"id": todo[i].id, "fingerprint": plan.fingerprint, **rec, "method": label or method,
-                                   "share_seconds": share,
-                                   "rank": world.rank, "world_size": world.size, "settings": plan.settings})
-                    summary.decoded += 1
+                for i, q in zip(batch, res.sequences):
+                    write(i, replace(res, sequences=[q], steps=[], timing={}), share)
                 writer.sync()
-                summary.tokens += res.tokens
-                summary.calls += res.calls
-                summary.seconds = time.perf_counter() - t0
-                bar.update(len(batch))
-                bar.set_postfix_str(f"{summary.tokens / max(summary.seconds, 1e-9):.1f} tok/s", refresh=False)
         finally:
             writer.close()
             bar.close()

@@ -11,6 +11,7 @@ vocabularies, acceptance rates, head gates), each once, and ``decode``: any regi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -208,13 +209,14 @@ class Session:
 
     def decode(self, prompt_ids: list, method: str = "bpd", options=None, *, max_new_tokens: int = 64,
                verify: str = "auto", batch_size: int = 1, sampling=None, on_tokens=None, first_row: int = 0,
-               rows: list | None = None, record_steps: bool = False):
+               rows: list | None = None, record_steps: bool = False, on_done=None):
         """Decode token-id prompts with ``method`` (its options object, None: its defaults) in batches
         of ``batch_size`` (where the method can, ``Method.continuous``, one continuous batch of that
         many rows: a finished row takes the next prompt); one merged ``DecodeResult`` in prompt order. sampling: ``SamplingOptions``
         (None: greedy, or the method's own defaults where it always samples); rows: each prompt's
         run-wide id (seeds; default first_row, first_row + 1, ...); on_tokens(i, new_ids) streams
-        prompt i's tokens."""
+        prompt i's tokens; on_done(i, result) is called with prompt i's ``DecodeResult`` alone as
+        it completes (at its last token in a continuous batch, else as its batch ends)."""
         from latticedraft.decoding.results import merge
         from latticedraft.decoding.runs.prompt_length import fit_prompts
 
@@ -232,7 +234,7 @@ class Session:
         if batch_size > 1 and len(prompt_ids) > batch_size and m.continuous(options):  # rows refill as they finish
             req = registry.Request(max_new_tokens=max_new_tokens, eos_token_id=self.eos, sampling=sampling,
                                    verify=verify, rows=rows, on_tokens=on_tokens, record_steps=record_steps,
-                                   slots=batch_size)
+                                   slots=batch_size, on_done=on_done)
             return m.run(self, prompt_ids, options, req)
         parts = []
         for s in range(0, len(prompt_ids), batch_size):
@@ -243,4 +245,6 @@ class Session:
             for st in r.steps:
                 st.row += s
             parts.append(r)
+            for j, q in enumerate(r.sequences if on_done is not None else ()):
+                on_done(s + j, replace(r, sequences=[q], steps=[], timing={}))
         return merge(parts)
