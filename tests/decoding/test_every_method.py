@@ -1,8 +1,8 @@
 """Every registered method, batch 1, 2 and 4 (bpd at 2: a continuous batch), on prompts that end
 where the model stops: one prompt whose first generated token is the end of text, one that stops
-mid-batch, two that run to the budget. Each gives one sequence per prompt, cut exactly at EOS, and every lossless greedy method
-equals ``generate(do_sample=False)``. (The crash this guards: a batch whose rows all stop at the
-prefill.)"""
+mid-batch, two that run to the budget. Each gives one sequence per prompt, cut exactly at EOS,
+and every lossless greedy method equals ``generate(do_sample=False)``. (The crash this guards: a
+batch whose rows all stop at the prefill.)"""
 
 from __future__ import annotations
 

@@ -212,11 +212,12 @@ class Session:
                rows: list | None = None, record_steps: bool = False, on_done=None):
         """Decode token-id prompts with ``method`` (its options object, None: its defaults) in batches
         of ``batch_size`` (where the method can, ``Method.continuous``, one continuous batch of that
-        many rows: a finished row takes the next prompt); one merged ``DecodeResult`` in prompt order. sampling: ``SamplingOptions``
-        (None: greedy, or the method's own defaults where it always samples); rows: each prompt's
-        run-wide id (seeds; default first_row, first_row + 1, ...); on_tokens(i, new_ids) streams
-        prompt i's tokens; on_done(i, result) is called with prompt i's ``DecodeResult`` alone as
-        it completes (at its last token in a continuous batch, else as its batch ends)."""
+        many rows: a finished row takes the next prompt); one merged ``DecodeResult`` in prompt
+        order. sampling: ``SamplingOptions`` (None: greedy, or the method's own defaults where it
+        always samples); rows: each prompt's run-wide id (seeds; default first_row, first_row + 1,
+        ...); on_tokens(i, new_ids) streams prompt i's tokens; on_done(i, result) is called with
+        prompt i's ``DecodeResult`` alone as it completes (at its last token in a continuous batch,
+        else as its batch ends)."""
         from latticedraft.decoding.results import merge
         from latticedraft.decoding.runs.prompt_length import fit_prompts
 
