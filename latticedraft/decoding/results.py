@@ -74,6 +74,12 @@ class DecodeResult:
     def block_efficiency(self) -> float:
         return self.tokens / max(self.calls, 1)
 
+    def alone(self, j: int) -> "DecodeResult":
+        """Sequence j by itself (what ``on_done`` callbacks get): its own seconds, this run's
+        verify mode, no steps or timing."""
+        q = self.sequences[j]
+        return DecodeResult([q], self.verify_mode, self.verify_reason, q.seconds, {}, [], self.kv_peak_bytes)
+
 
 def merge(parts: list[DecodeResult]) -> DecodeResult:
     """One result from the results of consecutive batches (sequences in order, times and

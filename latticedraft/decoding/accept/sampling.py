@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from latticedraft.errors import InputError
-from latticedraft.gpu.verify.screened_topk import SparseLogits
+from latticedraft.gpu.verify.sparse_logits import SparseLogits
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from latticedraft import interrupts
@@ -275,16 +275,16 @@ def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, opt
                 session.decode([ids[i] for i in flat], method, options, max_new_tokens=max_new_tokens, verify=verify,
                                batch_size=batch_size, sampling=sampling, rows=[work.rows[i] for i in flat],
                                on_done=done)
-                order = []
-            for batch in order:
-                t_batch = time.perf_counter()
-                res = session.decode([ids[i] for i in batch], method, options, max_new_tokens=max_new_tokens,
-                                     verify=verify, batch_size=len(batch), sampling=sampling,
-                                     rows=[work.rows[i] for i in batch])
-                share = round((time.perf_counter() - t_batch) / len(batch), 6)
-                for i, q in zip(batch, res.sequences):
-                    write(i, replace(res, sequences=[q], steps=[], timing={}), share)
-                writer.sync()
+            else:
+                for batch in order:
+                    t_batch = time.perf_counter()
+                    res = session.decode([ids[i] for i in batch], method, options, max_new_tokens=max_new_tokens,
+                                         verify=verify, batch_size=len(batch), sampling=sampling,
+                                         rows=[work.rows[i] for i in batch])
+                    share = round((time.perf_counter() - t_batch) / len(batch), 6)
+                    for j, i in enumerate(batch):
+                        write(i, res.alone(j), share)
+                    writer.sync()
         finally:
             writer.close()
             bar.close()

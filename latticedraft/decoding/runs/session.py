@@ -11,7 +11,6 @@ vocabularies, acceptance rates, head gates), each once, and ``decode``: any regi
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -246,6 +245,6 @@ class Session:
             for st in r.steps:
                 st.row += s
             parts.append(r)
-            for j, q in enumerate(r.sequences if on_done is not None else ()):
-                on_done(s + j, replace(r, sequences=[q], steps=[], timing={}))
+            for j in range(len(r.sequences) if on_done is not None else 0):
+                on_done(s + j, r.alone(j))
         return merge(parts)

@@ -18,7 +18,8 @@ from latticedraft.errors import InputError
 from latticedraft.gpu.models import hf
 from latticedraft.gpu.verify.modes import base_config
 from latticedraft.gpu.verify.screened_argmax import argmax_projection
-from latticedraft.gpu.verify.screened_topk import SparseLogits, topk_projection
+from latticedraft.gpu.verify.screened_topk import topk_projection
+from latticedraft.gpu.verify.sparse_logits import SparseLogits
 
 
 def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -90,8 +91,13 @@ class Forward:
         self.seconds += time.perf_counter() - t0
 
     def _project_all(self) -> None:
-        """Lazy calls: the logits of every node, in one matmul (once)."""
-        if self.lazy and self.logits is None:
+        """Lazy calls: the logits of every node, in one matmul (once); with ``top_k``, what a top-k
+        reads, kept per node for ``logits_at``."""
+        if self.lazy and self.top_k is not None:
+            if not self._kept:
+                b, n = self.hidden.shape[:2]
+                self._project(np.repeat(np.arange(b), n), np.tile(np.arange(n), b), keep=True)
+        elif self.lazy and self.logits is None:
             t0 = time.perf_counter()
             b, n, H = self.hidden.shape
             self.logits = self.unembed(self.hidden.reshape(-1, H)).view(b, n, -1)
@@ -128,16 +134,13 @@ class Forward:
         """The base model's logits after node ``nodes[j]`` of row ``rows[j]``: [m, V]. With
         ``top_k`` set on a lazy call, what a top-k of k reads: ``SparseLogits`` where the output
         projection is screened (``screened_topk``), else the whole logits."""
-        if self.project_all and self.top_k is None:
+        if self.project_all:
             self._project_all()
         if self.logits is not None:
             r = torch.as_tensor(rows, dtype=torch.long, device=self.logits.device)
             return self.logits[r, torch.as_tensor(nodes, dtype=torch.long, device=self.logits.device)]
         rows, nodes = np.asarray(rows, dtype=np.int64), np.asarray(nodes, dtype=np.int64)
         kept = self._kept
-        if self.project_all and not kept:  # with a top-k: every node at once, kept
-            b, n = self.hidden.shape[:2]
-            self._project(np.repeat(np.arange(b), n), np.tile(np.arange(n), b), keep=True)
         miss = np.asarray([(r, n) not in kept for r, n in zip(rows.tolist(), nodes.tolist())], dtype=bool)
         if miss.all():
             return self._project(rows, nodes)

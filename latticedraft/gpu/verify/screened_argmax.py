@@ -39,6 +39,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from latticedraft.gpu.verify.sparse_logits import SparseLogits
+
 U = 2.0 ** -8  # bfloat16's unit roundoff (8 significant bits)
 MARGIN = 1.25  # the bound's coefficients with a quarter more
 BLOCK = 64  # tokens per block of the screen
@@ -127,9 +129,8 @@ class BF16Screen:
         """Whether ``__call__`` screens these states (else the float32 projection decides)."""
         return self.screens and len(h) <= self.max_rows and h.dtype == torch.float32
 
-    def _floor(self, y: np.ndarray) -> np.ndarray:
-        """The least z~ with z~ + B|z~| >= y (x + B|x| is increasing)."""
-        return np.where(y >= 0, y / (1 + self.b), y / (1 - self.b))
+    def __call__(self, h: torch.Tensor):
+        return self.screened(h) if self.use_screen(h) else self.full(h)
 
     def screened_logits(self, h: torch.Tensor):
         """The bfloat16 logits z~ [m, blocks, BLOCK] (float32 tensor, sorted order; the last
@@ -141,6 +142,26 @@ class BF16Screen:
         hn = h.detach().numpy()
         return z.view(m, self.blocks, BLOCK), self.a * np.sqrt(np.einsum("mh,mh->m", hn, hn, dtype=np.float64))
 
+    def exact_logits(self, h: torch.Tensor, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """float32 logits of ``tokens[j]`` at state ``h[rows[j]]``: float32[k]."""
+        return np.einsum("kh,kh->k", self.weight[tokens], h.detach().numpy()[rows])
+
+
+class ArgmaxProjection(BF16Screen):
+    """``argmax(h @ W.T)`` for an output projection ``W`` [V, H]: ``__call__(h [m, H]) ->
+    int64[m]`` (numpy), through the bfloat16 screen (see the module doc) where it applies and is
+    faster (``calibrate``); else, or for a module the screen does not apply to (not an
+    ``nn.Linear``, a bias, not float32, not on a CPU, no float32 accumulation), through the
+    float32 projection."""
+
+    def full(self, h: torch.Tensor) -> np.ndarray:
+        """The float32 projection's argmax: int64[m]."""
+        return self.unembed(h).argmax(dim=-1).cpu().numpy()
+
+    def _floor(self, y: np.ndarray) -> np.ndarray:
+        """The least z~ with z~ + B|z~| >= y (x + B|x| is increasing)."""
+        return np.where(y >= 0, y / (1 + self.b), y / (1 - self.b))
+
     def candidates(self, z: torch.Tensor, best: np.ndarray, a: np.ndarray, y: np.ndarray):
         """The tokens whose float32 logit can be >= y (float64[m]) per row, from the screened
         logits z [m, blocks, BLOCK] (``screened_logits``), their blocks' maxima best [m, blocks]
@@ -150,24 +171,6 @@ class BF16Screen:
         r, blk = np.nonzero(best >= self._floor(y[:, None] - a[:, None] * self.block_norm[None]))
         ci, j = np.nonzero(z.numpy()[r, blk] >= self._floor(y[r, None] - a[r, None] * self.norms[blk]))
         return r[ci], blk[ci] * BLOCK + j
-
-    def exact_logits(self, h: torch.Tensor, rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        """float32 logits of ``tokens[j]`` at state ``h[rows[j]]``: float32[k]."""
-        return np.einsum("kh,kh->k", self.weight[tokens], h.detach().numpy()[rows])
-
-
-class ArgmaxProjection(BF16Screen):
-    """``argmax(h @ W.T)`` for an output projection ``W`` [V, H]: ``__call__(h [m, H]) ->
-    int64[m]`` (numpy), through the bfloat16 screen (see the module doc) where it applies and is
-    faster (``calibrate``); else, or for a module the screen does not apply to (not an ``nn.Linear``, a bias,
-    not float32, not on a CPU, no float32 accumulation), through the float32 projection."""
-
-    def full(self, h: torch.Tensor) -> np.ndarray:
-        """The float32 projection's argmax: int64[m]."""
-        return self.unembed(h).argmax(dim=-1).cpu().numpy()
-
-    def __call__(self, h: torch.Tensor) -> np.ndarray:
-        return self.screened(h) if self.use_screen(h) else self.full(h)
 
     def screened(self, h: torch.Tensor) -> np.ndarray:
         """The argmax through the bfloat16 screen (any number of rows): int64[m]."""
@@ -185,11 +188,8 @@ class ArgmaxProjection(BF16Screen):
             return tok.astype(np.int64)
         if len(tok) > MAX_CANDIDATES * m:  # a flat distribution: the float32 projection is cheaper
             return self.full(h)
-        exact = self.exact_logits(h, rows, tok)  # the candidates' float32 logits
-        first = np.lexsort((tok, -exact, rows))  # per row: the largest logit, then the lowest token id
-        keep = np.ones(len(first), dtype=bool)
-        keep[1:] = rows[first][1:] != rows[first][:-1]
-        return tok[first][keep].astype(np.int64)
+        # the candidates' float32 logits: per row the largest, then the lowest token id
+        return SparseLogits(rows, tok, self.exact_logits(h, rows, tok), (m, self.vocab)).argmax()
 
 
 def median_seconds(f, x: torch.Tensor, repeats: int = 5) -> float:

@@ -78,7 +78,7 @@ from latticedraft.gpu.verify.walk import node_of, prefix_of, walk, walk_batched
 def top_k_reads(choose) -> int | None:
     """k where an acceptance rule's ``choose`` reads only each node's k largest logits (ties
     included; its ``top_k`` attribute), else None (it reads them all, or greedy: None)."""
-    return getattr(choose, "top_k", None) if choose is not None else None
+    return getattr(choose, "top_k", None)
 
 
 UNEMBED_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows at which the output projection is timed (once per model)
@@ -322,15 +322,15 @@ class Verifier:
         t2 = time.perf_counter()
         tm["tree"] += t1 - t0
         tm["forward"] += t2 - t1
-        if self.lazy and n == 1:  # every row's root alone: one projection of the b roots
+        if self.lazy:
             out.top_k = top_k_reads(choose)
+        if self.lazy and n == 1:  # every row's root alone: one projection of the b roots
             out.project_all = True
         elif self.lazy:  # one projection of all b * n nodes, or each row's main path first (+ the side nodes)
             main = [main_path(t) for t in trees]
             rows = np.repeat(np.arange(b), [len(m) for m in main])
             nodes = np.concatenate([layouts[i].tree_index[m] for i, m in enumerate(main)])
             n_side = 0 if sides is None else sum(len(sd.wanted) for sd in sides)
-            out.top_k = top_k_reads(choose)
             reads = "argmax" if choose is None else out.top_k or "logits"
             cost = functools.partial(self.unembed_seconds, reads=reads)
             by_path = cost(len(nodes) + n_side) + self.off_path * cost(b)

@@ -12,7 +12,8 @@ from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.gpu.models.blockwise import BlockwiseModel
 from latticedraft.gpu.verify import screened_argmax as sa
 from latticedraft.gpu.verify import screened_topk as st
-from latticedraft.gpu.verify.screened_topk import SparseLogits, TopKProjection
+from latticedraft.gpu.verify.screened_topk import TopKProjection
+from latticedraft.gpu.verify.sparse_logits import SparseLogits
 from tests.decoding.tiny import prompts, tiny_model
 from tests.gpu.verify.test_screened_argmax import NEEDS_BF16, _head, _states
 
@@ -89,19 +90,6 @@ def test_non_finite_states_and_k_over_the_vocabulary_take_the_float32_path():
         assert isinstance(got, torch.Tensor) and torch.equal(got.isnan(), lm(x).isnan())
         assert not TopKProjection(lm, 300).screens and not TopKProjection(lm, 400).screens
         assert isinstance(TopKProjection(lm, 400)(x[:1]), torch.Tensor)
-
-
-def test_sparse_logits_dense_split_stack_and_argmax():
-    s = SparseLogits(np.array([0, 0, 1, 1, 1]), np.array([4, 2, 0, 3, 1]),
-                     np.array([1.0, 2.0, 5.0, 5.0, -1.0], dtype=np.float32), (2, 6))
-    d = s.dense()
-    assert d.shape == (2, 6) and d[0, 2] == 2.0 and d[0, 0] == float("-inf") and d[1, 3] == 5.0
-    assert s.argmax().tolist() == d.argmax(-1).tolist() == [2, 0]  # a tie: the lowest id, as torch.argmax
-    parts = s.split()
-    assert [len(p) for p in parts] == [1, 1] and parts[1].tokens.tolist() == [0, 3, 1]
-    again = SparseLogits.stack([parts[1], parts[0], parts[1]])
-    assert torch.equal(again.dense(), d[[1, 0, 1]])
-    assert again.bounds().tolist() == [0, 3, 5, 8]
 
 
 @pytest.mark.parametrize("opts", [SamplingOptions(top_k=50), SamplingOptions(top_k=20, top_p=0.9),
