@@ -28,6 +28,7 @@ import platform
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -47,9 +48,11 @@ HEADS = DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto", draft_vocab=
 DRAFTERS = {
     # the fastest measured configuration (the demo's default row; the CLI's default settings are
     # DrafterSpec.fast on --drafter top1)
-    "bpd parallel p=8 slots=3 +ctx (default)": DrafterSpec("parallel", nbest=8, slots=3).fast(),
-    "bpd parallel-base p=8 slots=3 +ctx": DrafterSpec("parallel-base", nbest=8, slots=3).fast(),
-    "bpd top1 +ctx": DrafterSpec("top1").fast(),
+    "bpd parallel p=8 slots=3 +ctx +lm (default)": DrafterSpec("parallel", nbest=8, slots=3).fast(),
+    "bpd parallel p=8 slots=3 +ctx (no LM drafts)": replace(DrafterSpec("parallel", nbest=8, slots=3).fast(),
+                                                            lm_drafts=0),
+    "bpd parallel-base p=8 slots=3 +ctx +lm": DrafterSpec("parallel-base", nbest=8, slots=3).fast(),
+    "bpd top1 +ctx +lm": DrafterSpec("top1").fast(),
     # heads only: no context n-grams
     "bpd parallel-base p=8 slots=3 (heads only)": HEADS,
     "bpd parallel-base p=8 slots=3 full vocab": DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto"),
@@ -63,7 +66,8 @@ DRAFTERS = {
 }
 OWN = {  # latticedraft's own loop on the same forward as BPD, without head drafts (--drafter none)
     "greedy loop (latticedraft)": DrafterSpec("none"),
-    "context n-grams only (latticedraft)": DrafterSpec("none").fast(),
+    "context + LM n-grams (latticedraft)": DrafterSpec("none").fast(),
+    "context n-grams only (latticedraft)": replace(DrafterSpec("none").fast(), lm_drafts=0),
 }
 HF_ROWS = ("prompt-lookup (HF)", "assisted (HF, rescorer-medium drafts)")
 

@@ -48,6 +48,9 @@ def tree_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context-ngrams", type=int, default=3, metavar="N",
                    help="also draft what followed earlier matches of the last N..1 tokens in the prompt and "
                         "output (prompt lookup); 0 = off (default 3)")
+    g.add_argument("--lm-drafts", default="auto", metavar="D",
+                   help="also draft the n-gram LM's (--lm) most likely continuation, D tokens deep; 0 = off "
+                        "(default auto: 3 where the LM build exists and fits the tokenizer, else off)")
     g.add_argument("--draft-vocab", default="auto", metavar="V",
                    help="the extra heads project onto the V most frequent tokens (draft_vocab.json beside the "
                         "heads); 0 = the full vocabulary; verification always uses all (default auto: 1024 "

@@ -2,11 +2,12 @@
 
 A BPD decode composes proposers for ``loop.speculative_decode``: the heads' lattice drafter
 (``proposers/heads.py``: top1, neural, ngram, parallel, parallel-base, oracle) or an auxiliary
-draft model (``--drafter model``), plus, optionally, context n-grams (prompt lookup) and a
-lookahead window + pool; the draft tree is fixed (every path) or cost-aware (``--tree auto``),
-with the head gate where context n-grams can carry a step alone. With ``sampling`` the drafter
-draws its paths and the loop accepts by lossless speculative sampling (no tree choice, context
-n-grams or pool: choices that look at the drawn tokens would bias them).
+draft model (``--drafter model``), plus, optionally, context n-grams (prompt lookup), the n-gram
+LM's most likely continuation (``--lm-drafts``) and a lookahead window + pool; the draft tree is
+fixed (every path) or cost-aware (``--tree auto``), with the head gate where context n-grams can
+carry a step alone. With ``sampling`` the drafter draws its paths and the loop accepts by lossless
+speculative sampling (no tree choice, context or LM n-grams or pool: choices that look at the
+drawn tokens would bias them).
 
 ``DrafterSpec`` holds the drafting options as plain values (CLI flags map 1:1); ``METHOD`` is the
 registry entry.
@@ -23,7 +24,8 @@ from latticedraft.decoding.registry import Method
 from latticedraft.errors import InputError
 
 AUTO_DRAFT_VOCAB = 1024  # V' of the bundled heads: 80% of corpus tokens, projection 8x cheaper
-FAST = {"tree": "auto", "context_ngrams": 3, "draft_vocab": "auto"}  # fastest in benchmarks/decode.py
+AUTO_LM_DRAFTS = 3  # tokens of the n-gram LM's continuation: deeper ones measured slower (docs/speed.md)
+FAST = {"tree": "auto", "context_ngrams": 3, "draft_vocab": "auto", "lm_drafts": "auto"}  # fastest in benchmarks/decode.py
 # Heads drafted from when sampling and --slots is not given: a drawn path is accepted token by token
 # with probability sum(min(p, q)) (~0.45 per token at T = 1 with the bundled heads), so a token at
 # depth 4 is reached on ~4% of steps while every drafted slot costs a head, a draw and a tree node
@@ -33,7 +35,7 @@ DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "m
 HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")
 # which drafters read a drafting option (the others are refused it)
 DRAFTER_OPTIONS = {
-    "lm": ("ngram", "parallel"), "rescorer": ("neural",), "alpha": ("ngram", "parallel", "neural"),
+    "rescorer": ("neural",), "alpha": ("ngram", "parallel", "neural"),
     "nbest": ("parallel", "parallel-base"), "draft_model": ("model",), "gamma": ("model",),
     **{d: HEAD_DRAFTERS for d in ("k", "prune", "eps", "backoff", "slots", "draft_vocab")},
 }
@@ -46,6 +48,8 @@ class DrafterSpec:
 
     tree: "fixed" (verify every drafted path) or "auto" (cost-aware tree, ``planning/draft_tree.py``);
     context_ngrams: longest context suffix matched for extra draft paths (0: off);
+    lm_drafts: tokens of the n-gram LM's greedy continuation drafted as one more path (0: off;
+    "auto": ``AUTO_LM_DRAFTS`` where the LM build exists and fits the tokenizer, else off);
     draft_vocab: V', the number of most frequent tokens the heads project onto (None: all;
     "auto": ``AUTO_DRAFT_VOCAB`` where the heads ship ``draft_vocab.json``, else all).
     The defaults are the paper's drafters as published (the eval tables); ``fast()`` gives the
@@ -64,11 +68,12 @@ class DrafterSpec:
     draft_vocab: int | str | None = None
     lookahead: object = None  # LookaheadOptions: a Jacobi window + n-gram pool as one more path source
     gamma: int = 4  # tokens the auxiliary draft model drafts per step (--drafter model)
+    lm_drafts: int | str = 0
 
     def for_sampling(self) -> "DrafterSpec":
         """This drafter as lossless sampling verifies it: every drafted path as drawn, ``SAMPLED_SLOTS``
         deep unless ``slots`` says otherwise."""
-        return replace(self, tree="fixed", context_ngrams=0, lookahead=None,
+        return replace(self, tree="fixed", context_ngrams=0, lookahead=None, lm_drafts=0,
                        slots=SAMPLED_SLOTS if self.slots is None else self.slots)
 
     def fast(self) -> "DrafterSpec":
@@ -90,14 +95,15 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
                verify: str = "auto", tree: str = "fixed", context=None, acceptance=None, draft_vocab=None,
                cost=None, gate=None, lookahead=None, sampling=None, draws=None, rule=None, kv_cache: str = "auto",
                first_row: int = 0, rows: list | None = None, on_tokens=None, record_steps: bool = False,
-               slots: int | None = None, on_done=None):
+               slots: int | None = None, on_done=None, lm=None):
     """Decode ``prompts`` with BPD on the one loop.
 
     drafter: a lattice ``Drafter`` (``proposers.heads.make_drafter``; spawned per row), any
     ``Proposer`` (``ModelProposer``, ``MtadProposer``...) or None (no head drafts: with
     ``context`` None the greedy loop). tree: "fixed" | "auto" (needs the cost model: measured
     and cached for this model and batch unless ``cost`` is given; ``acceptance``: calibrated
-    rates, default the prior); context: ``ContextNgrams`` or None; gate: a ``HeadGate`` (auto
+    rates, default the prior); context: ``ContextNgrams`` or None; lm: (``LMNgrams``, ``LMArrays``)
+    for the n-gram LM's continuation as one more path, or None; gate: a ``HeadGate`` (auto
     tree with context n-grams and heads; default a new one); draft_vocab: token ids the extra
     heads project onto; lookahead: ``LookaheadOptions`` of a window + pool riding along;
     sampling / draws / rule: lossless sampling (``loop.speculative_decode``); first_row: the
@@ -115,15 +121,19 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
     from latticedraft.gpu.verify.cost_model import CostModel
     from latticedraft.gpu.verify.verifier import Verifier
 
-    if sampling is not None and (tree != "fixed" or context is not None or lookahead is not None):
+    if sampling is not None and (tree != "fixed" or context is not None or lookahead is not None or lm is not None):
         raise InputError("lossless sampling verifies the drafted paths as drawn: use tree='fixed' without "
-                         "context n-grams or a lookahead pool")
+                         "context n-grams, LM drafts or a lookahead pool")
     source = None if drafter is None else drafter if isinstance(drafter, Proposer) else HeadProposer(drafter)
     from_heads = source is not None and source.uses_heads
     proposers = [source] if source is not None else []
     ctx = ContextProposer(context) if context is not None else None
     if ctx is not None:
         proposers.append(ctx)
+    if lm is not None:
+        from latticedraft.decoding.proposers.lm_ngrams import LMProposer
+
+        proposers.append(LMProposer(*lm))
     if lookahead is not None:
         proposers.append(LookaheadProposer(lookahead, hf.model_vocab_size(getattr(model, "base", model))))
     num_heads = getattr(source, "heads_needed", None) if from_heads else 1
@@ -155,6 +165,10 @@ def _configure(values: dict, given: set) -> DrafterSpec:
         if dest in given and name not in users:
             raise InputError(f"--{dest.replace('_', '-')} does not apply to --drafter {name} (it applies to "
                              f"--drafter {' / '.join(users)}); drop it")
+    lm_drafts = _lm_drafts(values.get("lm_drafts"))
+    if "lm" in given and name not in ("ngram", "parallel") and not lm_drafts:
+        raise InputError(f"--lm does not apply to --drafter {name} without --lm-drafts (it applies to --drafter "
+                         "ngram / parallel and to LM drafts); drop it")
     pool = bool(values.get("lookahead_pool"))
     if not pool:
         for dest in LOOKAHEAD_POOL:
@@ -183,7 +197,7 @@ def _configure(values: dict, given: set) -> DrafterSpec:
     spec = DrafterSpec(name=name, k=pick("k", 16), prune=pick("prune", "none"), eps=pick("eps", 0.001),
                        backoff=values.get("backoff"), slots=values.get("slots"), alpha=pick("alpha", 1.0),
                        nbest=pick("nbest", 16), tree=pick("tree", "fixed"), context_ngrams=ctx, draft_vocab=vocab,
-                       lookahead=look, gamma=pick("gamma", 4))
+                       lookahead=look, gamma=pick("gamma", 4), lm_drafts=lm_drafts)
     if spec.name in HEAD_DRAFTERS:
         LatticeOptions(spec.k, spec.prune, spec.eps, spec.backoff, spec.slots)  # the lattice options' ranges
     if spec.nbest < 1:
@@ -200,14 +214,29 @@ def _configure(values: dict, given: set) -> DrafterSpec:
         if spec.name == "oracle":
             raise InputError("--drafter oracle drafts the greedy output; it has nothing to offer sampling "
                              "(choose another drafter)")
-        why = ("--do-sample verifies the drafted paths as drawn (no cost-aware tree, context n-grams or "
-               "lookahead pool: choices that look at sampled tokens would bias them)")
+        why = ("--do-sample verifies the drafted paths as drawn (no cost-aware tree, context n-grams, LM drafts "
+               "or lookahead pool: choices that look at sampled tokens would bias them)")
         if pool:
             raise InputError(f"--lookahead-pool does not apply here: {why}; drop it")
         if "context_ngrams" in given and ctx:
             raise InputError(f"--context-ngrams {ctx} does not apply here: {why}; drop it")
+        if "lm_drafts" in given and lm_drafts:
+            raise InputError(f"--lm-drafts {lm_drafts} does not apply here: {why}; drop it")
         spec = spec.for_sampling()
     return spec
+
+
+def _lm_drafts(value) -> int | str:
+    """``--lm-drafts``: a number of tokens (0 = off) or "auto"."""
+    if value is None or value == "auto":
+        return 0 if value is None else "auto"
+    try:
+        depth = int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"--lm-drafts {value!r}: give a number of tokens (0 = off) or auto") from None
+    if depth < 0:
+        raise InputError(f"--lm-drafts {depth}: give a number of tokens >= 1, 0 for off, or auto")
+    return depth
 
 
 def _label(spec: DrafterSpec, sampling) -> str:
@@ -239,7 +268,7 @@ def _run(session, prompts: list, spec: DrafterSpec, req) -> object:
                       draft_vocab=session.draft_vocab(spec.draft_vocab) if spec.name in HEAD_DRAFTERS else None,
                       gate=session.gate(spec), lookahead=spec.lookahead, sampling=req.sampling, rows=req.rows,
                       on_tokens=req.on_tokens, record_steps=req.record_steps, slots=req.slots,
-                      on_done=req.on_done)
+                      on_done=req.on_done, lm=session.lm_drafts(spec))
 
 
 METHOD = Method(
@@ -249,7 +278,7 @@ METHOD = Method(
     lossless=True,
     sampling="optional",
     options=("drafter", "lm", "rescorer", "alpha", "nbest", "k", "prune", "eps", "backoff", "slots", "verify", "tree",
-             "context_ngrams", "draft_vocab", "lookahead_pool", "draft_model", "gamma", *LOOKAHEAD_POOL),
+             "context_ngrams", "lm_drafts", "draft_vocab", "lookahead_pool", "draft_model", "gamma", *LOOKAHEAD_POOL),
     configure=_configure,
     label=_label,
     settings=_settings,

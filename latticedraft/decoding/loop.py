@@ -2,9 +2,10 @@
 
 Each step, for the rows still decoding (a batch; rows leave as they finish):
 
-1. **draft**: every proposer (``proposers/``: the heads' lattice drafters, context n-grams, a
-   lookahead window + pool, a draft model, MTAD's beams, Kangaroo's early layers) proposes paths
-   after each row's root, reading the heads' logits the previous call computed where it wants;
+1. **draft**: every proposer (``proposers/``: the heads' lattice drafters, context n-grams, the
+   n-gram LM's continuation, a lookahead window + pool, a draft model, MTAD's beams, Kangaroo's
+   early layers) proposes paths after each row's root, reading the heads' logits the previous
+   call computed where it wants;
 2. **plan**: ``planning.draft_tree.TreePlanner`` merges a row's proposals into the paths to
    verify (every path, or the nodes that maximise expected tokens per second under the measured
    step cost); with lossless sampling the drawn paths are verified as drawn;

@@ -25,3 +25,24 @@ def test_sampled_slots_beyond_the_models_heads_draft_from_all_of_them():
                    sampling=SamplingOptions(seed=3))
     assert all(len(q.tokens) == 12 for q in r.sequences)
     assert r.block_efficiency <= 3.0  # the root and at most 2 drafted tokens per call
+
+
+def test_lm_drafts_option():
+    """``--lm-drafts``: a depth, 0 for off, or auto; refused under sampling; ``--lm`` applies to any
+    drafter while LM drafts are on."""
+    import pytest
+
+    from latticedraft.errors import InputError
+
+    conf = lambda **v: METHOD.configure({"drafter": "none", **v}, set(v))  # noqa: E731
+    assert conf(lm_drafts="auto").lm_drafts == "auto"
+    assert conf(lm_drafts="5").lm_drafts == 5 and conf(lm_drafts=0).lm_drafts == 0
+    assert METHOD.configure({"drafter": "none"}, set()).lm_drafts == 0  # the paper's defaults: off
+    assert DrafterSpec("none").fast().lm_drafts == "auto"
+    assert DrafterSpec("top1").fast().for_sampling().lm_drafts == 0
+    assert conf(lm_drafts=3, lm="/some/lm").lm_drafts == 3
+    for values, needle in (({"lm_drafts": "x"}, "--lm-drafts 'x'"), ({"lm_drafts": -1}, "--lm-drafts -1"),
+                           ({"lm_drafts": 2, "do_sample": True}, "--lm-drafts 2 does not apply here"),
+                           ({"lm": "/some/lm"}, "--lm does not apply to --drafter none without --lm-drafts")):
+        with pytest.raises(InputError, match=needle):
+            METHOD.configure({"drafter": "none", **values}, set(values) - {"do_sample"})

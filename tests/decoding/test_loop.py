@@ -267,6 +267,35 @@ def test_every_drafter_with_the_fast_options_equals_generate(name, toy_lm, resco
         assert [s.tokens.tolist() for s in r.sequences] == refs[: len(batch)]
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral"])
+@pytest.mark.parametrize("batch,tree,heads,slots", [(1, "fixed", False, None), (4, "fixed", True, None),
+                                                    (4, "auto", True, None), (4, "auto", False, 2)])
+def test_lm_drafts_are_verified_and_stay_exact(arch, batch, tree, heads, slots, toy_lm):
+    """The n-gram LM's continuation rides along as one more path (with heads and context paths, a
+    fixed or auto tree, a continuous batch): every output is ``generate``'s, and with the fixed
+    tree every step verifies the LM's continuation of its history (cut to the row's room)."""
+    from latticedraft.decoding.planning.head_gate import HeadGate
+    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.lm_ngrams import LMNgrams
+    from latticedraft.lattice.lm_tables import lm_arrays
+
+    model = blockwise(arch, torch.float32, num_heads=4, seed=3)
+    ps = prompts(batch, seed=5, lengths=(7, 3, 12, 5))
+    refs = [reference(model, p, MAX_NEW) for p in ps]
+    lm = (LMNgrams(4), lm_arrays(toy_lm))
+    d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=4) if heads else None
+    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, tree=tree, context=ContextNgrams(max_ngram=3), lm=lm,
+                   cost=None if tree == "fixed" else _flat_or_steep(0.02), gate=HeadGate(), slots=slots,
+                   record_steps=True)
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    if tree == "fixed":
+        for st in r.steps:
+            toks, _ = lm[0].continuation(lm[1], st.history)
+            room = MAX_NEW - (len(st.history) - len(ps[st.row])) - 1
+            want = toks[:room].tolist()
+            assert any(row[row >= 0].tolist()[: len(want)] == want for row in np.atleast_2d(st.drafts)), st.row
+
+
 # -- a continuous batch: rows that finish make room for the next prompts --------------------------
 @pytest.mark.parametrize("arch,verify", [("gpt2", "auto"), ("llama", "auto"), ("mistral", "auto"),
                                          ("llama", "batched"), ("mistral", "batched")])

@@ -1,8 +1,8 @@
 """``latticedraft demo``: the bundled model on held-out standard-library prompts.
 
 HF greedy and HF prompt lookup (the baselines a user would run instead, in this process) vs
-latticedraft's fastest measured configuration and its parts (heads only, context n-grams
-only, no rescoring) and the paper's drafters as published: block efficiency, tokens/s, the
+latticedraft's fastest measured configuration and its parts (heads only, context and 4-gram
+drafts only, no rescoring) and the paper's drafters as published: block efficiency, tokens/s, the
 speed-up over both baselines, a picture of one step's lattice (``lattice_step.png``), and a
 check that every output equals greedy's token for token.
 """
@@ -29,10 +29,13 @@ FAST = DrafterSpec("parallel", nbest=8, slots=3).fast()  # the fastest measured 
 ROWS = [
     ("greedy", "plain autoregressive (HF generate)", None),
     ("prompt lookup (HF)", "HF generate(prompt_lookup_num_tokens=10)", "prompt-lookup"),
-    ("latticedraft (default)", "8 best 4-gram-rescored head paths + context n-grams, cost-aware tree", FAST),
-    ("heads only", "the same without context n-grams", replace(FAST, context_ngrams=0)),
-    ("context n-grams only", "--drafter none: prompt lookup on latticedraft's verifier", DrafterSpec("none").fast()),
-    ("no n-gram rescoring", "8 best un-rescored head paths + context n-grams", replace(FAST, name="parallel-base")),
+    ("latticedraft (default)", "8 best 4-gram-rescored head paths + context and 4-gram drafts, cost-aware tree",
+     FAST),
+    ("heads only", "the same without context or 4-gram drafts", replace(FAST, context_ngrams=0, lm_drafts=0)),
+    ("context + 4-gram drafts", "--drafter none: prompt lookup and the 4-gram's continuation on latticedraft's "
+     "verifier", DrafterSpec("none").fast()),
+    ("no n-gram rescoring", "8 best un-rescored head paths + context and 4-gram drafts",
+     replace(FAST, name="parallel-base")),
     ("base BPD (paper)", "top-1 of every head, as published", DrafterSpec("top1")),
     ("neural BPD (paper)", "Algorithm 2, small GPT-2 rescorer", DrafterSpec("neural", alpha=1.0)),
 ]
@@ -165,10 +168,10 @@ def draw_step(tokenizer, step, truth, path: Path, rows: int = 8) -> Path:
         ax.text(j + 0.47, 0.35, f"head {j + 2}", ha="center", fontsize=8)
     ctx = _visible(tokenizer.decode([int(x) for x in step.history[-12:]]), space=" ")
     paths = [row[row >= 0] for row in step.drafts]
-    lat = sum(len(p) <= h and _in_lattice(s, p) == len(p) for p in paths)  # longer paths come from the context
+    lat = sum(len(p) <= h and _in_lattice(s, p) == len(p) for p in paths)  # the others: context or LM n-grams
     n_ctx = len(paths) - lat
     ax.set_title(f"One BPD step after …{ctx!s:.60}\n{lat} lattice path{'s' if lat != 1 else ''} + {n_ctx} context "
-                 f"n-gram path{'s' if n_ctx != 1 else ''} "
+                 f"or 4-gram path{'s' if n_ctx != 1 else ''} "
                  f"verified in one tree (blue = in a path); {acc} draft token{'s' if acc != 1 else ''} accepted "
                  f"+ 1 bonus (green = greedy continuation, bold = accepted); number = head probability", fontsize=8.5)
     ax.axis("off")

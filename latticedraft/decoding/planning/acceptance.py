@@ -11,11 +11,13 @@ acceptance rate of its token, which is read from two tables fitted on held-out g
   candidate of slot j where the greedy tokens of slots < j are in the lattice, which
   underestimates deep nodes: a path whose tokens were right so far is right more often next);
 - ``ctx_rate[n, d]``: for context n-gram continuations (``context_ngrams``) from a suffix match
-  of n tokens, how often token d equals the greedy token given tokens < d did.
+  of n tokens, how often token d equals the greedy token given tokens < d did;
+- ``lm_rate[d, b]``: for the n-gram LM's greedy continuation (``lm_drafts``), how often token d
+  whose LM probability falls in bin b equals the greedy token given tokens < d did.
 
 Counts are smoothed towards a prior (``PRIOR_WEIGHT`` pseudo-observations of the bin's mean
 probability), so empty bins fall back to the raw head probability. ``AcceptanceModel.prior()``
-is the table before any data: raw head probabilities and a flat 0.5 for context tokens.
+is the table before any data: raw head and LM probabilities and a flat 0.5 for context tokens.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from latticedraft.paths import cache_dir
 HEAD_EDGES = np.array([0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0 + 1e-6])
 PRIOR_WEIGHT = 4.0
 CTX_PRIOR = 0.5
-FORMAT = 2  # 2: the head table counts tree nodes whose parent is the greedy prefix
+FORMAT = 3  # 2: the head table counts tree nodes whose parent is the greedy prefix; 3: lm_rate
 
 
 def head_bins(probs):
@@ -43,17 +45,22 @@ def head_bins(probs):
 
 @dataclass
 class AcceptanceModel:
-    """head_rate: float[slots, bins]; ctx_rate: float[max_match + 1, depth]; counts: how many
-    observations went into each table (for the report)."""
+    """head_rate: float[slots, bins]; ctx_rate: float[max_match + 1, depth]; lm_rate: float[depth,
+    bins]; counts: how many observations went into each table (for the report)."""
 
     head_rate: np.ndarray
     ctx_rate: np.ndarray
     counts: dict
+    lm_rate: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.lm_rate is None:
+            self.lm_rate = np.tile(_bin_mid(), (self.ctx_rate.shape[1], 1))
 
     @classmethod
     def prior(cls, slots: int = 16, max_match: int = 8, depth: int = 16) -> "AcceptanceModel":
-        mid = 0.5 * (HEAD_EDGES[:-1] + np.minimum(HEAD_EDGES[1:], 1.0))
-        return cls(np.tile(mid, (slots, 1)), np.full((max_match + 1, depth), CTX_PRIOR), {"head": 0, "ctx": 0})
+        return cls(np.tile(_bin_mid(), (slots, 1)), np.full((max_match + 1, depth), CTX_PRIOR),
+                   {"head": 0, "ctx": 0, "lm": 0}, np.tile(_bin_mid(), (depth, 1)))
 
     def head(self, slot: int, prob: float) -> float:
         """Conditional acceptance rate of a slot-``slot`` candidate with head probability ``prob``."""
@@ -75,24 +82,39 @@ class AcceptanceModel:
         n = min(match, self.ctx_rate.shape[0] - 1)
         return self.ctx_rate[n, np.minimum(np.arange(length), self.ctx_rate.shape[1] - 1)]
 
+    def lm_rates(self, probs: np.ndarray) -> np.ndarray:
+        """Conditional acceptance rates of an LM continuation whose tokens have LM probabilities
+        ``probs`` float[d] (depth = index): float[d]."""
+        depth = np.minimum(np.arange(len(probs)), self.lm_rate.shape[0] - 1)
+        return self.lm_rate[depth, head_bins(np.asarray(probs, dtype=np.float64))]
+
     def to_json(self) -> dict:
         return {"format": FORMAT, "head_edges": HEAD_EDGES.tolist(), "head_rate": self.head_rate.round(5).tolist(),
-                "ctx_rate": self.ctx_rate.round(5).tolist(), "counts": self.counts}
+                "ctx_rate": self.ctx_rate.round(5).tolist(), "lm_rate": self.lm_rate.round(5).tolist(),
+                "counts": self.counts}
 
     @classmethod
     def from_json(cls, d: dict) -> "AcceptanceModel":
-        return cls(np.asarray(d["head_rate"], float), np.asarray(d["ctx_rate"], float), dict(d.get("counts", {})))
+        return cls(np.asarray(d["head_rate"], float), np.asarray(d["ctx_rate"], float), dict(d.get("counts", {})),
+                   np.asarray(d["lm_rate"], float))
+
+
+def _bin_mid() -> np.ndarray:
+    """The middle probability of each ``HEAD_EDGES`` bin (the prior of a raw probability)."""
+    return 0.5 * (HEAD_EDGES[:-1] + np.minimum(HEAD_EDGES[1:], 1.0))
 
 
 def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | None,
-        max_match: int = 8, depth: int = 16, drafts: list | None = None) -> AcceptanceModel:
+        max_match: int = 8, depth: int = 16, drafts: list | None = None, lm=None) -> AcceptanceModel:
     """Fit both tables from decode steps on held-out data.
 
     lattices[i]: the Sausage the heads gave at step i (slot j = token j + 1 after the root; None
     for a step without head drafts, which then feeds the context table only);
     greedy[i]: int64[>= h], the greedy tokens that followed the root; histories[i]: int64[t],
     the text up to and including the root (for the context n-grams); drafts[i]: int64[p, d],
-    the paths drafted from that lattice (-1 pads), whose tree nodes the head table counts.
+    the paths drafted from that lattice (-1 pads), whose tree nodes the head table counts;
+    lm(history) -> (tokens int64[d], probs float[d]): the n-gram LM's continuation (None: the
+    LM table keeps its prior).
     """
     prior = AcceptanceModel.prior(max([s.h for s in lattices if s is not None], default=1), max_match, depth)
     nb = len(HEAD_EDGES) - 1
@@ -100,6 +122,8 @@ def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | 
     seen = np.zeros_like(hit)
     c_hit = np.zeros((max_match + 1, depth))
     c_seen = np.zeros_like(c_hit)
+    l_hit = np.zeros((depth, nb))
+    l_seen = np.zeros_like(l_hit)
     for i, (s, g, hist) in enumerate(zip(lattices, greedy, histories)):
         g = np.asarray(g, dtype=np.int64)
         if s is not None and drafts is not None:
@@ -112,6 +136,13 @@ def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | 
             np.add.at(hit[j], bins, s.tokens[j][live] == g[j])
             if g[j] not in s.tokens[j]:
                 break  # no node of a deeper slot can follow the greedy path
+        if lm is not None:
+            toks, probs = lm(hist)
+            for d, (tok, b) in enumerate(zip(toks[: min(depth, len(g))].tolist(), head_bins(probs).tolist())):
+                l_seen[d, b] += 1
+                if tok != g[d]:
+                    break
+                l_hit[d, b] += 1
         if context is None:
             continue
         for cand in context.candidates(hist):
@@ -123,7 +154,9 @@ def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | 
                 c_hit[n, d] += 1
     head = (hit + PRIOR_WEIGHT * prior.head_rate) / (seen + PRIOR_WEIGHT)
     ctx = (c_hit + PRIOR_WEIGHT * prior.ctx_rate) / (c_seen + PRIOR_WEIGHT)
-    return AcceptanceModel(head, ctx, {"head": int(seen.sum()), "ctx": int(c_seen.sum()), "steps": len(lattices)})
+    lm_rate = (l_hit + PRIOR_WEIGHT * prior.lm_rate) / (l_seen + PRIOR_WEIGHT)
+    return AcceptanceModel(head, ctx, {"head": int(seen.sum()), "ctx": int(c_seen.sum()), "lm": int(l_seen.sum()),
+                                       "steps": len(lattices)}, lm_rate)
 
 
 def _count_tree(s, g: np.ndarray, drafts: np.ndarray, hit: np.ndarray, seen: np.ndarray) -> None:

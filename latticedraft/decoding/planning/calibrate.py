@@ -2,7 +2,8 @@
 
 The prompts are decoded greedily-exact with the drafter's own lattices (tree ``fixed``, no
 context paths, the same slots and draft vocabulary as the run to be planned); every step's
-lattice, its history and the greedy tokens that followed its root are the training data.
+lattice, its history and the greedy tokens that followed its root are the training data (the
+context and LM tables read the same histories).
 """
 
 from __future__ import annotations
@@ -15,19 +16,23 @@ from latticedraft.decoding.proposers.context import ContextNgrams
 
 
 def calibrate(model, drafter, prompt_ids: list, *, context: ContextNgrams | None = None, draft_vocab=None,
-              max_new_tokens: int = 64, eos_token_id=None) -> AcceptanceModel:
-    """An ``AcceptanceModel`` from decoding ``prompt_ids`` (held out from what is measured)."""
+              max_new_tokens: int = 64, eos_token_id=None, lm=None) -> AcceptanceModel:
+    """An ``AcceptanceModel`` from decoding ``prompt_ids`` (held out from what is measured). drafter:
+    a lattice ``Drafter`` or None (then only the context and LM tables learn); lm: (``LMNgrams``,
+    ``LMArrays``) whose continuations the LM table is fitted on, or None."""
     res = bpd_decode(model, prompt_ids, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                      record_steps=True, tree="fixed", draft_vocab=draft_vocab)
     lattices, greedy, histories, drafts = [], [], [], []
     for st in res.steps:
         seq = res.sequences[st.row]
         at = len(st.history) - len(seq.prompt_ids)  # seq.tokens[at] is the token after the root
-        depth = max(st.sausage.h if st.sausage is not None else 0, context.num_tokens if context else 0)
+        depth = max(st.sausage.h if st.sausage is not None else 0, context.num_tokens if context else 0,
+                    lm[0].depth if lm else 0)
         follow = seq.tokens[at : at + depth]
         if len(follow):
             lattices.append(st.sausage)  # None for a drafter without heads: context data only
             greedy.append(np.asarray(follow, dtype=np.int64))
             histories.append(st.history)
             drafts.append(st.drafts)
-    return fit(lattices, greedy, histories, context, drafts=drafts)
+    cont = None if lm is None else (lambda history: lm[0].continuation(lm[1], history))
+    return fit(lattices, greedy, histories, context, drafts=drafts, lm=cont)

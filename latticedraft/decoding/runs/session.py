@@ -133,6 +133,28 @@ class Session:
             return None
         return self._once(("draft_vocab", str(where), int(size)), lambda: load_ranked(where, int(size)))
 
+    def lm_drafts(self, spec):
+        """What ``spec.lm_drafts`` drafts from: (``LMNgrams``, the LM's ``LMArrays``) or None (off;
+        "auto" where the LM build is missing or was built with another tokenizer)."""
+        from latticedraft.decoding.bpd import AUTO_LM_DRAFTS
+        from latticedraft.decoding.proposers.lm_ngrams import LMNgrams
+        from latticedraft.errors import ModelError
+        from latticedraft.lattice.lm_tables import lm_arrays
+        from latticedraft.paths import default_lm_dir
+
+        depth = spec.lm_drafts
+        if not depth:
+            return None
+        if depth == "auto":
+            if self.lm_dir is None and not default_lm_dir().is_dir():
+                return None  # (an LM named with --lm must load)
+            try:
+                _ = self.lm
+            except ModelError:  # an LM of another vocabulary: no LM drafts, the rest as asked
+                return None
+            depth = AUTO_LM_DRAFTS
+        return self._once(("lm_drafts", self.lm_dir, int(depth)), lambda: (LMNgrams(int(depth)), lm_arrays(self.lm.fst)))
+
     def acceptance(self, spec):
         """Acceptance rates for ``spec``'s drafts, fitted on the held-out calibration prompts
         (``CALIBRATION_PROMPTS`` of data/prompts.jsonl) and cached on disk per model and lattice
@@ -149,14 +171,17 @@ class Session:
 
         file = data_dir() / "prompts.jsonl"
         recs = read_prompts(file)[CALIBRATION_PROMPTS] if file.is_file() else []
-        if not recs or spec.name in ("oracle", "model", "none"):
-            return None  # the planner falls back to the uncalibrated prior (no head lattices to fit)
+        lm = self.lm_drafts(spec)
+        if not recs or spec.name in ("oracle", "model") or (spec.name == "none" and lm is None):
+            return None  # the planner falls back to the uncalibrated prior (no head lattices or LM drafts to fit)
         weights = [p for p in Path(self.base_dir).glob("*.safetensors")]
         if self.model_dir is not None or default_model_dir().exists():
             weights += list(Path(self.model_dir or default_model_dir()).glob("*.safetensors"))
         key = {"weights": sorted((str(w.resolve()), w.stat().st_size, w.stat().st_mtime_ns) for w in weights),
                "spec": {k: getattr(spec, k) for k in ("name", "k", "prune", "eps", "backoff", "slots", "alpha", "nbest",
                                                        "context_ngrams", "draft_vocab")},
+               "lm_drafts": None if lm is None else {"depth": lm[0].depth, "lm": str(self.lm.build_dir.resolve()),
+                                                "built": self.lm.manifest.get("built_at")},
                "prompts": [r["prompt"] for r in recs]}
         calib = replace(spec, tree="fixed", context_ngrams=0, lookahead=None)
 
@@ -166,7 +191,8 @@ class Session:
                             "prompts (once; cached under .cache/acceptance)")
             ids = encode(self.tokenizer, [r["prompt"] for r in recs])
             return calibrate(self.model, self.proposer(calib), ids, context=spec.context(),
-                             draft_vocab=self.draft_vocab(spec.draft_vocab), eos_token_id=self.eos)
+                             draft_vocab=self.draft_vocab(spec.draft_vocab) if spec.name != "none" else None,
+                             eos_token_id=self.eos, lm=lm)
 
         return acceptance.cached(key, build)
 
@@ -198,6 +224,9 @@ class Session:
             _ = self.draft_model
         self.draft_vocab(spec.draft_vocab)  # a missing or bad draft_vocab.json fails here
         spec.context()
+        lm = self.lm_drafts(spec)  # the LM's tables, its states' best next tokens and the chain kernel
+        if lm is not None:
+            lm[0].continuation(lm[1], np.zeros(1, dtype=np.int64))
         if spec.tree == "auto" and spec.name != "oracle":  # (the oracle's references come per call)
             # measure T(n) and fit the acceptance rates now (both cached on disk after the first
             # run), so that streaming output and timings never include them; at batch 1 and at

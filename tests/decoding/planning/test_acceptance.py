@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from latticedraft.decoding.planning import acceptance
-from latticedraft.decoding.planning.acceptance import HEAD_EDGES, PRIOR_WEIGHT, AcceptanceModel, fit
+from latticedraft.decoding.planning.acceptance import HEAD_EDGES, PRIOR_WEIGHT, AcceptanceModel, fit, head_bins
 from latticedraft.decoding.proposers.context import ContextNgrams
 from latticedraft.lattice import Sausage
 
@@ -81,3 +81,22 @@ def test_cache_round_trip(tmp_path, monkeypatch):
     assert len(calls) == 1 and np.allclose(a.head_rate, b.head_rate, atol=1e-5)
     acceptance.cached({"k": 2}, build)
     assert len(calls) == 2
+
+
+def test_lm_rates_per_depth_and_probability_bin_conditional_on_the_prefix():
+    """The LM table counts token d of the LM's continuation in its probability's bin where tokens
+    < d were right, and survives the cache's JSON."""
+    def lm(history):  # a continuation whose probabilities fall in the 0.85 and 0.07 bins
+        return np.array([7, 8]), np.array([0.85, 0.07])
+
+    greedy = [np.array([7, 8]), np.array([7, 1]), np.array([2, 8])]
+    m = fit([None] * 3, greedy, [np.array([0])] * 3, None, lm=lm)
+    b85, b07 = int(head_bins(0.85)), int(head_bins(0.07))
+    prior = AcceptanceModel.prior()
+    rate = lambda hit, seen, d, b: (hit + PRIOR_WEIGHT * prior.lm_rate[d, b]) / (seen + PRIOR_WEIGHT)  # noqa: E731
+    assert m.lm_rate[0, b85] == pytest.approx(rate(2, 3, 0, b85))
+    assert m.lm_rate[1, b07] == pytest.approx(rate(1, 2, 1, b07))  # seen only where token 0 was right
+    assert m.lm_rate[1, b85] == pytest.approx(prior.lm_rate[1, b85])  # no data: the prior (the bin's middle)
+    assert m.counts["lm"] == 5
+    back = AcceptanceModel.from_json(m.to_json())
+    assert np.allclose(back.lm_rate, m.lm_rate, atol=1e-5)

@@ -1,0 +1,33 @@
+"""``Session.lm_drafts``: what ``--lm-drafts`` resolves to (auto where the LM fits the model)."""
+
+import numpy as np
+import pytest
+
+from latticedraft.decoding.bpd import AUTO_LM_DRAFTS, DrafterSpec
+from latticedraft.decoding.runs.session import Session
+from latticedraft.errors import InputError
+from latticedraft.paths import default_lm_dir
+from tests.decoding.tiny import tiny_model
+
+pytestmark = pytest.mark.skipif(not default_lm_dir().is_dir(), reason="the bundled LM is built by scripts/setup.sh")
+
+
+def test_auto_drafts_from_the_bundled_lm_where_it_fits_the_model():
+    s = Session()
+    got = s.lm_drafts(DrafterSpec("none").fast())
+    assert got is not None and got[0].depth == AUTO_LM_DRAFTS
+    toks, probs = got[0].continuation(got[1], np.array(s.tokenizer.encode("    def __init__(self").ids))
+    assert len(toks) == AUTO_LM_DRAFTS and ((0 < probs) & (probs <= 1)).all()
+    assert s.lm_drafts(DrafterSpec("none", lm_drafts=5))[0].depth == 5
+    assert s.lm_drafts(DrafterSpec("none")) is None  # 0: off
+
+
+def test_auto_is_off_without_the_bundled_lm_but_a_named_lm_must_load(tmp_path, monkeypatch):
+    import latticedraft.paths as paths
+
+    s = Session(model=tiny_model("llama", vocab=8192))
+    monkeypatch.setattr(paths, "default_lm_dir", lambda: tmp_path / "none")
+    assert s.lm_drafts(DrafterSpec("none", lm_drafts="auto")) is None
+    s.lm_dir = str(tmp_path / "missing")
+    with pytest.raises(InputError, match="missing not found"):
+        s.lm_drafts(DrafterSpec("none", lm_drafts="auto"))
