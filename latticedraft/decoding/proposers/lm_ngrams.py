@@ -12,7 +12,7 @@ Each state's most likely next token is found once per LM and a chain then costs 
 per token (``lattice/lm_continuation.py``). Each token's LM probability rates it for the
 cost-aware tree (``planning/acceptance.py``: ``lm_rate``, fitted like the heads' table).
 
-    >>> src = LMNgrams(depth=4)
+    >>> src = LMNgrams(depth=3)
     >>> toks, probs = src.continuation(arrays, history)     # doctest: +SKIP
 """
 
@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows
+
+from latticedraft.decoding.proposers.base import Proposal, Proposer, Step
 from latticedraft.errors import InputError
 from latticedraft.lattice.lm_continuation import best_next, greedy_chain
 
@@ -30,7 +31,7 @@ from latticedraft.lattice.lm_continuation import best_next, greedy_chain
 class LMNgrams:
     """depth: tokens drafted from the n-gram LM after the root (one path)."""
 
-    depth: int = 4
+    depth: int = 3
 
     def __post_init__(self):
         if self.depth < 1:
@@ -56,9 +57,6 @@ class LMProposer(Proposer):
     def __init__(self, ngrams: LMNgrams, arrays):
         self.ngrams, self.arrays = ngrams, arrays
         best_next(arrays)  # once, before the first step
-
-    def start(self, rows: StepRows) -> None:
-        pass
 
     def propose(self, step: Step) -> list[Proposal]:
         out = []

@@ -191,8 +191,7 @@ class Session:
                             "prompts (once; cached under .cache/acceptance)")
             ids = encode(self.tokenizer, [r["prompt"] for r in recs])
             return calibrate(self.model, self.proposer(calib), ids, context=spec.context(),
-                             draft_vocab=self.draft_vocab(spec.draft_vocab) if spec.name != "none" else None,
-                             eos_token_id=self.eos, lm=lm)
+                             draft_vocab=self.draft_vocab(spec.draft_vocab), eos_token_id=self.eos, lm=lm)
 
         return acceptance.cached(key, build)
 
