@@ -2,10 +2,10 @@
 
 ``best_next`` finds, once per LM, each state's most likely next label under KenLM's back-off
 semantics (a token listed by a state costs its arc there; any other costs the back-off plus its
-cost at the back-off state, recursively). ``greedy_chain``
-walks a context from the null state with the exact LM step (``lm_tables._step``, back-off
-included) and then follows the best labels. It lives in this package so that numba's cache
-is dropped with ``_step``'s source (``_numba_cache``).
+cost at the back-off state, recursively). ``greedy_chain`` walks a context from the null state
+with the exact LM step (``lm_tables._step``, back-off included) and then follows the best
+labels. Both live in this package so that numba's cache is dropped with ``_step``'s source
+(``_numba_cache``).
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@
 
 It decodes with BPD on latticedraft's one decode loop (``registry`` method ``bpd``, through a
 ``Session`` wrapping ``model``), with the CLI's defaults (``--drafter top1 --tree auto
---context-ngrams 3 --draft-vocab auto --lm-drafts auto``) unless keywords say otherwise (``arguments.py``). The
-heads come from ``heads=DIR`` (``latticedraft train heads``), by default the bundled heads when
-``model`` is the bundled base (recognised by its configuration and embedding rows, not its path);
-``drafter='none'`` needs no heads. Greedy output equals ``model.generate(do_sample=False)`` token
-for token; with ``do_sample=True`` it is lossless speculative sampling (the model's distribution).
+--context-ngrams 3 --lm-drafts auto --draft-vocab auto``) unless keywords say otherwise
+(``arguments.py``). The heads come from ``heads=DIR`` (``latticedraft train heads``), by default
+the bundled heads when ``model`` is the bundled base (recognised by its configuration and
+embedding rows, not its path); ``drafter='none'`` needs no heads. Greedy output equals
+``model.generate(do_sample=False)`` token for token; with ``do_sample=True`` it is lossless
+speculative sampling (the model's distribution).
 
 Returns what ``generate`` returns: the sequences ``int64[b, L + n]`` (the input ids as given, then
 each row's new tokens, ``pad_token_id`` after its end-of-text id up to the longest row), or with
@@ -33,7 +34,8 @@ from transformers.generation import GenerateDecoderOnlyOutput
 from latticedraft.decoding.custom_generate.arguments import GenerateRequest, read_request
 from latticedraft.errors import InputError, LatticedraftError
 
-CLI_DEFAULTS = {"drafter": "top1", "tree": "auto", "context_ngrams": 3, "draft_vocab": "auto", "lm_drafts": "auto"}  # `decode`'s
+CLI_DEFAULTS = {"drafter": "top1", "tree": "auto", "context_ngrams": 3, "lm_drafts": "auto",  # `decode`'s
+                "draft_vocab": "auto"}
 FILES = ("lm", "rescorer", "draft_model")  # keywords naming files the session loads
 VERIFY = ("auto", "tree", "batched")
 

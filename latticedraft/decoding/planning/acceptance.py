@@ -1,8 +1,8 @@
-"""How likely a draft token is to be accepted: calibrated from the heads' own probabilities.
+"""How likely a draft token is to be accepted: calibrated from the drafters' own probabilities.
 
 A draft tree's expected gain is the sum, over its nodes, of the probability that the node lies
 on the target's greedy path. A node's probability is its parent's times the conditional
-acceptance rate of its token, which is read from two tables fitted on held-out greedy decodes:
+acceptance rate of its token, which is read from tables fitted on held-out greedy decodes:
 
 - ``head_rate[j, b]``: for the draft-tree nodes at slot j whose token's head probability falls in
   bin b (``HEAD_EDGES``), how often the token equals the greedy token at that place, counted
@@ -51,11 +51,7 @@ class AcceptanceModel:
     head_rate: np.ndarray
     ctx_rate: np.ndarray
     counts: dict
-    lm_rate: np.ndarray | None = None
-
-    def __post_init__(self):
-        if self.lm_rate is None:
-            self.lm_rate = np.tile(_bin_mid(), (self.ctx_rate.shape[1], 1))
+    lm_rate: np.ndarray
 
     @classmethod
     def prior(cls, slots: int = 16, max_match: int = 8, depth: int = 16) -> "AcceptanceModel":
@@ -106,7 +102,7 @@ def _bin_mid() -> np.ndarray:
 
 def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | None,
         max_match: int = 8, depth: int = 16, drafts: list | None = None, lm=None) -> AcceptanceModel:
-    """Fit both tables from decode steps on held-out data.
+    """Fit the tables from decode steps on held-out data.
 
     lattices[i]: the Sausage the heads gave at step i (slot j = token j + 1 after the root; None
     for a step without head drafts, which then feeds the context table only);

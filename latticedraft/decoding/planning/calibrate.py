@@ -30,7 +30,7 @@ def calibrate(model, drafter, prompt_ids: list, *, context: ContextNgrams | None
                     lm[0].depth if lm else 0)
         follow = seq.tokens[at : at + depth]
         if len(follow):
-            lattices.append(st.sausage)  # None for a drafter without heads: context data only
+            lattices.append(st.sausage)  # None for a drafter without heads: context and LM data only
             greedy.append(np.asarray(follow, dtype=np.int64))
             histories.append(st.history)
             drafts.append(st.drafts)
