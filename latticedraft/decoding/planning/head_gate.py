@@ -14,6 +14,14 @@ estimate follows the text; old observations decay by ``DECAY`` per update. No co
 a cost or a rate: those are measured as the run goes. The output never changes (every draft is
 verified); only the speed does.
 
+A step's seconds miss what the heads cost the steps around it (on a CPU their weights push the
+model's out of the caches, and the next step, of either arm, runs slower), so the per-bucket
+choice alone can keep the heads where a run is faster without them. Above the buckets, the gate
+therefore runs in blocks of ``BLOCK`` steps under one of two policies, ``gated`` (the buckets
+decide) or ``off`` (no heads), and keeps each policy's decayed tokens and seconds over whole
+blocks, side effects included: each policy runs one block first, then the faster one runs, and
+the other again every ``EXPLORE_BLOCKS`` blocks.
+
     >>> g = HeadGate()
     >>> arm = g.choose(2)          # True: compute heads for the next step
     >>> g.update(2, arm, tokens=3, seconds=0.006)
@@ -27,17 +35,26 @@ MAX_BUCKET = 3
 WARMUP = 2
 EXPLORE = 16
 DECAY = 0.95
+BLOCK = 64  # steps per block of one policy
+EXPLORE_BLOCKS = 8  # the slower policy runs one block in this many
+BLOCK_DECAY = 0.8
+GATED, OFF = 0, 1  # the policies
 
 
 class HeadGate:
     """tokens, seconds: float[buckets, 2] decayed sums per (bucket, arm) with arm 1 = heads;
-    steps: int[buckets, 2] updates seen; decisions: int[buckets] choices made per bucket."""
+    steps: int[buckets, 2] updates seen; decisions: int[buckets] choices made per bucket;
+    policy: ``GATED`` or ``OFF`` for the current block; block_tokens, block_seconds: float[2] decayed
+    sums per policy over finished blocks; blocks: int[2] blocks finished per policy."""
 
     def __init__(self, buckets: int = MAX_BUCKET + 1):
         self.tokens = np.zeros((buckets, 2))
         self.seconds = np.zeros((buckets, 2))
         self.steps = np.zeros((buckets, 2), dtype=np.int64)
         self.decisions = np.zeros(buckets, dtype=np.int64)
+        self.policy, self.left, self.this = GATED, BLOCK, np.zeros(2)  # this block: tokens, seconds
+        self.block_tokens, self.block_seconds = np.zeros(2), np.zeros(2)
+        self.blocks = np.zeros(2, dtype=np.int64)
 
     def bucket(self, match: int) -> int:
         return int(min(max(match, 0), self.tokens.shape[0] - 1))
@@ -49,6 +66,8 @@ class HeadGate:
 
     def choose(self, match: int) -> bool:
         """True to compute heads for a step whose history has a longest context match ``match``."""
+        if self.policy == OFF:
+            return False
         b = self.bucket(match)
         self.decisions[b] += 1
         for arm in (1, 0):
@@ -66,6 +85,28 @@ class HeadGate:
         self.tokens[b, arm] = DECAY * self.tokens[b, arm] + tokens
         self.seconds[b, arm] = DECAY * self.seconds[b, arm] + seconds
         self.steps[b, arm] += 1
+        self.this += (tokens, seconds)
+        self.left -= 1
+        if self.left == 0:
+            self._next_block()
+
+    def block_rate(self) -> np.ndarray:
+        """Measured tokens per second of the [gated, off] policies over their blocks (nan: none yet)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.block_seconds > 0, self.block_tokens / self.block_seconds, np.nan)
+
+    def _next_block(self) -> None:
+        p = self.policy
+        self.block_tokens[p] = BLOCK_DECAY * self.block_tokens[p] + self.this[0]
+        self.block_seconds[p] = BLOCK_DECAY * self.block_seconds[p] + self.this[1]
+        self.blocks[p] += 1
+        self.this, self.left = np.zeros(2), BLOCK
+        if self.blocks[OFF] == 0:
+            self.policy = OFF
+            return
+        r = self.block_rate()
+        best = OFF if r[OFF] > r[GATED] else GATED
+        self.policy = 1 - best if int(self.blocks.sum()) % EXPLORE_BLOCKS == 0 else best
 
 
 class GatedHeads:
