@@ -139,7 +139,8 @@ def speculative_decode(
     def admit():
         """Prefill waiting prompts into the free rows (until full, or none waits); rows that
         finish at their first token make room again. A batch that starts afresh (nothing was
-        running) begins the gate again: its first step drafts from the prefill's heads."""
+        running) begins the gate again: its first step drafts from the prefill's heads where the
+        gate's policy computes them."""
         nonlocal state, heads, roots
         fresh = not state_rows.live
         while waiting and len(state_rows.live) < slots:
@@ -147,8 +148,12 @@ def speculative_decode(
             del waiting[: len(new)]
             t0 = time.perf_counter()
             ps = [prompts[i] for i in new]
+            # heads for the first step: the gate's call where the batch starts afresh; rows joining a
+            # running batch bring them where its next step has them
+            want = gate.prefill_heads() if gate is not None and not state_rows.live else (
+                not state_rows.live or heads.shape[1] > 0)
             st, first, hd = verifier.prefill(ps, choose=rule.for_step([row_ids[i] for i in new], None, None, ps),
-                                             stem=stem)
+                                             stem=stem, heads=want)
             timing["prefill"] += time.perf_counter() - t0
             if not state_rows.live:  # nothing running: the new rows are the batch
                 state, heads, roots = st, hd, []
@@ -163,7 +168,8 @@ def speculative_decode(
             roots = [roots[j] for j in keep]
             heads = _keep_rows(keep, len(done), state, heads, proposers)
         if fresh and gate is not None and state_rows.live:
-            gate.begin([index[i] for i in state_rows.live], [state_rows.history(i) for i in state_rows.live])
+            gate.begin([index[i] for i in state_rows.live], [state_rows.history(i) for i in state_rows.live],
+                       heads.shape[1] > 0)
 
     admit()
 

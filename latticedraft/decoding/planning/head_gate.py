@@ -113,15 +113,20 @@ class GatedHeads:
     """The gate in the decode loop: before a step's heads are computed, ``decide`` looks up the
     longest context match of every live row's next history (``proposers.context.ContextProposer``
     keeps those searches for the step) and asks the gate; ``observe`` then credits the step's
-    tokens and wall-clock seconds to the arm that ran it (the first step always runs the heads:
-    the prefill computes them)."""
+    tokens and wall-clock seconds to the arm that ran it. A batch's first step drafts from the
+    heads the prefill computes, unless the gate's policy is ``OFF`` (``prefill_heads``)."""
 
     def __init__(self, gate: HeadGate, context):
         self.gate, self.context = gate, context
         self.match, self.heads, self.next = 0, True, (0, True)
 
-    def begin(self, index: list[int], histories: list) -> None:
-        self.match, self.heads = self._longest(index, histories), True
+    def prefill_heads(self) -> bool:
+        """Should a prefill that starts a batch compute the heads for its first step?"""
+        return self.gate.policy != OFF
+
+    def begin(self, index: list[int], histories: list, heads: bool) -> None:
+        """A batch starts; its first step drafts from the prefill's heads if ``heads``."""
+        self.match, self.heads = self._longest(index, histories), heads
 
     def _longest(self, index, histories) -> int:
         return min((self.context.match(i, h) for i, h in zip(index, histories)), default=0)

@@ -193,12 +193,13 @@ class Verifier:
 
     # -- prefill -------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompts: list[np.ndarray], choose=None, stem=None):
+    def prefill(self, prompts: list[np.ndarray], choose=None, stem=None, heads: bool = True):
         """Run the left-padded prompts; returns the cache, the base model's greedy next token
         after each prompt (int64[b], the first root; ``choose(rows, logits, [()] * b, None)`` picks it
         instead when given, with empty prefixes) and the extra heads' logits there ([b, h-1, V'], as
-        ``StepResult.head_logits``). Split mode: ``stem(ids, valid, pos, bias)`` runs the first
-        layers (the proposer's) and returns their states [b, n, H], which the verifier continues."""
+        ``StepResult.head_logits``; [b, 0, V'] with ``heads`` False: not computed). Split mode:
+        ``stem(ids, valid, pos, bias)`` runs the first layers (the proposer's) and returns their
+        states [b, n, H], which the verifier continues."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise InputError("every prompt must have at least one token")
         b, n = len(prompts), max(len(p) for p in prompts)
@@ -213,7 +214,7 @@ class Verifier:
         if self.rolling:  # chunks of W into a rolling buffer; the last chunk's results give the roots
             out = chunked_prefill(lambda x, allowed, p: self._run(x, allowed, p, state), state, ids, valid, self.window)
             last = torch.full((b,), (n - 1) % self.window, dtype=torch.long)
-            return (state, *self._prefill_result(out, last, choose, b))
+            return (state, *self._prefill_result(out, last, choose, b, heads))
         if self.mode == "batched":
             out = hf_forward(self.model, ids, valid.long(), pos, state.cache, lazy=self.lazy, num_heads=self.num_heads)
             self._track(state)
@@ -228,9 +229,9 @@ class Verifier:
                 x = stem(ids, valid, pos, attention_bias(torch.from_numpy(allowed).to(self.device), self.dtype))
             out = self._run(x, allowed, pos, state)
         state.append_valid(valid, pos)
-        return (state, *self._prefill_result(out, torch.full((b,), n - 1, dtype=torch.long), choose, b))
+        return (state, *self._prefill_result(out, torch.full((b,), n - 1, dtype=torch.long), choose, b, heads))
 
-    def _prefill_result(self, out: Forward, last: torch.Tensor, choose, b: int):
+    def _prefill_result(self, out: Forward, last: torch.Tensor, choose, b: int, heads: bool = True):
         if self.sample_states is None and out.lazy:  # real final states to time projections on
             end = int(last[0]) + 1
             self.sample_states = out.hidden[0, max(0, end - max(UNEMBED_ROWS)):end].clone()
@@ -240,7 +241,7 @@ class Verifier:
             out.top_k = top_k_reads(choose) if out.lazy else None
             picked = choose(list(range(b)), out.logits_at(list(range(b)), last.tolist()), [()] * b, None)
             roots = np.asarray(picked[0] if isinstance(picked, tuple) else picked, dtype=np.int64)
-        return roots, out.draft_heads_at(last, self.draft_vocab, next_tokens=roots)
+        return roots, out.draft_heads_at(last, self.draft_vocab, next_tokens=roots) if heads else self._no_heads(b)
 
     def unembed_seconds(self, rows: int, reads="argmax") -> float:
         """Measured seconds of the output projection over ``rows`` hidden states, as a walk
@@ -295,8 +296,12 @@ class Verifier:
         if want:  # token-input heads read the bonus (in the batched fallback, one node per forward row)
             nxt = bonus if len(bonus) == len(nodes) else None
             return out.draft_heads_at(nodes, self.draft_vocab, next_tokens=nxt)
+        return self._no_heads(len(nodes))
+
+    def _no_heads(self, b: int) -> torch.Tensor:
+        """The head logits of a call that computed none: [b, 0, V']."""
         cols = self.draft_vocab_size or hf.model_vocab_size(getattr(self.model, "base", self.model))
-        return torch.zeros(len(nodes), 0, cols, dtype=self.dtype, device=self.device)
+        return torch.zeros(b, 0, cols, dtype=self.dtype, device=self.device)
 
     def _verify_tree(self, state, roots, drafts, sides=None, want_heads=True, choose=None, hidden=None) -> StepResult:
         tm, t0 = self.timing, time.perf_counter()

@@ -114,3 +114,34 @@ def test_blocks_of_steps_choose_between_the_gated_buckets_and_no_heads(off_faste
     assert rest.count(other) == sum(1 for b in range(3, len(policies) + 1) if b % EXPLORE_BLOCKS == 1)
     assert rest.count(best) == len(rest) - rest.count(other) > 0.8 * len(rest)
     assert (g.block_rate()[OFF] > g.block_rate()[GATED]) == off_faster
+
+
+@pytest.mark.parametrize("slots", [None, 2])
+def test_under_the_off_policy_no_heads_are_computed_and_the_output_stays_exact(monkeypatch, slots):
+    """A gate whose policy is ``OFF`` skips the heads at the prefill too (fixed batches and a
+    continuous batch, whose joining rows match the running batch); the output is ``generate``'s."""
+    import numpy as np
+    import torch
+
+    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
+    from latticedraft.gpu.verify import forward
+    from latticedraft.gpu.verify.cost_model import CostModel
+    from tests.decoding.tiny import blockwise, prompts, reference
+
+    calls = []
+    real = forward.Forward.draft_heads_at
+    monkeypatch.setattr(forward.Forward, "draft_heads_at", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    model, ps = blockwise("llama", num_heads=3), prompts(4, seed=6)
+    n = np.arange(1, 33)
+    cost = CostModel(tuple(n.tolist()), tuple((1.0 + 0.05 * (n - 1)).tolist()))
+    for policy in (OFF, GATED):
+        gate = HeadGate()
+        gate.policy = policy
+        calls.clear()
+        with torch.no_grad():
+            r = bpd_decode(model, ps, make_drafter("top1", options=LatticeOptions(k=4)), max_new_tokens=20,
+                           tree="auto", context=ContextNgrams(max_ngram=2), cost=cost, gate=gate, slots=slots)
+        assert [q.tokens.tolist() for q in r.sequences] == [reference(model, p, 20) for p in ps]
+        assert (len(calls) == 0) == (policy == OFF)
