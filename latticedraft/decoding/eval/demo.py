@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from latticedraft.atomic import write_atomic
-from latticedraft.decoding.eval import hf_baselines
 from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.eval import hf_baselines
+from latticedraft.decoding.planning.head_gate import HeadGate
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.loaders import encode
 from latticedraft.decoding.runs.prompt_set import read_prompts
@@ -81,8 +82,11 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
             row.update(block_efficiency=round(res.block_efficiency, 3), calls=res.calls, verify=res.verify_mode,
                        tree_nodes_mean=round(float(np.mean(nodes)), 2) if nodes else None,
                        timing={k: round(v, 3) for k, v in res.timing.items()})
-            if name == PICTURE_ROW:  # its steps recorded in one more, untimed pass (recording costs time)
+            if name == PICTURE_ROW:  # its steps recorded in one more, untimed pass (recording costs time),
+                # with a gate of its own: a new gate drafts from the heads, whatever the session's measured
+                kept = session.swap_gate(spec, HeadGate())
                 steps = _run(session, ids, spec, max_new_tokens, True)[1].steps
+                session.swap_gate(spec, kept)
                 step_pic = _pick_step(steps, greedy, ids) or step_pic
         results.append(row)
         notify(f"  {name:<24} done: {n} tokens{f' in {res.calls} calls' if res is not None else ''}, {dt:.1f} s")

@@ -118,6 +118,13 @@ class Session:
 
         return self._once(("gate", repr(spec)), HeadGate)
 
+    def swap_gate(self, spec, gate):
+        """Make ``gate`` the ``HeadGate`` of ``spec`` for the calls that follow; returns the one it
+        replaces (a pass that should neither follow nor teach the session's gate brings its own)."""
+        old = self.gate(spec)
+        self._memo[("gate", repr(spec))] = gate
+        return old
+
     def draft_vocab(self, size: int | str | None):
         """The ``size`` most frequent token ids of the heads' training corpus (int64[size]),
         from ``draft_vocab.json`` beside the head checkpoint; None for None (and for "auto"
