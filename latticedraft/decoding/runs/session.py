@@ -142,7 +142,8 @@ class Session:
 
     def lm_drafts(self, spec):
         """What ``spec.lm_drafts`` drafts from: (``LMNgrams``, the LM's ``LMArrays``) or None (off;
-        "auto" where the LM build is missing or was built with another tokenizer)."""
+        "auto" where the bundled LM is missing or was built with another tokenizer; an LM named
+        with ``--lm`` must load and fit)."""
         from latticedraft.decoding.bpd import AUTO_LM_DRAFTS
         from latticedraft.decoding.proposers.lm_ngrams import LMNgrams
         from latticedraft.errors import ModelError
@@ -153,12 +154,13 @@ class Session:
         if not depth:
             return None
         if depth == "auto":
-            if self.lm_dir is None and not default_lm_dir().is_dir():
-                return None  # (an LM named with --lm must load)
-            try:
-                _ = self.lm
-            except ModelError:  # an LM of another vocabulary: no LM drafts, the rest as asked
-                return None
+            if self.lm_dir is None:  # the bundled LM where it is built and fits (one named with --lm must)
+                if not default_lm_dir().is_dir():
+                    return None
+                try:
+                    _ = self.lm
+                except ModelError:  # built with another vocabulary: no LM drafts, the rest as asked
+                    return None
             depth = AUTO_LM_DRAFTS
         return self._once(("lm_drafts", self.lm_dir, int(depth)), lambda: (LMNgrams(int(depth)), lm_arrays(self.lm.fst)))
 

@@ -31,3 +31,18 @@ def test_auto_is_off_without_the_bundled_lm_but_a_named_lm_must_load(tmp_path, m
     s.lm_dir = str(tmp_path / "missing")
     with pytest.raises(InputError, match="missing not found"):
         s.lm_drafts(DrafterSpec("none", lm_drafts="auto"))
+
+
+def test_auto_with_a_named_lm_of_another_vocabulary_is_refused(monkeypatch):
+    """The bundled LM built with another tokenizer turns auto off; a named one is an error."""
+    from latticedraft.errors import ModelError
+
+    def another_vocabulary(self):
+        raise ModelError("the LM was built with another vocabulary")
+
+    s = Session(model=tiny_model("llama", vocab=8192))
+    monkeypatch.setattr(Session, "lm", property(another_vocabulary))
+    assert s.lm_drafts(DrafterSpec("none", lm_drafts="auto")) is None
+    s.lm_dir = str(default_lm_dir())
+    with pytest.raises(ModelError, match="another vocabulary"):
+        s.lm_drafts(DrafterSpec("none", lm_drafts="auto"))
