@@ -35,12 +35,19 @@ def run(a) -> int:
     batch = min(a.batch_size, len(ids))  # a batch holds at most the prompts there are
     s.prepare(method, options, batch)
     label = method.label(options, sampling)
-    if a.json:  # each batch's records are written and flushed as soon as it completes
-        for at in range(0, len(ids), batch):
-            res = s.decode(ids[at:at + batch], method.name, options, max_new_tokens=a.max_new_tokens,
-                           verify=a.verify, batch_size=batch, sampling=sampling, first_row=at)
-            for rec in records(res, s.tokenizer, s.base_dir, texts[at:at + batch]):
-                print(json.dumps({**rec, "method": label}, ensure_ascii=False), flush=True)
+    if a.json:  # records in input order, each written and flushed once it and those before it are done
+        done, after = {}, [0]  # finished results waiting for an earlier prompt; the next to write
+
+        def write(i, res):
+            done[i] = res
+            while after[0] in done:
+                j = after[0]
+                for rec in records(done.pop(j), s.tokenizer, s.base_dir, [texts[j]]):
+                    print(json.dumps({**rec, "method": label}, ensure_ascii=False), flush=True)
+                after[0] += 1
+
+        s.decode(ids, method.name, options, max_new_tokens=a.max_new_tokens, verify=a.verify, batch_size=batch,
+                 sampling=sampling, on_done=write)
         return 0
     for row, (text, p) in enumerate(zip(texts, ids)):
         sys.stdout.write(text)

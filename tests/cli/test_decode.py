@@ -28,13 +28,17 @@ def _greedy(model_dir, ids, n):
     return m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n, pad_token_id=0)[0, len(ids):].tolist()
 
 
-@pytest.mark.parametrize("drafter", ["top1", "parallel-base", "oracle"])
-def test_decode_json_matches_generate_of_the_named_base(bundle, capsys, drafter):
+@pytest.mark.parametrize("drafter,batch", [("top1", 3), ("parallel-base", 2), ("oracle", 2)])
+def test_decode_json_matches_generate_of_the_named_base(bundle, capsys, drafter, batch):
+    """One record per prompt, in input order: a batch of 2 over 3 prompts runs as a continuous batch
+    (rows finish in any order), and each record is written once those before it are."""
     rc = main(["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"),
-               "--drafter", drafter, "--max-new-tokens", "12", "--json", "--batch-size", "3"])
+               "--drafter", drafter, "--max-new-tokens", "12", "--json", "--batch-size", str(batch)])
     assert rc == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 3
+    want = [json.loads(x)["prompt"] for x in (bundle / "prompts.jsonl").read_text().splitlines()]
+    assert [json.loads(x)["prompt"] for x in lines] == want
     for line in lines:
         r = json.loads(line)
         assert set(r) >= {"prompt_ids", "tokens", "text", "calls", "block_efficiency", "accepted_per_step", "seconds", "model"}

@@ -208,15 +208,18 @@ def test_rescore_applies_the_checks_of_lm_score(tmp_path, capsys):
 def test_decode_json_keeps_the_records_of_finished_prompts(bundle, capsys, monkeypatch):
     from latticedraft.decoding.runs.session import Session
 
-    real, calls = Session.decode, []
+    real, done = Session.decode, []
 
-    def interrupt_on_second(self, *a, **kw):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(self, *a, **kw)
+    def interrupt_at_the_second_prompt(self, *a, on_done=None, **kw):
+        def first_only(i, res):
+            done.append(i)
+            if len(done) == 2:  # Ctrl-C while the second prompt's record is due
+                raise KeyboardInterrupt
+            on_done(i, res)
 
-    monkeypatch.setattr(Session, "decode", interrupt_on_second)
+        return real(self, *a, on_done=None if on_done is None else first_only, **kw)
+
+    monkeypatch.setattr(Session, "decode", interrupt_at_the_second_prompt)
     rc = main(["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"), "--json",
                "--max-new-tokens", "4", "--tree", "fixed"])  # (--tree auto warms up with one decode first)
     cap = capsys.readouterr()
