@@ -65,11 +65,36 @@ def screening_ok(device) -> bool:
     return _OK[dev.type]
 
 
+class ScreenTables:
+    """What every screen of an output projection ``nn.Linear`` ``W`` [V, H] (float32) reads, made
+    once per module (``cached_projection``) and shared by its argmax and top-k screens: the
+    bound's coefficients ``a`` and ``b``; ``order`` (sorted position -> token id, by ||w_v||
+    descending); ``weight`` (float32 [V, H], token order) and ``weight16`` (bfloat16 [blocks *
+    BLOCK, H], sorted order, zero padding); ``norms`` [blocks, BLOCK] (||w|| per sorted position)
+    and ``block_norm`` [blocks] (each block's largest)."""
+
+    def __init__(self, unembed):
+        w = unembed.weight.detach()
+        V, H = w.shape
+        gamma = H * 2.0 ** -24
+        self.a, self.b = MARGIN * (2 * U + U * U + 2 * gamma), MARGIN * U / (1 - U)
+        norms = w.norm(dim=-1).double()
+        self.order = torch.argsort(norms, descending=True).numpy()
+        self.vocab, self.blocks = V, -(-V // BLOCK)
+        self.weight = w.numpy()
+        self.weight16 = w.new_zeros(self.blocks * BLOCK, H, dtype=torch.bfloat16)
+        self.weight16[:V] = w[torch.from_numpy(self.order)]
+        sorted_norms = np.zeros(self.blocks * BLOCK)
+        sorted_norms[:V] = norms.numpy()[self.order]
+        self.norms = sorted_norms.reshape(self.blocks, BLOCK)
+        self.block_norm = self.norms[:, 0]
+
+
 class BF16Screen:
-    """The shared part of the screened projections of an output projection ``W`` [V, H]: its
-    bfloat16 copy (vocabulary sorted by ||w_v||, in blocks of ``BLOCK``), the norms and the
-    bound's coefficients, and ``calibrate``, which decides how many rows the screen takes
-    (``max_rows``: where it is faster than float32).
+    """The shared part of the screened projections of an output projection ``W`` [V, H]: the
+    module's ``ScreenTables`` (its bfloat16 copy, vocabulary sorted by ||w_v|| in blocks of
+    ``BLOCK``, the norms and the bound's coefficients), and ``calibrate``, which decides how many
+    rows the screen takes (``max_rows``: where it is faster than float32).
     ``screens``: whether the screen applies at all (an ``nn.Linear`` without bias, float32, on a
     CPU whose bfloat16 products accumulate in float32). Subclasses define ``screened(h)`` and
     ``full(h)`` (the same result through the float32 projection)."""
@@ -82,20 +107,9 @@ class BF16Screen:
         self.max_rows = float("inf")  # the most rows the screen takes (``calibrate``; more: float32)
         self._calibrated = None
         if self.screens:
-            w = w.detach()
-            V, H = w.shape
-            gamma = H * 2.0 ** -24
-            self.a, self.b = MARGIN * (2 * U + U * U + 2 * gamma), MARGIN * U / (1 - U)
-            norms = w.norm(dim=-1).double()
-            self.order = torch.argsort(norms, descending=True).numpy()  # sorted position -> token id
-            self.vocab, self.blocks = V, -(-V // BLOCK)
-            self.weight = w.numpy()  # float32, token order
-            self.weight16 = w.new_zeros(self.blocks * BLOCK, H, dtype=torch.bfloat16)  # sorted order
-            self.weight16[:V] = w[torch.from_numpy(self.order)]
-            sorted_norms = np.zeros(self.blocks * BLOCK)
-            sorted_norms[:V] = norms.numpy()[self.order]
-            self.norms = sorted_norms.reshape(self.blocks, BLOCK)  # ||w|| per sorted position
-            self.block_norm = self.norms[:, 0]  # each block's largest (sorted descending)
+            t = cached_projection(unembed, "tables", ScreenTables)  # one bfloat16 copy per module
+            self.a, self.b, self.order, self.vocab, self.blocks = t.a, t.b, t.order, t.vocab, t.blocks
+            self.weight, self.weight16, self.norms, self.block_norm = t.weight, t.weight16, t.norms, t.block_norm
 
     def calibrate(self, states: torch.Tensor, rows=(2, 4, 8, 16, 32, 64), repeats: int = 5) -> None:
         """Sets ``max_rows`` (``screen_rows``) from the screen's and the float32 path's times at
@@ -207,9 +221,9 @@ _PROJECTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # modul
 
 
 def cached_projection(unembed, kind, make):
-    """One screened projection per output projection module and ``kind`` (its bfloat16 copy made
-    once, again when the weights change): ``make(unembed)`` builds it. A function (a model's own
-    unembed) is never screened and gets a new one each call."""
+    """One screened projection (or, for ``kind`` "tables", the ``ScreenTables`` they share) per
+    output projection module and ``kind``, made again when the weights change: ``make(unembed)``
+    builds it. A function (a model's own unembed) is never screened and gets a new one each call."""
     if not isinstance(unembed, torch.nn.Module):
         return make(unembed)
     w = getattr(unembed, "weight", None)

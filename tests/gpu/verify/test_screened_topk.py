@@ -162,3 +162,17 @@ def test_one_projection_per_module_and_k():
     a = st.topk_projection(lm, 5)
     assert st.topk_projection(lm, 5) is a and st.topk_projection(lm, 6) is not a
     assert sa.argmax_projection(lm) is not a
+
+
+def test_the_argmax_and_top_k_screens_of_a_module_share_one_bfloat16_copy():
+    """One ``ScreenTables`` per output projection module: a second screen makes no second copy,
+    and new weights make new tables."""
+    lin = torch.nn.Linear(16, 300, bias=False)
+    first = sa.argmax_projection(lin)
+    if not first.screens:
+        pytest.skip("this CPU's bfloat16 products do not accumulate in float32: nothing is screened")
+    for other in (st.topk_projection(lin, 5), st.topk_projection(lin, 7)):
+        assert other.weight16 is first.weight16 and other.order is first.order
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+    assert st.topk_projection(lin, 5).weight16 is not first.weight16
