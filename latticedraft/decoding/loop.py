@@ -122,8 +122,8 @@ def speculative_decode(
 
         V = hf.model_vocab_size(getattr(model, "base", model))
         samplers = [DraftSampler(sampling, rule.draws, r, V) for r in row_ids]
-    done_cb = None if on_done is None else (lambda i, seq: on_done(i, DecodeResult(
-        [seq], verifier.mode, verifier.mode_reason, seq.seconds, {}, [], verifier.peak_cache_bytes)))
+    done_cb = None if on_done is None else (lambda i, seq: on_done(i, DecodeResult.one(
+        seq, verifier.mode, verifier.mode_reason, verifier.peak_cache_bytes)))
     state_rows = Rows(prompts, max_new_tokens, eos_token_id, on_tokens, done_cb)
     timing = {"model": 0.0, "lattice": 0.0, "draft": 0.0, "accept": 0.0}
     steps: list[StepRecord] = []

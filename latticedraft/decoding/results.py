@@ -74,11 +74,15 @@ class DecodeResult:
     def block_efficiency(self) -> float:
         return self.tokens / max(self.calls, 1)
 
+    @classmethod
+    def one(cls, seq: "SequenceResult", verify_mode: str, verify_reason: str, kv_peak_bytes: int) -> "DecodeResult":
+        """A result of ``seq`` alone (what ``on_done`` callbacks get): its own seconds, no steps or
+        timing."""
+        return cls([seq], verify_mode, verify_reason, seq.seconds, {}, [], kv_peak_bytes)
+
     def alone(self, j: int) -> "DecodeResult":
-        """Sequence j by itself (what ``on_done`` callbacks get): its own seconds, this run's
-        verify mode, no steps or timing."""
-        q = self.sequences[j]
-        return DecodeResult([q], self.verify_mode, self.verify_reason, q.seconds, {}, [], self.kv_peak_bytes)
+        """Sequence j by itself (``one``), with this run's verify mode."""
+        return DecodeResult.one(self.sequences[j], self.verify_mode, self.verify_reason, self.kv_peak_bytes)
 
 
 def merge(parts: list[DecodeResult]) -> DecodeResult:
