@@ -83,6 +83,10 @@ class Method:
     default_model: str | None = None  # the bundled model directory under data/ (None: data/heads-stern)
     continuous: Callable = lambda options: False  # noqa: E731  run takes all prompts at once with Request.slots
 
+    def one_batch(self, options, batch_size: int, prompts: int) -> bool:
+        """Whether ``prompts`` prompts in batches of ``batch_size`` run as one continuous batch."""
+        return batch_size > 1 and prompts > batch_size and self.continuous(options)
+
     def reads(self, dest: str) -> bool:
         return dest in COMMON or dest in self.options or (self.sampling != "never" and dest in SAMPLING)
 

@@ -260,7 +260,7 @@ def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, opt
     order = batches(todo, [len(x) for x in ids], batch_size, sort_by_length)
     with interrupts.keeping(kept):
         try:
-            if batch_size > 1 and len(todo) > batch_size and registry.get(method).continuous(options):
+            if registry.get(method).one_batch(options, batch_size, len(todo)):
                 # one continuous batch: a finished prompt's record is written at once and its row
                 # takes the next prompt; its share is the wall time since the record before it
                 flat = [i for batch in order for i in batch]

@@ -268,7 +268,7 @@ class Session:
             raise InputError(f"--batch-size must be >= 1, got {batch_size}")
         prompt_ids = fit_prompts(self.model, prompt_ids, max_new_tokens)  # every prompt, before the first batch
         rows = list(range(first_row, first_row + len(prompt_ids))) if rows is None else list(rows)
-        if batch_size > 1 and len(prompt_ids) > batch_size and m.continuous(options):  # rows refill as they finish
+        if m.one_batch(options, batch_size, len(prompt_ids)):  # rows refill as they finish
             req = registry.Request(max_new_tokens=max_new_tokens, eos_token_id=self.eos, sampling=sampling,
                                    verify=verify, rows=rows, on_tokens=on_tokens, record_steps=record_steps,
                                    slots=batch_size, on_done=on_done)
