@@ -61,8 +61,7 @@ class HeadGate:
 
     def rate(self, bucket: int) -> np.ndarray:
         """Measured tokens per second of [context only, heads] in ``bucket`` (nan where unseen)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.seconds[bucket] > 0, self.tokens[bucket] / self.seconds[bucket], np.nan)
+        return _per_second(self.tokens[bucket], self.seconds[bucket])
 
     def choose(self, match: int) -> bool:
         """True to compute heads for a step whose history has a longest context match ``match``."""
@@ -92,8 +91,7 @@ class HeadGate:
 
     def block_rate(self) -> np.ndarray:
         """Measured tokens per second of the [gated, off] policies over their blocks (nan: none yet)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(self.block_seconds > 0, self.block_tokens / self.block_seconds, np.nan)
+        return _per_second(self.block_tokens, self.block_seconds)
 
     def _next_block(self) -> None:
         p = self.policy
@@ -107,6 +105,12 @@ class HeadGate:
         r = self.block_rate()
         best = OFF if r[OFF] > r[GATED] else GATED
         self.policy = 1 - best if int(self.blocks.sum()) % EXPLORE_BLOCKS == 0 else best
+
+
+def _per_second(tokens: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """tokens / seconds elementwise, nan where no second was measured."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(seconds > 0, tokens / seconds, np.nan)
 
 
 class GatedHeads:
