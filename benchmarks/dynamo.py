@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     model, tok = session.model, session.tokenizer
     cooc = resolve_table("auto", tok, notify=lambda m: print(m, file=sys.stderr))
     fp = fingerprint(tok)
-    eos = tok.token_to_id("<|endoftext|>")
+    eos = session.eos
     prompts = [tok.encode(r["prompt"]).ids for r in read_prompts(data_dir() / "prompts.jsonl", a.prompts)]
 
     # 1. sampler step cost on real head logits (the last position of each prompt)

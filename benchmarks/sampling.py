@@ -36,23 +36,14 @@ from latticedraft.decoding.proposers.mtad import MtadOptions  # noqa: E402
 from latticedraft.decoding.bpd import DrafterSpec
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.loaders import encode
+from latticedraft.decoding.rows import cut_at_end  # noqa: E402
+from latticedraft.decoding.eval import hf_baselines  # noqa: E402
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.decoding.accept.sampling import SamplingOptions  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 ROWS = ("HF generate(do_sample)", "HF assisted (draft model)", "ours: heads (top1)", "ours: draft model",
         "ours: tree (4 sampled head paths)", "MTAD tau=0.1", "MTAD tau=0.5", "DynaMo")
-
-
-class CallCounter:
-    """Counts forward calls of a module (the target's calls inside HF ``generate``)."""
-
-    def __init__(self, module):
-        self.n = 0
-        module.register_forward_pre_hook(self._hook)
-
-    def _hook(self, *_):
-        self.n += 1
 
 
 @torch.inference_mode()
@@ -96,7 +87,7 @@ def main(argv=None) -> int:
     texts = [r["prompt"] for r in read_prompts(a.prompts, limit=a.num_prompts)]
     ids = encode(s.tokenizer, texts)
     draft = s.draft_model
-    target_calls = CallCounter(base)
+    target_calls = hf_baselines.CallCounter(base)
     dyn = None
     if "DynaMo" in a.rows:
         from latticedraft.lm.cooccurrence import resolve_table
@@ -113,9 +104,7 @@ def main(argv=None) -> int:
             kw = {} if assistant is None else {"assistant_model": assistant}
             g = base.generate(x, attention_mask=torch.ones_like(x), do_sample=True, temperature=T, top_k=50, top_p=1.0,
                               max_new_tokens=a.max_new_tokens, eos_token_id=s.eos, pad_token_id=0, **kw)
-            o = g[0, x.shape[1]:].cpu().numpy()
-            if s.eos is not None and s.eos in o.tolist():
-                o = o[: o.tolist().index(s.eos) + 1]
+            o = cut_at_end(g[0, x.shape[1]:].tolist(), s.eos)
             outs.append(o)
             calls += target_calls.n - before
         return outs, calls

@@ -30,6 +30,16 @@ def eos_set(eos_token_id) -> frozenset[int]:
     return frozenset({int(eos_token_id)})
 
 
+def cut_at_end(tokens, eos_token_id) -> np.ndarray:
+    """``tokens`` (ints) up to and including the first end id (None, one id or a list), int64[n]."""
+    ends = eos_set(eos_token_id)
+    toks = [int(t) for t in tokens]
+    for i, t in enumerate(toks):
+        if t in ends:
+            return np.asarray(toks[: i + 1], dtype=np.int64)
+    return np.asarray(toks, dtype=np.int64)
+
+
 class Rows:
     """prompts: int64[t_i] each; max_new_tokens >= 1; eos_token_id: id, ids or None;
     on_tokens(i, new_ids): called as tokens are emitted (streaming); on_done(i, SequenceResult):

@@ -72,9 +72,12 @@ def quality_row(name: str, eps, base_model, prompts, gens, calls, seconds, ns=()
 
 
 def sample_base(base_model, prompts: Sequence[Sequence[int]], config: DynamoConfig, max_new_tokens: int,
-                seed: int, eos_token_id: int | None = None, pad_token_id: int = 0) -> list[list[int]]:
-    """The base model's ordinary top-k sampling (``transformers`` ``generate``, left-padded batch)."""
+                seed: int, eos_token_id=None, pad_token_id: int = 0) -> list[list[int]]:
+    """The base model's ordinary top-k sampling (``transformers`` ``generate``, left-padded batch);
+    eos_token_id: None, an id or a list (each output cut after its first end id)."""
     import torch
+
+    from latticedraft.decoding.rows import cut_at_end
 
     L = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), L), pad_token_id, dtype=torch.long)
@@ -93,15 +96,13 @@ def sample_base(base_model, prompts: Sequence[Sequence[int]], config: DynamoConf
         )
     gens = []
     for row in out[:, L:].tolist():
-        if eos_token_id is not None and eos_token_id in row:
-            row = row[: row.index(eos_token_id) + 1]
-        gens.append(row)
+        gens.append(cut_at_end(row, eos_token_id).tolist())
     return gens
 
 
 def run_ablation(model, prompts: Sequence[Sequence[int]], cooc=None, variants: Sequence[str] = VARIANTS,
                  epsilons: Sequence[float] = EPSILONS, seeds: Sequence[int] = (0,), max_new_tokens: int = 48,
-                 base: DynamoConfig | None = None, eos_token_id: int | None = None,
+                 base: DynamoConfig | None = None, eos_token_id=None,
                  tokenizer_fingerprint: str | None = None, progress: bool | None = None) -> AblationResult:
     """Every variant × ε_b on ``prompts`` (ids) × ``seeds``; plus the base model's top-k sampling."""
     from tqdm.auto import tqdm
@@ -294,8 +295,7 @@ def evaluate(model_dir=None, prompts_file=None, out_dir="dynamo-eval", tokenizer
     prompts = [tok.encode(t, add_special_tokens=False).ids for t in texts]
     needs_co = any(variant(v, 0.5, base).cooccurrence for v in variants)
     cooc = resolve_table(cooccurrence, tok, notify=notify) if needs_co else None
-    eos = tok.token_to_id("<|endoftext|>")
-    result = run_ablation(model, prompts, cooc, variants, epsilons, seeds, max_new_tokens, base, eos,
+    result = run_ablation(model, prompts, cooc, variants, epsilons, seeds, max_new_tokens, base, session.eos,
                           fingerprint(tok), progress)
     if heldout_tokens > 0:
         result.perplexity = heldout_perplexity(model, tok, tokens=heldout_tokens, dynamic_tokens=dynamic_tokens,

@@ -11,13 +11,9 @@ import time
 import numpy as np
 import torch
 
+from latticedraft.decoding.rows import cut_at_end
+
 GREEDY = dict(do_sample=False, pad_token_id=0, temperature=None, top_p=None, top_k=None)
-
-
-def _cut(toks: list, eos) -> np.ndarray:
-    if eos is not None and eos in toks:
-        toks = toks[: toks.index(eos) + 1]
-    return np.asarray(toks, dtype=np.int64)
 
 
 def _one_by_one(model, ids, max_new_tokens: int, eos, **kw):
@@ -28,8 +24,13 @@ def _one_by_one(model, ids, max_new_tokens: int, eos, **kw):
         x = torch.as_tensor(np.asarray(p)[None], device=dev)
         g = base.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, eos_token_id=eos,
                           **GREEDY, **kw)
-        out.append(_cut(g[0, x.shape[1]:].tolist(), eos))
+        out.append(cut_at_end(g[0, x.shape[1]:].tolist(), eos))
     return out, time.perf_counter() - t0
+
+
+def greedy(model, ids, max_new_tokens: int, eos=None):
+    """transformers' greedy ``generate``, one prompt at a time."""
+    return _one_by_one(model, ids, max_new_tokens, eos)
 
 
 def prompt_lookup(model, ids, max_new_tokens: int, num_tokens: int = 10, eos=None):
@@ -56,5 +57,16 @@ def greedy_batched(model, ids, max_new_tokens: int, batch_size: int, eos=None):
             x[i, n - len(p):] = torch.as_tensor(np.asarray(p), device=dev)
             mask[i, n - len(p):] = 1
         g = base.generate(x, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=eos, **GREEDY)
-        out.extend(_cut(g[i, n:].tolist(), eos) for i in range(len(chunk)))
+        out.extend(cut_at_end(g[i, n:].tolist(), eos) for i in range(len(chunk)))
     return out, time.perf_counter() - t0
+
+
+class CallCounter:
+    """Counts forward calls of a module (the target's calls inside HF ``generate``): ``.n``."""
+
+    def __init__(self, module):
+        self.n = 0
+        module.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        self.n += 1

@@ -136,9 +136,23 @@ def encode(tokenizer, texts: list[str]) -> list[np.ndarray]:
     return ids
 
 
-def eos_id(tokenizer) -> int | None:
-    """The id of ``<|endoftext|>`` (None when the tokenizer has none)."""
-    return tokenizer.token_to_id(EOS_TEXT)
+def end_ids(model, tokenizer) -> list[int] | None:
+    """The ids that end a sequence, as ``generate`` takes them: the HF base's
+    ``generation_config.eos_token_id`` (an id or a list, e.g. Llama-3's several), else its
+    ``config.eos_token_id``, else the tokenizer's ``<|endoftext|>``; None when there is none.
+
+    >>> end_ids(smollm2, tok)          # doctest: +SKIP
+    [2]                                # <|im_end|>, not <|endoftext|> (id 0)
+    """
+    base = getattr(model, "base", model)
+    for cfg in (getattr(base, "generation_config", None), getattr(base, "config", None)):
+        eos = getattr(cfg, "eos_token_id", None) if cfg is not None else None
+        if eos is not None:
+            ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+            if ids:
+                return ids
+    tid = tokenizer.token_to_id(EOS_TEXT)
+    return None if tid is None else [int(tid)]
 
 
 def load_adapter_for(model, path=None):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from latticedraft.decoding import registry
-from latticedraft.decoding.runs.loaders import (base_dir_of, default_model_dir, eos_id, load_adapter_for,
+from latticedraft.decoding.runs.loaders import (base_dir_of, default_model_dir, end_ids, load_adapter_for,
                                                 load_draft_model, load_exit_heads_for, load_lm, load_model,
                                                 load_rescorer, load_tokenizer_for)
 from latticedraft.errors import InputError
@@ -48,7 +48,7 @@ class Session:
         self.draft_model_dir = draft_model_dir
         self._memo: dict = {}  # (what, key) -> what the session loaded, measured or fitted once
         self.notify = None  # notify(message): one-time work worth telling a user about (the CLI: stderr)
-        self.eos = eos_id(self.tokenizer)
+        self.eos = end_ids(self.model, self.tokenizer)  # as generate: the generation config's end id(s)
 
     def _once(self, key, build):
         """``build()`` the first time ``key`` is asked for in this session, the same object after."""
