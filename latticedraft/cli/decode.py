@@ -18,9 +18,9 @@ DATASET = ("resume", "skip_bad", "sort_by_length", "quiet_ranks")  # options of 
 
 def run(a) -> int:
     """Check every option against the registry, load, then stream text or print JSON per batch."""
-    from latticedraft.cli.options import prompt_texts
+    from latticedraft.cli.options import prompt_inputs
     from latticedraft.decoding.results import records
-    from latticedraft.decoding.runs.loaders import encode
+    from latticedraft.decoding.runs.chat import prompt_ids
     from latticedraft.decoding.runs.prompt_length import fit_prompts
 
     check_ranges(a)
@@ -28,10 +28,11 @@ def run(a) -> int:
     method, options, sampling = method_options(a)
     if a.output is not None:
         return _dataset(a, method, options, sampling)
-    texts = prompt_texts(a)
+    prompts = prompt_inputs(a)
+    texts = [p if isinstance(p, str) else p.text for p in prompts]
     s = session_for(a, method)
     check_model_limits(a, s.model)
-    ids = fit_prompts(s.model, encode(s.tokenizer, texts), a.max_new_tokens, a.truncate_left)
+    ids = fit_prompts(s.model, prompt_ids(s, prompts, a.chat), a.max_new_tokens, a.truncate_left)
     batch = min(a.batch_size, len(ids))  # a batch holds at most the prompts there are
     s.prepare(method, options, batch)
     label = method.label(options, sampling)
@@ -50,7 +51,7 @@ def run(a) -> int:
                  sampling=sampling, on_done=write)
         return 0
     for row, (text, p) in enumerate(zip(texts, ids)):
-        sys.stdout.write(text)
+        sys.stdout.write(text + "\n" if a.chat else text)  # a chat answer starts on its own line
         res = s.decode([p], method.name, options, max_new_tokens=a.max_new_tokens, verify=a.verify,
                        on_tokens=TextStream(s.tokenizer, sys.stdout), sampling=sampling, first_row=row)
         q = res.sequences[0]
@@ -109,6 +110,8 @@ def _dataset(a, method, options, sampling) -> int:
                                files=files)
     if a.truncate_left is not None:
         settings["truncate_left"] = a.truncate_left
+    if a.chat:
+        settings["chat"] = True
     plan = dr.plan_output(a.output, world, settings, a.resume, prompts=a.prompts)
     loud = world.rank == 0 or not a.quiet_ranks
     if bad and world.rank == 0:
@@ -121,7 +124,7 @@ def _dataset(a, method, options, sampling) -> int:
     try:
         s = session_for(a, method, device)
         check_model_limits(a, s.model)
-        work = dr.encode_shard(s, plan, prompts, a.max_new_tokens, a.truncate_left)  # every length, before output
+        work = dr.encode_shard(s, plan, prompts, a.max_new_tokens, a.truncate_left, a.chat)  # every length, before output
         s.prepare(method, options, min(a.batch_size, max(len(work.ids), 1)))
         summary = dr.decode_shard(s, plan, work, method=method.name, options=options, max_new_tokens=a.max_new_tokens,
                                   verify=a.verify, batch_size=a.batch_size, sort_by_length=a.sort_by_length,
@@ -162,6 +165,10 @@ def add_parser(groups) -> None:
     src.add_argument("--prompt", default=None, help="prompt text; - reads it from standard input (default: --prompts)")
     src.add_argument("--prompts", default=None, metavar="FILE.jsonl",
                      help="one {\"prompt\": ...} per line; - reads standard input (default: --prompt)")
+    p.add_argument("--chat", action="store_true",
+                   help="apply the model's chat template to each prompt (apply_chat_template(..., "
+                        "add_generation_prompt=True)): a plain prompt is one user message; --prompts records may "
+                        "hold {\"messages\": [...]} or Spec-Bench's {\"turns\": [...]} (the first turn)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
     p.add_argument("--truncate-left", type=int, default=None, metavar="N",
                    help="keep the last N tokens of each prompt (prompt + --max-new-tokens must fit the model's "

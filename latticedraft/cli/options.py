@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 
-def prompt_texts(a) -> list[str]:
-    """The prompts of ``--prompt TEXT`` (``-``: standard input) or ``--prompts FILE.jsonl`` (``-`` too)."""
-    from latticedraft.decoding.runs.prompt_set import read_prompts
+def prompt_inputs(a) -> list:
+    """The prompts of ``--prompt TEXT`` (``-``: standard input; a string) or ``--prompts FILE.jsonl``
+    (``-`` too; ``prompt_set.Prompt``s, chat records included: ``chat.prompt_ids`` encodes both)."""
+    from latticedraft.decoding.runs.prompt_set import read_prompt_set
     from latticedraft.errors import InputError
     from latticedraft.textin import check_text_value, read_text_arg
 
@@ -13,7 +14,9 @@ def prompt_texts(a) -> list[str]:
         raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl (- reads standard input)")
     if a.prompt == "-":
         return [read_text_arg("-", "--prompt", "pipe UTF-8 text into --prompt -")]
-    texts = [a.prompt] if a.prompt is not None else [r["prompt"] for r in read_prompts(a.prompts)]
-    for i, t in enumerate(texts, 1):
-        check_text_value(t, "--prompt" if a.prompt is not None else f"--prompts record {i}")
-    return texts
+    if a.prompt is not None:
+        return [check_text_value(a.prompt, "--prompt")]
+    prompts = read_prompt_set(a.prompts)[0]
+    for p in prompts:
+        check_text_value(p.text, f"--prompts record {p.line}")
+    return prompts

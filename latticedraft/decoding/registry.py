@@ -31,8 +31,8 @@ MODULES = (  # one line per method module; each defines METHOD
     "latticedraft.decoding.dynamo.generate",
 )
 # options every method reads (where to decode, what, how much, how to report)
-COMMON = ("method", "model", "tokenizer", "device", "threads", "prompt", "prompts", "max_new_tokens", "truncate_left",
-          "batch_size", "json", "output", "resume", "skip_bad", "sort_by_length", "quiet_ranks", "verbose")
+COMMON = ("method", "model", "tokenizer", "device", "threads", "prompt", "prompts", "chat", "max_new_tokens",
+          "truncate_left", "batch_size", "json", "output", "resume", "skip_bad", "sort_by_length", "quiet_ranks", "verbose")
 SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed", "repetition_penalty")  # generate's flags
 
 

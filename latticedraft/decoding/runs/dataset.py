@@ -202,16 +202,16 @@ class ShardWork:
 
 
 def encode_shard(session, plan: OutputPlan, prompts: list[Prompt], max_new_tokens: int,
-                 truncate_left: int | None = None) -> ShardWork:
-    """Encode this rank's prompts that have no record yet and check every one against the model's
-    positions, before the first record is written (a prompt that does not fit is refused naming
-    its id, with nothing decoded)."""
-    from latticedraft.decoding.runs.loaders import encode
+                 truncate_left: int | None = None, chat: bool = False) -> ShardWork:
+    """Encode this rank's prompts that have no record yet (``chat``: through the model's chat
+    template) and check every one against the model's positions, before the first record is
+    written (a prompt that does not fit is refused naming its id, with nothing decoded)."""
+    from latticedraft.decoding.runs.chat import prompt_ids
     from latticedraft.decoding.runs.prompt_length import fit_prompts
 
     mine = my_prompts(prompts, plan.world)
     todo = [p for p in mine if p.id not in plan.done]
-    ids = fit_prompts(session.model, encode(session.tokenizer, [p.text for p in todo]), max_new_tokens, truncate_left,
+    ids = fit_prompts(session.model, prompt_ids(session, todo, chat), max_new_tokens, truncate_left,
                       names=[f"--prompts id {p.id!r} (line {p.line})" for p in todo])
     row_of = {p.id: k for k, p in enumerate(prompts)}
     return ShardWork(mine, todo, ids, [row_of[p.id] for p in todo])

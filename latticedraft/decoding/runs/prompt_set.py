@@ -1,9 +1,12 @@
 """A prompt data set for ``decode --output``: every prompt with a stable id, checked before any decoding.
 
 A prompt's id is its ``id`` field (a string or an integer) when the record has one, else its line
-number in the file (1-based; blank lines count as lines and are ignored). Three kinds of bad line
-are found: a line that is not a JSON object with a non-empty string ``prompt`` (or whose ``id`` is
-neither a string nor an integer), an empty prompt, and an id already used on an earlier line.
+number in the file (1-based; blank lines count as lines and are ignored). A record holds its prompt
+as a string ``prompt``, or as a chat: ``messages`` (``[{"role": ..., "content": ...}, ...]``, as
+``apply_chat_template`` takes them) or Spec-Bench's ``turns`` (a list of user turns, of which the
+first is the prompt); chat records decode with ``--chat`` only (``chat.py``). Three kinds of bad line
+are found: a line that is not a JSON object with one of those (or whose ``id`` is neither a string
+nor an integer), an empty prompt, and an id already used on an earlier line.
 Without ``skip_bad`` the first bad line is an ``InputError`` naming it; with ``skip_bad`` bad lines
 are left out and returned, so the caller can count them.
 
@@ -11,6 +14,7 @@ Example::
 
     {"prompt": "def f(x):"}              -> id 1
     {"id": "q7", "prompt": "import os"}  -> id "q7"
+    {"turns": ["Write a haiku.", "Now in French."]}  -> id 3, messages [{"role": "user", "content": "Write a haiku."}]
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ from latticedraft.errors import InputError
 
 @dataclass
 class Prompt:
-    """One prompt: ``id`` (str | int), its 1-based ``line`` in the file, the ``text`` and the whole record."""
+    """One prompt: ``id`` (str | int), its 1-based ``line`` in the file, the ``text`` (a chat
+    record's last message), the chat ``messages`` (None for a plain ``prompt``) and the whole record."""
 
     id: str | int
     line: int
     text: str
     record: dict = field(repr=False, default_factory=dict)
+    messages: list | None = None
 
 
 @dataclass
@@ -38,13 +44,44 @@ class BadLine:
     why: str
 
 
+def messages_of(rec: dict) -> list | None:
+    """The chat messages of a record: its ``messages``, or its first Spec-Bench turn as a user
+    message; None for a plain ``prompt`` record."""
+    if "prompt" in rec:
+        return None
+    if "messages" in rec:
+        return rec["messages"]
+    return [{"role": "user", "content": rec["turns"][0]}]
+
+
+def _check_chat(rec) -> str | None:
+    if "messages" in rec:
+        msgs = rec["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            return "'messages' is not a non-empty list"
+        for m in msgs:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                return "a message that is not {\"role\": string, \"content\": string}"
+        if not msgs[-1]["content"]:
+            return "an empty prompt (the last message is empty)"
+        return None
+    turns = rec["turns"]
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+        return "'turns' is not a non-empty list of strings"
+    return None if turns[0] else "an empty prompt (the first turn is empty)"
+
+
 def _check(rec, line: int) -> str | None:
     """Why the parsed line ``rec`` is not a usable prompt record, or None."""
     if not isinstance(rec, dict):
         return "not a JSON object"
-    if "prompt" not in rec or not isinstance(rec["prompt"], str):
-        return "no string 'prompt'"
-    if not rec["prompt"]:
+    if "prompt" not in rec and ("messages" in rec or "turns" in rec):
+        why = _check_chat(rec)
+        if why is not None:
+            return why
+    elif "prompt" not in rec or not isinstance(rec["prompt"], str):
+        return "no string 'prompt' (nor chat 'messages' or 'turns')"
+    elif not rec["prompt"]:
         return "an empty prompt"
     if "id" in rec and (isinstance(rec["id"], bool) or not isinstance(rec["id"], (str, int))):
         return f"'id' {show_id(rec['id'])} is neither a string nor an integer"
@@ -77,7 +114,8 @@ def parse_prompt_set(text: str, where: str, skip_bad: bool = False,
             bad.append(BadLine(n, why))
             continue
         seen[pid] = n
-        prompts.append(Prompt(pid, n, rec["prompt"], rec))
+        msgs = messages_of(rec)
+        prompts.append(Prompt(pid, n, rec["prompt"] if msgs is None else msgs[-1]["content"], rec, msgs))
     if not prompts:
         raise InputError(f"{where} holds no usable prompts"
                          + (f" ({len(bad)} bad line(s) skipped)" if bad else "") + "; give one {\"prompt\": ...} per line")
@@ -95,8 +133,14 @@ def read_prompt_set(path, skip_bad: bool = False, limit: int | None = None) -> t
 
 
 def read_prompts(path, limit: int | None = None) -> list[dict]:
-    """The records (``{"prompt": ..., "reference"?: ...}``) of ``read_prompt_set(path)``, at most ``limit``."""
-    return [p.record for p in read_prompt_set(path, limit=limit)[0]]
+    """The records (``{"prompt": ..., "reference"?: ...}``) of ``read_prompt_set(path)``, at most
+    ``limit``; a chat record is refused (these readers take plain prompts; decode with ``--chat``)."""
+    prompts = read_prompt_set(path, limit=limit)[0]
+    for p in prompts:
+        if p.messages is not None:
+            raise InputError(f"--prompts {path} line {p.line}: a chat record ('messages' or 'turns'); this command "
+                             "takes plain {\"prompt\": ...} records; decode chat records with --chat")
+    return [p.record for p in prompts]
 
 
 def summarize_bad(bad: list[BadLine], shown: int = 3) -> str:

@@ -86,6 +86,12 @@ class Session:
 
         return self._once(("cooccurrence", str(table)), lambda: resolve_table(table, self.tokenizer, notify=self.notify))
 
+    def chat_template(self):
+        """The base model's chat template (``--chat``), loaded once; refused where it has none."""
+        from latticedraft.decoding.runs.chat import ChatTemplate
+
+        return self._once(("chat",), lambda: ChatTemplate.load(self.base_dir))
+
     def proposer(self, spec, references=None):
         """The draft source of a ``bpd.DrafterSpec``: a lattice ``Drafter`` of the heads, the draft
         model's ``ModelProposer``, or None (``--drafter none``)."""

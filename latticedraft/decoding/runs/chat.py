@@ -1,0 +1,71 @@
+"""Prompts through a model's chat template (``--chat``): the token ids a user gets from
+``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``, so that a chat decode
+starts from exactly the ids ``generate`` would be given.
+
+The template is the one saved beside the base model (``tokenizer_config.json``'s
+``chat_template`` or ``chat_template.jinja``), rendered by transformers' own tokenizer of that
+directory. A plain prompt becomes one user message.
+
+    >>> t = ChatTemplate.load("models/smollm2")                        # doctest: +SKIP
+    >>> t.ids([{"role": "user", "content": "Hi"}])                       # doctest: +SKIP
+    array([1, 9690, 198, ..., 1, 520, 9531, 198])                        # ...<|im_start|>assistant\\n
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from latticedraft.errors import InputError
+
+
+class ChatTemplate:
+    """The chat template of the base model in ``base_dir`` (transformers' tokenizer of it)."""
+
+    def __init__(self, tokenizer, where: str):
+        self.tokenizer, self.where = tokenizer, where
+
+    @classmethod
+    def load(cls, base_dir) -> "ChatTemplate":
+        """Refuses a directory without a chat template in one line."""
+        from transformers import AutoTokenizer
+
+        d = Path(base_dir)
+        try:
+            tok = AutoTokenizer.from_pretrained(str(d))
+        except (OSError, ValueError) as e:
+            raise InputError(f"--chat: cannot load the tokenizer of {d} ({str(e).splitlines()[0]}); "
+                             "pass a model directory with tokenizer files, or drop --chat") from None
+        if not getattr(tok, "chat_template", None):
+            raise InputError(f"--chat: {d} has no chat template (tokenizer_config.json 'chat_template' or "
+                             "chat_template.jinja); drop --chat to decode the prompts as plain text")
+        return cls(tok, str(d))
+
+    def ids(self, messages: list[dict]) -> np.ndarray:
+        """int64[t]: ``messages`` rendered with the generation prompt (the assistant's turn opened)."""
+        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "keys"):  # transformers >= 5 returns a BatchEncoding
+            out = out["input_ids"]
+        return np.asarray(out, dtype=np.int64).reshape(-1)
+
+
+def prompt_ids(session, prompts: list, chat: bool) -> list[np.ndarray]:
+    """Token ids of ``prompts`` (``prompt_set.Prompt``s or plain strings): through the base's chat
+    template with ``chat`` (a plain prompt as one user message), else the tokenizer's encoding; a
+    chat record without ``chat`` is refused naming its line."""
+    from latticedraft.decoding.runs.loaders import encode
+
+    if not chat:
+        for p in prompts:
+            if getattr(p, "messages", None) is not None:
+                raise InputError(f"--prompts line {p.line} is a chat record ('messages' or 'turns'); pass --chat to "
+                                 "decode it through the model's chat template")
+        return encode(session.tokenizer, [p if isinstance(p, str) else p.text for p in prompts])
+    template = session.chat_template()
+    out = []
+    for p in prompts:
+        msgs = [{"role": "user", "content": p}] if isinstance(p, str) else (
+            p.messages or [{"role": "user", "content": p.text}])
+        out.append(template.ids(msgs))
+    return out
