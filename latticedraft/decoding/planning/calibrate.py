@@ -9,6 +9,7 @@ context and LM tables read the same histories).
 from __future__ import annotations
 
 import numpy as np
+from tqdm import tqdm
 
 from latticedraft.decoding.planning.acceptance import AcceptanceModel, fit
 from latticedraft.decoding.bpd import bpd_decode
@@ -20,8 +21,10 @@ def calibrate(model, drafter, prompt_ids: list, *, context: ContextNgrams | None
     """An ``AcceptanceModel`` from decoding ``prompt_ids`` (held out from what is measured). drafter:
     a lattice ``Drafter`` or None (then only the context and LM tables learn); lm: (``LMNgrams``,
     ``LMArrays``) whose continuations the LM table is fitted on, or None."""
-    res = bpd_decode(model, prompt_ids, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                     record_steps=True, tree="fixed", draft_vocab=draft_vocab)
+    with tqdm(total=len(prompt_ids) * max_new_tokens, desc="calibrate", unit="tok", disable=None, leave=False) as bar:
+        res = bpd_decode(model, prompt_ids, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                         record_steps=True, tree="fixed", draft_vocab=draft_vocab,
+                         on_tokens=lambda row, new: bar.update(len(new)))
     lattices, greedy, histories, drafts = [], [], [], []
     for st in res.steps:
         seq = res.sequences[st.row]

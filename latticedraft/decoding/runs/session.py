@@ -203,7 +203,8 @@ class Session:
         def build():
             if self.notify:
                 self.notify(f"--tree auto: fitting acceptance rates for --drafter {spec.name} on {len(recs)} held-out "
-                            "prompts (once; cached under .cache/acceptance)")
+                            "prompts and measuring the step cost T(n) of this model (once per model and settings; "
+                            "cached under .cache/acceptance and .cache/cost_model)")
             ids = encode(self.tokenizer, [r["prompt"] for r in recs])
             return calibrate(self.model, self.proposer(calib), ids, context=spec.context(),
                              draft_vocab=self.draft_vocab(spec.draft_vocab), eos_token_id=self.eos, lm=lm)

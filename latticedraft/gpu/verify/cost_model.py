@@ -70,11 +70,13 @@ class CostModel:
     # -- measuring ------------------------------------------------------------------------
     @classmethod
     def measure(cls, verifier, batch: int = 1, context: int = 100, grid=GRID, repeats: int = 15,
-                max_nodes: int | None = None) -> "CostModel":
+                max_nodes: int | None = None, budget_s: float = 10.0, min_repeats: int = 4) -> "CostModel":
         """Time ``verifier.verify`` over chains of n nodes (n in ``grid``), each after a cache of
-        ``context`` tokens, ``repeats`` times interleaved; per n the ``QUANTILE`` of the times,
-        then the nondecreasing least-squares fit (``monotone``). The model's state is
-        restored after every call, so the measurement leaves nothing behind."""
+        ``context`` tokens, ``repeats`` times interleaved (fewer, but at least ``min_repeats``, once
+        the rounds have taken ``budget_s`` seconds: a 135 M model's round takes seconds, the bundled
+        model's milliseconds); per n the ``QUANTILE`` of the times, then the nondecreasing
+        least-squares fit (``monotone``). The model's state is restored after every call, so the
+        measurement leaves nothing behind."""
         limit = _position_limit(verifier.model)
         if limit:
             context = max(1, min(context, limit - max(grid) - 1))
@@ -85,7 +87,10 @@ class CostModel:
         state, _, _ = verifier.prefill(prompts)
         saved = state.save()
         times = {n: [] for n in grid}
+        t_start = time.perf_counter()
         for rep in range(repeats + 1):
+            if rep > min_repeats and time.perf_counter() - t_start > budget_s:
+                break
             for n in grid:
                 roots = rng.integers(1, vocab, size=batch)
                 drafts = [rng.integers(1, vocab, size=(1, n - 1)) for _ in range(batch)]
@@ -98,7 +103,8 @@ class CostModel:
         # a low quantile resists bursts of load from other processes; the fit is nondecreasing
         # (a bigger tree never costs less), which also irons out cache and allocator jitter
         raw = [float(np.quantile(times[n], QUANTILE)) for n in grid]
-        return cls(tuple(grid), tuple(monotone(raw)), "", {"context": context, "repeats": repeats, "batch": batch,
+        return cls(tuple(grid), tuple(monotone(raw)), "", {"context": context, "repeats": len(times[grid[0]]),
+                                                           "batch": batch,
                                                            "raw_seconds": raw, "quantile": QUANTILE})
 
     @classmethod

@@ -28,6 +28,13 @@ def test_measure_covers_the_grid_and_leaves_the_cache_empty():
     assert cm.info["batch"] == 2
 
 
+def test_measure_stops_repeating_at_its_time_budget():
+    """A model whose rounds take seconds (135 M parameters on a CPU) measures min_repeats rounds, not 15."""
+    v = Verifier(blockwise("llama", torch.float32, num_heads=3))
+    assert CostModel.measure(v, context=20, grid=(1, 3), repeats=15, budget_s=0.0, min_repeats=3).info["repeats"] == 3
+    assert CostModel.measure(v, context=20, grid=(1, 3), repeats=6, budget_s=1e9).info["repeats"] == 6
+
+
 def test_cached_measures_once_per_fingerprint(tmp_path, monkeypatch):
     monkeypatch.setenv("LATTICEDRAFT_CACHE", str(tmp_path))
     v = Verifier(blockwise("gpt2", torch.float32, num_heads=3))
