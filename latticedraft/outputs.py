@@ -5,7 +5,8 @@
 - ``--force`` replaces only what that command itself wrote. A directory is recognised as the
   command's own by its marker (an LM build by ``manifest.json``, heads by ``heads_config.json``,
   an adapter by ``adapter.json``, exit heads by ``exit_heads.json``, a trained LM by
-  ``training.json`` + ``config.json``, a custom_generate export by ``latticedraft_generate.json``);
+  ``training.json`` + ``config.json``, a custom_generate export by ``latticedraft_generate.json``, a
+  GGUF import by ``gguf_import.json``);
   anything else is refused even with ``--force``, naming what the directory holds and the fix.
   Files the command does not write (a README, ``draft_vocab.json`` beside heads) survive a forced
   replacement.
@@ -80,7 +81,14 @@ EXIT_HEADS = OutputKind("early-exit heads", "latticedraft train heads --early-ex
 MARKER_CUSTOM_GENERATE = "latticedraft_generate.json"
 CUSTOM_GENERATE = OutputKind("a custom_generate method", "latticedraft export custom-generate", (MARKER_CUSTOM_GENERATE,),
                              (MARKER_CUSTOM_GENERATE, "custom_generate", "README.md"))
-KINDS = [LM_BUILD, HEADS, ADAPTER, EXIT_HEADS, TRAINED_LM, DRAFT_MODEL, CUSTOM_GENERATE]  # every kind, to name what a directory holds
+MARKER_GGUF_IMPORT = "gguf_import.json"
+GGUF_IMPORT = OutputKind("a model imported from GGUF", "latticedraft import gguf", (MARKER_GGUF_IMPORT,),
+                         (MARKER_GGUF_IMPORT, "config.json", "generation_config.json", "model.safetensors",
+                          "model-*.safetensors", "model.safetensors.index.json", "tokenizer.json",
+                          "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "vocab.json",
+                          "merges.txt", "added_tokens.json", "tokenizer.model"))
+# every kind, to name what a directory holds
+KINDS = [LM_BUILD, HEADS, ADAPTER, EXIT_HEADS, TRAINED_LM, DRAFT_MODEL, CUSTOM_GENERATE, GGUF_IMPORT]
 
 
 def register(kind: OutputKind) -> OutputKind:

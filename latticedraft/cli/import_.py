@@ -1,6 +1,6 @@
-"""``latticedraft import <verb>``: read heads trained elsewhere into a latticedraft head directory
-(``import medusa``: vLLM's or FasterDecoding's Medusa checkpoints). ``import`` is a Python keyword,
-hence the module's name."""
+"""``latticedraft import <verb>``: read what was made elsewhere (``import medusa``: vLLM's or
+FasterDecoding's Medusa checkpoints into a head directory; ``import gguf``: a llama.cpp GGUF model
+into a float32 HF model directory). ``import`` is a Python keyword, hence the module's name."""
 
 from __future__ import annotations
 
@@ -17,10 +17,19 @@ def _cmd_import_medusa(a) -> int:
     return 0
 
 
+def _cmd_import_gguf(a) -> int:
+    from latticedraft.gpu.models.gguf_import import count_text, import_gguf
+
+    r = import_gguf(a.src, a.out, force=a.force)
+    print(f"imported {r.source.name}: {count_text(r.parameters)} parameters ({r.model_type}, {r.dtype}) to "
+          f"{r.out_dir} in {r.seconds:.1f} s; decode with --model {r.out_dir}")
+    return 0
+
+
 def add_parser(groups) -> None:
-    grp = groups.add_parser("import", help="read heads trained elsewhere (Medusa checkpoints)",
+    grp = groups.add_parser("import", help="read what was made elsewhere (Medusa checkpoints, GGUF models)",
                             description="Read heads trained elsewhere into a latticedraft head directory that every "
-                                        "drafter decodes with.")
+                                        "drafter decodes with, or a GGUF model into an HF model directory.")
     verbs = grp.add_subparsers(dest="verb", required=True, metavar="<verb>")
     p = verbs.add_parser("medusa", help="Medusa heads in vLLM's or FasterDecoding's layout",
                          description="Read Medusa heads (vLLM's layout: config.json + blocks.I.layers.L.weight, "
@@ -33,3 +42,13 @@ def add_parser(groups) -> None:
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="output head directory (heads_config.json names "
                                                                     "BASE relatively)")
     p.set_defaults(func=_cmd_import_medusa)
+    p = verbs.add_parser("gguf", help="a llama.cpp GGUF model (quantized or not) as a float32 HF model directory",
+                         description="Read a GGUF file with transformers (any architecture it can dequantize: llama, "
+                                     "mistral, qwen2, gemma, phi3, ...) and write a float32 HF model directory: "
+                                     "config.json, generation_config.json (the file's end-of-text id), "
+                                     "model.safetensors, tokenizer.json and the chat template, and gguf_import.json "
+                                     "(source sha256, architecture, parameter count).")
+    p.add_argument("src", metavar="FILE", help="the .gguf file")
+    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output model directory (not FILE's own directory)")
+    p.add_argument("--force", action="store_true", help="replace an earlier `import gguf` output in --out")
+    p.set_defaults(func=_cmd_import_gguf)

