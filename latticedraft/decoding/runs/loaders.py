@@ -75,11 +75,36 @@ def load_tokenizer_for(model, model_dir=None, tokenizer_path=None):
     return tok
 
 
+def lm_for(tokenizer) -> Path:
+    """The n-gram LM a model decodes with when ``--lm`` is not given: the bundled 4-gram where it was
+    built with ``tokenizer`` (or is not built: loading it then says how), else the first LM build
+    under ``.cache/lm/`` (name order) built with ``tokenizer`` (e.g. ``scripts/build_smollm2.sh``'s
+    ``smollm2-4gram``), else the bundled one (whose load names the mismatch and the fix)."""
+    import json
+
+    from latticedraft import paths
+    from latticedraft.lm.tokenizer import fingerprint
+
+    fp = fingerprint(tokenizer)
+
+    def fits(d: Path) -> bool:
+        try:
+            return json.loads((d / "manifest.json").read_text())["tokenizer"]["fingerprint"] == fp
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
+    bundled = paths.default_lm_dir()
+    if not (bundled / "manifest.json").is_file() or fits(bundled):
+        return bundled
+    return next((d for d in sorted(bundled.parent.glob("*")) if d.is_dir() and fits(d)), bundled)
+
+
 def load_lm(lm_dir=None, tokenizer=None):
-    """The n-gram LM build (``NgramLM``); default: the bundled 4-gram that set-up builds."""
+    """The n-gram LM build (``NgramLM``); default: ``lm_for(tokenizer)`` (the bundled 4-gram that set-up
+    builds, for the bundled tokenizer)."""
     from latticedraft.lm.ngram import NgramLM
 
-    path = Path(lm_dir) if lm_dir is not None else default_lm_dir()
+    path = Path(lm_dir) if lm_dir is not None else (lm_for(tokenizer) if tokenizer is not None else default_lm_dir())
     if not path.exists():
         raise InputError(f"n-gram LM {path} not found; run `bash scripts/setup.sh` (builds the bundled 4-gram) "
                          "or pass --lm DIR from `latticedraft lm build`")

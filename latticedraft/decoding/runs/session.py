@@ -148,20 +148,20 @@ class Session:
 
     def lm_drafts(self, spec):
         """What ``spec.lm_drafts`` drafts from: (``LMNgrams``, the LM's ``LMArrays``) or None (off;
-        "auto" where the bundled LM is missing or was built with another tokenizer; an LM named
-        with ``--lm`` must load and fit)."""
+        "auto" where no LM built with this tokenizer is there, ``loaders.lm_for``; an LM named with
+        ``--lm`` must load and fit)."""
         from latticedraft.decoding.bpd import AUTO_LM_DRAFTS
         from latticedraft.decoding.proposers.lm_ngrams import LMNgrams
         from latticedraft.errors import ModelError
         from latticedraft.lattice.lm_tables import lm_arrays
-        from latticedraft.paths import default_lm_dir
+        from latticedraft.decoding.runs.loaders import lm_for
 
         depth = spec.lm_drafts
         if not depth:
             return None
         if depth == "auto":
-            if self.lm_dir is None:  # the bundled LM where it is built and fits (one named with --lm must)
-                if not default_lm_dir().is_dir():
+            if self.lm_dir is None:  # the LM that fits this tokenizer where one is built (one named with --lm must)
+                if not lm_for(self.tokenizer).is_dir():
                     return None
                 try:
                     _ = self.lm

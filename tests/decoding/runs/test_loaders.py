@@ -1,0 +1,39 @@
+"""``lm_for``: without ``--lm`` a model decodes with the LM build made with its own tokenizer (the
+bundled 4-gram for the bundled tokenizer, e.g. ``smollm2-4gram`` for SmolLM2's)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from latticedraft.decoding.runs.loaders import lm_for
+from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
+from latticedraft.paths import data_dir
+
+TOKENIZER = data_dir() / "tokenizer" / "tokenizer.json"
+pytestmark = pytest.mark.skipif(not TOKENIZER.is_file(), reason="bundled tokenizer missing (run scripts/setup.sh)")
+
+
+def _build(d, fp):
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps({"tokenizer": {"fingerprint": fp}}))
+
+
+def test_the_lm_built_with_the_models_tokenizer_is_chosen(tmp_path, monkeypatch):
+    monkeypatch.setenv("LATTICEDRAFT_CACHE", str(tmp_path))
+    tok = load_tokenizer(TOKENIZER)
+    lm = tmp_path / "lm"
+    bundled = lm / "stdlib-4gram"
+    assert lm_for(tok) == bundled  # nothing built: the bundled path (its load says how to build it)
+    _build(bundled, "another vocabulary")
+    assert lm_for(tok) == bundled  # nothing fits: the bundled one, whose load names the mismatch
+    _build(lm / "b-4gram", "also another")
+    _build(lm / "c-4gram", fingerprint(tok))
+    _build(lm / "d-4gram", fingerprint(tok))
+    assert lm_for(tok) == lm / "c-4gram"  # the first that fits, in name order
+    (bundled / "manifest.json").write_text(json.dumps({"tokenizer": {"fingerprint": fingerprint(tok)}}))
+    assert lm_for(tok) == bundled  # the bundled one first where it fits
+    (lm / "c-4gram" / "manifest.json").write_text("{not json")
+    (bundled / "manifest.json").unlink()
+    assert lm_for(tok) == bundled  # a missing bundled build stays the default (set-up builds it)
