@@ -1,0 +1,61 @@
+"""``benchmarks/spec_bench.py`` on a tiny chat model and a tiny question file: the six categories
+sampled, questions through the chat template, every greedy row (batch 1 and 4) equal to HF greedy,
+the sampled rows and the table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tests.benchmarks.bundled import MARKS  # also puts benchmarks/ on the import path
+
+pytestmark = MARKS
+
+
+def test_sample_questions_draws_every_category(tmp_path):
+    import spec_bench as b
+
+    qs = [{"question_id": i, "category": c, "turns": [f"q{i}"]}
+          for i, c in enumerate(["writing", "coding", *b.CATEGORIES[1:]] * 3)]
+    f = tmp_path / "q.jsonl"
+    f.write_text("".join(json.dumps(q) + "\n" for q in qs))
+    got = b.sample_questions(f, 2, seed=0)
+    assert [q["bench_category"] for q in got] == [c for c in b.CATEGORIES for _ in range(2)]
+    assert got == b.sample_questions(f, 2, seed=0) and got != b.sample_questions(f, 2, seed=1)
+
+
+@pytest.mark.slow
+def test_every_greedy_row_equals_hf_greedy(tmp_path, capsys):
+    import spec_bench as b
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from latticedraft.paths import data_dir
+    from tests.decoding.runs.test_chat import TEMPLATE
+
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=8192, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, eos_token_id=0)).eval()
+    model = tmp_path / "chat"
+    m.save_pretrained(model)
+    shutil.copy(data_dir() / "tokenizer" / "tokenizer.json", model / "tokenizer.json")
+    (model / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": TEMPLATE, "eos_token": "<|endoftext|>"}))
+    qs = tmp_path / "q.jsonl"
+    qs.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [f"Question {i} about {c}?"]}) + "\n"
+                          for i, c in enumerate(["writing", *b.CATEGORIES[1:]])))
+    out = tmp_path / "sb.json"
+    assert b.main(["--model", str(model), "--questions", str(qs), "--per-category", "1", "--code-count", "1",
+                   "--max-new-tokens", "6", "--batch-size", "4", "--temperatures", "0.7", "--threads", "1",
+                   "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    rows = {r["name"]: r for r in res["rows"]}
+    greedy = [n for n in rows if "sampling" not in n]
+    assert {"HF greedy", "HF prompt lookup", "ours: default (CLI)", "ours: lookahead", "HF batched greedy b=4",
+            "ours: default (CLI) b=4"} <= set(greedy)
+    assert all(rows[n]["exact"] for n in greedy)
+    assert set(rows["HF greedy"]["categories"]) == {*b.CATEGORIES, b.CODE}
+    assert rows["HF greedy"]["speedup_overall"] == 1.0 and rows["ours: lossless sampling T=0.7"]["vs_hf_sampling"] > 0
+    assert "ours: default (CLI)" in capsys.readouterr().out
