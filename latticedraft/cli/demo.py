@@ -9,7 +9,8 @@ from latticedraft.cli.args import common_model_args
 
 
 def _cmd_demo(a) -> int:
-    from latticedraft.cli.checks import check_device, check_ranges
+    """The demo's table on the bundled model, or (``--model smollm2``) on SmolLM2 with chat questions."""
+    from latticedraft.cli.checks import check_device, check_ranges, given
     from latticedraft.decoding.eval.demo import run_demo, table
     from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas
     from latticedraft.decoding.runs.session import Session
@@ -18,8 +19,23 @@ def _cmd_demo(a) -> int:
     check_device(a.device)
     check_ranges(a)
     check_writable(a.out, "--out", "directory")
-    print(f"latticedraft demo: the bundled BPD model on {a.num_prompts} held-out standard-library prompts, "
-          f"{a.max_new_tokens} new tokens each", file=sys.stderr)
+    chat = a.model == "smollm2"
+    if chat:  # the real pretrained model on chat questions through its chat template
+        from latticedraft.errors import InputError
+        from latticedraft.paths import data_dir, smollm2_dir
+
+        a.model = str(smollm2_dir())
+        if not smollm2_dir().is_dir():
+            raise InputError(f"--model smollm2: {a.model} does not exist; run `latticedraft fetch smollm2` (or "
+                             "`bash scripts/build_smollm2.sh`, which also builds its 4-gram) first")
+        a.prompts = a.prompts or str(data_dir() / "chat-prompts.jsonl")
+        if not given(a, "threads"):  # the weights set its step (not per-op overhead): every core
+            a.threads = None
+        print(f"latticedraft demo: SmolLM2-135M-Instruct on {a.num_prompts} chat questions through its chat "
+              f"template, {a.max_new_tokens} new tokens each", file=sys.stderr)
+    else:
+        print(f"latticedraft demo: the bundled BPD model on {a.num_prompts} held-out standard-library prompts, "
+              f"{a.max_new_tokens} new tokens each", file=sys.stderr)
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     s.notify = lambda m: print(m, file=sys.stderr)
     alphas_file = a.alphas or default_alphas_file(s.model_dir)
@@ -30,11 +46,12 @@ def _cmd_demo(a) -> int:
               "data/heads-stern/tuned.json`)", file=sys.stderr)
     summary = run_demo(s, a.prompts, a.num_prompts, a.max_new_tokens, a.out,
                        notify=lambda m: print(m, file=sys.stderr),
-                       alphas=read_alphas(alphas_file) if alphas_file else None)
+                       alphas=read_alphas(alphas_file) if alphas_file else None, chat=chat)
     smp = summary["sample"]
     cont = smp["continuation"]
     shown = cont.replace("\n", "\u23ce")[:160] + ("…" if len(cont) > 160 else "")
-    print("\nexample: the end of a held-out prompt, then the model's greedy continuation (\u23ce = newline):")
+    print(f"\nexample: the end of a {'question' if chat else 'held-out prompt'}, then the model's greedy "
+          "continuation (\u23ce = newline):")
     print("  " + smp["prompt"].rstrip("\n").splitlines()[-1][-100:] + "\n  >>> " + shown)
     print()
     print(table(summary))
@@ -44,6 +61,8 @@ def _cmd_demo(a) -> int:
            else "MISMATCH: some output differs from greedy decoding"))
     if summary["lattice_png"]:
         print(f"one step's lattice: {summary['lattice_png']}")
+    else:
+        print("no lattice picture: the model has no heads")
     print(f"details: {Path(a.out) / 'demo.json'}")
     return 0 if ok else 1
 
@@ -52,8 +71,11 @@ def add_parser(groups) -> None:
     p = groups.add_parser("demo", help="the bundled model: BPD drafters vs greedy, speed and exactness",
                           description="Run the bundled BPD model on held-out standard-library prompts with each "
                                       "drafter and plain greedy decoding; print speed, block efficiency and whether "
-                                      "every output equals greedy decoding.")
-    p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="prompt set (default data/prompts.jsonl)")
+                                      "every output equals greedy decoding. --model smollm2 runs the real "
+                                      "pretrained SmolLM2-135M-Instruct (`latticedraft fetch smollm2`) on chat "
+                                      "questions through its chat template.")
+    p.add_argument("--prompts", default=None, metavar="FILE.jsonl",
+                   help="prompt set (default data/prompts.jsonl; with --model smollm2 data/chat-prompts.jsonl)")
     p.add_argument("--num-prompts", type=int, default=6, help="prompts (default 6)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt (default 48)")
     p.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")

@@ -1,10 +1,12 @@
-"""``latticedraft demo``: the bundled model on held-out standard-library prompts.
+"""``latticedraft demo``: the bundled model on held-out standard-library prompts (or any model,
+e.g. SmolLM2 on chat prompts through its chat template).
 
 HF greedy and HF prompt lookup (the baselines a user would run instead, in this process) vs
 latticedraft's fastest measured configuration and its parts (heads only, context and 4-gram
 drafts only, no rescoring) and the paper's drafters as published: block efficiency, tokens/s, the
 speed-up over both baselines, a picture of one step's lattice (``lattice_step.png``), and a
-check that every output equals greedy's token for token.
+check that every output equals greedy's token for token. On a model without heads the rows that
+draft from heads are left out (said in a note), and so is the lattice picture.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from latticedraft.decoding.bpd import DrafterSpec
 from latticedraft.decoding.eval import hf_baselines
 from latticedraft.decoding.planning.head_gate import HeadGate
 from latticedraft.decoding.runs.session import Session
-from latticedraft.decoding.runs.loaders import encode
-from latticedraft.decoding.runs.prompt_set import read_prompts
+from latticedraft.decoding.runs.chat import prompt_ids
+from latticedraft.decoding.runs.prompt_set import read_prompt_set
 from latticedraft.errors import InputError
 from latticedraft.paths import data_dir
 
@@ -44,12 +46,18 @@ PICTURE_ROW = "latticedraft (default)"  # its steps are recorded for lattice_ste
 
 
 def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_tokens: int = 48,
-             out_dir="out/demo", notify=print, alphas: dict | None = None) -> dict:
-    recs = read_prompts(prompts_file or data_dir() / "prompts.jsonl", limit=num_prompts)
-    ids = encode(session.tokenizer, [r["prompt"] for r in recs])
+             out_dir="out/demo", notify=print, alphas: dict | None = None, chat: bool = False) -> dict:
+    """The demo's rows on ``num_prompts`` prompts of ``prompts_file`` (``chat``: through the model's
+    chat template); writes ``demo.json`` (and ``lattice_step.png``) into ``out_dir``; the summary."""
+    recs = read_prompt_set(prompts_file or data_dir() / "prompts.jsonl", limit=num_prompts)[0]
+    ids = prompt_ids(session, recs, chat)
     alphas = alphas or {}
     rows = []
+    heads = getattr(session.model, "num_heads", 1) > 1
     for name, what, spec in ROWS:
+        if isinstance(spec, DrafterSpec) and spec.name != "none" and not heads:
+            notify(f"  skipping {name}: {session.model_dir} has no heads (train them with `latticedraft train heads`)")
+            continue
         family = {"parallel": "ngram"}.get(spec.name, spec.name) if isinstance(spec, DrafterSpec) else None
         if family in alphas:
             spec = replace(spec, alpha=alphas[family])
@@ -97,7 +105,8 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
         pic = draw_step(session.tokenizer, *step_pic, out / "lattice_step.png")
     summary = {"rows": results, "model": session.base_dir, "prompts": len(ids), "max_new_tokens": max_new_tokens,
                "all_exact": all(r["exact"] for r in results), "lattice_png": str(pic) if pic else None,
-               "sample": {"prompt": recs[0]["prompt"], "continuation": session.tokenizer.decode(greedy[0].tolist())}}
+               "sample": {"prompt": recs[0].text, "continuation": session.tokenizer.decode(greedy[0].tolist(),
+                                                                                            skip_special_tokens=True)}}
     write_atomic(out / "demo.json", json.dumps(summary, indent=1) + "\n")
     return summary
 

@@ -22,3 +22,33 @@ def test_the_lattice_picture_is_drawn_when_the_sessions_gate_skips_the_heads(tmp
     assert summary["all_exact"] and summary["lattice_png"]
     assert (tmp_path / "demo" / "lattice_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert s.gate(FAST) is off  # the session's gate is back in place, untaught by the picture's pass
+
+
+def test_a_model_without_heads_demos_its_chat_rows_without_a_lattice(tmp_path):
+    """The demo on a plain chat model (as ``--model smollm2``): prompts through its chat template, the
+    rows that draft from heads left out with a note, every row equal to greedy, no picture."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from latticedraft.paths import data_dir
+    from tests.decoding.runs.test_chat import TEMPLATE
+
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=8192, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, eos_token_id=0)).eval()
+    m.save_pretrained(tmp_path / "chat")
+    shutil.copy(data_dir() / "tokenizer" / "tokenizer.json", tmp_path / "chat" / "tokenizer.json")
+    (tmp_path / "chat" / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": TEMPLATE, "eos_token": "<|endoftext|>"}))
+    notes = []
+    s = Session(tmp_path / "chat", threads=1)
+    summary = run_demo(s, prompts_file=data_dir() / "chat-prompts.jsonl", num_prompts=2, max_new_tokens=6,
+                       out_dir=tmp_path / "demo", notify=notes.append, chat=True)
+    names = [r["name"] for r in summary["rows"]]
+    assert names == ["greedy", "prompt lookup (HF)", "context + 4-gram drafts"]
+    assert summary["all_exact"] and summary["lattice_png"] is None
+    assert any("skipping heads only" in n and "no heads" in n for n in notes)
+    assert summary["sample"]["prompt"].startswith("Explain in two sentences")
