@@ -145,14 +145,15 @@ def _load(src: Path):
 def _check_complete(info: dict, src: Path) -> None:
     """``InputError`` when the file lacks weights the model needs (transformers would start them at
     random) or holds tensors it could not place."""
-    for key, what in (("missing_keys", "lacks weights the model needs"),
-                      ("mismatched_keys", "holds weights of other shapes than its metadata describes"),
-                      ("unexpected_keys", "holds tensors transformers cannot place")):
-        names = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get(key) or ())
-        if names:
-            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-            raise InputError(f"{src} {what} ({names[0]}{more}); it does not follow llama.cpp's naming for its "
-                             "architecture: convert the model again with llama.cpp's convert_hf_to_gguf.py")
+    from latticedraft.gpu.models.hf import loading_problem
+
+    problem = loading_problem(info)
+    if problem is not None:
+        what = {"missing_keys": "lacks weights the model needs",
+                "mismatched_keys": "holds weights of other shapes than its metadata describes",
+                "unexpected_keys": "holds tensors transformers cannot place"}[problem[0]]
+        raise InputError(f"{src} {what} ({problem[1]}); it does not follow llama.cpp's naming for its "
+                         "architecture: convert the model again with llama.cpp's convert_hf_to_gguf.py")
 
 
 def _detach_quantizer(model) -> None:

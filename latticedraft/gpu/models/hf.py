@@ -68,17 +68,26 @@ def load_causal_lm(path: str | Path, device=None, dtype=None) -> nn.Module:
     return model.eval()
 
 
+def loading_problem(info: dict) -> tuple[str, str] | None:
+    """The first problem ``from_pretrained(..., output_loading_info=True)`` reports, as (its key:
+    "missing_keys" | "mismatched_keys" | "unexpected_keys", "first name and N more"), or None."""
+    for key in ("missing_keys", "mismatched_keys", "unexpected_keys"):
+        names = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get(key) or ())
+        if names:
+            return key, names[0] + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+    return None
+
+
 def check_loading_info(info: dict, path: Path) -> None:
     """``ModelError`` when ``from_pretrained(..., output_loading_info=True)`` reports weights the config
     does not describe, or config parts the weights lack (transformers would start those at random)."""
-    for key, what in (("missing_keys", "lacks weights its config.json describes"),
-                      ("mismatched_keys", "has weights of other shapes than its config.json describes"),
-                      ("unexpected_keys", "has weights its config.json does not describe")):
-        names = sorted(str(k[0] if isinstance(k, tuple) else k) for k in info.get(key) or ())
-        if names:
-            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-            raise ModelError(f"model directory {path} {what} ({names[0]}{more}); the config and the weights come "
-                             "from different models: copy the matching config.json or re-save the model")
+    problem = loading_problem(info)
+    if problem is not None:
+        what = {"missing_keys": "lacks weights its config.json describes",
+                "mismatched_keys": "has weights of other shapes than its config.json describes",
+                "unexpected_keys": "has weights its config.json does not describe"}[problem[0]]
+        raise ModelError(f"model directory {path} {what} ({problem[1]}); the config and the weights come "
+                         "from different models: copy the matching config.json or re-save the model")
 
 
 def brief(e: BaseException, limit: int = 160) -> str:
