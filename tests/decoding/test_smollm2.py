@@ -1,0 +1,39 @@
+"""The real pretrained model, where ``latticedraft fetch smollm2`` has put it (skipped elsewhere, e.g.
+in a fresh clone's CI): chat questions through the CLI's default decode and through the greedy
+loop equal HF ``generate`` greedy on the same token ids, and a short answer stops at SmolLM2's own
+end token ``<|im_end|>`` (id 2), not at ``<|endoftext|>`` (id 0)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from latticedraft.cli import main
+from latticedraft.paths import smollm2_dir
+
+pytestmark = [pytest.mark.skipif(not (smollm2_dir() / "gguf_import.json").is_file(),
+                                 reason="SmolLM2 not fetched (latticedraft fetch smollm2)"), pytest.mark.slow]
+QUESTIONS = ["What is the capital of France?", "Write a haiku about rain on a tin roof."]
+
+
+def test_chat_decodes_equal_hf_greedy_and_stop_at_im_end(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text("".join(json.dumps({"turns": [q]}) + "\n" for q in QUESTIONS))
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2_dir())).eval()
+    for method in (["--method", "bpd"], ["--method", "greedy"]):
+        rc = main(["decode", "--model", str(smollm2_dir()), "--prompts", str(prompts), "--chat", "--json",
+                   "--max-new-tokens", "24", *method])
+        out = capsys.readouterr()
+        assert rc == 0, out.err
+        recs = [json.loads(x) for x in out.out.strip().splitlines()]
+        for rec in recs:
+            x = torch.tensor([rec["prompt_ids"]])
+            with torch.no_grad():
+                g = base.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=24)
+            want = g[0, x.shape[1]:].tolist()
+            assert rec["tokens"] == (want[: want.index(2) + 1] if 2 in want else want), method
+        assert recs[0]["tokens"][-1] == 2 and len(recs[0]["tokens"]) < 24 and "Paris" in recs[0]["text"]
