@@ -39,9 +39,10 @@ def _cmd_demo(a) -> int:
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     s.notify = lambda m: print(m, file=sys.stderr)
     alphas_file = a.alphas or default_alphas_file(s.model_dir)
-    if alphas_file:
+    heads = getattr(s.model, "num_heads", 1) > 1  # without heads no row rescores a lattice: no weight to report
+    if heads and alphas_file:
         print(f"interpolation weights from {alphas_file}", file=sys.stderr)
-    else:
+    elif heads:
         print("untuned interpolation weight alpha = 1.0 (write tuned ones with `latticedraft tune --out "
               "data/heads-stern/tuned.json`)", file=sys.stderr)
     summary = run_demo(s, a.prompts, a.num_prompts, a.max_new_tokens, a.out,
