@@ -23,8 +23,8 @@ from latticedraft.errors import InputError
 class ChatTemplate:
     """The chat template of the base model in ``base_dir`` (transformers' tokenizer of it)."""
 
-    def __init__(self, tokenizer, where: str):
-        self.tokenizer, self.where = tokenizer, where
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
 
     @classmethod
     def load(cls, base_dir) -> "ChatTemplate":
@@ -40,7 +40,7 @@ class ChatTemplate:
         if not getattr(tok, "chat_template", None):
             raise InputError(f"--chat: {d} has no chat template (tokenizer_config.json 'chat_template' or "
                              "chat_template.jinja); drop --chat to decode the prompts as plain text")
-        return cls(tok, str(d))
+        return cls(tok)
 
     def ids(self, messages: list[dict]) -> np.ndarray:
         """int64[t]: ``messages`` rendered with the generation prompt (the assistant's turn opened)."""
@@ -55,12 +55,10 @@ def prompt_ids(session, prompts: list, chat: bool) -> list[np.ndarray]:
     template with ``chat`` (a plain prompt as one user message), else the tokenizer's encoding; a
     chat record without ``chat`` is refused naming its line."""
     from latticedraft.decoding.runs.loaders import encode
+    from latticedraft.decoding.runs.prompt_set import refuse_chat
 
     if not chat:
-        for p in prompts:
-            if getattr(p, "messages", None) is not None:
-                raise InputError(f"--prompts line {p.line} is a chat record ('messages' or 'turns'); pass --chat to "
-                                 "decode it through the model's chat template")
+        refuse_chat(prompts, "--prompts", "pass --chat to decode it through the model's chat template")
         return encode(session.tokenizer, [p if isinstance(p, str) else p.text for p in prompts])
     template = session.chat_template()
     out = []

@@ -136,11 +136,17 @@ def read_prompts(path, limit: int | None = None) -> list[dict]:
     """The records (``{"prompt": ..., "reference"?: ...}``) of ``read_prompt_set(path)``, at most
     ``limit``; a chat record is refused (these readers take plain prompts; decode with ``--chat``)."""
     prompts = read_prompt_set(path, limit=limit)[0]
-    for p in prompts:
-        if p.messages is not None:
-            raise InputError(f"--prompts {path} line {p.line}: a chat record ('messages' or 'turns'); this command "
-                             "takes plain {\"prompt\": ...} records; decode chat records with --chat")
+    refuse_chat(prompts, f"--prompts {path}", "this command takes plain {\"prompt\": ...} records; decode chat "
+                                             "records with decode --chat")
     return [p.record for p in prompts]
+
+
+def refuse_chat(prompts: list, where: str, fix: str) -> None:
+    """``InputError`` naming the first chat record (``messages`` / ``turns``) among ``prompts`` (``Prompt``s;
+    plain strings pass) and ``fix``."""
+    for p in prompts:
+        if getattr(p, "messages", None) is not None:
+            raise InputError(f"{where} line {p.line} is a chat record ('messages' or 'turns'); {fix}")
 
 
 def summarize_bad(bad: list[BadLine], shown: int = 3) -> str:
