@@ -14,7 +14,7 @@ from latticedraft.errors import InputError
 
 # the options that say how the base's continuations are made and which loss is used
 DISTILL_OPTIONS = ("distill_text", "distill_loss", "distill_prompts", "prompt_len", "sample_fraction",
-                   "distill_temperature", "gen_batch_size")
+                   "distill_temperature", "gen_batch_size", "distill_chat", "question_tokens")
 
 
 def distill_args(p: argparse.ArgumentParser, switch: bool) -> None:
@@ -40,6 +40,12 @@ def distill_args(p: argparse.ArgumentParser, switch: bool) -> None:
     g.add_argument("--gen-batch-size", type=int, default=16,
                    help="rows the decode loop continues together (default 16); the rows are cached under "
                         ".cache/continuations and a killed run keeps the finished batches")
+    g.add_argument("--distill-chat", type=float, default=0.0,
+                   help="share of the prompts that are chat questions the base writes itself (its chat template's "
+                        "user turn, sampled at --distill-temperature; no data set), answered as --chat decodes "
+                        "them; the rest are corpus prompts (default 0)")
+    g.add_argument("--question-tokens", type=int, default=48,
+                   help="longest question the base writes for --distill-chat, in tokens (default 48)")
 
 
 def distill_config(a):
@@ -54,9 +60,11 @@ def distill_config(a):
         return None
     spec = ContinuationSpec(prompts=a.distill_prompts, prompt_len=a.prompt_len, seq_len=a.seq_len,
                             sample_fraction=a.sample_fraction, temperature=a.distill_temperature, seed=a.seed,
-                            batch_size=a.gen_batch_size)
+                            batch_size=a.gen_batch_size, chat_fraction=a.distill_chat,
+                            question_tokens=a.question_tokens)
     if a.distill_text == "corpus":
-        refuse_given(a, ("distill_prompts", "prompt_len", "sample_fraction", "distill_temperature", "gen_batch_size"),
+        refuse_given(a, ("distill_prompts", "prompt_len", "sample_fraction", "distill_temperature", "gen_batch_size",
+                         "distill_chat", "question_tokens"),
                      "--distill-text corpus makes no continuations")
     cfg = DistillConfig(text=a.distill_text, loss=a.distill_loss, continuation=spec)
     cfg.validate()

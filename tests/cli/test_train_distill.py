@@ -65,6 +65,11 @@ def test_heads_self_distill_then_draft_model_end_to_end(saved_bases, own_cache, 
     (["--self-distill", "--distill-text", "corpus", "--distill-prompts", "9"],
      "--distill-prompts does not apply here: --distill-text corpus makes no continuations"),
     (["--early-exit", "--self-distill"], "--self-distill does not apply here"),
+    (["--distill-chat", "0.5"], "--distill-chat does not apply here: it refines --self-distill"),
+    (["--self-distill", "--distill-text", "corpus", "--distill-chat", "0.5"], "--distill-chat does not apply here"),
+    (["--self-distill", "--distill-chat", "1.5"], "--distill-chat 1.5 is not a fraction in"),
+    (["--self-distill", "--distill-chat", "0.5", "--seq-len", "32", "--prompt-len", "8"], "has no chat template"),
+    (["--self-distill", "--question-tokens", "0"], "--question-tokens 0 must be at least 1"),
 ])
 def test_heads_bad_distill_options_are_one_line(saved_bases, tmp_path, files, capsys, args, match):
     argv = ["train", "heads", "--base", str(saved_bases["llama"]), "--corpus", files[0], "--out", str(tmp_path / "h")]

@@ -10,6 +10,14 @@ greedily, the others sampled at ``spec.temperature`` (no top-k / top-p), row r d
 batching. The base is not stopped at end-of-text (it continues as it would in a longer decode),
 so every row is exactly ``seq_len`` tokens: ``int32[prompts, seq_len]``.
 
+Chat (``spec.chat_fraction`` > 0): the first ``round(prompts * chat_fraction)`` rows start from
+questions the base writes itself: the loop continues the chat template's user-turn header
+(``ChatTemplate.user_prefix_ids``) for ``question_tokens`` tokens sampled at ``temperature``, the
+question ends at the first end id, and the row's prompt is that question through the template with
+the assistant's turn opened (what ``--chat`` decodes). No data set is read. The base answers each
+for ``seq_len - shortest chat prompt`` tokens and the row keeps its first ``seq_len`` tokens. Chat
+and corpus rows are each split into greedy and sampled rows by ``sample_fraction``.
+
 Cache: ``<cache_dir>/continuations/<key>/`` holds ``spec.json`` and one ``batch-NNNNN.npy`` per
 finished batch (each written atomically). The key covers the base's config and weight files (name,
 size, mtime), the tokenizer, the prompts' token ids and every setting, so a run with the same
@@ -25,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -52,14 +60,29 @@ class ContinuationSpec:
     temperature: float = 1.0
     seed: int = 0
     batch_size: int = 16
+    chat_fraction: float = 0.0
+    question_tokens: int = 48
 
     @property
     def new_tokens(self) -> int:
         return self.seq_len - self.prompt_len
 
     @property
+    def chat_rows(self) -> int:
+        return round(self.prompts * self.chat_fraction)
+
+    @property
     def greedy_rows(self) -> int:
-        return self.prompts - round(self.prompts * self.sample_fraction)
+        """Greedy rows, chat and corpus together."""
+        return sum(n - round(n * self.sample_fraction) for n in (self.chat_rows, self.prompts - self.chat_rows))
+
+    def key(self) -> dict:
+        """The settings the cache is keyed by (the chat ones only where chat rows are made, so
+        caches made before they existed stay valid)."""
+        d = asdict(self)
+        if self.chat_fraction == 0:
+            del d["chat_fraction"], d["question_tokens"]
+        return d
 
     def validate(self) -> None:
         if self.prompts < 1:
@@ -75,6 +98,10 @@ class ContinuationSpec:
             raise InputError(f"--distill-temperature {self.temperature} must be a finite number > 0")
         if self.batch_size < 1:
             raise InputError(f"--gen-batch-size {self.batch_size} must be at least 1")
+        if not 0.0 <= self.chat_fraction <= 1.0:
+            raise InputError(f"--distill-chat {self.chat_fraction} is not a fraction in [0, 1]")
+        if self.question_tokens < 1:
+            raise InputError(f"--question-tokens {self.question_tokens} must be at least 1")
 
 
 @dataclass
@@ -112,7 +139,7 @@ def _weights_key(base_dir: Path) -> list:
 
 def cache_key(base_dir: Path, tokenizer_fp: str, prompts: np.ndarray, spec: ContinuationSpec) -> str:
     h = hashlib.sha256(json.dumps({"format": FORMAT, "base": str(base_dir.resolve()), "weights": _weights_key(base_dir),
-                                   "tokenizer": tokenizer_fp, "spec": asdict(spec)}, sort_keys=True).encode())
+                                   "tokenizer": tokenizer_fp, "spec": spec.key()}, sort_keys=True).encode())
     h.update(np.ascontiguousarray(prompts, dtype=np.int32).tobytes())
     return h.hexdigest()[:24]
 
@@ -141,46 +168,111 @@ def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSp
 
     spec.validate()
     base_dir = Path(base_dir)
-    offsets = prompt_offsets(len(stream), spec)
-    prompts = np.stack([np.asarray(stream[o : o + spec.prompt_len]) for o in offsets]).astype(np.int64)
-    key = cache_key(base_dir, fingerprint(load_tokenizer(tokenizer_path)), prompts, spec)
+    n_chat = spec.chat_rows
+    corpus_spec = replace(spec, prompts=spec.prompts - n_chat)
+    offsets = prompt_offsets(len(stream), corpus_spec) if corpus_spec.prompts else np.zeros(0, np.int64)
+    prompts = np.stack([np.asarray(stream[o : o + spec.prompt_len]) for o in offsets] or
+                       [np.zeros(spec.prompt_len)]).astype(np.int64)[: len(offsets)]
+    template = chat_template(base_dir) if n_chat else None
+    key_ids = prompts if template is None else np.concatenate([template.user_prefix_ids(), prompts.reshape(-1)])
+    key = cache_key(base_dir, fingerprint(load_tokenizer(tokenizer_path)), key_ids, spec)
     where = Path(root) if root is not None else cache_dir() / "continuations"
     where = where / key
     where.mkdir(parents=True, exist_ok=True)
     meta_file = where / "spec.json"
     if not meta_file.is_file():
         write_atomic(meta_file, json.dumps({"format": FORMAT, "base": str(base_dir), "spec": asdict(spec)}, indent=1) + "\n")
-    g, bs = spec.greedy_rows, spec.batch_size
-    cuts = list(range(0, g, bs)) + list(range(g, spec.prompts, bs))  # a batch is all greedy or all sampled
-    session, generated, t_gen = None, 0, 0.0
-    parts = []
+    gen = _Generator(base_dir, tokenizer_path, device, where)
+    chat_prompts = _chat_prompts(gen, template, spec) if n_chat else []
+    chat_new = spec.seq_len - min((len(p) for p in chat_prompts), default=0)
+    # (first row, prompts, new tokens, greedy rows) per part; a batch is all greedy or all sampled
+    parts = [(0, chat_prompts, chat_new), (n_chat, list(prompts), spec.new_tokens)]
+    out = []
     bar = tqdm(total=spec.prompts, desc="base continuations", unit="row", disable=not progress_enabled())
-    for i, s in enumerate(cuts):
-        e = cuts[i + 1] if i + 1 < len(cuts) else spec.prompts
-        f = where / f"batch-{s:05d}-{e:05d}.npy"
-        if not f.is_file():
-            if session is None:
-                from latticedraft.decoding.runs.session import Session
+    for first, part, new_tokens in parts:
+        greedy = len(part) - round(len(part) * spec.sample_fraction)
+        cuts = list(range(0, greedy, spec.batch_size)) + list(range(greedy, len(part), spec.batch_size))
+        for i, s in enumerate(cuts):
+            e = cuts[i + 1] if i + 1 < len(cuts) else len(part)
+            temp = None if s < greedy else spec.temperature
+            out.append(gen.rows(f"batch-{first + s:05d}-{first + e:05d}.npy", part[s:e], new_tokens, temp,
+                                spec.seed, first + s, spec.seq_len))
+            bar.update(e - s)
+    bar.close()
+    return Continuations(rows=np.concatenate(out), spec=spec, greedy_rows=spec.greedy_rows,
+                         seconds=round(_seconds(where), 1), generated=gen.generated, where=str(where))
 
-                session = Session(base_dir, tokenizer_path=tokenizer_path, device=device)
+
+class _Generator:
+    """Batches of the base's continuations, each cached as one ``.npy`` file under ``where``; the
+    session is opened at the first batch not in the cache."""
+
+    def __init__(self, base_dir: Path, tokenizer_path, device, where: Path):
+        self.base_dir, self.tokenizer_path, self.device, self.where = base_dir, tokenizer_path, device, where
+        self.session, self.generated = None, 0
+
+    def new(self, prompts: list, new_tokens: int, temperature: float | None, seed: int, first_row: int) -> np.ndarray:
+        """int64[len(prompts), new_tokens], not cached."""
+        if self.session is None:
+            from latticedraft.decoding.runs.session import Session
+
+            self.session = Session(self.base_dir, tokenizer_path=self.tokenizer_path, device=self.device)
+        new = _decode_batch(self.session, prompts, new_tokens, temperature, seed, first_row)
+        if new.shape != (len(prompts), new_tokens):
+            raise InputError(f"the decode loop returned continuations of shape {new.shape}, not "
+                             f"{(len(prompts), new_tokens)}; the base in {self.base_dir} cannot continue these prompts")
+        return new
+
+    def rows(self, name: str, prompts: list, new_tokens: int, temperature: float | None, seed: int, first_row: int,
+             seq_len: int) -> np.ndarray:
+        """int32[len(prompts), seq_len]: each prompt then its continuation, cut to ``seq_len``."""
+        f = self.where / name
+        if not f.is_file():
             t0 = time.perf_counter()
-            temp = None if s < spec.greedy_rows else spec.temperature
-            new = _decode_batch(session, list(prompts[s:e]), spec.new_tokens, temp, spec.seed, s)
-            if new.shape != (e - s, spec.new_tokens):
-                raise InputError(f"the decode loop returned continuations of shape {new.shape}, not "
-                                 f"{(e - s, spec.new_tokens)}; the base in {base_dir} cannot continue these prompts")
-            rows = np.concatenate([prompts[s:e], new], axis=1).astype(np.int32)
-            dt = time.perf_counter() - t0
+            new = self.new(prompts, new_tokens, temperature, seed, first_row)
+            rows = np.stack([np.concatenate([p, n])[:seq_len] for p, n in zip(prompts, new)]).astype(np.int32)
             with atomic_file(f, suffix=".npy") as tmp:
                 np.save(tmp, rows)
-            _add_seconds(where, dt)
-            generated += e - s
-            t_gen += dt
-        parts.append(np.load(f))
-        bar.update(e - s)
-    bar.close()
-    return Continuations(rows=np.concatenate(parts), spec=spec, greedy_rows=spec.greedy_rows,
-                         seconds=round(_seconds(where), 1), generated=generated, where=str(where))
+            _add_seconds(self.where, time.perf_counter() - t0)
+            self.generated += len(prompts)
+        return np.load(f)
+
+
+QUESTION_ROWS = 1 << 20  # sampling seeds of the questions: rows [QUESTION_ROWS, ...) never meet a continuation's
+
+
+def chat_template(base_dir: Path):
+    """The base's ``ChatTemplate`` for ``--distill-chat`` (refused in one line without one)."""
+    from latticedraft.decoding.runs.chat import ChatTemplate
+
+    try:
+        return ChatTemplate.load(base_dir)
+    except InputError as e:
+        raise InputError(str(e).replace("--chat", "--distill-chat", 1).replace("drop --chat", "drop --distill-chat"))
+
+
+def _chat_prompts(gen: _Generator, template, spec: ContinuationSpec) -> list[np.ndarray]:
+    """The chat rows' prompts: questions the base writes after the user-turn header (sampled at
+    ``spec.temperature``, cut at the first end id), each rendered with the assistant's turn
+    opened. The questions are cached as ``questions.json``."""
+    f = gen.where / "questions.json"
+    if not f.is_file():
+        from latticedraft.decoding.runs.loaders import end_ids
+
+        head = template.user_prefix_ids()
+        questions = []
+        for s in range(0, spec.chat_rows, spec.batch_size):
+            n = min(spec.batch_size, spec.chat_rows - s)
+            t0 = time.perf_counter()
+            new = gen.new([head] * n, spec.question_tokens, spec.temperature, spec.seed, QUESTION_ROWS + s)
+            _add_seconds(gen.where, time.perf_counter() - t0)
+            ends = set(end_ids(gen.session.model, gen.session.tokenizer) or [])
+            for row in new.tolist():
+                cut = next((i for i, t in enumerate(row) if t in ends), len(row))
+                questions.append(template.tokenizer.decode(row[:cut], skip_special_tokens=True).strip())
+        write_atomic(f, json.dumps(questions, indent=0, ensure_ascii=False) + "\n")
+    questions = json.loads(f.read_text())
+    return [template.ids([{"role": "user", "content": q}]) for q in questions]
 
 
 def _seconds(where: Path) -> float:

@@ -15,14 +15,14 @@ logs ``a{j}``: the fraction of positions where head j's argmax equals the base's
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from latticedraft.errors import InputError
-from latticedraft.gpu.train.continuations import ContinuationSpec, continuations
+from latticedraft.gpu.train.continuations import ContinuationSpec, chat_template, continuations
 from latticedraft.gpu.train.data import TokenWindows, encode_files
 
 TEXTS = ("continuations", "corpus")
@@ -51,7 +51,7 @@ class DistillConfig:
         """The settings that define the training data and loss (for checkpoint keys and JSON)."""
         d = {"text": self.text, "loss": self.loss}
         if self.text == "continuations":
-            d["continuation"] = asdict(self.continuation)
+            d["continuation"] = self.continuation.key()
         return d
 
 
@@ -139,6 +139,8 @@ def training_text(base_dir: Path, corpus, tok, tokenizer_path: Path, seq_len: in
                   distill: DistillConfig | None, encoding_errors: str = "strict", device=None) -> TrainingText:
     """Corpus windows (``distill`` None or ``text="corpus"``) or the base's continuations, one
     window per row (``text="continuations"``; the rows are ``seq_len`` tokens long)."""
+    if distill is not None and distill.text == "continuations" and distill.continuation.chat_fraction > 0:
+        chat_template(base_dir)  # refused before the corpus is read
     stream = encode_files(corpus, tok, encoding_errors)
     info: dict = {"corpus_files": len(corpus), "corpus_tokens": int(len(stream))}
     if distill is None or distill.text == "corpus":

@@ -88,3 +88,51 @@ def test_the_cache_is_keyed_by_the_settings_and_the_weights(saved_bases, tmp_pat
 def test_too_short_a_corpus_is_refused(saved_bases, tmp_path):
     with pytest.raises(InputError, match="too few for prompts of --prompt-len 5"):
         continuations(saved_bases["llama"], STREAM[:5], SPEC, _tok(saved_bases["llama"]), root=tmp_path)
+
+
+CHAT = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")
+
+
+def test_chat_rows_answer_questions_the_base_wrote_itself(saved_bases, tmp_path):
+    """--distill-chat: the first rows' prompts are the template's user header continued by the base
+    (sampled, cut at the end id) then rendered with the assistant's turn open; greedy chat rows are
+    the base's greedy answer; the corpus rows after them are as without chat."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    base_dir = tmp_path / "chat-base"
+    shutil.copytree(saved_bases["llama"], base_dir)
+    (base_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT, "eos_token": "<|endoftext|>"}))
+    spec = ContinuationSpec(prompts=8, prompt_len=5, seq_len=24, sample_fraction=0.5, batch_size=2, seed=4,
+                            chat_fraction=0.5, question_tokens=6)
+    c = continuations(base_dir, STREAM, spec, _tok(base_dir), root=tmp_path / "c")
+    assert c.rows.shape == (8, 24) and c.greedy_rows == 2 + 2  # half of each part is greedy
+    (where,) = (tmp_path / "c").iterdir()
+    questions = json.loads((where / "questions.json").read_text())
+    assert len(questions) == 4 and len(set(questions)) > 1  # sampled, so not all alike
+    tok = AutoTokenizer.from_pretrained(str(base_dir))
+    base = load_causal_lm(base_dir)
+    for r, q in enumerate(questions[:2]):  # chat rows 0, 1 greedy
+        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        assert c.rows[r, : len(ids)].tolist() == ids, r
+        x = torch.as_tensor([ids])
+        want = base.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=24 - len(ids),
+                             min_new_tokens=24 - len(ids), pad_token_id=0)[0]
+        assert c.rows[r].tolist() == want.tolist(), r
+    plain = continuations(base_dir, STREAM, ContinuationSpec(**{**spec.__dict__, "prompts": 4, "chat_fraction": 0.0}),
+                          _tok(base_dir), root=tmp_path / "p")
+    assert np.array_equal(c.rows[4:6], plain.rows[:2])  # greedy corpus rows: as without chat (sampled ones
+    assert np.array_equal(c.rows[6:, :5], plain.rows[2:, :5])  # draw by their row number in the whole set)
+    again = continuations(base_dir, STREAM, spec, _tok(base_dir), root=tmp_path / "c")
+    assert again.generated == 0 and np.array_equal(again.rows, c.rows)
+
+
+def test_chat_rows_need_a_chat_template(saved_bases, tmp_path):
+    spec = ContinuationSpec(prompts=2, prompt_len=5, seq_len=24, batch_size=2, chat_fraction=1.0)
+    with pytest.raises(InputError, match="--distill-chat: .* has no chat template"):
+        continuations(saved_bases["llama"], STREAM, spec, _tok(saved_bases["llama"]), root=tmp_path)
