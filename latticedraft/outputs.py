@@ -3,13 +3,17 @@
 - A path that does not exist yet, or an empty directory, is written freely.
 - An existing output is refused without ``--force`` (or ``--resume`` where the command resumes).
 - ``--force`` replaces only what that command itself wrote. A directory is recognised as the
-  command's own by its marker (an LM build by ``manifest.json``, heads by ``heads_config.json``,
-  an adapter by ``adapter.json``, exit heads by ``exit_heads.json``, a trained LM by
-  ``training.json`` + ``config.json``, a custom_generate export by ``latticedraft_generate.json``, a
-  GGUF import by ``gguf_import.json``);
-  anything else is refused even with ``--force``, naming what the directory holds and the fix.
-  Files the command does not write (a README, ``draft_vocab.json`` beside heads) survive a forced
-  replacement.
+  command's own by its markers, unique to each command (an LM build by ``manifest.json``, heads by
+  ``heads_config.json``, an adapter by ``adapter.json``, exit heads by ``exit_heads.json``, a
+  trained LM by ``training.json`` + ``config.json``, a draft model by the same files with
+  ``"kind": "draft-model"`` in ``training.json``, an import or export by its own JSON file beside
+  what it writes: ``medusa_import.json``, ``medusa_export.json``, ``gguf_import.json``,
+  ``latticedraft_generate.json``); where several kinds' markers are present the directory is the
+  kind's with the most (``is_own``). Anything else is refused even with ``--force``, naming what the
+  directory holds and the fix. Files the command does not write (a README, ``draft_vocab.json``
+  beside heads) survive a forced replacement.
+- A command never writes into its own input (``--base``, ``--model``, SRC …: ``claim_dir``'s
+  ``inputs``), nor into a directory holding one, even with ``--force``.
 - A training checkpoint (``checkpoint.pt``) is never discarded silently: without ``--resume`` it is
   refused naming ``--resume`` and ``--force``; ``--force`` discards it when training starts.
 
@@ -26,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import fnmatch
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,16 +48,22 @@ class OutputKind:
     writes it ("train heads"); ``markers``: the files that together identify a finished output;
     ``owned``: glob patterns of every entry the command writes (markers included), the only
     entries ``--force`` may replace; ``resumable``: the command keeps ``checkpoint.pt`` there
-    while it runs (``--resume`` continues it)."""
+    while it runs (``--resume`` continues it); ``tag``: where two commands write the same files,
+    the values the first marker's JSON ``"kind"`` may take (None: absent, as outputs written before
+    the field was recorded), empty when any will do."""
 
     what: str
     command: str
     markers: tuple[str, ...]
     owned: tuple[str, ...]
     resumable: bool = False
+    tag: tuple[str | None, ...] = ()
 
     def recognises(self, d: Path) -> bool:
-        return all((Path(d) / m).exists() for m in self.markers)
+        d = Path(d)
+        if not all((d / m).exists() for m in self.markers):
+            return False
+        return not self.tag or _json_kind(d / self.markers[0]) in self.tag
 
     def owns(self, name: str) -> bool:
         if self.resumable and name in (STAGING, CHECKPOINT):
@@ -61,17 +72,36 @@ class OutputKind:
 
     @property
     def marker_text(self) -> str:
-        return " + ".join(self.markers)
+        """``training.json ("kind": "draft-model") + config.json``; a tag that may be absent is not shown."""
+        first = self.markers[0]
+        if self.tag and None not in self.tag:
+            first += " (" + " or ".join(f'"kind": "{t}"' for t in self.tag) + ")"
+        return " + ".join((first, *self.markers[1:]))
+
+
+_UNREADABLE = object()
+
+
+def _json_kind(f: Path):
+    """The ``"kind"`` field of JSON file ``f`` (None when absent; a sentinel matching no tag when unreadable)."""
+    try:
+        obj = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return _UNREADABLE
+    return obj.get("kind") if isinstance(obj, dict) else _UNREADABLE
 
 
 LM_BUILD = OutputKind("an LM build", "latticedraft lm build", ("manifest.json",),
                       ("manifest.json", "lm.arpa", "lm.bin", "lm.fst", "lm.npz", "tables", "tokenizer.json",
                        "cooccurrence.npz", "corpus.ids"))
+# train lm and train draft-model write the same files; training.json's "kind" tells them apart (train lm's
+# outputs written before it recorded "lm", like the bundled data/base, have none)
 TRAINED_LM = OutputKind("a trained LM", "latticedraft train lm", ("training.json", "config.json"),
                         ("training.json", "config.json", "generation_config.json", "model.safetensors",
-                         "model-*.safetensors", "model.safetensors.index.json", "tokenizer.json"), resumable=True)
+                         "model-*.safetensors", "model.safetensors.index.json", "tokenizer.json"), resumable=True,
+                        tag=("lm", None))
 DRAFT_MODEL = OutputKind("a draft model", "latticedraft train draft-model", ("training.json", "config.json"),
-                         TRAINED_LM.owned, resumable=True)
+                         TRAINED_LM.owned, resumable=True, tag=("draft-model",))
 HEADS = OutputKind("multi-token heads", "latticedraft train heads", ("heads_config.json",),
                    ("heads_config.json", "heads.safetensors", "training.json", "base"), resumable=True)
 ADAPTER = OutputKind("a Kangaroo adapter", "latticedraft train adapter", ("adapter.json",),
@@ -87,8 +117,17 @@ GGUF_IMPORT = OutputKind("a model imported from GGUF", "latticedraft import gguf
                           "model-*.safetensors", "model.safetensors.index.json", "tokenizer.json",
                           "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "vocab.json",
                           "merges.txt", "added_tokens.json", "tokenizer.model"))
+MARKER_MEDUSA_IMPORT = "medusa_import.json"
+MEDUSA_IMPORT = OutputKind("imported Medusa heads", "latticedraft import medusa",
+                           (MARKER_MEDUSA_IMPORT, "heads_config.json"),
+                           (MARKER_MEDUSA_IMPORT, "heads_config.json", "heads.safetensors"))
+MARKER_MEDUSA_EXPORT = "medusa_export.json"
+MEDUSA_EXPORT = OutputKind("Medusa heads in vLLM's layout", "latticedraft export medusa",
+                           (MARKER_MEDUSA_EXPORT, "config.json"),
+                           (MARKER_MEDUSA_EXPORT, "config.json", "model.safetensors"))
 # every kind, to name what a directory holds
-KINDS = [LM_BUILD, HEADS, ADAPTER, EXIT_HEADS, TRAINED_LM, DRAFT_MODEL, CUSTOM_GENERATE, GGUF_IMPORT]
+KINDS = [LM_BUILD, HEADS, ADAPTER, EXIT_HEADS, TRAINED_LM, DRAFT_MODEL, CUSTOM_GENERATE, GGUF_IMPORT, MEDUSA_IMPORT,
+         MEDUSA_EXPORT]
 
 
 def register(kind: OutputKind) -> OutputKind:
@@ -102,13 +141,26 @@ def _entries(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir())
 
 
+def is_own(d: Path, kind: OutputKind) -> bool:
+    """True when directory ``d`` is ``kind``'s output: ``kind`` recognises it and no other kind that
+    does has as many markers (an import's own marker beside the files of the command it mimics
+    makes it the import's, not that command's)."""
+    return kind.recognises(d) and all(len(k.markers) < len(kind.markers) for k in KINDS
+                                      if k is not kind and k.recognises(d))
+
+
+def owner(d: Path) -> OutputKind | None:
+    """The kind whose output directory ``d`` is (``is_own``), or None."""
+    return next((k for k in KINDS if is_own(d, k)), None)
+
+
 def describe_dir(d: Path) -> str:
     """What directory ``d`` holds, for messages: a known output ("multi-token heads
     (heads_config.json)"), a model ("a model (config.json)"), else its first entries."""
     d = Path(d)
-    for k in KINDS:
-        if k.recognises(d):
-            return f"{k.what} ({k.marker_text}, written by `{k.command}`)"
+    k = owner(d) if d.is_dir() else None
+    if k is not None:
+        return f"{k.what} ({k.marker_text}, written by `{k.command}`)"
     names = _entries(d)
     if not names:
         return "nothing (an empty directory)"
@@ -130,19 +182,22 @@ class Claim:
     discard_checkpoint: bool = False
 
 
-def claim_dir(path, kind: OutputKind, *, force: bool = False, resume: bool = False, flag: str = "--out") -> Claim:
+def claim_dir(path, kind: OutputKind, *, force: bool = False, resume: bool = False, flag: str = "--out",
+              inputs: dict | None = None) -> Claim:
     """Check, before any work, that ``kind``'s command may write directory ``path``.
 
     Creates and removes nothing. ``InputError`` (naming ``flag``, what the directory holds and the
-    fix) when: ``path`` is a file; it is not empty and holds neither ``kind``'s marker nor only its
-    checkpoint (even with ``force``: a model, another command's output, anything else); it holds
-    ``kind``'s output or checkpoint and neither ``force`` nor ``resume`` was given; ``resume``
+    fix) when: ``path`` is a file; it is one of the command's ``inputs`` (``check_not_input``) or
+    holds one; it is not empty and is neither ``kind``'s output (``is_own``) nor holds
+    only its checkpoint (even with ``force``: a model, another command's output, anything else); it
+    holds ``kind``'s output or checkpoint and neither ``force`` nor ``resume`` was given; ``resume``
     finds no checkpoint; ``force`` and ``resume`` are both given.
     """
     from latticedraft.paths import check_writable
 
     p = Path(path)
     check_writable(p, flag, "directory")
+    check_not_input(p, inputs or {}, flag)
     if force and resume:
         raise InputError(f"{flag} {p}: --force and --resume contradict each other (--resume continues "
                          f"{CHECKPOINT}, --force starts afresh); give one of them")
@@ -153,7 +208,7 @@ def claim_dir(path, kind: OutputKind, *, force: bool = False, resume: bool = Fal
             raise InputError(f"--resume does not apply to `{kind.command}`; drop --resume")
         if ckpt:
             return Claim(p, existing=True)
-        if kind.recognises(p):
+        if is_own(p, kind):
             raise InputError(f"--resume: {flag} {p} holds finished {kind.what} ({kind.marker_text}) and no "
                              f"{CHECKPOINT}, so there is nothing to resume; use it as it is, or pass --force "
                              "(without --resume) to train again")
@@ -161,7 +216,7 @@ def claim_dir(path, kind: OutputKind, *, force: bool = False, resume: bool = Fal
     if not names:
         return Claim(p)
     unfinished = kind.resumable and set(names) <= {CHECKPOINT, STAGING}  # a first run stopped before its output
-    if not (kind.recognises(p) or unfinished):
+    if not (is_own(p, kind) or unfinished):
         raise InputError(f"{flag} {p} holds {describe_dir(p)}, not {kind.what} from `{kind.command}`; "
                          f"--force replaces only that command's own output, so choose a new or empty directory")
     if not force:
@@ -171,6 +226,21 @@ def claim_dir(path, kind: OutputKind, *, force: bool = False, resume: bool = Fal
         raise InputError(f"{flag} {p} already holds {kind.what} ({kind.marker_text}); pass --force to replace it, "
                          f"or choose another {flag}")
     return Claim(p, existing=True, discard_checkpoint=ckpt)
+
+
+def check_not_input(path, inputs: dict, flag: str = "--out") -> None:
+    """``InputError`` when output ``path`` is one of ``inputs`` (option -> a path or a list of them;
+    None and ``-`` skipped), or holds one (an input file's own directory included): a command never
+    writes into its input."""
+    out = Path(path).resolve()
+    pairs = [(opt, g) for opt, v in inputs.items() for g in (v if isinstance(v, (list, tuple)) else [v])]
+    for opt, given in pairs:
+        if given is None or str(given) == "-":
+            continue
+        src = Path(given).resolve()
+        if out == src or out in src.parents:
+            raise InputError(f"{flag} {path} {'is' if out == src else 'holds'} the input {opt} {given}; a command "
+                             f"never writes into its input, so choose another {flag}")
 
 
 def stale(d: Path, kind: OutputKind, written: set[str]) -> list[Path]:

@@ -1,10 +1,14 @@
-"""``outputs.py``: the one overwrite rule (claim_dir / claim_file) and what a forced replacement removes."""
+"""``outputs.py``: the one overwrite rule (claim_dir / claim_file), which kind owns a directory, inputs that are
+never outputs, and what a forced replacement removes."""
+
+import json
 
 import pytest
 
 from latticedraft import outputs
 from latticedraft.errors import InputError
-from latticedraft.outputs import ADAPTER, HEADS, LM_BUILD, TRAINED_LM, claim_dir, claim_file, describe_dir, stale
+from latticedraft.outputs import (ADAPTER, DRAFT_MODEL, HEADS, LM_BUILD, MEDUSA_IMPORT, TRAINED_LM, claim_dir,
+                                  claim_file, describe_dir, is_own, stale)
 
 
 def _dir(root, *names):
@@ -98,3 +102,58 @@ def test_a_registered_kind_is_named_by_other_commands(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="holds a draft model"):
         claim_dir(d, HEADS, force=True)
     assert claim_dir(d, draft, force=True).existing
+
+
+def _kind_dir(root, kind):
+    """A directory holding ``kind``'s markers only (a tagged first marker with its "kind")."""
+    root.mkdir()
+    for i, m in enumerate(kind.markers):
+        (root / m).write_text(json.dumps({"kind": kind.tag[0]}) if i == 0 and kind.tag else "{}")
+    return root
+
+
+def test_every_kind_owns_only_its_own_markers(tmp_path):
+    for i, k in enumerate(outputs.KINDS):
+        d = _kind_dir(tmp_path / str(i), k)
+        assert [x.command for x in outputs.KINDS if is_own(d, x)] == [k.command]
+        assert describe_dir(d).startswith(f"{k.what} (")
+
+
+@pytest.mark.parametrize("record, kind", [('{"kind": "lm"}', TRAINED_LM), ("{}", TRAINED_LM),
+                                          ('{"kind": "draft-model"}', DRAFT_MODEL), ("not json", None)])
+def test_train_lm_and_draft_model_are_told_apart_by_training_json(tmp_path, record, kind):
+    """Both write training.json + config.json; a record without "kind" is an older `train lm` output
+    (the bundled data/base), one that cannot be read is neither's."""
+    d = _dir(tmp_path / "m", "config.json", "model.safetensors")
+    (d / "training.json").write_text(record)
+    assert outputs.owner(d) is kind
+    for k in (TRAINED_LM, DRAFT_MODEL):
+        if k is kind:
+            assert claim_dir(d, k, force=True).existing
+        else:
+            with pytest.raises(InputError, match=f"not {k.what} from"):
+                claim_dir(d, k, force=True)
+    if kind is DRAFT_MODEL:
+        with pytest.raises(InputError, match=r'already holds a draft model \(training.json \("kind": "draft-model"\)'):
+            claim_dir(d, DRAFT_MODEL)
+
+
+def test_an_import_is_not_the_output_of_the_command_whose_files_it_writes(tmp_path):
+    d = _kind_dir(tmp_path / "imported", MEDUSA_IMPORT)
+    assert outputs.owner(d) is MEDUSA_IMPORT
+    with pytest.raises(InputError, match="holds imported Medusa heads .*not multi-token heads"):
+        claim_dir(d, HEADS, force=True)
+
+
+def test_an_input_is_never_the_output(tmp_path):
+    base = _dir(tmp_path / "base", "config.json")
+    src = tmp_path / "src" / "model.gguf"
+    src.parent.mkdir()
+    src.write_text("x")
+    for out, needle in ((base, f"is the input --base {base}"), (tmp_path, f"holds the input --base {base}"),
+                        (src.parent, f"holds the input FILE {src}")):
+        with pytest.raises(InputError, match=f"--out {out} {needle}; a command never writes into its input"):
+            claim_dir(out, HEADS, force=True, inputs={"--base": base, "FILE": src})
+    with pytest.raises(InputError, match="the input --corpus"):
+        claim_dir(base, HEADS, inputs={"--corpus": ["-", "stdlib", str(base)]})
+    assert not claim_dir(tmp_path / "new", HEADS, inputs={"--base": base, "--tokenizer": None}).existing

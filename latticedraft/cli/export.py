@@ -7,10 +7,8 @@ from __future__ import annotations
 
 def _cmd_export_medusa(a) -> int:
     from latticedraft.gpu.models.medusa_io import export_medusa
-    from latticedraft.paths import check_writable
 
-    check_writable(a.out, "--out", "directory")
-    r = export_medusa(a.model, a.out, dtype=a.dtype)
+    r = export_medusa(a.model, a.out, dtype=a.dtype, force=a.force)
     print(f"exported {r.num_heads} Medusa heads ({r.num_layers} residual block{'s' if r.num_layers != 1 else ''} each, "
           f"{'own LM heads' if r.lm_head == 'heads' else 'original_lm_head'}, {r.dtype}) in vLLM's layout to {r.out_dir}")
     return 0
@@ -36,7 +34,9 @@ def add_parser(groups) -> None:
                                      "speculative_config={\"method\": \"medusa\", \"model\": OUT}. Stern and DynaMo "
                                      "heads are refused: the layout cannot express them.")
     p.add_argument("--model", required=True, metavar="DIR", help="head directory holding Medusa heads (heads_config.json)")
-    p.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory (config.json, model.safetensors)")
+    p.add_argument("-o", "--out", required=True, metavar="DIR",
+                   help="output directory (config.json, model.safetensors, medusa_export.json; not --model)")
+    p.add_argument("--force", action="store_true", help="replace an earlier `export medusa` output in --out")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
                    help="dtype of the written weights (default: the dtype the heads are stored in)")
     p.set_defaults(func=_cmd_export_medusa)

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 def _cmd_import_medusa(a) -> int:
     from latticedraft.gpu.models.medusa_io import import_medusa
-    from latticedraft.paths import check_writable
 
-    check_writable(a.out, "--out", "directory")
-    r = import_medusa(a.src, a.base, a.out)
+    r = import_medusa(a.src, a.base, a.out, force=a.force)
     print(f"imported {r.num_heads} Medusa heads ({r.layout} layout, {r.num_layers} residual "
           f"block{'s' if r.num_layers != 1 else ''} each, {'own LM heads' if r.lm_head == 'heads' else 'tied LM head'}, "
           f"{r.dtype}) to {r.out_dir}; decode with --model {r.out_dir}")
@@ -40,7 +38,8 @@ def add_parser(groups) -> None:
     p.add_argument("--base", required=True, metavar="BASE", help="the base model directory (HF format) the heads were "
                                                                  "trained on")
     p.add_argument("-o", "--out", required=True, metavar="DIR", help="output head directory (heads_config.json names "
-                                                                    "BASE relatively)")
+                                                                    "BASE relatively; not SRC or BASE)")
+    p.add_argument("--force", action="store_true", help="replace an earlier `import medusa` output in --out")
     p.set_defaults(func=_cmd_import_medusa)
     p = verbs.add_parser("gguf", help="a llama.cpp GGUF model (quantized or not) as a float32 HF model directory",
                          description="Read a GGUF file with transformers (any architecture it can dequantize: llama, "

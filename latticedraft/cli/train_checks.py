@@ -53,9 +53,10 @@ def _positive_finite(a, dest: str, zero_ok: bool = False) -> None:
 
 
 def check_training(a, kind, base_dir=None):
-    """Ranges of the shared options, the ``--out`` rule for ``kind`` (``outputs.claim_dir``), the
-    named corpus files and, with ``base_dir``, the base's shape (read without loading it: ``--seq-len`` against its
-    context, the tokenizer against its vocabulary). Returns the ``BaseShape`` or None."""
+    """Ranges of the shared options, the ``--out`` rule for ``kind`` (``outputs.claim_dir``; never an
+    input: ``--base``, ``--tokenizer``, ``--corpus``), the named corpus files and, with ``base_dir``,
+    the base's shape (read without loading it: ``--seq-len`` against its context, the tokenizer
+    against its vocabulary). Returns the ``BaseShape`` or None."""
     from latticedraft.cli.checks import at_least, check_device, flag
     from latticedraft.outputs import claim_dir
 
@@ -73,7 +74,8 @@ def check_training(a, kind, base_dir=None):
 
     if not 0 <= a.seed <= MAX_SEED:
         raise InputError(f"{flag(a, 'seed')} {a.seed} is outside 0..{MAX_SEED} (it seeds torch and numpy generators)")
-    claim_dir(a.out, kind, force=a.force, resume=a.resume)
+    claim_dir(a.out, kind, force=a.force, resume=a.resume,
+              inputs={"--base": base_dir, "--tokenizer": getattr(a, "tokenizer", None), "--corpus": a.corpus})
     named = [c for c in a.corpus if c != "-"]  # standard input is read later, once
     if named:
         from latticedraft.lm.corpus import resolve_corpus

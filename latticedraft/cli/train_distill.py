@@ -86,8 +86,10 @@ def _cmd_train_draft_model(a) -> int:
     distill = distill_config(a)
     base = check_training(a, DRAFT_MODEL, base_dir=a.base)
     sizes = {"--n-embd": a.n_embd, "--n-layer": a.n_layer, "--batch-size": a.batch_size, "--seq-len": a.seq_len}
+    if a.ffn_dim is not None:
+        sizes["--ffn-dim"] = a.ffn_dim
     check_training_memory(a, sizes, lambda s: footprint.draft_model_bytes(
-        base, s["--n-embd"], s["--n-layer"], a.ffn_dim or -(-base.ffn * s["--n-embd"] // base.hidden),
+        base, s["--n-embd"], s["--n-layer"], s.get("--ffn-dim", -(-base.ffn * s["--n-embd"] // base.hidden)),
         s["--batch-size"], s["--seq-len"]))
     with stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)

@@ -117,7 +117,8 @@ def validate(opts: BuildOptions) -> None:
         raise InputError(f"--train-tokenizer {opts.train_tokenizer} is outside {MIN_TRAIN_VOCAB}..{MAX_VOCAB}: byte-level "
                          "BPE needs 256 bytes + end-of-text, and token ids label the WFST as int32 (id + 1)")
     _check_memory(opts.memory)
-    claim_dir(opts.out, LM_BUILD, force=opts.force)
+    claim_dir(opts.out, LM_BUILD, force=opts.force,
+              inputs={"--corpus": list(opts.corpus), "--tokenizer": opts.tokenizer})
 
 
 def _check_memory(memory: str) -> None:

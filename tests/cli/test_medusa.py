@@ -83,3 +83,22 @@ def test_one_line_refusals(vllm_ckpt, tmp_path, capsys):
     _refused(capsys, ["export", "medusa", "--model", str(data_dir() / "heads-stern"), "-o", str(tmp_path / "o")],
              "train heads --kind medusa")
     assert not (tmp_path / "o").exists()
+
+
+def test_an_original_lm_head_of_another_base_is_one_line(vllm_ckpt, tmp_path, capsys):
+    """original_lm_head true with a shared LM head that is not the base's: named with both heads' norms and
+    the fix, not a TypeError (SRC as the CLI passes it, a string)."""
+    from tests.contract import refused
+
+    src = tmp_path / "tied"
+    src.mkdir()
+    t = load_file(str(vllm_ckpt[0] / "model.safetensors"))
+    V, H = t["lm_heads.0.weight"].shape
+    save_file({"blocks.0.layers.0.weight": t["blocks.0.layers.0.weight"], "lm_heads.0.weight": torch.ones(V, H)},
+              str(src / "model.safetensors"))
+    (src / "config.json").write_text(json.dumps({"model_type": "medusa", "hidden_size": H, "vocab_size": V,
+                                                 "num_heads": 1, "num_hidden_layers": 1, "original_lm_head": True}))
+    refused(capsys, ["import", "medusa", src, "--base", BASE, "-o", tmp_path / "h"],
+            f"{src / 'config.json'} sets original_lm_head true", "lm_heads.0.weight, norm", f"but {BASE} has another "
+            "LM head (its output embedding: norm", "import the heads onto the base they were trained for",
+            watch=[tmp_path])

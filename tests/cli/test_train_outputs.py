@@ -220,3 +220,22 @@ def test_an_interrupt_while_saving_keeps_the_last_checkpoint_and_resume_writes(t
     assert main(argv + ["--resume"]) == 0
     assert json.loads((out / "training.json").read_text())["resumed_from"] == 2  # no step trained again
     assert sorted(p.name for p in out.iterdir()) == ["heads.safetensors", "heads_config.json", "training.json"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--lr", "0.001"], "--lr 0.002 (checkpoint) vs 0.001 (now)"),
+    (["--n-embd", "32"], "--n-embd 16 (checkpoint) vs 32 (now)"),
+])
+def test_resume_with_other_settings_names_the_options_and_both_values(tmp_path, capsys, base, corpus, args, needle):
+    out = tmp_path / "lm"
+    assert main([str(a) for a in _lm(base, corpus, out, "--stop-after", "1")]) == 0
+    line = refused(capsys, _lm(base, corpus, out, "--resume", *args), "was made with other settings: " + needle,
+                   "rerun with the checkpoint's settings", watch=[tmp_path])
+    assert "optim" not in line and "arch" not in line
+
+
+def test_draft_model_ffn_dim_is_bounded_by_memory_naming_it(tmp_path, capsys, base, corpus):
+    line = refused(capsys, ["train", "draft-model", "--base", base, "--corpus", *corpus, "--out", tmp_path / "d",
+                            "--distill-text", "corpus", "--ffn-dim", str(10**9), *FAST], "--ffn-dim 1000000000",
+                   "the largest --ffn-dim that fits is", watch=[tmp_path])
+    assert int(line.split("the largest --ffn-dim that fits is ")[1].split()[0]) >= 1

@@ -196,10 +196,7 @@ def import_gguf(src, out, force: bool = False) -> GGUFImport:
     t0 = time.perf_counter()
     src = check_gguf_file(src)
     out = Path(out)
-    if out.resolve() == src.resolve().parent:
-        raise InputError(f"--out {out} is the directory {src.name} is in; a command never writes into its input, "
-                         "so choose another --out")
-    claim_dir(out, GGUF_IMPORT, force=force, flag="--out")
+    claim_dir(out, GGUF_IMPORT, force=force, flag="--out", inputs={"FILE": src})
     _require_packages()
     model, tok = _load(src)
     _set_end_ids(model, tok)

@@ -20,6 +20,10 @@ Medusa head ``i`` (0-based) predicts token ``t+i+2``: it is latticedraft's head 
 Medusa heads make a ``BlockwiseModel`` of ``n + 1`` heads (``kind: "medusa"``). A truncated draft
 vocabulary (``token_map``) is refused: these heads predict over the whole vocabulary (decode's
 ``--draft-vocab`` reduces the drafting vocabulary instead).
+
+Both follow the one overwrite rule (``outputs.claim_dir``): each writes its own marker beside what
+it writes (``medusa_import.json``, ``medusa_export.json``), so ``--force`` replaces only its own
+earlier output, never a model, another command's output or its own input.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +40,8 @@ import torch
 from latticedraft.atomic import atomic_dir
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu.models import hf
+from latticedraft.outputs import (MARKER_MEDUSA_EXPORT, MARKER_MEDUSA_IMPORT, MEDUSA_EXPORT, MEDUSA_IMPORT, claim_dir,
+                                  stale)
 
 WEIGHT_FILES = ("model.safetensors", "medusa_lm_head.safetensors", "pytorch_model.bin", "medusa_lm_head.pt")
 # config keys that describe the heads' shape: written by export from the heads, never copied from a source
@@ -228,15 +235,18 @@ class MedusaSummary:
     out_dir: Path
 
 
-def import_medusa(src: str | Path, base_dir: str | Path, out_dir: str | Path) -> MedusaSummary:
+def import_medusa(src: str | Path, base_dir: str | Path, out_dir: str | Path, force: bool = False) -> MedusaSummary:
     """Write the Medusa heads in ``src`` as a latticedraft head directory ``out_dir`` on the base in ``base_dir``.
 
     ``heads_config.json`` names the base relatively; ``heads.safetensors`` keeps the source's dtype,
     so ``export_medusa`` gives back the same tensors. An ``original_lm_head`` equal to the base's
     output embedding becomes ``lm_head: "tied"`` (any other is refused). The source's other config
-    entries are kept (``medusa_config``) for the export."""
+    entries are kept (``medusa_config``) for the export. ``out_dir``: ``outputs.claim_dir``
+    (``force`` replaces an earlier import only), checked before anything is read."""
     from latticedraft.gpu.models.blockwise import BlockwiseModel
 
+    src, out_dir = Path(src), Path(out_dir)
+    claim_dir(out_dir, MEDUSA_IMPORT, force=force, inputs={"SRC": src, "--base": base_dir})
     ck = read_checkpoint(src)
     base_dir = hf.check_model_dir(base_dir)
     base = hf.load_causal_lm(base_dir)
@@ -249,9 +259,7 @@ def import_medusa(src: str | Path, base_dir: str | Path, out_dir: str | Path) ->
     if ck.shared_lm is not None:
         emb = base.get_output_embeddings().weight.detach()
         if not torch.equal(emb.to(ck.shared_lm.dtype), ck.shared_lm):
-            raise ModelError(f"{src / 'config.json'} sets original_lm_head but its lm_heads.0.weight is not the output "
-                             f"embedding of {base_dir}; import the heads onto the base they were trained for"
-                             f"{_named_base(ck.config)}")
+            raise ModelError(_original_lm_head_mismatch(src, base_dir, ck, emb))
         lm_head = "tied"
     bm = BlockwiseModel.from_base(base, ck.num_heads + 1, "medusa", medusa_layers=ck.num_layers, medusa_lm_head=lm_head,
                                   medusa_fc_bias=ck.fc_bias, logit_scale=ck.logit_scale)
@@ -262,12 +270,33 @@ def import_medusa(src: str | Path, base_dir: str | Path, out_dir: str | Path) ->
         if ck.lm is not None:
             bm.heads.lm.copy_(ck.lm)
     bm.heads.to(ck.dtype)
-    out_dir = Path(out_dir)
     kept = {k: v for k, v in ck.config.items() if k not in _SHAPE_KEYS and not _vllm_count_key(k)}
     meta = {"medusa_config": kept, "medusa_source": {"layout": ck.layout, "keys": sorted(ck.config)}}
     with atomic_dir(out_dir) as stage:
         bm.save_pretrained(stage, base_ref=os.path.relpath(base_dir.resolve(), out_dir.resolve()), extra=meta)
+        _write_marker(stage / MARKER_MEDUSA_IMPORT, "import", layout=ck.layout, source=src.name,
+                      medusa_heads=ck.num_heads)
+        written = {p.name for p in stage.iterdir()}
+    _remove(stale(out_dir, MEDUSA_IMPORT, written))
     return MedusaSummary(ck.num_heads, ck.num_layers, lm_head, ck.layout, _dtype_name(ck.dtype), out_dir)
+
+
+def _original_lm_head_mismatch(src: Path, base_dir: Path, ck: MedusaCheckpoint, emb: torch.Tensor) -> str:
+    """The one line for a checkpoint whose shared LM head (``original_lm_head``) is not ``base_dir``'s."""
+    own, theirs = ck.shared_lm.float(), emb.float()
+    return (f"{src / 'config.json'} sets original_lm_head true (every Medusa head shares the LM head stored as "
+            f"lm_heads.0.weight, norm {own.norm():.4g}), but {base_dir} has another LM head (its output embedding: "
+            f"norm {theirs.norm():.4g}, largest difference {(own - theirs).abs().max():.3g}); import the heads onto "
+            f"the base they were trained for{_named_base(ck.config)}")
+
+
+def _write_marker(f: Path, verb: str, **info) -> None:
+    f.write_text(json.dumps({"format": f"latticedraft-medusa-{verb}", "version": 1, **info}, indent=1) + "\n")
+
+
+def _remove(paths) -> None:
+    for old in paths:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
 def _named_base(cfg: dict) -> str:
@@ -284,18 +313,22 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def export_medusa(model_dir: str | Path, out_dir: str | Path, dtype: str | None = None) -> MedusaSummary:
+def export_medusa(model_dir: str | Path, out_dir: str | Path, dtype: str | None = None,
+                  force: bool = False) -> MedusaSummary:
     """Write the Medusa heads of head directory ``model_dir`` into ``out_dir`` in vLLM's layout
-    (``config.json`` + ``model.safetensors``), as ``dtype`` (default: the dtype they are stored in).
+    (``config.json`` + ``model.safetensors``, and ``medusa_export.json`` that vLLM ignores), as
+    ``dtype`` (default: the dtype they are stored in).
 
     Tied heads are written as ``original_lm_head`` with the base's output embedding as
     ``lm_heads.0.weight``. Heads of another kind (Stern, DynaMo) are refused: vLLM's Medusa
-    layout cannot express them."""
+    layout cannot express them. ``out_dir``: ``outputs.claim_dir`` (``force`` replaces an earlier
+    export only), checked before anything is read."""
     from safetensors.torch import save_file
 
     from latticedraft.gpu.models.blockwise import CONFIG_NAME, WEIGHTS_NAME, BlockwiseModel
 
-    model_dir = Path(model_dir)
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    claim_dir(out_dir, MEDUSA_EXPORT, force=force, inputs={"--model": model_dir})
     cfg_file = model_dir / CONFIG_NAME
     if cfg_file.is_file():
         try:
@@ -338,8 +371,11 @@ def export_medusa(model_dir: str | Path, out_dir: str | Path, dtype: str | None 
     for key in ("torch_dtype", "dtype"):
         if key in config:
             config[key] = _dtype_name(out_dtype)
-    out_dir = Path(out_dir)
     with atomic_dir(out_dir) as stage:
         save_file(tensors, str(stage / "model.safetensors"), metadata={"format": "pt"})
         (stage / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        _write_marker(stage / MARKER_MEDUSA_EXPORT, "export", medusa_heads=heads.num_extra,
+                      dtype=_dtype_name(out_dtype))
+        written = {p.name for p in stage.iterdir()}
+    _remove(stale(out_dir, MEDUSA_EXPORT, written))
     return MedusaSummary(heads.num_extra, heads.num_layers, heads.lm_head, "vllm", _dtype_name(out_dtype), out_dir)

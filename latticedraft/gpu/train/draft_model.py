@@ -181,7 +181,8 @@ def train_draft_model(
     arch.validate()
     if init not in INITS:
         raise InputError(f"--init {init!r} is not one of {', '.join(INITS)}")
-    claim_dir(out_dir, DRAFT_MODEL, force=force, resume=resume)
+    claim_dir(out_dir, DRAFT_MODEL, force=force, resume=resume,
+              inputs={"--base": base_dir, "--tokenizer": tokenizer_path})
     base_dir = Path(base_dir)
     base, tok, tok_path = load_base(base_dir, cfg.seq_len, tokenizer_path, device)
     text = training_text(base_dir, corpus, tok, tok_path, cfg.seq_len, cfg.batch_size, cfg.seed, distill,

@@ -156,7 +156,7 @@ def train_heads(
     if distill is not None:
         distill.validate()
     lambdas = check_head_options(num_heads, cfg.seq_len, lambdas)
-    claim_dir(out_dir, HEADS, force=force, resume=resume)
+    claim_dir(out_dir, HEADS, force=force, resume=resume, inputs={"--base": base_dir, "--tokenizer": tokenizer_path})
     base_dir = Path(base_dir)
     base, tok, tok_path = load_base(base_dir, cfg.seq_len, tokenizer_path, device)
     text = training_text(base_dir, corpus, tok, tok_path, cfg.seq_len, cfg.batch_size, cfg.seed, distill,

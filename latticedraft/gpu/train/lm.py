@@ -120,7 +120,7 @@ def train_lm(
     from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
 
     cfg.validate()
-    claim_dir(out_dir, TRAINED_LM, force=force, resume=resume)
+    claim_dir(out_dir, TRAINED_LM, force=force, resume=resume, inputs={"--tokenizer": tokenizer_path})
     arch.check(cfg.seq_len)
     tok = load_tokenizer(tokenizer_path)
     tokens = encode_files(corpus, tok, encoding_errors)
@@ -146,7 +146,8 @@ def train_lm(
         model.float()
         tok.save(str(stage / "tokenizer.json"))
         write_json_atomic(stage / "training.json", {
-            "arch": asdict(arch), "optim": asdict(cfg), "parameters": sum(p.numel() for p in model.parameters()),
+            "kind": "lm", "arch": asdict(arch), "optim": asdict(cfg),
+            "parameters": sum(p.numel() for p in model.parameters()),
             "corpus_files": len(corpus), "corpus_tokens": int(len(tokens)), "steps": res.steps, "tokens_seen": res.tokens,
             "seconds": res.seconds, "final_loss": res.losses, "resumed_from": res.resumed_from,
             "loss_every_10": [h["loss"] for h in res.history[::10]],

@@ -155,10 +155,12 @@ def _run(module, param_groups, loss_fn, windows, cfg: OptimConfig, out_dir: Path
             raise InputError(f"--resume given but {ckpt_path} does not exist; drop --resume to start afresh")
         ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
         if ck["config_key"] != config_key:
-            diff = sorted(k for k in set(ck["config_key"]) | set(config_key) if ck["config_key"].get(k) != config_key.get(k))
+            from latticedraft.gpu.train.key_diff import differences
+
             raise ModelError(
-                f"checkpoint {ckpt_path} was made with another configuration (differs in: {', '.join(diff)}); "
-                "use the same settings as that run or drop --resume and choose another --out"
+                f"checkpoint {ckpt_path} was made with other settings: "
+                f"{'; '.join(differences(ck['config_key'], config_key))}; rerun with the checkpoint's settings, "
+                "or drop --resume and pass --force (discarding the checkpoint) or choose another --out"
             )
         own = {n: p for n, p in module.named_parameters() if n in trainable}
         with torch.no_grad():

@@ -64,7 +64,7 @@ def _setup(base_dir, corpus, cfg: OptimConfig, tokenizer_path, device, encoding_
     from latticedraft.lm.tokenizer import fingerprint
 
     cfg.validate()
-    claim_dir(out_dir, out_kind, force=force, resume=resume)
+    claim_dir(out_dir, out_kind, force=force, resume=resume, inputs={"--base": base_dir, "--tokenizer": tokenizer_path})
     base_dir = Path(base_dir)
     base = load_causal_lm(base_dir, device=device)
     split = LayerSplit(base)  # refuses encoder-decoders and attention without 4-D masks, in one line

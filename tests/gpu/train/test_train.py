@@ -167,7 +167,7 @@ def test_resume_continues_exactly(tiny_base, corpus, tmp_path):
 
 def test_resume_from_another_configuration_fails(tiny_base, corpus, tmp_path):
     train_heads(tiny_base, corpus, tmp_path / "h", 3, "stern", _heads_cfg(steps=2), keep_checkpoint=True)
-    with pytest.raises(ModelError, match=r"another configuration \(differs in: lambdas, num_heads\)"):
+    with pytest.raises(ModelError, match=r"other settings: --heads 3 \(checkpoint\) vs 4 \(now\); --lambdas "):
         train_heads(tiny_base, corpus, tmp_path / "h", 4, "stern", _heads_cfg(steps=2), resume=True)
 
 
