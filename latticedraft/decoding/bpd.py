@@ -40,6 +40,10 @@ DRAFTER_OPTIONS = {
     **{d: HEAD_DRAFTERS for d in ("k", "prune", "eps", "backoff", "slots", "draft_vocab")},
 }
 LOOKAHEAD_POOL = ("window", "ngram", "pool", "prompt_as_reference", "lookahead_config")
+# why batched verification runs the fixed tree: its step costs rows x depth, which T(n) of n tree nodes
+# does not model, and measuring T(n) alone costs ~100 verify calls before the first token
+BATCHED_TREE = ("batched verification runs every drafted path as a row over its own copy of the cache, so "
+                "the cost-aware tree's T(n) does not model it; it verifies the fixed set of paths")
 
 
 @dataclass
@@ -101,7 +105,8 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
     drafter: a lattice ``Drafter`` (``proposers.heads.make_drafter``; spawned per row), any
     ``Proposer`` (``ModelProposer``, ``MtadProposer``...) or None (no head drafts: with
     ``context`` None the greedy loop). tree: "fixed" | "auto" (needs the cost model: measured
-    and cached for this model and batch unless ``cost`` is given; ``acceptance``: calibrated
+    and cached for this model and batch unless ``cost`` is given; without ``cost`` "fixed" where
+    the verifier runs in batched mode, ``BATCHED_TREE``; ``acceptance``: calibrated
     rates, default the prior); context: ``ContextNgrams`` or None; lm: (``LMNgrams``, ``LMArrays``)
     for the n-gram LM's continuation as one more path, or None; gate: a ``HeadGate`` (auto
     tree with context n-grams and heads; default a new one); draft_vocab: token ids the extra
@@ -139,6 +144,8 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
     num_heads = getattr(source, "heads_needed", None) if from_heads else 1
     verifier = Verifier(model, verify, num_heads=num_heads, draft_vocab=draft_vocab if from_heads else None,
                         kv_cache=kv_cache)
+    if verifier.mode == "batched" and cost is None:  # T(n) of a tree does not model it (BATCHED_TREE)
+        tree = "fixed"
     policy = tree if from_heads or source is None else "fixed"
     if policy == "auto" and cost is None:
         cost = CostModel.for_batch(verifier, len(prompts) if slots is None else min(slots, len(prompts)))
@@ -194,9 +201,14 @@ def _configure(values: dict, given: set) -> DrafterSpec:
 
         look = options_from(values, given)
     pick = lambda k, d: d if values.get(k) is None else values[k]  # noqa: E731
+    tree = pick("tree", "fixed")
+    if values.get("verify") == "batched" and tree == "auto":
+        if "tree" in given:
+            raise InputError(f"--tree auto does not apply to --verify batched: {BATCHED_TREE}; drop --tree auto")
+        tree = "fixed"
     spec = DrafterSpec(name=name, k=pick("k", 16), prune=pick("prune", "none"), eps=pick("eps", 0.001),
                        backoff=values.get("backoff"), slots=values.get("slots"), alpha=pick("alpha", 1.0),
-                       nbest=pick("nbest", 16), tree=pick("tree", "fixed"), context_ngrams=ctx, draft_vocab=vocab,
+                       nbest=pick("nbest", 16), tree=tree, context_ngrams=ctx, draft_vocab=vocab,
                        lookahead=look, gamma=pick("gamma", 4), lm_drafts=lm_drafts)
     if spec.name in HEAD_DRAFTERS:
         LatticeOptions(spec.k, spec.prune, spec.eps, spec.backoff, spec.slots)  # the lattice options' ranges
@@ -256,6 +268,13 @@ def _settings(spec: DrafterSpec, sampling) -> dict:
     return {**s, "sampling": None if sampling is None else asdict(sampling)}
 
 
+def _check(session, spec: DrafterSpec) -> None:
+    """Before any LM table, draft model, T(n) or acceptance rate: the verifier can run this model."""
+    from latticedraft.gpu.verify.modes import check_verifiable
+
+    check_verifiable(session.model)
+
+
 def _prepare(session, spec: DrafterSpec, batch_size: int) -> None:
     session.prepare_drafter(spec, batch_size)
 
@@ -284,6 +303,7 @@ METHOD = Method(
     settings=_settings,
     run=_run,
     prepare=_prepare,
+    check=_check,
     continuous=lambda spec: spec.name in ("none", *HEAD_DRAFTERS) and spec.lookahead is None,
     files=lambda spec: {"ngram": ("lm",), "parallel": ("lm",), "neural": ("rescorer",),
                         "model": ("draft_model",)}.get(spec.name, ()),

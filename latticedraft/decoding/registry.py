@@ -63,8 +63,10 @@ class Method:
 
     configure(values, given) -> options object; label(options, sampling) -> str (the records'
     ``method``); settings(options, sampling) -> dict (plain values that decide the output: the
-    data-set runs' fingerprint); prepare(session, options, batch_size): load and check what the
-    method needs against the model, before any output; run(session, prompts, options, request)
+    data-set runs' fingerprint); check(session, options): the cheap checks of the options against
+    the loaded model (no loading, counting, fitting or measuring), which ``Session`` runs before
+    ``prepare`` and ``run``; prepare(session, options, batch_size): load and check what the method
+    needs against the model, before any output; run(session, prompts, options, request)
     -> ``DecodeResult`` for one batch (or, where ``continuous(options)``, for all of a call's prompts
     in one continuous batch of ``Request.slots`` rows)."""
 
@@ -78,6 +80,7 @@ class Method:
     settings: Callable
     run: Callable
     prepare: Callable | None = None
+    check: Callable | None = None
     defaults: dict = field(default_factory=dict)  # sampling defaults where they differ from generate's
     files: Callable = lambda options: ()  # noqa: E731  the file options (dests) these options read
     default_model: str | None = None  # the bundled model directory under data/ (None: data/heads-stern)

@@ -100,3 +100,33 @@ def test_draft_model_bad_input_is_one_line(saved_bases, tmp_path, files, capsys,
     assert main(argv + [a.replace("{tmp}", str(tmp_path)) for a in args]) == 2
     _one_line_error(capsys, match)
     assert not (tmp_path / "d" / "config.json").exists()
+
+
+def test_heads_self_distill_resume_redoes_no_continuations_or_tokenizing(saved_bases, own_cache, tmp_path, files,
+                                                                          capsys, monkeypatch):
+    """A resumed run reads the first run's continuations and token stream from the cache: it decodes
+    nothing and tokenizes nothing (issue 37: the work is counted, never timed)."""
+    import latticedraft.gpu.train.continuations as cont
+    import latticedraft.gpu.train.data as data
+
+    calls = {"decode": 0, "encode": 0}
+
+    def counting(name, real):
+        def wrapped(*a, **k):
+            calls[name] += 1
+            return real(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(cont, "_decode_batch", counting("decode", cont._decode_batch))
+    monkeypatch.setattr(data, "_encode", counting("encode", data._encode))
+    argv = ["train", "heads", "--base", str(saved_bases["llama"]), "--corpus", *files, "--heads", "3", "--self-distill",
+            "--out", str(tmp_path / "h"), *SMALL]
+    assert main(argv + ["--stop-after", "1"]) == 0
+    assert "stopped at step 1" in capsys.readouterr().out
+    assert calls == {"decode": 2, "encode": 1}  # 8 prompts in batches of 4
+    calls.update(decode=0, encode=0)
+    assert main(argv + ["--resume"]) == 0
+    assert "trained 2 steps" in capsys.readouterr().out
+    assert calls == {"decode": 0, "encode": 0}
+    info = json.loads((tmp_path / "h" / "training.json").read_text())
+    assert info["resumed_from"] == 1

@@ -203,9 +203,13 @@ def _table(session, o: DynamoOptions):
     return cooc
 
 
+def _check(session, o: DynamoOptions) -> None:
+    """Before the co-occurrence counts are loaded or counted: a DynaMo-headed model fitting ``o``."""
+    check_model(session.model, o.config, str(session.model_dir or "the model"))
+
+
 def _prepare(session, o: DynamoOptions, batch_size: int) -> None:
     _table(session, o)
-    check_model(session.model, o.config, str(session.model_dir or "the model"))
 
 
 def _run(session, prompts, o: DynamoOptions, req):
@@ -229,6 +233,7 @@ METHOD = Method(
     settings=_settings,
     run=_run,
     prepare=_prepare,
+    check=_check,
     defaults={"temperature": 0.7, "top_k": 50, "repetition_penalty": 1.1},
     files=lambda o: ("cooccurrence",),
     default_model="heads-dynamo",

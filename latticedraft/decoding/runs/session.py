@@ -218,11 +218,21 @@ class Session:
         return registry.get(method).configure(values, set(given or ()))
 
     def prepare(self, method, options=None, batch_size: int = 1) -> None:
-        """Load, measure and check what ``method`` needs now, so that a missing file fails before any
-        output and the first decode step pays for nothing (search tables, kernels, T(n), rates)."""
+        """Check (``check``), then load, measure and check what ``method`` needs now, so that a missing
+        file fails before any output and the first decode step pays for nothing (search tables,
+        kernels, T(n), rates)."""
         m = registry.get(method) if isinstance(method, str) else method
+        options = self.configure(m.name) if options is None else options
+        self.check(m, options)
         if m.prepare is not None:
-            m.prepare(self, self.configure(m.name) if options is None else options, batch_size)
+            m.prepare(self, options, batch_size)
+
+    def check(self, method, options) -> None:
+        """The method's cheap checks of ``options`` against the model (``Method.check``), which
+        ``prepare`` and ``decode`` run before loading, counting, fitting or measuring anything."""
+        m = registry.get(method) if isinstance(method, str) else method
+        if m.check is not None:
+            m.check(self, options)
 
     def prepare_drafter(self, spec, batch_size: int = 1) -> None:
         """BPD's preparation for a ``DrafterSpec``: the LM's tables and kernels, the draft model, the
@@ -266,6 +276,7 @@ class Session:
 
         m = registry.get(method)
         options = self.configure(m.name) if options is None else options
+        self.check(m, options)
         if sampling is not None and m.sampling == "never":
             raise InputError(f"--method {m.name} decodes greedily; the sampling options apply to --method "
                              + ", ".join(n for n, x in registry.methods().items() if x.sampling != "never"))

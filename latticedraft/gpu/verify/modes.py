@@ -26,6 +26,12 @@ def sliding_window(model) -> int | None:
     return int(w) if w else None
 
 
+def check_verifiable(model) -> None:
+    """Refuse (``ModelError``) a model the verifier cannot run: DynaMo heads (their own sampler)."""
+    if getattr(model, "kind", None) == "dynamo":
+        raise ModelError("BPD verification runs Stern heads; a DynaMo model decodes with --method dynamo")
+
+
 def choose_mode(model, requested: str = "auto") -> tuple[str, str]:
     """("tree" | "batched", why). ``requested`` other than "auto" is honoured if possible."""
     if requested not in MODES:

@@ -65,8 +65,8 @@ from latticedraft.gpu.verify import lean
 from latticedraft.gpu.verify.forward import DraftVocab, Forward, attention_bias, hf_forward, lazy_logits_ok
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.kvcache import SlotCache
-from latticedraft.gpu.verify.modes import (base_config, choose_kv_cache, choose_mode, model_device, model_dtype,
-                                           position_limit, sliding_window)
+from latticedraft.gpu.verify.modes import (base_config, check_verifiable, choose_kv_cache, choose_mode, model_device,
+                                           model_dtype, position_limit, sliding_window)
 from latticedraft.gpu.verify.prefill import chunked_prefill, window_mask
 from latticedraft.gpu.verify.screened_argmax import argmax_projection, median_seconds
 from latticedraft.gpu.verify.screened_topk import topk_projection
@@ -115,8 +115,7 @@ class Verifier:
 
     def __init__(self, model, mode: str = "auto", num_heads: int | None = None, draft_vocab=None,
                  kv_cache: str = "auto", from_layer: int = 0):
-        if getattr(model, "kind", None) == "dynamo":
-            raise ModelError("BPD verification runs Stern heads; a DynaMo model decodes with --method dynamo")
+        check_verifiable(model)
         self.model = model
         self.window = sliding_window(model)
         self.num_layers = int(base_config(model).num_hidden_layers)
@@ -409,7 +408,8 @@ class Verifier:
                 if len(neg):
                     seq[i, j, neg[0]:] = -1
         start = state.length
-        state.repeat_rows(q)
+        if q > 1:  # one row per draft, each over a copy of its row's cache (q = 1: the cache itself)
+            state.repeat_rows(q)
         flat = torch.as_tensor(seq.reshape(b * q, 1 + d), device=dev)
         live = flat >= 0
         mask = torch.cat([state.valid, torch.ones_like(live)], dim=1).long()
@@ -433,7 +433,8 @@ class Verifier:
                 if k > nacc[i]:
                     nacc[i], best[i] = k, j
         sel = torch.as_tensor(np.arange(b) * q + best, device=dev)
-        state.select_rows(sel)
+        if q > 1:
+            state.select_rows(sel)
         m = int(nacc.max()) + 1
         keep = torch.arange(m, device=dev)[None].expand(b, m).contiguous()
         keep_valid = keep <= torch.as_tensor(nacc, device=dev)[:, None]

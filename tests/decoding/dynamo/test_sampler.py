@@ -426,7 +426,7 @@ def test_cli_decode_dynamo_prints_tokens_per_call_and_n(saved, capsys):
 def test_cli_decode_dynamo_bad_input_is_one_line(saved, capsys, extra, message):
     if "WRONG" in extra:
         CooccurrenceStats.from_sequences([[1, 2, 3]], vocab_size=6, fingerprint="x").save(saved / "wrong.npz")
-        extra = ["--cooccurrence", str(saved / "wrong.npz")]
+        extra = ["--cooccurrence", str(saved / "wrong.npz"), "--top-k", "4"]  # the model's checks come first
     rc, out, err = _run(["decode", "--method", "dynamo", "--model", str(saved / "heads"), "--tokenizer",
                          str(saved / "tokenizer.json"), "--prompt", "w1 w2", "--max-new-tokens", "3"] + extra, capsys)
     assert rc == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1
