@@ -8,8 +8,12 @@ It decodes with BPD on latticedraft's one decode loop (``registry`` method ``bpd
 (``arguments.py``). The heads come from ``heads=DIR`` (``latticedraft train heads``), by default
 the bundled heads when ``model`` is the bundled base (recognised by its configuration and
 embedding rows, not its path); ``drafter='none'`` needs no heads. Greedy output equals
-``model.generate(do_sample=False)`` token for token; with ``do_sample=True`` it is lossless
-speculative sampling (the model's distribution).
+``model.generate(do_sample=False)`` token for token in float32. In bfloat16 / float16 each kept
+token is the argmax of the model's logits for its prefix as the verify forward (several positions
+at once) computes them; that forward rounds differently from ``generate``'s one-position steps, so
+where a step's top two logits lie within the dtype's rounding the output can differ, as
+transformers' own prompt lookup can (``docs/half-precision.md``). With ``do_sample=True`` it is
+lossless speculative sampling (the model's distribution).
 
 Returns what ``generate`` returns: the sequences ``int64[b, L + n]`` (the input ids as given, then
 each row's new tokens, ``pad_token_id`` after its end-of-text id up to the longest row), or with
@@ -163,9 +167,9 @@ def model_home(model) -> Path | None:
 
 def is_bundled_base(model) -> bool:
     """Whether ``model`` is latticedraft's bundled base (data/base): the same architecture, sizes
-    and embedding rows (``adapter.base_fingerprint``), in any dtype that holds its weights exactly."""
+    and embedding rows (``adapter.fingerprint_mismatch``), in float32 or cast to half precision."""
     from latticedraft.errors import ModelError
-    from latticedraft.gpu.models.adapter import base_fingerprint
+    from latticedraft.gpu.models.adapter import fingerprint_mismatch
     from latticedraft.gpu.verify.layer_split import LayerSplit
 
     bundled = _bundled_fingerprint()
@@ -176,7 +180,7 @@ def is_bundled_base(model) -> bool:
                                                                                  bundled["hidden_size"]):
         return False
     try:
-        return base_fingerprint(LayerSplit(model)) == bundled
+        return fingerprint_mismatch(bundled, LayerSplit(model)) is None
     except ModelError:
         return False
 

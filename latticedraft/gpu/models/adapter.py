@@ -16,6 +16,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -27,11 +28,28 @@ WEIGHTS = "adapter.safetensors"
 
 
 def base_fingerprint(split: LayerSplit) -> dict:
-    """What an adapter must match: architecture, sizes and a hash of the first embedding rows."""
-    emb = split.wte.weight.detach()[:64].float().cpu().contiguous()
+    """What an adapter or exit heads must match: architecture, sizes, and two hashes of the first 64
+    embedding rows: of their float32 bytes (``embedding_sha256``, exact in float32 only) and of
+    their sign bits (``embedding_signs_sha256``), which no rounding to float16 or bfloat16 changes,
+    so a base cast to half precision is still recognised."""
+    rows = split.wte.weight.detach()[:64].cpu()
+    emb = rows.float().contiguous()
+    signs = np.packbits(torch.signbit(rows).numpy().reshape(-1))
     return {"model_type": str(getattr(split.config, "model_type", "?")), "hidden_size": split.hidden_size,
             "num_layers": split.num_layers, "vocab_size": int(split.head.weight.shape[0]),
-            "embedding_sha256": hashlib.sha256(emb.numpy().tobytes()).hexdigest()[:16]}
+            "embedding_sha256": hashlib.sha256(emb.numpy().tobytes()).hexdigest()[:16],
+            "embedding_signs_sha256": hashlib.sha256(signs.tobytes()).hexdigest()[:16]}
+
+
+def fingerprint_mismatch(made_for: dict, split: LayerSplit) -> str | None:
+    """None when ``made_for`` (a stored ``base_fingerprint``) fits the base in ``split``, else
+    "key stored vs here, ..." naming what differs. The sign hash decides where both hold it (any
+    dtype); a fingerprint stored before it existed is held to the float32 byte hash."""
+    here = base_fingerprint(split)
+    keys = ["model_type", "hidden_size", "num_layers", "vocab_size"]
+    keys.append("embedding_signs_sha256" if "embedding_signs_sha256" in made_for else "embedding_sha256")
+    diff = [k for k in keys if made_for.get(k) != here[k]]
+    return ", ".join(f"{k} {made_for.get(k)} vs {here[k]}" for k in diff) or None
 
 
 def check_exit_layer(split: LayerSplit, exit_layer: int, what: str = "--exit-layer") -> None:
@@ -95,10 +113,8 @@ def load_adapter(path, split: LayerSplit) -> KangarooAdapter:
         exit_layer, made_for = int(cfg["exit_layer"]), dict(cfg["base"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ModelError(f"{p / CONFIG} is not an adapter config ({e}); re-train the adapter") from e
-    here = base_fingerprint(split)
-    diff = [k for k in here if made_for.get(k) != here[k]]
-    if diff:
-        what = ", ".join(f"{k} {made_for.get(k)} vs {here[k]}" for k in diff)
+    what = fingerprint_mismatch(made_for, split)
+    if what:
         raise ModelError(f"adapter {p} was trained for another base ({what}); retrain it on this base with "
                          "`latticedraft train adapter --base BASE --out DIR`")
     adapter = KangarooAdapter(split, exit_layer)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from latticedraft.errors import InputError, ModelError
-from latticedraft.gpu.models.adapter import base_fingerprint
+from latticedraft.gpu.models.adapter import base_fingerprint, fingerprint_mismatch
 from latticedraft.gpu.verify.layer_split import LayerSplit
 
 CONFIG = "exit_heads.json"
@@ -57,10 +57,8 @@ def load_exit_heads(path, split: LayerSplit) -> ExitHeads:
         raise InputError(f"early-exit head directory {p} has no {CONFIG} and {WEIGHTS}; train one with "
                          "`latticedraft train heads --early-exit --base BASE --out DIR`")
     made_for = json.loads((p / CONFIG).read_text()).get("base", {})
-    here = base_fingerprint(split)
-    diff = [k for k in here if made_for.get(k) != here[k]]
-    if diff:
-        what = ", ".join(f"{k} {made_for.get(k)} vs {here[k]}" for k in diff)
+    what = fingerprint_mismatch(made_for, split)
+    if what:
         raise ModelError(f"early-exit heads {p} were trained for another base ({what}); retrain them on this base")
     heads = ExitHeads(split)
     heads.load_state_dict(load_safetensors(p / WEIGHTS))

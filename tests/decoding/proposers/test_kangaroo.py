@@ -1,5 +1,6 @@
 """Kangaroo equals generate(do_sample=False) token for token, for any (l, gamma, eta), batch 1 and 4."""
 
+import copy
 import json
 
 import numpy as np
@@ -52,6 +53,22 @@ def test_kangaroo_drafts_get_accepted_with_the_model_as_its_own_adapter():
     assert max(r.sequences[0].tree_nodes) == 5
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_adapter_fits_its_base_cast_to_half_precision(tmp_path, dtype):
+    """The sign-bit hash survives rounding: a float32 adapter loads onto its base in half precision;
+    a fingerprint stored before the sign hash existed holds only in float32."""
+    m = tiny_model("llama", layers=4)
+    save_adapter(_adapter(m, 2, noise=0.1), LayerSplit(m), tmp_path / "ad")
+    half = copy.deepcopy(m).to(dtype)
+    assert load_adapter(tmp_path / "ad", LayerSplit(half)).norm_in.weight.dtype == dtype
+    cfg = json.loads((tmp_path / "ad" / "adapter.json").read_text())
+    del cfg["base"]["embedding_signs_sha256"]
+    (tmp_path / "ad" / "adapter.json").write_text(json.dumps(cfg))
+    load_adapter(tmp_path / "ad", LayerSplit(m))
+    with pytest.raises(ModelError, match="embedding_sha256"):
+        load_adapter(tmp_path / "ad", LayerSplit(half))
+
+
 def test_adapter_roundtrip_and_mismatch(tmp_path):
     m = tiny_model("llama", layers=4)
     split = LayerSplit(m)
@@ -60,7 +77,7 @@ def test_adapter_roundtrip_and_mismatch(tmp_path):
     b = load_adapter(tmp_path / "ad", split)
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     other = LayerSplit(tiny_model("llama", layers=4, seed=9))
-    with pytest.raises(ModelError, match="trained for another base .*embedding_sha256"):
+    with pytest.raises(ModelError, match="trained for another base .*embedding_signs_sha256"):
         load_adapter(tmp_path / "ad", other)
     wide = LayerSplit(tiny_model("gpt2", layers=4))
     with pytest.raises(ModelError, match="hidden_size|model_type"):
