@@ -5,7 +5,13 @@
 #   2. a 4-gram LM with its tokenizer on the training split of the standard library into
 #      .cache/lm/smollm2-4gram (about 30 s, 113 MiB of search tables): decode finds it by its tokenizer
 #      (loaders.lm_for) for LM drafts and n-gram rescoring without --lm.
-# Run after scripts/setup.sh: `bash scripts/build_smollm2.sh`.
+#   3. with --heads: self-distilled Stern heads for it into .cache/heads/smollm2 (resumable: run it
+#      again after an interrupt). 2304 of the 3072 training rows answer chat questions SmolLM2 wrote
+#      itself (--distill-chat 0.75; no data set), the rest continue standard-library code. On an H200
+#      (DEVICE=cuda) the continuations take 445 s and a step 1.1 s (800 steps: about 15 min); on this
+#      2-core CPU the continuations alone take hours. data/heads-smollm2 is this command's step-150
+#      checkpoint from an H200 (its training.json says so).
+# Run after scripts/setup.sh: `bash scripts/build_smollm2.sh [--heads]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LD=.venv/bin/latticedraft
@@ -19,5 +25,23 @@ if [ ! -f "$LM/manifest.json" ] || [ "$(cat "$LM.stamp" 2>/dev/null)" != "$want"
   echo "[smollm2] building the 4-gram LM with SmolLM2's tokenizer into $LM (about 30 s)" >&2
   $LD lm build $LM_ARGS --force --out "$LM"
   echo "$want" > "$LM.stamp"
+fi
+if [ "${1:-}" = "--heads" ]; then
+  HEADS=$CACHE/heads/smollm2
+  RESUME=""; [ -f "$HEADS/checkpoint.pt" ] && RESUME="--resume"
+  if [ -n "$RESUME" ] || [ ! -f "$HEADS/heads.safetensors" ]; then
+    echo "[smollm2] training self-distilled heads into $HEADS on ${DEVICE:-cpu}" >&2
+    $LD train heads --base "$MODEL" --corpus stdlib:train --heads 6 --ffn-dim 768 --token-input \
+      --self-distill --distill-chat 0.75 --distill-prompts 3072 --gen-batch-size 256 --seq-len 256 \
+      --steps 800 --batch-size 16 --lr 2e-3 --checkpoint-every 50 --save-dtype float16 \
+      --device "${DEVICE:-cpu}" -o "$HEADS" $RESUME
+    # the draft vocabulary: token ids ranked by frequency in the heads' own training rows
+    .venv/bin/python -c "import glob, json, numpy as np
+from latticedraft.decoding.planning.draft_vocab import write_ranked
+d = json.load(open('$HEADS/training.json'))['continuation_cache']
+rows = np.concatenate([np.load(f) for f in sorted(glob.glob(d + '/batch-*.npy'))])
+write_ranked('$HEADS', rows.reshape(-1), 49152, 'self-distillation rows (chat 0.75, stdlib:train)')"
+  fi
+  echo "[smollm2] heads: --model $HEADS" >&2
 fi
 echo "[smollm2] ready: --model $MODEL (LM drafts from $LM)" >&2

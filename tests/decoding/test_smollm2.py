@@ -1,7 +1,8 @@
 """The real pretrained model, where ``latticedraft fetch smollm2`` has put it (skipped elsewhere, e.g.
-in a fresh clone's CI): chat questions through the CLI's default decode and through the greedy
-loop equal HF ``generate`` greedy on the same token ids, and a short answer stops at SmolLM2's own
-end token ``<|im_end|>`` (id 2), not at ``<|endoftext|>`` (id 0)."""
+in a fresh clone's CI): chat questions through the CLI's default decode, through the greedy loop and
+through its self-distilled heads (``data/heads-smollm2``, batch 1 and 2) equal HF ``generate``
+greedy on the same token ids, and a short answer stops at SmolLM2's own end token ``<|im_end|>``
+(id 2), not at ``<|endoftext|>`` (id 0)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from latticedraft.cli import main
-from latticedraft.paths import smollm2_dir
+from latticedraft.paths import data_dir, smollm2_dir
 
 pytestmark = [pytest.mark.skipif(not (smollm2_dir() / "gguf_import.json").is_file(),
                                  reason="SmolLM2 not fetched (latticedraft fetch smollm2)"), pytest.mark.slow]
@@ -24,8 +25,10 @@ def test_chat_decodes_equal_hf_greedy_and_stop_at_im_end(tmp_path, capsys):
     prompts = tmp_path / "q.jsonl"
     prompts.write_text("".join(json.dumps({"turns": [q]}) + "\n" for q in QUESTIONS))
     base = AutoModelForCausalLM.from_pretrained(str(smollm2_dir())).eval()
-    for method in (["--method", "bpd"], ["--method", "greedy"]):
-        rc = main(["decode", "--model", str(smollm2_dir()), "--prompts", str(prompts), "--chat", "--json",
+    heads = str(data_dir() / "heads-smollm2")
+    for model, method in ((str(smollm2_dir()), ["--method", "bpd"]), (str(smollm2_dir()), ["--method", "greedy"]),
+                          (heads, ["--method", "bpd"]), (heads, ["--method", "bpd", "--batch-size", "2"])):
+        rc = main(["decode", "--model", model, "--prompts", str(prompts), "--chat", "--json",
                    "--max-new-tokens", "24", *method])
         out = capsys.readouterr()
         assert rc == 0, out.err
