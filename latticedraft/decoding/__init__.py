@@ -1,10 +1,16 @@
-"""Decoding algorithms: the BPD loop, drafters, DynaMo sampling, metrics.
+"""Decoding: the one decode loop, the methods on it, and what runs them.
 
-- ``bpd``: ``bpd_decode`` (predict -> draft -> verify -> accept, one target call per step,
-  batches of prompts of different lengths) and ``greedy_decode`` (the baseline).
-- ``drafters``: ``top1``, ``neural``, ``ngram``, ``parallel``, ``parallel-base``, ``oracle``
-  behind one interface (``draft(sausage, history)``, ``update(accepted)``).
-- ``run``: bundled defaults and a ``Session`` that the CLI, eval, tune, demo and the
-  benchmark share; ``evaluate``, ``tune``, ``demo``: the commands' library side.
-- ``dynamo``, ``metrics``: DynaMo sampling and multi-token perplexities.
+- ``loop``: ``speculative_decode`` (draft -> plan -> verify -> accept, batches of prompts of
+  different lengths, continuous batching); ``rows``, ``results``: per-row bookkeeping and what
+  every decoder returns.
+- ``registry``: every method as one entry (options, checks, label, settings, how it runs);
+  ``bpd`` (the heads' drafts), ``greedy`` (the reference); the other methods live beside their
+  proposers (``proposers/lookahead``, ``kangaroo``, ``mtad``), in ``self_draft`` (PPD) and ``dynamo``.
+- ``proposers``: what drafts (heads' lattices, context and LM n-grams, a draft model, lookahead's
+  pool, Kangaroo's adapter, MTAD); ``planning``: which drafts a step verifies (the cost-aware tree,
+  acceptance rates, the head gate, the draft vocabulary); ``accept``: acceptance rules (greedy,
+  lossless sampling, MTAD's).
+- ``runs``: ``Session`` (loaders, chat templates, data-set runs, sharding) that the CLI, eval and the
+  benchmarks share; ``eval``: evaluate, tune, demo and HF's baselines; ``custom_generate``: the
+  transformers ``custom_generate`` entry; ``dynamo``: DynaMo sampling and multi-token perplexities.
 """
