@@ -252,6 +252,14 @@ def stale(d: Path, kind: OutputKind, written: set[str]) -> list[Path]:
     return [d / n for n in _entries(d) if n not in written and n not in (CHECKPOINT, STAGING) and kind.owns(n)]
 
 
+def remove_stale(d: Path, kind: OutputKind, written: set[str]) -> None:
+    """Remove ``stale(d, kind, written)``: what a forced replacement no longer writes."""
+    import shutil
+
+    for old in stale(d, kind, written):
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
 def claim_file(path, *, force: bool, is_own, what: str, command: str, flag: str = "--out") -> None:
     """Check, before any work, that ``command`` may write file ``path``: a new path is free; an
     existing one needs ``force`` and must be ``command``'s own output (``is_own(path)`` True,

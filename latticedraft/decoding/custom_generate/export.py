@@ -14,12 +14,11 @@ later ``--force`` recognises the export (``outputs.CUSTOM_GENERATE``). Written a
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from latticedraft import __version__
 from latticedraft.atomic import atomic_dir
-from latticedraft.outputs import CUSTOM_GENERATE, claim_dir, stale
+from latticedraft.outputs import CUSTOM_GENERATE, claim_dir, remove_stale
 from latticedraft.outputs import MARKER_CUSTOM_GENERATE as MARKER
 
 GENERATE_PY = '''"""latticedraft's decode loop as a transformers custom_generate method.
@@ -80,6 +79,5 @@ def export_custom_generate(out, force: bool = False) -> Path:
         (stage / MARKER).write_text(json.dumps({"format": "latticedraft-custom-generate", "version": 1,
                                                 "latticedraft": __version__}, indent=1) + "\n")
         written = {p.name for p in stage.iterdir()}
-    for old in stale(out, CUSTOM_GENERATE, written):
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    remove_stale(out, CUSTOM_GENERATE, written)
     return out

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import shutil
 import time
 from dataclasses import dataclass
 from importlib.util import find_spec
@@ -27,7 +26,7 @@ from pathlib import Path
 from latticedraft import __version__
 from latticedraft.atomic import atomic_dir
 from latticedraft.errors import InputError, ModelError
-from latticedraft.outputs import GGUF_IMPORT, claim_dir, stale
+from latticedraft.outputs import GGUF_IMPORT, claim_dir, remove_stale
 from latticedraft.outputs import MARKER_GGUF_IMPORT as MARKER
 
 MAGIC = b"GGUF"  # the first 4 bytes of every GGUF file
@@ -219,8 +218,7 @@ def import_gguf(src, out, force: bool = False) -> GGUFImport:
                              "GGUF's tokenizer cannot be used here")
         (stage / MARKER).write_text(json.dumps(meta, indent=1) + "\n")
         written = {p.name for p in stage.iterdir()}
-    for old in stale(out, GGUF_IMPORT, written):
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    remove_stale(out, GGUF_IMPORT, written)
     return GGUFImport(out, src, model.config.model_type, type(model).__name__, params, "float32",
                       model.generation_config.eos_token_id, time.perf_counter() - t0)
 

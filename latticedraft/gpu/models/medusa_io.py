@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from latticedraft.atomic import atomic_dir
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu.models import hf
 from latticedraft.outputs import (MARKER_MEDUSA_EXPORT, MARKER_MEDUSA_IMPORT, MEDUSA_EXPORT, MEDUSA_IMPORT, claim_dir,
-                                  stale)
+                                  remove_stale)
 
 WEIGHT_FILES = ("model.safetensors", "medusa_lm_head.safetensors", "pytorch_model.bin", "medusa_lm_head.pt")
 # config keys that describe the heads' shape: written by export from the heads, never copied from a source
@@ -277,7 +276,7 @@ def import_medusa(src: str | Path, base_dir: str | Path, out_dir: str | Path, fo
         _write_marker(stage / MARKER_MEDUSA_IMPORT, "import", layout=ck.layout, source=src.name,
                       medusa_heads=ck.num_heads)
         written = {p.name for p in stage.iterdir()}
-    _remove(stale(out_dir, MEDUSA_IMPORT, written))
+    remove_stale(out_dir, MEDUSA_IMPORT, written)
     return MedusaSummary(ck.num_heads, ck.num_layers, lm_head, ck.layout, _dtype_name(ck.dtype), out_dir)
 
 
@@ -292,11 +291,6 @@ def _original_lm_head_mismatch(src: Path, base_dir: Path, ck: MedusaCheckpoint, 
 
 def _write_marker(f: Path, verb: str, **info) -> None:
     f.write_text(json.dumps({"format": f"latticedraft-medusa-{verb}", "version": 1, **info}, indent=1) + "\n")
-
-
-def _remove(paths) -> None:
-    for old in paths:
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
 def _named_base(cfg: dict) -> str:
@@ -377,5 +371,5 @@ def export_medusa(model_dir: str | Path, out_dir: str | Path, dtype: str | None 
         _write_marker(stage / MARKER_MEDUSA_EXPORT, "export", medusa_heads=heads.num_extra,
                       dtype=_dtype_name(out_dtype))
         written = {p.name for p in stage.iterdir()}
-    _remove(stale(out_dir, MEDUSA_EXPORT, written))
+    remove_stale(out_dir, MEDUSA_EXPORT, written)
     return MedusaSummary(heads.num_extra, heads.num_layers, heads.lm_head, "vllm", _dtype_name(out_dtype), out_dir)

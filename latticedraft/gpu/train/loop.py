@@ -293,7 +293,6 @@ def finish_dir(out_dir: Path, write: Callable[[Path], None], keep_checkpoint: bo
                 shutil.rmtree(target)
             os.replace(f, target)
         stage.rmdir()
-        for old in outputs.stale(out_dir, kind, written):
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        outputs.remove_stale(out_dir, kind, written)
     if not keep_checkpoint:
         (out_dir / CHECKPOINT).unlink(missing_ok=True)
