@@ -57,11 +57,9 @@ def session(model_dir: str | None, method: str, dtype: torch.dtype) -> Session:
 
 def cli_options(model_dir: str | None, method: str):
     """The options ``latticedraft decode --method METHOD`` runs with (the CLI's defaults)."""
-    from latticedraft.cli import build_parser
-    from latticedraft.cli.checks import method_options
+    from latticedraft.cli.checks import decode_options
 
-    argv = ["decode", "--method", method, "--prompt", "x"] + ([] if model_dir is None else ["--model", model_dir])
-    return method_options(build_parser().parse_args(argv))[1]
+    return decode_options("--method", method, *([] if model_dir is None else ["--model", model_dir]))[1]
 
 
 def first_difference(got: list, want: list) -> int | None:

@@ -76,11 +76,9 @@ def sample_questions(path: Path, per_category: int, seed: int) -> list[dict]:
 
 def cli_default(model: str):
     """(method, options) that ``latticedraft decode --model MODEL --chat`` runs by default."""
-    from latticedraft.cli import build_parser
-    from latticedraft.cli.checks import method_options
+    from latticedraft.cli.checks import decode_options
 
-    a = build_parser().parse_args(["decode", "--model", model, "--prompt", "x", "--chat"])
-    m, options, _ = method_options(a)
+    m, options = decode_options("--model", model, "--chat")
     return m.name, options
 
 

@@ -27,19 +27,20 @@ class ChatTemplate:
         self.tokenizer = tokenizer
 
     @classmethod
-    def load(cls, base_dir) -> "ChatTemplate":
-        """Refuses a directory without a chat template in one line."""
+    def load(cls, base_dir, opt: str = "--chat") -> "ChatTemplate":
+        """Refuses a directory without a chat template in one line naming ``opt`` (the option that
+        asked for the template)."""
         from transformers import AutoTokenizer
 
         d = Path(base_dir)
         try:
             tok = AutoTokenizer.from_pretrained(str(d))
         except (OSError, ValueError) as e:
-            raise InputError(f"--chat: cannot load the tokenizer of {d} ({str(e).splitlines()[0]}); "
-                             "pass a model directory with tokenizer files, or drop --chat") from None
+            raise InputError(f"{opt}: cannot load the tokenizer of {d} ({str(e).splitlines()[0]}); "
+                             f"pass a model directory with tokenizer files, or drop {opt}") from None
         if not getattr(tok, "chat_template", None):
-            raise InputError(f"--chat: {d} has no chat template (tokenizer_config.json 'chat_template' or "
-                             "chat_template.jinja); drop --chat to decode the prompts as plain text")
+            raise InputError(f"{opt}: {d} has no chat template (tokenizer_config.json 'chat_template' or "
+                             f"chat_template.jinja); drop {opt} to decode the prompts as plain text")
         return cls(tok)
 
     def ids(self, messages: list[dict]) -> np.ndarray:

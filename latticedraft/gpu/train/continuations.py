@@ -71,10 +71,14 @@ class ContinuationSpec:
     def chat_rows(self) -> int:
         return round(self.prompts * self.chat_fraction)
 
+    def greedy_of(self, n: int) -> int:
+        """How many of a part's ``n`` rows (chat or corpus) are greedy: its first ones."""
+        return n - round(n * self.sample_fraction)
+
     @property
     def greedy_rows(self) -> int:
         """Greedy rows, chat and corpus together."""
-        return sum(n - round(n * self.sample_fraction) for n in (self.chat_rows, self.prompts - self.chat_rows))
+        return self.greedy_of(self.chat_rows) + self.greedy_of(self.prompts - self.chat_rows)
 
     def key(self) -> dict:
         """The settings the cache is keyed by (the chat ones only where chat rows are made, so
@@ -160,9 +164,10 @@ def _decode_batch(session, prompts: list[np.ndarray], new_tokens: int, temperatu
 
 
 def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSpec, tokenizer_path: str | Path,
-                  device=None, root: str | Path | None = None) -> Continuations:
+                  device=None, root: str | Path | None = None, template=None) -> Continuations:
     """The rows of ``spec`` for the base in ``base_dir`` over the corpus token ``stream`` (int32[N]),
-    from the cache where present (``root``: the cache root, default ``<cache_dir>/continuations``)."""
+    from the cache where present (``root``: the cache root, default ``<cache_dir>/continuations``);
+    ``template``: the base's ``ChatTemplate`` where the caller loaded it already (chat rows)."""
     from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
     from latticedraft.paths import cache_dir
 
@@ -171,9 +176,9 @@ def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSp
     n_chat = spec.chat_rows
     corpus_spec = replace(spec, prompts=spec.prompts - n_chat)
     offsets = prompt_offsets(len(stream), corpus_spec) if corpus_spec.prompts else np.zeros(0, np.int64)
-    prompts = np.stack([np.asarray(stream[o : o + spec.prompt_len]) for o in offsets] or
-                       [np.zeros(spec.prompt_len)]).astype(np.int64)[: len(offsets)]
-    template = chat_template(base_dir) if n_chat else None
+    prompts = np.asarray([stream[o : o + spec.prompt_len] for o in offsets], dtype=np.int64)
+    prompts = prompts.reshape(len(offsets), spec.prompt_len)
+    template = None if not n_chat else template or chat_template(base_dir)
     key_ids = prompts if template is None else np.concatenate([template.user_prefix_ids(), prompts.reshape(-1)])
     key = cache_key(base_dir, fingerprint(load_tokenizer(tokenizer_path)), key_ids, spec)
     where = Path(root) if root is not None else cache_dir() / "continuations"
@@ -185,12 +190,12 @@ def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSp
     gen = _Generator(base_dir, tokenizer_path, device, where)
     chat_prompts = _chat_prompts(gen, template, spec) if n_chat else []
     chat_new = spec.seq_len - min((len(p) for p in chat_prompts), default=0)
-    # (first row, prompts, new tokens, greedy rows) per part; a batch is all greedy or all sampled
+    # (first row, prompts, new tokens) per part; a batch is all greedy or all sampled
     parts = [(0, chat_prompts, chat_new), (n_chat, list(prompts), spec.new_tokens)]
     out = []
     bar = tqdm(total=spec.prompts, desc="base continuations", unit="row", disable=not progress_enabled())
     for first, part, new_tokens in parts:
-        greedy = len(part) - round(len(part) * spec.sample_fraction)
+        greedy = spec.greedy_of(len(part))
         cuts = list(range(0, greedy, spec.batch_size)) + list(range(greedy, len(part), spec.batch_size))
         for i, s in enumerate(cuts):
             e = cuts[i + 1] if i + 1 < len(cuts) else len(part)
@@ -245,10 +250,7 @@ def chat_template(base_dir: Path):
     """The base's ``ChatTemplate`` for ``--distill-chat`` (refused in one line without one)."""
     from latticedraft.decoding.runs.chat import ChatTemplate
 
-    try:
-        return ChatTemplate.load(base_dir)
-    except InputError as e:
-        raise InputError(str(e).replace("--chat", "--distill-chat", 1).replace("drop --chat", "drop --distill-chat"))
+    return ChatTemplate.load(base_dir, "--distill-chat")
 
 
 def _chat_prompts(gen: _Generator, template, spec: ContinuationSpec) -> list[np.ndarray]:
@@ -260,13 +262,15 @@ def _chat_prompts(gen: _Generator, template, spec: ContinuationSpec) -> list[np.
         from latticedraft.decoding.runs.loaders import end_ids
 
         head = template.user_prefix_ids()
-        questions = []
+        batches = []
         for s in range(0, spec.chat_rows, spec.batch_size):
             n = min(spec.batch_size, spec.chat_rows - s)
             t0 = time.perf_counter()
-            new = gen.new([head] * n, spec.question_tokens, spec.temperature, spec.seed, QUESTION_ROWS + s)
+            batches.append(gen.new([head] * n, spec.question_tokens, spec.temperature, spec.seed, QUESTION_ROWS + s))
             _add_seconds(gen.where, time.perf_counter() - t0)
-            ends = set(end_ids(gen.session.model, gen.session.tokenizer) or [])
+        ends = set(end_ids(gen.session.model, gen.session.tokenizer) or [])
+        questions = []
+        for new in batches:
             for row in new.tolist():
                 cut = next((i for i, t in enumerate(row) if t in ends), len(row))
                 questions.append(template.tokenizer.decode(row[:cut], skip_special_tokens=True).strip())

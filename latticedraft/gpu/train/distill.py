@@ -139,15 +139,15 @@ def training_text(base_dir: Path, corpus, tok, tokenizer_path: Path, seq_len: in
                   distill: DistillConfig | None, encoding_errors: str = "strict", device=None) -> TrainingText:
     """Corpus windows (``distill`` None or ``text="corpus"``) or the base's continuations, one
     window per row (``text="continuations"``; the rows are ``seq_len`` tokens long)."""
-    if distill is not None and distill.text == "continuations" and distill.continuation.chat_fraction > 0:
-        chat_template(base_dir)  # refused before the corpus is read
+    chat = distill is not None and distill.text == "continuations" and distill.continuation.chat_fraction > 0
+    template = chat_template(base_dir) if chat else None  # refused before the corpus is read
     stream = encode_files(corpus, tok, encoding_errors)
     info: dict = {"corpus_files": len(corpus), "corpus_tokens": int(len(stream))}
     if distill is None or distill.text == "corpus":
         return TrainingText(TokenWindows(stream, seq_len, batch_size, seed, source=f"the corpus ({len(corpus)} files)"),
                             info)
     spec = replace(distill.continuation, seq_len=seq_len)
-    c = continuations(base_dir, stream, spec, tokenizer_path, device=device)
+    c = continuations(base_dir, stream, spec, tokenizer_path, device=device, template=template)
     info.update({"continuation_rows": int(len(c.rows)), "continuation_greedy_rows": c.greedy_rows,
                  "continuation_tokens": int(c.rows.size), "continuation_seconds": c.seconds,
                  "continuation_cache": c.where})
