@@ -33,9 +33,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding.bpd import bpd_decode  # noqa: E402
+from latticedraft.decoding.methods import bpd_session  # noqa: E402
+from latticedraft.decoding.methods.bpd_loop import bpd_decode  # noqa: E402
 from latticedraft.decoding.planning.draft_tree import TreePlanner  # noqa: E402
-from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.loaders import encode
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
@@ -113,8 +114,8 @@ def random_llama(hidden, layers, inter, heads, vocab=8192, num_heads=8):
 def recorded_steps(session: Session, ids, max_new_tokens: int):
     """(sausage, drafts, history, greedy continuation) per step of a heads-only fixed-tree decode."""
     spec = DrafterSpec(SPEC.name, nbest=SPEC.nbest, slots=SPEC.slots)
-    res = bpd_decode(session.model, ids, session.drafter(spec), max_new_tokens=max_new_tokens,
-                     eos_token_id=session.eos, record_steps=True, draft_vocab=session.draft_vocab("auto"))
+    res = bpd_decode(session.model, ids, bpd_session.proposer(session, spec), max_new_tokens=max_new_tokens,
+                     eos_token_id=session.eos, record_steps=True, draft_vocab=bpd_session.draft_vocab(session, "auto"))
     out = []
     for st in res.steps:
         seq = res.sequences[st.row]
@@ -186,8 +187,8 @@ def main(argv=None) -> int:
     s = Session(threads=a.threads)
     recs = read_prompts(data_dir() / "prompts.jsonl", limit=a.num_prompts)
     ids = encode(s.tokenizer, [r["prompt"] for r in recs])
-    vocab = s.draft_vocab(SPEC.draft_vocab)
-    acceptance = s.acceptance(SPEC)
+    vocab = bpd_session.draft_vocab(s, SPEC.draft_vocab)
+    acceptance = bpd_session.acceptance(s, SPEC)
     steps = recorded_steps(s, ids, a.max_new_tokens)
     models = {"bundled GPT-2 (trained)": (s.model, sum(p.numel() for p in s.model.base.parameters()))}
     if not a.skip_llama:

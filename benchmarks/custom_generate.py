@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     quiet_libraries(a.verbose)
     from transformers import AutoModelForCausalLM
 
-    from latticedraft.decoding.custom_generate.entry import CLI_DEFAULTS, session_for
+    from latticedraft.decoding.custom_generate.entry import cli_values, session_for
     from latticedraft.decoding.custom_generate.export import export_custom_generate
     from latticedraft.decoding.runs.loaders import encode
     from latticedraft.decoding.runs.prompt_set import read_prompts
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="custom_generate.")
     atexit.register(shutil.rmtree, tmp, True)
     method = export_custom_generate(Path(tmp) / "method")
-    session = session_for(model, {}, _spec(CLI_DEFAULTS))
+    session = session_for(model, {}, _spec(cli_values()))
     prompts = encode(session.tokenizer, [r["prompt"] for r in read_prompts(a.prompts, limit=a.num_prompts)])
     inputs = [torch.as_tensor(p)[None] for p in prompts]
 
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
             return out[0, ids.shape[1]:].tolist(), None
         kw = ROWS[row]
         if kw is None:
-            r = session.decode([ids[0].numpy()], "bpd", _spec(CLI_DEFAULTS), max_new_tokens=a.max_new_tokens)
+            r = session.decode([ids[0].numpy()], "bpd", _spec(cli_values()), max_new_tokens=a.max_new_tokens)
             return r.sequences[0].tokens.tolist(), r.sequences[0].calls
         out = model.generate(ids, custom_generate=str(method), trust_remote_code=True, max_new_tokens=a.max_new_tokens,
                              return_dict_in_generate=True, **kw)

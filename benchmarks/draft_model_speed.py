@@ -40,12 +40,13 @@ sys.path.insert(0, str(ROOT))
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.eval import hf_baselines  # noqa: E402
 from latticedraft.decoding.eval.evaluate import EvalConfig, _run, machine  # noqa: E402
-from latticedraft.decoding.proposers.draft_model import IncrementalLM  # noqa: E402
 from latticedraft.decoding.runs.prompt_length import fit_prompts  # noqa: E402
-from latticedraft.decoding.bpd import DrafterSpec  # noqa: E402
+from latticedraft.decoding.methods.bpd import DrafterSpec  # noqa: E402
 from latticedraft.decoding.runs.loaders import encode  # noqa: E402
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
-from latticedraft.decoding.runs.session import CALIBRATION_PROMPTS, Session  # noqa: E402
+from latticedraft.decoding.methods.bpd_session import CALIBRATION_PROMPTS  # noqa: E402
+from latticedraft.decoding.runs.session import Session  # noqa: E402
+from latticedraft.gpu.models.incremental import IncrementalLM  # noqa: E402
 from latticedraft.gpu.verify.cost_model import QUANTILE, CostModel  # noqa: E402
 from latticedraft.gpu.verify.verifier import Verifier  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402

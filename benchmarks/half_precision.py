@@ -57,7 +57,7 @@ def session(model_dir: str | None, method: str, dtype: torch.dtype) -> Session:
 
 def cli_options(model_dir: str | None, method: str):
     """The options ``latticedraft decode --method METHOD`` runs with (the CLI's defaults)."""
-    from latticedraft.cli.checks import decode_options
+    from latticedraft.cli import decode_options
 
     return decode_options("--method", method, *([] if model_dir is None else ["--model", model_dir]))[1]
 
@@ -89,11 +89,11 @@ def chunked_argmax(base, prompt: np.ndarray, want: list, chunk: int = 4) -> list
 
     ids = torch.as_tensor(np.concatenate([prompt, np.asarray(want, dtype=np.int64)])[None])
     cache = DynamicCache()
-    out = base(input_ids=ids[:, : len(prompt)], past_key_values=cache, use_cache=True)
+    out = base(input_ids=ids[:, : len(prompt)], cache=cache, use_cache=True)
     picks = [int(out.logits[0, -1].argmax())]
     for s in range(len(prompt), ids.shape[1] - 1, chunk):
         e = min(s + chunk, ids.shape[1] - 1)
-        out = base(input_ids=ids[:, s:e], past_key_values=cache, use_cache=True)
+        out = base(input_ids=ids[:, s:e], cache=cache, use_cache=True)
         picks += out.logits[0].argmax(-1).tolist()
     return picks[: len(want)]
 

@@ -43,10 +43,11 @@ sys.path.insert(0, str(ROOT))
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.eval.evaluate import EvalConfig, _run, machine  # noqa: E402
 from latticedraft.decoding.runs.prompt_length import fit_prompts  # noqa: E402
-from latticedraft.decoding.bpd import DrafterSpec  # noqa: E402
+from latticedraft.decoding.methods.bpd import DrafterSpec  # noqa: E402
 from latticedraft.decoding.runs.loaders import encode  # noqa: E402
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
-from latticedraft.decoding.runs.session import CALIBRATION_PROMPTS, Session  # noqa: E402
+from latticedraft.decoding.methods.bpd_session import CALIBRATION_PROMPTS  # noqa: E402
+from latticedraft.decoding.runs.session import Session  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 HELDBACK = ROOT / "benchmarks" / "prompts" / "heldback-code.jsonl"

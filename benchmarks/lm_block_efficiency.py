@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.eval.evaluate import EvalConfig, _run, machine  # noqa: E402
 from latticedraft.decoding.runs.prompt_length import fit_prompts  # noqa: E402
-from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.loaders import encode
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402

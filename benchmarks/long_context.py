@@ -68,8 +68,8 @@ def child(args) -> dict:
     import numpy as np
     import torch
 
-    from latticedraft.decoding.bpd import bpd_decode
-    from latticedraft.decoding.proposers.lookahead import lookahead_decode
+    from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.methods.lookahead import lookahead_decode
     from latticedraft.gpu.verify.modes import sliding_window
 
     torch.set_num_threads(1)

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.eval import hf_baselines  # noqa: E402
-from latticedraft.decoding.greedy import greedy_decode  # noqa: E402
-from latticedraft.decoding.proposers.lookahead import lookahead_decode  # noqa: E402
+from latticedraft.decoding.methods.greedy import greedy_decode  # noqa: E402
+from latticedraft.decoding.methods.lookahead import lookahead_decode  # noqa: E402
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.loaders import encode
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     s = Session(a.model, None, None, None, None, a.threads)
     recs = read_prompts(a.prompts)[a.skip : a.skip + a.num_prompts]
     if a.lookahead_config:
-        from latticedraft.decoding.eval.tune_lookahead import read_lookahead_config
+        from latticedraft.decoding.methods.lookahead import read_lookahead_config
 
         c = read_lookahead_config(a.lookahead_config)
         a.configs = a.configs + [f"{c['W']},{c['N']},{c['G']}" + ("+ref" if c["prompt_as_reference"] else "")]

@@ -32,8 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding.proposers.mtad import MtadOptions  # noqa: E402
-from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.methods.mtad import MtadOptions  # noqa: E402
+from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.loaders import encode
 from latticedraft.decoding.rows import cut_at_end  # noqa: E402

@@ -30,11 +30,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding.proposers.kangaroo import KangarooOptions, acceptance_by_position  # noqa: E402
-from latticedraft.decoding.proposers.lookahead import LookaheadOptions  # noqa: E402
-from latticedraft.decoding.self_draft.ppd import PPDOptions  # noqa: E402
+from latticedraft.decoding.methods.kangaroo import KangarooOptions, acceptance_by_position  # noqa: E402
+from latticedraft.decoding.methods.lookahead import LookaheadOptions  # noqa: E402
+from latticedraft.decoding.methods.ppd import PPDOptions  # noqa: E402
 from latticedraft.decoding.self_draft.ppd_model import predicted  # noqa: E402
-from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.loaders import encode
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.accept.sampling import SamplingOptions  # noqa: E402
-from latticedraft.decoding.bpd import DrafterSpec  # noqa: E402
+from latticedraft.decoding.methods.bpd import DrafterSpec  # noqa: E402
 from latticedraft.decoding.eval import hf_baselines  # noqa: E402
 from latticedraft.decoding.rows import cut_at_end  # noqa: E402
 from latticedraft.decoding.runs.session import Session  # noqa: E402
@@ -76,7 +76,7 @@ def sample_questions(path: Path, per_category: int, seed: int) -> list[dict]:
 
 def cli_default(model: str):
     """(method, options) that ``latticedraft decode --model MODEL --chat`` runs by default."""
-    from latticedraft.cli.checks import decode_options
+    from latticedraft.cli import decode_options
 
     m, options = decode_options("--model", model, "--chat")
     return m.name, options

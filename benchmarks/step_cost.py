@@ -41,7 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding.bpd import DrafterSpec  # noqa: E402
+from latticedraft.decoding.methods.bpd import DrafterSpec  # noqa: E402
 from latticedraft.decoding.eval import hf_baselines  # noqa: E402
 from latticedraft.decoding.runs.loaders import encode  # noqa: E402
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402

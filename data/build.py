@@ -149,11 +149,12 @@ def stage_base() -> None:
 
 
 def _distill():
+    from latticedraft.decoding.runs.continuations import LoopDecoder
     from latticedraft.gpu.train.continuations import ContinuationSpec
     from latticedraft.gpu.train.distill import DistillConfig
 
     return DistillConfig(text="continuations", loss="kl",
-                         continuation=ContinuationSpec(seq_len=DISTILL_SEQ, seed=SEED, **CONT))
+                         continuation=ContinuationSpec(seq_len=DISTILL_SEQ, seed=SEED, **CONT), decoder=LoopDecoder)
 
 
 def _train_heads(name: str) -> None:

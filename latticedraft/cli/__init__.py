@@ -39,6 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def decode_options(*argv: str):
+    """(``Method``, its options object) that ``latticedraft decode ARGV`` runs with: the CLI's
+    defaults wherever ``argv`` is silent (for benchmarks that decode as the CLI does)."""
+    from latticedraft.cli.checks import method_options
+
+    m, options, _ = method_options(build_parser().parse_args(["decode", "--prompt", "x", *argv]))
+    return m, options
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

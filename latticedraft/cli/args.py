@@ -16,45 +16,26 @@ def common_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def drafter_args(p: argparse.ArgumentParser) -> None:
+    """``--method bpd``'s drafting options: those ``DrafterSpec`` declares, the files they read, ``--verify``."""
+    from latticedraft.decoding.methods.bpd import DrafterSpec
+    from latticedraft.decoding.registry import add_options
+
     g = p.add_argument_group("drafting (--method bpd)")
-    g.add_argument("--drafter", default="top1",
-                   choices=["top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none"],
-                   help="top1 = vanilla BPD; ngram/parallel = n-gram rescoring, p = 1 / --nbest; "
-                        "parallel-base = --nbest paths of the un-rescored lattice; neural = Algorithm 2; "
-                        "oracle = best lattice path given the greedy output; model = an auxiliary draft model "
-                        "(--draft-model DIR, classic speculative decoding); none = no head drafts (with "
-                        "--context-ngrams: prompt lookup on latticedraft's verifier) (default top1)")
+    add_options(g, DrafterSpec, "drafting")
     g.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
     g.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
-    g.add_argument("--alpha", type=float, default=1.0, help="interpolation weight of the rescoring LM (default 1.0)")
-    g.add_argument("--nbest", type=int, default=16, help="drafts verified per step for parallel drafters (default 16)")
-    g.add_argument("--k", type=int, default=16, help="candidates per head in the lattice (default 16)")
-    g.add_argument("--prune", default="none", choices=["none", "static", "otsu"], help="lattice pruning (default none)")
-    g.add_argument("--eps", type=float, default=0.001, help="static pruning threshold, a probability (default 0.001)")
-    g.add_argument("--backoff", type=float, default=None, metavar="EPS_B",
-                   help="cut the lattice at the first head whose best probability is below EPS_B")
-    g.add_argument("--slots", type=int, default=None, metavar="D",
-                   help="draft from the first D extra heads only; the others are not computed (default: all)")
     g.add_argument("--verify", default="auto", choices=["auto", "tree", "batched"],
                    help="tree attention or drafts as batch rows (default auto: tree where the model takes 4-D masks)")
 
 
 def tree_args(p: argparse.ArgumentParser) -> None:
-    """Which nodes each step verifies (decode only: eval and tune measure the paper's drafters)."""
+    """Which nodes each step verifies and the draft sources beside the drafter (decode only: eval and
+    tune measure the paper's drafters)."""
+    from latticedraft.decoding.methods.bpd import DrafterSpec
+    from latticedraft.decoding.registry import add_options
+
     g = p.add_argument_group("draft tree (--method bpd)")
-    g.add_argument("--tree", default="auto", choices=["auto", "fixed"],
-                   help="auto: verify the nodes that maximise expected tokens per second under the measured "
-                        "step cost T(n); fixed: every drafted path (default auto)")
-    g.add_argument("--context-ngrams", type=int, default=3, metavar="N",
-                   help="also draft what followed earlier matches of the last N..1 tokens in the prompt and "
-                        "output (prompt lookup); 0 = off (default 3)")
-    g.add_argument("--lm-drafts", default="auto", metavar="D",
-                   help="also draft the n-gram LM's (--lm) most likely continuation, D tokens deep; 0 = off "
-                        "(default auto: 3 where the LM build exists and fits the tokenizer, else off)")
-    g.add_argument("--draft-vocab", default="auto", metavar="V",
-                   help="the extra heads project onto the V most frequent tokens (draft_vocab.json beside the "
-                        "heads); 0 = the full vocabulary; verification always uses all (default auto: 1024 "
-                        "where the heads ship a ranking, else all)")
+    add_options(g, DrafterSpec, "tree")
     g.add_argument("--lookahead-pool", action="store_true",
                    help="also run a lookahead Jacobi window in each verify call and add its n-gram pool's "
                         "paths for the last token to the tree (sizes from --window/--ngram/--pool)")

@@ -87,15 +87,6 @@ def check_ranges(a) -> None:
     at_least(a, "skip", 0)
 
 
-def decode_options(*argv: str):
-    """(``Method``, its options object) that ``latticedraft decode ARGV`` runs with: the CLI's
-    defaults wherever ``argv`` is silent (for benchmarks that decode as the CLI does)."""
-    from latticedraft.cli import build_parser
-
-    m, options, _ = method_options(build_parser().parse_args(["decode", "--prompt", "x", *argv]))
-    return m, options
-
-
 def method_options(a, method: str | None = None, own: tuple = ()):
     """(``Method``, its options object, ``SamplingOptions`` or None) of ``--method`` and the options
     the user set, every option checked against the registry: one that ``--method`` does not read is

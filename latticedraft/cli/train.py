@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from latticedraft.cli.args import stdin_corpus
-from latticedraft.cli.train_checks import check_training, check_training_memory
-from latticedraft.cli.train_checks import optim_args as _optim_args
+from latticedraft.cli.train_checks import (check_training, check_training_memory, corpus_arg, optim_args,
+                                           optim_config, print_trained)
 from latticedraft.cli.train_distill import add_draft_model_parser, distill_args, distill_config
-
-
-def _optim_config(a):
-    from latticedraft.gpu.train.loop import OptimConfig
-
-    return OptimConfig(steps=a.steps, lr=a.lr, batch_size=a.batch_size, seq_len=a.seq_len, grad_accum=a.grad_accum,
-                       warmup_frac=a.warmup_frac, weight_decay=a.weight_decay, checkpoint_every=a.checkpoint_every,
-                       seed=a.seed)
-
-
-def _print_trained(res, loss_label: str) -> int:
-    """One line on a ``TrainResult``: where a ``--stop-after`` run stopped, or the final losses and output."""
-    if not res.finished:
-        print(f"stopped at step {res.steps}; continue with --resume")
-        return 0
-    print(f"trained {res.steps} steps ({res.tokens} tokens, {res.seconds} s); {loss_label} "
-          + " ".join(f"{k}={v:.4f}" for k, v in res.losses.items()) + f"; saved to {res.out_dir}")
-    return 0
 
 
 def _cmd_train_lm(a) -> int:
@@ -53,9 +34,9 @@ def _cmd_train_lm(a) -> int:
 
     with stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)
-        res = train_lm(a.tokenizer, files, a.out, arch, _optim_config(a), resume=a.resume, save_dtype=a.save_dtype,
+        res = train_lm(a.tokenizer, files, a.out, arch, optim_config(a), resume=a.resume, save_dtype=a.save_dtype,
                        device=a.device, encoding_errors=a.encoding_errors, stop_after=a.stop_after, force=a.force)
-    return _print_trained(res, "final loss")
+    return print_trained(res, "final loss")
 
 
 def _cmd_train_heads(a) -> int:
@@ -90,17 +71,17 @@ def _cmd_train_heads(a) -> int:
 
     with stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)
-        res = train_heads(a.base, files, a.out, a.heads, a.kind, _optim_config(a), lambdas=a.lambdas,
+        res = train_heads(a.base, files, a.out, a.heads, a.kind, optim_config(a), lambdas=a.lambdas,
                           unfreeze=a.unfreeze, lr_base=a.lr_base, lr_stem=a.lr_stem, ffn_dim=a.ffn_dim,
                           medusa_layers=a.medusa_layers, medusa_lm_head=a.medusa_lm_head,
                           tokenizer_path=a.tokenizer, resume=a.resume, save_dtype=a.save_dtype, device=a.device,
                           encoding_errors=a.encoding_errors, stop_after=a.stop_after, force=a.force, distill=distill,
                           token_input=a.token_input)
-    return _print_trained(res, "final loss per head")
+    return print_trained(res, "final loss per head")
 
 
 def _cmd_train_exit_heads(a) -> int:
-    """``train heads --early-exit``: PPD's per-layer early-exit heads (``gpu/exit_heads.py``)."""
+    """``train heads --early-exit``: PPD's per-layer early-exit heads (``gpu/models/exit_heads.py``)."""
     from latticedraft.cli.checks import refuse_given
     from latticedraft.gpu.train import footprint
     from latticedraft.gpu.train.self_draft import train_exit_heads
@@ -122,14 +103,14 @@ def _cmd_train_exit_heads(a) -> int:
                           lambda s: footprint.exit_heads_bytes(base, s["--batch-size"], s["--seq-len"]))
     with stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)
-        res = train_exit_heads(a.base, files, a.out, _optim_config(a), tokenizer_path=a.tokenizer, resume=a.resume,
+        res = train_exit_heads(a.base, files, a.out, optim_config(a), tokenizer_path=a.tokenizer, resume=a.resume,
                                save_dtype=a.save_dtype, device=a.device, encoding_errors=a.encoding_errors,
                                stop_after=a.stop_after, force=a.force)
-    return _print_trained(res, "final distillation loss per layer")
+    return print_trained(res, "final distillation loss per layer")
 
 
 def _cmd_train_adapter(a) -> int:
-    """``train adapter``: Kangaroo's self-drafting adapter (``gpu/adapter.py``)."""
+    """``train adapter``: Kangaroo's self-drafting adapter (``gpu/models/adapter.py``)."""
     from latticedraft.errors import InputError
     from latticedraft.gpu.train import footprint
     from latticedraft.gpu.train.self_draft import train_adapter
@@ -144,15 +125,10 @@ def _cmd_train_adapter(a) -> int:
                           lambda s: footprint.adapter_bytes(base, s["--batch-size"], s["--seq-len"]))
     with stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)
-        res = train_adapter(a.base, files, a.out, a.exit_layer, _optim_config(a), tokenizer_path=a.tokenizer,
+        res = train_adapter(a.base, files, a.out, a.exit_layer, optim_config(a), tokenizer_path=a.tokenizer,
                             resume=a.resume, save_dtype=a.save_dtype, device=a.device,
                             encoding_errors=a.encoding_errors, stop_after=a.stop_after, force=a.force)
-    return _print_trained(res, "final")
-
-
-def _train_corpus_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--corpus", nargs="+", required=True,
-                   help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
+    return print_trained(res, "final")
 
 
 def add_parser(groups) -> None:
@@ -165,7 +141,7 @@ def add_parser(groups) -> None:
                                      "the standard library; - reads standard input) and save it in HF format with "
                                      "its tokenizer. Checkpoints every --checkpoint-every steps; --resume continues.")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json or a directory holding one")
-    _train_corpus_arg(p)
+    corpus_arg(p)
     p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
                    help="output directory (HF format, loadable by AutoModelForCausalLM)")
     p.add_argument("--n-embd", type=int, default=256, help="hidden size")
@@ -177,7 +153,7 @@ def add_parser(groups) -> None:
     p.add_argument("--sliding-window", type=int, default=None, metavar="W",
                    help="mistral: attend to the last W positions only (default: full causal attention)")
     p.add_argument("--ffn-dim", type=int, default=None, help="mistral: SwiGLU width (default 8/3 x --n-embd)")
-    _optim_args(p, steps=500, lr=2e-3)
+    optim_args(p, steps=500, lr=2e-3)
     p.set_defaults(func=_cmd_train_lm)
     p = verbs.add_parser("heads", help="train heads 2..h of a BlockwiseModel on a base causal LM (loss Σ λ_h L_h)",
                          description="Train multi-token heads (Stern FFN heads, Medusa residual heads or DynaMo "
@@ -185,7 +161,7 @@ def add_parser(groups) -> None:
                                      "frozen (or --unfreeze) base causal LM; saves heads_config.json and "
                                      "heads.safetensors, naming the base relatively.")
     p.add_argument("--base", required=True, help="base model directory (HF format)")
-    _train_corpus_arg(p)
+    corpus_arg(p)
     p.add_argument("--heads", type=int, default=None, help="number of heads h, counting the base's own head 1 (≥ 2)")
     p.add_argument("--kind", choices=["stern", "medusa", "dynamo"], default="stern",
                    help="FFN heads (Stern), residual SiLU heads (Medusa: exportable to vLLM) or decoder-layer heads (DynaMo)")
@@ -207,17 +183,17 @@ def add_parser(groups) -> None:
                    help="instead: one early-exit head per layer 1..d-1 for PPD (--method ppd --exit-heads DIR), "
                         "distilled from the full model")
     distill_args(p, switch=True)
-    _optim_args(p, steps=300, lr=1e-3)
+    optim_args(p, steps=300, lr=1e-3)
     p.set_defaults(func=_cmd_train_heads)
     p = verbs.add_parser("adapter", help="train Kangaroo's self-drafting adapter on the base's first l layers",
                          description="Train Kangaroo's adapter (one attention layer and two norms on the states after "
                                      "layer l, the base's LM head shared) by distillation from the frozen full model; "
                                      "saves adapter.json and adapter.safetensors (decode --method kangaroo --adapter DIR).")
     p.add_argument("--base", required=True, help="base model directory (HF format; GPT-2, LLaMA or Mistral style)")
-    _train_corpus_arg(p)
+    corpus_arg(p)
     p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR", help="output directory")
     p.add_argument("--exit-layer", type=int, default=2, help="l: the adapter reads the states after layer l (default 2)")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: BASE/tokenizer.json)")
-    _optim_args(p, steps=300, lr=1e-3)
+    optim_args(p, steps=300, lr=1e-3)
     p.set_defaults(func=_cmd_train_adapter)
     add_draft_model_parser(verbs)

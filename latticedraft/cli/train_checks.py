@@ -1,4 +1,6 @@
-"""The checks every ``train`` verb runs before it reads a corpus or loads a model, in one place.
+"""What every ``train`` verb shares, in one place: its options (``optim_args``, ``corpus_arg``;
+``optim_config`` reads them back), the checks it runs before it reads a corpus or loads a model,
+and the one line it prints on the result (``print_trained``).
 
 A verb opts in with two calls at the top of its command function, before ``stdin_corpus``::
 
@@ -42,6 +44,31 @@ def optim_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
     g.add_argument("--device", default=None, help="torch device (default cpu)")
     g.add_argument("--encoding-errors", default="strict", choices=["strict", "replace"],
                    help="non-UTF-8 bytes in the corpus: fail naming the byte (strict) or replace them")
+
+
+def corpus_arg(p: argparse.ArgumentParser) -> None:
+    """``--corpus``: what every verb that reads text trains on."""
+    p.add_argument("--corpus", nargs="+", required=True,
+                   help="files, directories, stdlib / stdlib:train / stdlib:heldout, or - for standard input")
+
+
+def optim_config(a):
+    """The ``OptimConfig`` of the ``optim_args`` options."""
+    from latticedraft.gpu.train.loop import OptimConfig
+
+    return OptimConfig(steps=a.steps, lr=a.lr, batch_size=a.batch_size, seq_len=a.seq_len, grad_accum=a.grad_accum,
+                       warmup_frac=a.warmup_frac, weight_decay=a.weight_decay, checkpoint_every=a.checkpoint_every,
+                       seed=a.seed)
+
+
+def print_trained(res, loss_label: str) -> int:
+    """One line on a ``TrainResult``: where a ``--stop-after`` run stopped, or the final losses and output."""
+    if not res.finished:
+        print(f"stopped at step {res.steps}; continue with --resume")
+        return 0
+    print(f"trained {res.steps} steps ({res.tokens} tokens, {res.seconds} s); {loss_label} "
+          + " ".join(f"{k}={v:.4f}" for k, v in res.losses.items()) + f"; saved to {res.out_dir}")
+    return 0
 
 
 def _positive_finite(a, dest: str, zero_ok: bool = False) -> None:

@@ -52,6 +52,7 @@ def distill_config(a):
     """The ``DistillConfig`` of the parsed options, or None for ``train heads`` without ``--self-distill``
     (then none of the distillation options may be given)."""
     from latticedraft.cli.checks import refuse_given
+    from latticedraft.decoding.runs.continuations import LoopDecoder
     from latticedraft.gpu.train.continuations import ContinuationSpec
     from latticedraft.gpu.train.distill import DistillConfig
 
@@ -66,14 +67,13 @@ def distill_config(a):
         refuse_given(a, ("distill_prompts", "prompt_len", "sample_fraction", "distill_temperature", "gen_batch_size",
                          "distill_chat", "question_tokens"),
                      "--distill-text corpus makes no continuations")
-    cfg = DistillConfig(text=a.distill_text, loss=a.distill_loss, continuation=spec)
+    cfg = DistillConfig(text=a.distill_text, loss=a.distill_loss, continuation=spec, decoder=LoopDecoder)
     cfg.validate()
     return cfg
 
 
 def _cmd_train_draft_model(a) -> int:
-    from latticedraft.cli.train import _optim_config, _print_trained
-    from latticedraft.cli.train_checks import check_training, check_training_memory
+    from latticedraft.cli.train_checks import check_training, check_training_memory, optim_config, print_trained
     from latticedraft.gpu.train import footprint
     from latticedraft.gpu.train.draft_model import DraftArch, train_draft_model
     from latticedraft.lm.corpus import resolve_corpus
@@ -93,16 +93,16 @@ def _cmd_train_draft_model(a) -> int:
         s["--batch-size"], s["--seq-len"]))
     with stdin_corpus(a.corpus) as corpus:
         files = resolve_corpus(corpus)
-        res = train_draft_model(a.base, files, a.out, arch, _optim_config(a), distill, tokenizer_path=a.tokenizer,
+        res = train_draft_model(a.base, files, a.out, arch, optim_config(a), distill, tokenizer_path=a.tokenizer,
                                 resume=a.resume, save_dtype=a.save_dtype, device=a.device,
                                 encoding_errors=a.encoding_errors, stop_after=a.stop_after, init=a.init,
                                 assistant_tokens=a.assistant_tokens, force=a.force)
-    return _print_trained(res, "final")
+    return print_trained(res, "final")
 
 
 def add_draft_model_parser(verbs) -> None:
     """Register ``train draft-model``."""
-    from latticedraft.cli.train import _optim_args, _train_corpus_arg
+    from latticedraft.cli.train_checks import corpus_arg, optim_args
 
     p = verbs.add_parser("draft-model", help="distil a small draft model of the base's architecture from the base",
                          description="Distil a small causal LM of the base's own architecture, vocabulary and tokenizer "
@@ -111,7 +111,7 @@ def add_draft_model_parser(verbs) -> None:
                                      "--drafter model, --method mtad and HF assisted generation, and rescores for "
                                      "--drafter neural. Checkpoints every --checkpoint-every steps; --resume continues.")
     p.add_argument("--base", required=True, help="base model directory (HF format; its tokenizer.json is used)")
-    _train_corpus_arg(p)
+    corpus_arg(p)
     p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR", help="output directory (HF format)")
     p.add_argument("--n-layer", type=int, default=1, help="decoder layers (default 1)")
     p.add_argument("--n-embd", type=int, default=64, help="hidden size (default 64)")
@@ -127,5 +127,5 @@ def add_draft_model_parser(verbs) -> None:
                         "heuristic schedule (default 5)")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: BASE/tokenizer.json)")
     distill_args(p, switch=False)
-    _optim_args(p, steps=600, lr=3e-3)
+    optim_args(p, steps=600, lr=3e-3)
     p.set_defaults(func=_cmd_train_draft_model)

@@ -3,7 +3,8 @@ settings that decide its output, and how it runs.
 
 The CLI, ``eval``, ``tune``, ``demo``, the benchmarks and data-set runs read this registry; none
 of them switches on method names. Adding a method touches its own module (which defines its
-``METHOD``) and one line of ``MODULES``.
+``METHOD``, ``decoding/methods/<name>.py``) and one name in ``MODULES``. A method module imports
+no torch at import time (its decoder's modules load when it runs), so ``--help`` stays quick.
 
 Options are named by their ``argparse`` destination (``--top-k`` is ``top_k``). ``COMMON``
 options apply to every method; ``SAMPLING`` ones to the methods that sample; the rest belong to
@@ -15,21 +16,14 @@ do not apply to a sub-choice (a ``--drafter`` that reads no ``--lm``).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from latticedraft.errors import InputError
 
-MODULES = (  # one line per method module; each defines METHOD
-    "latticedraft.decoding.bpd",
-    "latticedraft.decoding.greedy",
-    "latticedraft.decoding.proposers.lookahead",
-    "latticedraft.decoding.proposers.mtad",
-    "latticedraft.decoding.proposers.kangaroo",
-    "latticedraft.decoding.self_draft.ppd",
-    "latticedraft.decoding.dynamo.generate",
-)
+MODULES = ("bpd", "greedy", "lookahead", "mtad", "kangaroo", "ppd", "dynamo")  # decoding/methods/<name>.py, each defines METHOD
 # options every method reads (where to decode, what, how much, how to report)
 COMMON = ("method", "model", "tokenizer", "device", "threads", "prompt", "prompts", "chat", "max_new_tokens",
           "truncate_left", "batch_size", "json", "output", "resume", "skip_bad", "sort_by_length", "quiet_ranks", "verbose")
@@ -98,11 +92,61 @@ class Method:
         return dest in self.files(options)
 
 
+_SAME = object()
+
+
+@dataclass(frozen=True)
+class Flag:
+    """The command-line side of an options field (``option``): flag, help, the group it is listed
+    in, the CLI's default (where it differs from the library's), argparse's keywords, and whether
+    the acceptance rates fitted for a drafter depend on it (``fit``: part of their cache key)."""
+
+    flag: str
+    help: str
+    group: str
+    cli: Any
+    argparse: dict
+    fit: bool = True
+
+
+def option(default, help: str, *, group: str, flag: str | None = None, cli=_SAME, fit: bool = True, **argparse):
+    """A field of a method's options dataclass that declares its command-line option once: ``--flag``
+    (default: the field name with dashes; its dest is the flag's), ``help``, ``group`` (which
+    ``add_options`` call lists it), ``cli``: the CLI's default where it differs from the library's
+    ``default``; ``argparse``: ``type``, ``choices``, ``metavar``."""
+    return field(default=default, metadata={"cli": Flag(flag, help, group, cli, argparse, fit)})
+
+
+def flags(cls) -> list[tuple[str, dataclasses.Field, Flag]]:
+    """(dest, field, ``Flag``) of every field of options dataclass ``cls`` declared with ``option``."""
+    out = []
+    for f in dataclasses.fields(cls):
+        fl = f.metadata.get("cli")
+        if fl is not None:
+            out.append(((fl.flag or "--" + f.name.replace("_", "-"))[2:].replace("-", "_"), f, fl))
+    return out
+
+
+def cli_defaults(cls, changed_only: bool = True) -> dict:
+    """field name -> the CLI's default, for the fields of ``cls`` whose CLI default differs from
+    the library's (all declared fields with ``changed_only=False``)."""
+    return {f.name: (f.default if fl.cli is _SAME else fl.cli) for _, f, fl in flags(cls)
+            if not changed_only or fl.cli is not _SAME}
+
+
+def add_options(group, cls, name: str) -> None:
+    """Add the options of ``cls`` declared in group ``name`` to an argparse (group) ``group``."""
+    for dest, f, fl in flags(cls):
+        if fl.group == name:
+            group.add_argument(fl.flag or "--" + f.name.replace("_", "-"), dest=dest, help=fl.help,
+                               default=f.default if fl.cli is _SAME else fl.cli, **fl.argparse)
+
+
 def methods() -> dict[str, Method]:
     """name -> Method, in ``MODULES`` order."""
     out = {}
     for name in MODULES:
-        m = importlib.import_module(name).METHOD
+        m = importlib.import_module(f"latticedraft.decoding.methods.{name}").METHOD
         out[m.name] = m
     return out
 
@@ -132,3 +176,11 @@ def sampling_options(method: Method, values: dict):
     return SamplingOptions(temperature=pick["temperature"], top_k=pick["top_k"], top_p=pick["top_p"],
                            seed=0 if values.get("seed") is None else values["seed"],
                            repetition_penalty=pick["repetition_penalty"])
+
+
+def sampling_label(sampling) -> str:
+    """`` sampling T=.. top-k=.. top-p=.. seed=..`` (empty for greedy), for every method's label."""
+    if sampling is None:
+        return ""
+    return (f" sampling T={sampling.temperature} top-k={sampling.top_k} top-p={sampling.top_p} seed={sampling.seed}"
+            + ("" if sampling.repetition_penalty == 1.0 else f" rep={sampling.repetition_penalty}"))

@@ -40,3 +40,17 @@ def test_history_is_one_spelling_everywhere():
             if "--history" in a.option_strings:
                 assert a.nargs == "*" and a.type is None, " ".join(path)
     assert _ids(["1,2", "3"]) == _ids(["1 2 3"]) == _ids("1, 2, 3") == [1, 2, 3]
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["decode", "--help"], ["train", "heads", "--help"]])
+def test_help_and_version_load_no_torch(argv):
+    """Building the parser and printing help or the version imports neither torch nor transformers
+    (each method module loads its decoder when it runs): the reason they start in well under a second."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom latticedraft.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('torch', 'transformers') if m in sys.modules)\n"
+            "assert not heavy, heavy\n")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

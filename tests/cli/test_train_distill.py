@@ -106,8 +106,8 @@ def test_heads_self_distill_resume_redoes_no_continuations_or_tokenizing(saved_b
                                                                           capsys, monkeypatch):
     """A resumed run reads the first run's continuations and token stream from the cache: it decodes
     nothing and tokenizes nothing (issue 37: the work is counted, never timed)."""
-    import latticedraft.gpu.train.continuations as cont
     import latticedraft.gpu.train.data as data
+    from latticedraft.decoding.runs.continuations import LoopDecoder
 
     calls = {"decode": 0, "encode": 0}
 
@@ -117,7 +117,7 @@ def test_heads_self_distill_resume_redoes_no_continuations_or_tokenizing(saved_b
             return real(*a, **k)
         return wrapped
 
-    monkeypatch.setattr(cont, "_decode_batch", counting("decode", cont._decode_batch))
+    monkeypatch.setattr(LoopDecoder, "__call__", counting("decode", LoopDecoder.__call__))
     monkeypatch.setattr(data, "_encode", counting("encode", data._encode))
     argv = ["train", "heads", "--base", str(saved_bases["llama"]), "--corpus", *files, "--heads", "3", "--self-distill",
             "--out", str(tmp_path / "h"), *SMALL]

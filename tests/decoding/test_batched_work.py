@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.bpd import bpd_decode
+from latticedraft.decoding.methods.bpd_loop import bpd_decode
 from latticedraft.decoding.proposers.context import ContextNgrams
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.gpu.verify.verifier import Verifier

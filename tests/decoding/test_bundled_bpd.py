@@ -5,7 +5,7 @@ different lengths). Skipped until the bundled models are built (scripts/setup.sh
 import numpy as np
 import pytest
 
-from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.runs.loaders import default_model_dir, default_rescorer_dir
 from latticedraft.paths import default_lm_dir
 from tests.decoding.tiny import bundled_greedy

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.runs.loaders import default_model_dir
 from latticedraft.gpu.train.data import encode_files
 from latticedraft.gpu.verify.modes import position_limit, sliding_window

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.bpd import bpd_decode
-from latticedraft.decoding.greedy import greedy_decode
+from latticedraft.decoding.methods.bpd_loop import bpd_decode
+from latticedraft.decoding.methods.greedy import greedy_decode
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.errors import InputError, ModelError
 from tests.decoding.tiny import blockwise, prompts, reference, tiny_model

@@ -42,7 +42,7 @@ class ToyOutput:
     logits: torch.Tensor
     head_logits: torch.Tensor
     hidden: torch.Tensor
-    past_key_values: object
+    cache: object
 
 
 class ToyHeads(torch.nn.Module):
@@ -59,14 +59,14 @@ class ToyHeads(torch.nn.Module):
         dt = next(base.parameters()).dtype
         self.heads = torch.nn.Parameter(torch.randn(num_heads - 1, H, V, generator=g).to(dt) * 0.5)
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None,
                 use_cache=False, heads=True, **kw):
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=past_key_values, use_cache=use_cache, output_hidden_states=True, **kw)
+                        cache=cache, use_cache=use_cache, output_hidden_states=True, **kw)
         hid = out.hidden_states[-1]
         extra = torch.einsum("bsh,khv->bskv", hid, self.heads)
         hl = torch.cat([out.logits[:, :, None, :], extra], dim=2) if heads else None
-        return ToyOutput(out.logits, hl, hid, out.past_key_values)
+        return ToyOutput(out.logits, hl, hid, out.cache)
 
     def head_logits_from(self, out, positions):
         pos = torch.as_tensor(positions, dtype=torch.long).reshape(-1)

@@ -51,7 +51,7 @@ GENERATE_ARGUMENTS = ("logits_processor", "stopping_criteria", "prefix_allowed_t
 
 def keywords() -> tuple[str, ...]:
     """latticedraft's own keywords: ``heads``, ``seed`` and ``--method bpd``'s option names."""
-    from latticedraft.decoding.bpd import METHOD
+    from latticedraft.decoding.methods.bpd import METHOD
 
     return ("heads", "seed", *METHOD.options)
 

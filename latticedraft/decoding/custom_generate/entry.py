@@ -38,8 +38,6 @@ from transformers.generation import GenerateDecoderOnlyOutput
 from latticedraft.decoding.custom_generate.arguments import GenerateRequest, read_request
 from latticedraft.errors import InputError, LatticedraftError
 
-CLI_DEFAULTS = {"drafter": "top1", "tree": "auto", "context_ngrams": 3, "lm_drafts": "auto",  # `decode`'s
-                "draft_vocab": "auto"}
 FILES = ("lm", "rescorer", "draft_model")  # keywords naming files the session loads
 VERIFY = ("auto", "tree", "batched")
 
@@ -86,14 +84,24 @@ def _configure(req: GenerateRequest):
     opts = {k: v for k, v in req.options.items() if k != "heads"}
     if opts.get("verify", "auto") not in VERIFY:
         raise InputError(f"generate(verify={opts['verify']!r}) is not one of {', '.join(VERIFY)}")
-    values = {**CLI_DEFAULTS, **opts, "do_sample": req.sampling is not None}
+    values = {**cli_values(), **opts, "do_sample": req.sampling is not None}
     return registry.get("bpd").configure(values, set(opts))
+
+
+def cli_values() -> dict:
+    """``decode``'s defaults of ``--method bpd``'s declared options, dest -> value (what ``generate``
+    decodes with where its keywords are silent)."""
+    from latticedraft.decoding.methods.bpd import DrafterSpec
+    from latticedraft.decoding.registry import cli_defaults, flags
+
+    names = cli_defaults(DrafterSpec, changed_only=False)
+    return {dest: names[f.name] for dest, f, _ in flags(DrafterSpec)}
 
 
 def session_for(model, options: dict, spec):
     """The ``Session`` decoding with ``model`` for these keywords (made once per heads, files,
     device and dtype; kept on the model)."""
-    from latticedraft.decoding.bpd import HEAD_DRAFTERS
+    from latticedraft.decoding.methods.bpd import HEAD_DRAFTERS
     from latticedraft.decoding.runs.loaders import default_model_dir
 
     heads = options.get("heads")

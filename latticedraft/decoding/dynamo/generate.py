@@ -14,14 +14,12 @@ one uniform per step, so results do not depend on the other rows of the batch.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from latticedraft.decoding.dynamo.sampler import VARIANTS, DynamoConfig, sample_from, step_distribution, variant
-from latticedraft.decoding.registry import Method
+from latticedraft.decoding.dynamo.sampler import DynamoConfig, sample_from, step_distribution
 from latticedraft.decoding.rows import Rows
 from latticedraft.decoding.runs.prompt_length import checked_prompts
 from latticedraft.errors import InputError, ModelError
@@ -41,7 +39,7 @@ def check_model(model, config: DynamoConfig, where: str = "the model") -> None:
     if getattr(model, "kind", "dynamo") != "dynamo" or h < 2:
         raise ModelError(f"{where} has {h} {getattr(model, 'kind', '')} head(s); --method dynamo needs a DynaMo-headed "
                          "model (`latticedraft train heads --kind dynamo`, default data/heads-dynamo)")
-    config.validate(vocab_size=_vocab_size(model), num_heads=h)
+    config.validate(vocab_size=vocab_size(model), num_heads=h)
 
 
 @torch.no_grad()
@@ -52,13 +50,13 @@ def generate(model, prompts: Sequence[Sequence[int]], config: DynamoConfig | Non
     """Sample continuations of ``prompts`` (token-id sequences) with DynaMo; a ``DecodeResult``.
 
     ``model``: a DynaMo ``BlockwiseModel`` (``forward(input_ids, attention_mask, position_ids,
-    past_key_values, use_cache, heads=True)`` -> ``head_logits [b, s, h, V]``). Rows stop at
+    cache, use_cache, heads=True)`` -> ``head_logits [b, s, h, V]``). Rows stop at
     ``eos_token_id`` (kept) or after ``max_new_tokens`` and leave the batch. Seeds: row j draws
     from ``default_rng([seed, rows[j]])`` (default rows: first_row + j)."""
     config = config or DynamoConfig()
     check_model(model, config)
     h = model_heads(model)
-    V = _vocab_size(model)
+    V = vocab_size(model)
     n_max = config.n_for(h)
     if config.cooccurrence and config.alpha_c > 0:
         if cooc is None:
@@ -105,7 +103,7 @@ def generate(model, prompts: Sequence[Sequence[int]], config: DynamoConfig | Non
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     mask, nxt = mask.to(device), mask.sum(-1).to(device)  # nxt: next position id per row
     out = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device), use_cache=True, heads=True)
-    cache, at = out.past_key_values, torch.full((len(prompts),), ids.shape[1] - 1, dtype=torch.long)
+    cache, at = out.cache, torch.full((len(prompts),), ids.shape[1] - 1, dtype=torch.long)
     while True:
         live = list(book.live)
         hl = out.head_logits[torch.arange(len(live)), at.to(device)][:, :n_max]  # [b, n, V]
@@ -129,12 +127,12 @@ def generate(model, prompts: Sequence[Sequence[int]], config: DynamoConfig | Non
         nxt = nxt + step_mask.sum(-1)
         at = torch.tensor([len(t) - 1 for t in new], dtype=torch.long)
         out = model(input_ids=step_ids.to(device), attention_mask=mask, position_ids=step_pos,
-                    past_key_values=cache, use_cache=True, heads=True)
-        cache = out.past_key_values
+                    cache=cache, use_cache=True, heads=True)
+        cache = out.cache
     return book.result("dynamo", f"dynamo n<={n_max}", {})
 
 
-def _vocab_size(model) -> int:
+def vocab_size(model) -> int:
     for obj in (getattr(model, "base", None), model):
         cfg = getattr(obj, "config", None)
         if cfg is not None and getattr(cfg, "vocab_size", None):
@@ -145,96 +143,3 @@ def _vocab_size(model) -> int:
 def _as_numpy(x) -> np.ndarray:
     return x.detach().float().cpu().numpy()
 
-
-# ---------------------------------------------------------------------------------------------- registry
-
-OPTIONS = ("epsilon_b", "alpha_c", "unseen_weight", "max_n", "no_cooccurrence", "no_adaptive_threshold", "no_blur",
-           "variant", "cooccurrence")
-
-
-@dataclass(frozen=True)
-class DynamoOptions:
-    """config: the sampler's settings; table: ``--cooccurrence``, a co-occurrence file or LM build
-    directory ("auto": the bundled build's, or counts made once on stdlib:train)."""
-
-    config: DynamoConfig
-    table: str = "auto"
-
-
-def _configure(values: dict, given: set) -> DynamoOptions:
-    from latticedraft.decoding.registry import sampling_options
-
-    if "top_p" in given:
-        raise InputError("--top-p does not apply to --method dynamo: it samples each head's top-k (--top-k, "
-                         "--temperature); drop --top-p")
-    s = sampling_options(METHOD, values)  # generate's ranges for temperature, top-k, repetition penalty, seed
-    pick = lambda k, d: d if values.get(k) is None else values[k]  # noqa: E731
-    cfg = DynamoConfig(epsilon_b=pick("epsilon_b", 0.5), top_k=s.top_k, temperature=s.temperature,
-                       repetition_penalty=s.repetition_penalty, cooccurrence=not values.get("no_cooccurrence"),
-                       alpha_c=pick("alpha_c", 1.0), unseen_weight=pick("unseen_weight", 0.5),
-                       adaptive_threshold=not values.get("no_adaptive_threshold"), blur=not values.get("no_blur"),
-                       max_n=values.get("max_n"))
-    if values.get("variant"):
-        if values["variant"] not in VARIANTS:
-            raise InputError(f"--variant {values['variant']!r} is not one of {', '.join(VARIANTS)}")
-        cfg = variant(values["variant"], cfg.epsilon_b, cfg)
-    cfg.validate()
-    return DynamoOptions(cfg, pick("cooccurrence", "auto"))
-
-
-def _label(o: DynamoOptions, sampling) -> str:
-    c = o.config
-    return f"dynamo eps_b={c.epsilon_b} T={c.temperature} top-k={c.top_k} seed={sampling.seed} (approximate)"
-
-
-def _settings(o: DynamoOptions, sampling) -> dict:
-    return {**asdict(o.config), "cooccurrence": o.table, "seed": sampling.seed}
-
-
-def _table(session, o: DynamoOptions):
-    """The co-occurrence counts the sampler's mask needs (None when masking is off), checked
-    against the model's vocabulary and the tokenizer."""
-    from latticedraft.lm.tokenizer import fingerprint
-
-    if not (o.config.cooccurrence and o.config.alpha_c > 0):
-        return None
-    cooc = session.cooccurrence(o.table)
-    cooc.check(vocab_size=_vocab_size(session.model), fingerprint=fingerprint(session.tokenizer))
-    return cooc
-
-
-def _check(session, o: DynamoOptions) -> None:
-    """Before the co-occurrence counts are loaded or counted: a DynaMo-headed model fitting ``o``."""
-    check_model(session.model, o.config, str(session.model_dir or "the model"))
-
-
-def _prepare(session, o: DynamoOptions, batch_size: int) -> None:
-    _table(session, o)
-
-
-def _run(session, prompts, o: DynamoOptions, req):
-    from latticedraft.lm.tokenizer import fingerprint
-
-    cfg = o.config
-    return generate(session.model, prompts, cfg, _table(session, o), max_new_tokens=req.max_new_tokens,
-                    seed=req.sampling.seed, eos_token_id=req.eos_token_id, rows=req.rows,
-                    tokenizer_fingerprint=fingerprint(session.tokenizer), on_tokens=req.on_tokens)
-
-
-METHOD = Method(
-    name="dynamo",
-    summary="DynaMo: samples 1..n tokens per call from its heads' joint (co-occurrence masking, Otsu threshold, "
-            "back-off); APPROXIMATE sampling, needs DynaMo heads (default data/heads-dynamo)",
-    lossless=False,
-    sampling="always",
-    options=OPTIONS,
-    configure=_configure,
-    label=_label,
-    settings=_settings,
-    run=_run,
-    prepare=_prepare,
-    check=_check,
-    defaults={"temperature": 0.7, "top_k": 50, "repetition_penalty": 1.1},
-    files=lambda o: ("cooccurrence",),
-    default_model="heads-dynamo",
-)

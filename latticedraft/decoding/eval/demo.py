@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from latticedraft.atomic import write_atomic
-from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.methods import bpd_session
+from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.eval import hf_baselines
 from latticedraft.decoding.planning.head_gate import HeadGate
 from latticedraft.decoding.runs.session import Session
@@ -92,9 +93,9 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
                        timing={k: round(v, 3) for k, v in res.timing.items()})
             if name == PICTURE_ROW:  # its steps recorded in one more, untimed pass (recording costs time),
                 # with a gate of its own: a new gate drafts from the heads, whatever the session's measured
-                kept = session.swap_gate(spec, HeadGate())
+                kept = bpd_session.swap_gate(session, spec, HeadGate())
                 steps = _run(session, ids, spec, max_new_tokens, True)[1].steps
-                session.swap_gate(spec, kept)
+                bpd_session.swap_gate(session, spec, kept)
                 step_pic = _pick_step(steps, greedy, ids) or step_pic
         results.append(row)
         notify(f"  {name:<24} done: {n} tokens{f' in {res.calls} calls' if res is not None else ''}, {dt:.1f} s")

@@ -24,13 +24,13 @@ import numpy as np
 
 from latticedraft.atomic import atomic_file, write_atomic
 from latticedraft.decoding import registry
-from latticedraft.decoding.bpd import DrafterSpec
-from latticedraft.decoding.proposers.kangaroo import KangarooOptions
-from latticedraft.decoding.proposers.lookahead import LookaheadOptions
+from latticedraft.decoding.methods.bpd import DrafterSpec
+from latticedraft.decoding.methods.kangaroo import KangarooOptions
+from latticedraft.decoding.methods.lookahead import LookaheadOptions
 from latticedraft.decoding.runs.loaders import encode
 from latticedraft.decoding.runs.prompt_length import fit_prompts
 from latticedraft.decoding.runs.session import Session
-from latticedraft.decoding.self_draft.ppd import PPDOptions
+from latticedraft.decoding.methods.ppd import PPDOptions
 from latticedraft.errors import InputError, ModelError
 
 
@@ -101,7 +101,7 @@ def _self_draft_stats(session: Session, spec, res) -> dict:
     """Kangaroo: the early-exit acceptance rate per draft position; PPD: the measured match
     rate and Theorem 4.1's predicted latency and compute per token against greedy."""
     if isinstance(spec, KangarooOptions):
-        from latticedraft.decoding.proposers.kangaroo import acceptance_by_position
+        from latticedraft.decoding.methods.kangaroo import acceptance_by_position
 
         drafted = [n - 1 for s in res.sequences for n in s.tree_nodes]
         return {"acceptance_per_position": acceptance_by_position(res.sequences),

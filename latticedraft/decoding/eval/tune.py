@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from latticedraft.atomic import write_atomic
-from latticedraft.decoding.bpd import DrafterSpec
+from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.loaders import encode
 from latticedraft.errors import InputError

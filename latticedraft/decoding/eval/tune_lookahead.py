@@ -14,7 +14,7 @@ with ``T(n)`` the measured step-cost curve (``gpu.cost_model.CostModel``, batch 
      "predicted_tokens_per_s": 301.2, "table": [{"W", "N", "G", "tokens_per_step",
      "nodes_per_step", "predicted_tokens_per_s"}, ...], "cost_model": {...}, "prompts": 10, ...}
 
-``decode/eval --method lookahead --lookahead-config FILE`` read it (``read_lookahead_config``).
+``decode/eval --method lookahead --lookahead-config FILE`` read it (``methods.lookahead.read_lookahead_config``).
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def tune_lookahead(session, prompts: list[dict], out_path, *, windows=WINDOWS, n
     at batch 1), write the argmax and the table to ``out_path``; returns what was written."""
     from tqdm import tqdm
 
-    from latticedraft.decoding.proposers.lookahead import LookaheadOptions
+    from latticedraft.decoding.methods.lookahead import LookaheadOptions
     from latticedraft.decoding.runs.loaders import encode
     from latticedraft.gpu.verify.cost_model import CostModel
     from latticedraft.gpu.verify.verifier import Verifier
@@ -112,24 +112,3 @@ def tune_lookahead(session, prompts: list[dict], out_path, *, windows=WINDOWS, n
            "prompts": len(ids), "skip": skip, "max_new_tokens": max_new_tokens, "model": session.base_dir}
     write_atomic(Path(out_path), json.dumps(out, indent=1) + "\n")
     return out
-
-
-def read_lookahead_config(path) -> dict:
-    """{"W", "N", "G", "prompt_as_reference"} from a ``tune --method lookahead`` result."""
-    p = Path(path)
-    try:
-        d = json.loads(p.read_text())["lookahead"]
-        cfg = {"W": int(d["W"]), "N": int(d["N"]), "G": int(d["G"]),
-               "prompt_as_reference": bool(d.get("prompt_as_reference", False))}
-    except FileNotFoundError:
-        raise InputError(f"--lookahead-config {p} not found; write it with "
-                         f"`latticedraft tune --method lookahead --out {p}`") from None
-    except IsADirectoryError:
-        raise InputError(f"--lookahead-config {p} is a directory; give the JSON file `tune --method lookahead` wrote") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as e:
-        raise InputError(f"--lookahead-config {p} is not a `tune --method lookahead` result with a 'lookahead' "
-                         f"object holding W, N and G ({type(e).__name__}: {e}); rerun the tuner") from None
-    if cfg["W"] < 1 or cfg["N"] < 2 or cfg["G"] < 0:
-        raise InputError(f"--lookahead-config {p}: W={cfg['W']}, N={cfg['N']}, G={cfg['G']} out of range "
-                         "(W >= 1, N >= 2, G >= 0); rerun the tuner")
-    return cfg

@@ -1,9 +1,9 @@
 """Fit the acceptance tables (``acceptance.py``) on held-out prompts by decoding them.
 
-The prompts are decoded greedily-exact with the drafter's own lattices (tree ``fixed``, no
-context paths, the same slots and draft vocabulary as the run to be planned); every step's
-lattice, its history and the greedy tokens that followed its root are the training data (the
-context and LM tables read the same histories).
+The caller's ``decode`` decodes the prompts greedily-exact with the drafter's own lattices (tree
+``fixed``, no context paths, the same slots and draft vocabulary as the run to be planned,
+recording every step); every step's lattice, its history and the greedy tokens that followed its
+root are the training data (the context and LM tables read the same histories).
 """
 
 from __future__ import annotations
@@ -12,19 +12,17 @@ import numpy as np
 from tqdm import tqdm
 
 from latticedraft.decoding.planning.acceptance import AcceptanceModel, fit
-from latticedraft.decoding.bpd import bpd_decode
 from latticedraft.decoding.proposers.context import ContextNgrams
 
 
-def calibrate(model, drafter, prompt_ids: list, *, context: ContextNgrams | None = None, draft_vocab=None,
-              max_new_tokens: int = 64, eos_token_id=None, lm=None) -> AcceptanceModel:
-    """An ``AcceptanceModel`` from decoding ``prompt_ids`` (held out from what is measured). drafter:
-    a lattice ``Drafter`` or None (then only the context and LM tables learn); lm: (``LMNgrams``,
-    ``LMArrays``) whose continuations the LM table is fitted on, or None."""
+def calibrate(decode, prompt_ids: list, *, context: ContextNgrams | None = None, max_new_tokens: int = 64,
+              lm=None) -> AcceptanceModel:
+    """An ``AcceptanceModel`` from decoding ``prompt_ids`` (held out from what is measured).
+    decode(prompt_ids, max_new_tokens, on_tokens) -> a ``DecodeResult`` with its steps recorded
+    (the drafter's lattices; a drafter without heads: only the context and LM tables learn); lm:
+    (``LMNgrams``, ``LMArrays``) whose continuations the LM table is fitted on, or None."""
     with tqdm(total=len(prompt_ids) * max_new_tokens, desc="calibrate", unit="tok", disable=None, leave=False) as bar:
-        res = bpd_decode(model, prompt_ids, drafter, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                         record_steps=True, tree="fixed", draft_vocab=draft_vocab,
-                         on_tokens=lambda row, new: bar.update(len(new)))
+        res = decode(prompt_ids, max_new_tokens, lambda row, new: bar.update(len(new)))
     lattices, greedy, histories, drafts = [], [], [], []
     for st in res.steps:
         seq = res.sequences[st.row]

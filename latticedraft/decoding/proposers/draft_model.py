@@ -2,8 +2,8 @@
 
 ``ModelProposer`` drafts ``gamma`` tokens after each row's history, greedily (its argmax: exact
 greedy decoding) or, for lossless sampling, each drawn from its distribution after the sampling
-processors (q). Every row keeps its own KV cache (``IncrementalLM``), so a step feeds only the
-tokens accepted since the last one. The same ``IncrementalLM`` serves the neural rescorer.
+processors (q). Every row keeps its own KV cache (``gpu.models.incremental.IncrementalLM``), so a
+step feeds only the tokens accepted since the last one.
 """
 
 from __future__ import annotations
@@ -13,145 +13,7 @@ import torch
 
 from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows
 from latticedraft.errors import InputError
-from latticedraft.gpu.verify.kv import KVCache
-from latticedraft.gpu.verify.kvcache import cache_length, crop_to
-from latticedraft.gpu.verify.modes import position_limit, sliding_window
-
-
-class IncrementalLM:
-    """A small causal LM that keeps its own KV cache over a growing history: ``next_logits(history)``
-    returns its logits after ``history`` (float[V]), feeding only the tokens the cache lacks (it
-    starts over where the history diverged from what it holds); ``push(token)`` feeds one drafted
-    token; ``rewind()`` crops back to the last history fed; ``beams()`` forks the cache for beam
-    search. A model with fewer positions than the history + the tokens to be pushed sees the
-    latest positions only (drafts only: the cache then starts over each step). ``calls`` counts
-    forwards. Models ``lean_stack`` accepts run through ``LeanStack`` over a ``KVCache`` (the
-    same numbers as transformers' forward without its per-call work); others through transformers."""
-
-    def __init__(self, model, stack="auto"):
-        """stack: ``lean_stack(model)``, shared by several instances ("auto": built here)."""
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.cache, self.fed, self.calls, self.mark = None, np.zeros(0, dtype=np.int64), 0, 0
-        self.limit, self.window = position_limit(model), sliding_window(model)
-        self.stack = lean_stack(model) if isinstance(stack, str) else stack
-
-    @torch.inference_mode()
-    def _run(self, ids: np.ndarray) -> torch.Tensor:
-        ids = np.asarray(ids, dtype=np.int64)
-        x = torch.as_tensor(ids[None], device=self.device)
-        self.calls += 1
-        self.fed = np.concatenate([self.fed, ids])
-        if self.stack is None:
-            from transformers import DynamicCache
-
-            if self.cache is None:
-                self.cache = DynamicCache()
-            return self.model(input_ids=x, past_key_values=self.cache, use_cache=True).logits[0, -1]
-        if self.cache is None:
-            self.cache = KVCache(1, self.stack.num_layers, self.device, capacity=len(ids) + 16)
-        n = len(ids)
-        start = self.cache.reserve(n)
-        pos = torch.arange(start, start + n, device=self.device)[None]
-        mask = causal_mask(start, n, self.window, self.device)
-        h = self.stack.run(self.stack.embed(x, pos), 0, self.stack.num_layers, mask, pos, self.cache)
-        self.cache.append_valid(np.ones((1, n), dtype=bool), pos.cpu().numpy())
-        return self.stack.unembed(self.stack.norm(h[0, -1]))
-
-    def next_logits(self, history: np.ndarray, room: int = 0) -> torch.Tensor:
-        """Raw logits [V] after ``history`` (int64[t], t >= 1); room: tokens to be pushed after it."""
-        history = np.asarray(history, dtype=np.int64)
-        if self.limit and len(history) + room > self.limit:  # fewer positions: the latest ones only
-            history = history[len(history) + room - self.limit:]
-        n = len(self.fed)
-        if n == 0 or n > len(history) or not np.array_equal(history[:n], self.fed):
-            self.cache, self.fed, n = None, np.zeros(0, dtype=np.int64), 0  # diverged: start over
-        if n == len(history):  # nothing new: re-run the last token to get its logits
-            self.rewind(n - 1)
-            n -= 1
-        out = self._run(history[n:])
-        self.mark = len(self.fed)
-        return out
-
-    def push(self, token: int) -> torch.Tensor:
-        """Feed one token; raw logits [V] after it."""
-        return self._run(np.asarray([token], dtype=np.int64))
-
-    def rewind(self, n: int | None = None) -> None:
-        """Crop back to the first n tokens (default: the history of the last ``next_logits``)."""
-        n = self.mark if n is None else n
-        if self.stack is None:
-            crop_to(self.cache, n)
-            assert cache_length(self.cache) == n
-        else:
-            self.cache.truncate(n)
-            self.cache.next_pos[:] = n
-        self.fed = self.fed[:n]
-
-    def beams(self) -> "Beams":
-        """A fork of the cache as of now (one beam) for beam search; this one is not changed."""
-        return Beams(self)
-
-
-class Beams:
-    """Beam search over an ``IncrementalLM``'s history: ``keep(rows)`` picks (and repeats) beams,
-    int64[w'] indices into the current ones; ``step(tokens)`` feeds one token per beam (int64[w])
-    and returns the logits after each [w, V]. Every beam's cache is its own copy of the history's."""
-
-    def __init__(self, lm: IncrementalLM):
-        self.lm = lm
-        if lm.stack is None:
-            from transformers import DynamicCache
-
-            self.cache = DynamicCache()
-            for i, layer in enumerate(lm.cache.layers):
-                self.cache.update(layer.keys, layer.values, i)  # a copy of the history's keys and values
-        else:
-            self.cache = lm.cache.fork(np.zeros(1, dtype=np.int64))
-
-    def keep(self, rows: np.ndarray) -> None:
-        if self.lm.stack is None:
-            self.cache.reorder_cache(torch.as_tensor(rows, device=self.lm.device))
-        else:
-            self.cache.select_rows(np.asarray(rows, dtype=np.int64))
-
-    @torch.inference_mode()
-    def step(self, tokens: np.ndarray) -> torch.Tensor:
-        lm = self.lm
-        x = torch.as_tensor(np.asarray(tokens, dtype=np.int64)[:, None], device=lm.device)  # [w, 1]
-        lm.calls += 1
-        if lm.stack is None:
-            return lm.model(input_ids=x, past_key_values=self.cache, use_cache=True).logits[:, -1]
-        cache, stack = self.cache, lm.stack
-        pos = torch.as_tensor(cache.next_pos[:, None].copy(), device=lm.device)  # [w, 1] (equal: no padding)
-        start = cache.reserve(1)
-        h = stack.run(stack.embed(x, pos), 0, stack.num_layers, causal_mask(start, 1, lm.window, lm.device), pos, cache)
-        cache.append_valid(np.ones((len(tokens), 1), dtype=bool), pos.cpu().numpy())
-        return stack.unembed(stack.norm(h[:, -1]))
-
-
-def lean_stack(model):
-    """``LeanStack(model)`` where its layers are written out (an unwrapped causal LM; see
-    ``lean.supports``), else None."""
-    from latticedraft.gpu.verify.lean import stack_for, supports
-
-    if supports(model) is not None or hasattr(model, "base") or position_limit(model) is None:
-        return None
-    return stack_for(model)
-
-
-def causal_mask(start: int, n: int, window: int | None, device) -> torch.Tensor | None:
-    """Which of slots 0..start+n-1 (slot = position) the n tokens at positions start.. see:
-    bool[1, 1, n, start + n], causal and, with a sliding window, ``key > query - window``
-    (transformers' rule); None where every slot is visible."""
-    if n == 1 and (window is None or start < window):
-        return None
-    q = torch.arange(start, start + n, device=device)[:, None]
-    k = torch.arange(start + n, device=device)[None]
-    vis = k <= q
-    if window is not None:
-        vis &= k > q - window
-    return vis[None, None]
+from latticedraft.gpu.models.incremental import IncrementalLM, lean_stack
 
 
 class ModelProposer(Proposer):

@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from latticedraft.decoding.proposers.base import EMPTY, Proposal, Proposer, Step, StepRows, as_paths
-from latticedraft.decoding.proposers.draft_model import IncrementalLM
 from latticedraft.errors import InputError
+from latticedraft.gpu.models.incremental import IncrementalLM
 from latticedraft.lattice.oracle import oracle_path
 from latticedraft.lattice.rescoring import base_drafts, rescore
 from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage

@@ -6,12 +6,14 @@ of high joint probability); with tau >= 1 it is exactly ordinary sampling from t
 One step: the auxiliary draft model drafts gamma tokens by *beam sampling* (``beam_sample``:
 W beams; at each position W (beam, token) pairs are drawn without replacement from the joint
 q(beam prefix) * q(token | beam prefix) (Gumbel-top-k over the pairs the processors keep), each
-conditional after the sampling processors; the draft is the beam of highest joint q), and q_i = q(x_1..x_i | context). The target verifies
-[root, x_1..x_gamma] in one call on the one loop, accepting by ``accept.mtad.MtadRule``: with P_i
+conditional after the sampling processors; the draft is the beam of highest joint q), and
+q_i = q(x_1..x_i | context). The target verifies [root, x_1..x_gamma] in one call on the one loop, accepting by ``accept.mtad.MtadRule``: with P_i
 the target's distribution (after the same processors) before x_i and p_i = prod_{k <= i}
 P_k(x_k), eta is the largest i with min(1, p_i / q_i) > tau (0 if none): x_1..x_eta are
 accepted and the end token is drawn from P_{eta+1}, the target's distribution after them.
 Paper defaults: gamma = 4, W = 8, tau = 0.1, top-k 20 then top-p 0.9.
+
+``MtadProposer`` is the draft source; ``methods/mtad.py`` decodes with it and ``accept.mtad.MtadRule``.
 
     >>> r = speculative_decode(target, [ids], [MtadProposer(draft)], sampling=MTAD_SAMPLING,
     ...                        rule=MtadRule(MTAD_SAMPLING, tau=0.1))       # doctest: +SKIP
@@ -19,30 +21,15 @@ Paper defaults: gamma = 4, W = 8, tau = 0.1, top-k 20 then top-p 0.9.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from latticedraft.decoding.proposers.base import EMPTY, Proposal, Proposer, Step, StepRows
-from latticedraft.decoding.proposers.draft_model import IncrementalLM, lean_stack
-from latticedraft.decoding.registry import Method
 from latticedraft.decoding.accept.sampling import SamplingOptions
 from latticedraft.errors import InputError
+from latticedraft.gpu.models.incremental import IncrementalLM, lean_stack
 
 MTAD_SAMPLING = SamplingOptions(temperature=1.0, top_k=20, top_p=0.9)  # the paper's warping
-
-
-@dataclass(frozen=True)
-class MtadOptions:
-    """gamma: draft tokens per step; beams: W of beam sampling; tau: the acceptance threshold."""
-
-    gamma: int = 4
-    beams: int = 8
-    tau: float = 0.1
-
-    def __post_init__(self):
-        check_mtad(self.gamma, self.beams, self.tau)
 
 
 def check_mtad(gamma: int, beams: int, tau: float) -> None:
@@ -128,53 +115,3 @@ class MtadProposer(Proposer):
                                   sampler.options, rng, self.lms[i])
             out.append(Proposal(toks[None], q=q[None]))
         return out
-
-
-def _configure(values: dict, given: set) -> MtadOptions:
-    if values.get("draft_model") is None:
-        raise InputError("--method mtad needs an auxiliary draft model: pass --draft-model DIR (e.g. data/rescorer-medium)")
-    pick = lambda k, d: d if values.get(k) is None else values[k]  # noqa: E731
-    return MtadOptions(gamma=pick("gamma", 4), beams=pick("beams", 8), tau=pick("tau", 0.1))
-
-
-def _label(o: MtadOptions, sampling) -> str:
-    from latticedraft.decoding.bpd import sampling_label
-
-    return f"mtad gamma={o.gamma} beams={o.beams} tau={o.tau} (approximate)" + sampling_label(sampling)
-
-
-def _settings(o: MtadOptions, sampling) -> dict:
-    from dataclasses import asdict
-
-    return {**asdict(o), "sampling": asdict(sampling)}
-
-
-def _prepare(session, o: MtadOptions, batch_size: int) -> None:
-    _ = session.draft_model  # a missing or mismatched draft model fails before any output
-
-
-def _run(session, prompts, o: MtadOptions, req):
-    from latticedraft.decoding.accept.mtad import MtadRule
-    from latticedraft.decoding.loop import speculative_decode
-
-    return speculative_decode(session.model, prompts, [MtadProposer(session.draft_model, o.gamma, o.beams)],
-                              max_new_tokens=req.max_new_tokens, eos_token_id=req.eos_token_id,
-                              rule=MtadRule(req.sampling, o.tau), sampling=req.sampling, verify=req.verify,
-                              num_heads=1, rows=req.rows, on_tokens=req.on_tokens, record_steps=req.record_steps)
-
-
-METHOD = Method(
-    name="mtad",
-    summary="multi-token assisted decoding: a draft model beam-samples, the target accepts by a joint-probability "
-            "threshold; APPROXIMATE sampling (not lossless)",
-    lossless=False,
-    sampling="always",
-    options=("draft_model", "gamma", "beams", "tau", "verify"),
-    configure=_configure,
-    label=_label,
-    settings=_settings,
-    run=_run,
-    prepare=_prepare,
-    defaults={"top_k": 20, "top_p": 0.9},
-    files=lambda o: ("draft_model",),
-)

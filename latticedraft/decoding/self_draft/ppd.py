@@ -26,11 +26,9 @@ step is 1 where the early prediction held y (a pipelined, saved step), ``tree_no
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
-from latticedraft.decoding.registry import Method
 from latticedraft.decoding.rows import Rows
 from latticedraft.decoding.runs.prompt_length import checked_prompts
 from latticedraft.errors import InputError
@@ -39,18 +37,10 @@ from latticedraft.gpu.verify.layer_split import LayerSplit
 from latticedraft.gpu.verify.split_cache import Pending, drop_rows, prefill
 
 
-@dataclass(frozen=True)
-class PPDOptions:
-    """dbar: early-exit layer (1..d-1; None: d // 2); k: candidates; exit_heads: a directory of
-    per-layer early-exit heads (``train heads --early-exit``; None: the shared LM head)."""
-
-    dbar: int | None = None
-    k: int = 3
-    exit_heads: str | None = None
-
-    def __post_init__(self):
-        if self.k < 1 or (self.dbar is not None and self.dbar < 1):
-            raise InputError(f"ppd needs --k >= 1 and --exit-layer >= 1; got k={self.k}, exit layer={self.dbar}")
+def check_ppd(dbar: int | None, k: int) -> None:
+    """PPD's ranges before the model is known: at least one candidate, an exit after layer 1 or later."""
+    if k < 1 or (dbar is not None and dbar < 1):
+        raise InputError(f"ppd needs --k >= 1 and --exit-layer >= 1; got k={k}, exit layer={dbar}")
 
 
 def check_dbar(dbar: int, d: int) -> None:
@@ -63,7 +53,7 @@ def ppd_decode(model, prompts: list, *, dbar: int | None = None, k: int = 3, max
                eos_token_id=None, on_tokens=None, exit_head=None, streams: bool = True):
     """Greedy PPD; output equals ``generate(do_sample=False)``. exit_head: ``f(h [n, H], dbar) ->
     logits [n, V]`` at the early exit (None: the shared final norm + LM head)."""
-    PPDOptions(dbar, k)
+    check_ppd(dbar, k)
     prompts = checked_prompts(model, prompts, max_new_tokens)
     check_candidates(k, model)
     split = LayerSplit(model)
@@ -169,48 +159,3 @@ def check_candidates(k: int, model) -> None:
     V = hf.model_vocab_size(getattr(model, "base", model))
     if not 1 <= k <= V:
         raise InputError(f"--candidates {k} must lie in [1, {V}] (the model's vocabulary); lower --candidates")
-
-
-def _configure(values: dict, given: set) -> PPDOptions:
-    pick = lambda key, d: d if values.get(key) is None else values[key]  # noqa: E731
-    return PPDOptions(dbar=values.get("exit_layer"), k=pick("candidates", 3), exit_heads=values.get("exit_heads"))
-
-
-def _label(o: PPDOptions, sampling) -> str:
-    return f"ppd exit-layer={o.dbar or 'd/2'} k={o.k}"
-
-
-def _settings(o: PPDOptions, sampling) -> dict:
-    from dataclasses import asdict
-
-    return asdict(o)
-
-
-def _prepare(session, o: PPDOptions, batch_size: int) -> None:
-    from latticedraft.gpu.verify.layer_split import LayerSplit
-
-    d = LayerSplit(session.model).num_layers
-    check_dbar(o.dbar or d // 2, d)
-    check_candidates(o.k, session.model)
-    session.exit_heads(o.exit_heads)  # missing or mismatching heads fail before any output
-
-
-def _run(session, prompts, o: PPDOptions, req):
-    return ppd_decode(session.model, prompts, dbar=o.dbar, k=o.k, max_new_tokens=req.max_new_tokens,
-                      eos_token_id=req.eos_token_id, on_tokens=req.on_tokens, exit_head=session.exit_heads(o.exit_heads))
-
-
-METHOD = Method(
-    name="ppd",
-    summary="predictive pipelined decoding: an early exit's top-k candidates start their first layers while the "
-            "main pass finishes; one token per step, lossless",
-    lossless=True,
-    sampling="never",
-    options=("exit_layer", "candidates", "exit_heads"),
-    configure=_configure,
-    label=_label,
-    settings=_settings,
-    run=_run,
-    prepare=_prepare,
-    files=lambda o: ("exit_heads",),
-)

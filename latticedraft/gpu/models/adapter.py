@@ -82,7 +82,7 @@ class KangarooAdapter(nn.Module):
         or None; cache: a DynamicCache or None. Returns the states the LM head reads [b, s, H]."""
         x = self.norm_in(h)
         if self.rotary:
-            a = self.attn(x, position_embeddings=rotary, attention_mask=bias, past_key_values=cache)
+            a = self.attn(x, position_embeddings=rotary, attention_mask=bias, cache=cache)
         else:
             a = self.attn(x, cache, bias)
         a = a[0] if isinstance(a, tuple) else a

@@ -20,8 +20,9 @@ blocks, own or tied LM heads; vLLM's layout, ``medusa_io.py``) and ``dynamo`` (d
 Stern and Medusa heads are *position-wise* (``position_wise``): a function of the final hidden
 state at one position, so ``draft_logits(hidden, count, columns)`` computes them anywhere later.
 
-KV caching: for position-wise kinds ``past_key_values`` is the base model's own ``Cache``. For ``kind="dynamo"`` each extra head is a decoder layer with its own KV
-cache; ``past_key_values`` is then a ``BlockwiseCache(base=..., heads=[...])``. Whenever
+KV caching (``cache=``, transformers' name): for position-wise kinds ``cache`` is the base model's own
+``Cache``. For ``kind="dynamo"`` each extra head is a decoder layer with its own KV cache; ``cache`` is
+then a ``BlockwiseCache(base=..., heads=[...])``. Whenever
 ``use_cache`` is true the dynamo head layers run (even with ``heads=False``) so that their caches
 stay aligned with the base's; ``BlockwiseCache.crop`` / ``caches()`` apply edits to all of them.
 """
@@ -55,14 +56,14 @@ class BlockwiseOutput:
     logits: [b, s, V] the base model's own logits, bit-identical to ``base(...)``.
     head_logits: [b, s, h, V], ``head_logits[..., 0, :]`` is ``logits``; None if ``heads=False``.
     hidden: [b, s, H] final hidden state (after the final norm).
-    past_key_values: what to pass back next call (the base ``Cache``; for dynamo a ``BlockwiseCache``).
+    cache: what to pass back next call (the base ``Cache``; for dynamo a ``BlockwiseCache``).
     head_hidden: [b, s, h-1, H] pre-unembedding states of heads 2..h, or None (computed lazily).
     """
 
     logits: torch.Tensor
     head_logits: torch.Tensor | None
     hidden: torch.Tensor
-    past_key_values: object
+    cache: object
     head_hidden: torch.Tensor | None = None
 
 
@@ -255,7 +256,7 @@ class BlockwiseModel(nn.Module):
     # -- computation -------------------------------------------------------------------------
 
     def new_cache(self):
-        """An empty cache to pass as ``past_key_values``: a ``DynamicCache`` (stern) or a ``BlockwiseCache`` (dynamo)."""
+        """An empty cache to pass as ``cache``: a ``DynamicCache`` (stern) or a ``BlockwiseCache`` (dynamo)."""
         from transformers import DynamicCache
 
         base = DynamicCache(config=self.base.config)
@@ -345,37 +346,37 @@ class BlockwiseModel(nn.Module):
             self._columns = (columns, version, (w, b))
         return self._columns[2]
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
+    def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None,
                 use_cache: bool = False, heads: bool = True, **base_kwargs) -> BlockwiseOutput:
         """One trunk pass. ``input_ids`` int64[b, s]; ``attention_mask`` 2-D [b, total_len] (padding) or a
         4-D additive/bool mask [b, 1, s, total_len] (tree attention), passed through unchanged to the base
         and to dynamo head layers; ``position_ids`` [b, s] likewise."""
-        base_cache, head_caches = past_key_values, None
-        if isinstance(past_key_values, BlockwiseCache):
-            base_cache, head_caches = past_key_values.base, past_key_values.heads
-        elif self.kind == "dynamo" and past_key_values is not None and past_key_values.get_seq_length() > 0:
-            raise InputError("a dynamo BlockwiseModel needs the BlockwiseCache it returned as past_key_values, not a bare base cache")
+        base_cache, head_caches = cache, None
+        if isinstance(cache, BlockwiseCache):
+            base_cache, head_caches = cache.base, cache.heads
+        elif self.kind == "dynamo" and cache is not None and cache.get_seq_length() > 0:
+            raise InputError("a dynamo BlockwiseModel needs the BlockwiseCache it returned as its cache, not a bare base cache")
         if self.kind == "dynamo" and use_cache and base_cache is None:
             from transformers import DynamicCache
 
             base_cache = DynamicCache(config=self.base.config)
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        past_key_values=base_cache, use_cache=use_cache, output_hidden_states=True, **base_kwargs)
+                        cache=base_cache, use_cache=use_cache, output_hidden_states=True, **base_kwargs)
         hidden = out.hidden_states[-1]
-        head_hidden, pkv = None, out.past_key_values
+        head_hidden, out_cache = None, out.cache
         if self.kind == "dynamo":
             if heads or use_cache:
                 head_hidden, head_caches = self.heads(out.hidden_states[-2], attention_mask, position_ids,
                                                       head_caches, use_cache)
             if use_cache:
-                pkv = BlockwiseCache(out.past_key_values, head_caches)
+                out_cache = BlockwiseCache(out.cache, head_caches)
         elif heads:
             head_hidden = (self.heads(hidden, next_tokens=out.logits.argmax(-1)) if self.token_input else self.heads(hidden))
         head_logits = None
         if heads:
             head_logits = torch.cat([out.logits.unsqueeze(-2), self.project_heads(head_hidden)], dim=-2)
         return BlockwiseOutput(logits=out.logits, head_logits=head_logits, hidden=hidden,
-                               past_key_values=pkv, head_hidden=head_hidden)
+                               cache=out_cache, head_hidden=head_hidden)
 
     def head_logits_from(self, out: BlockwiseOutput, positions: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """All heads' logits at ``positions`` (indices into the s positions of ``out``): [b, len(positions), h, V].

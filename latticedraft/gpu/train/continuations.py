@@ -4,7 +4,8 @@ Medusa-2 and EAGLE train their drafters on what the base model says, not on the 
 is only worth its cost where the base accepts its drafts. ``continuations(base_dir, stream,
 spec)`` cuts ``spec.prompts`` prompts of ``spec.prompt_len`` tokens from a corpus token stream
 (int32[N], seeded offsets) and lets the frozen base continue each to ``spec.seq_len`` tokens with
-latticedraft's own decode loop, in batches of ``spec.batch_size``: rows ``[0, n_greedy)``
+the ``decoder`` its caller passes (``BaseDecoder``: latticedraft's own decode loop,
+``decoding/runs/continuations.py``), in batches of ``spec.batch_size``: rows ``[0, n_greedy)``
 greedily, the others sampled at ``spec.temperature`` (no top-k / top-p), row r drawing from
 ``default_rng([spec.seed, r])`` as the loop seeds it, so a row's text does not depend on the
 batching. The base is not stopped at end-of-text (it continues as it would in a longer decode),
@@ -12,7 +13,7 @@ so every row is exactly ``seq_len`` tokens: ``int32[prompts, seq_len]``.
 
 Chat (``spec.chat_fraction`` > 0): the first ``round(prompts * chat_fraction)`` rows start from
 questions the base writes itself: the loop continues the chat template's user-turn header
-(``ChatTemplate.user_prefix_ids``) for ``question_tokens`` tokens sampled at ``temperature``, the
+(``ChatTurns.header``) for ``question_tokens`` tokens sampled at ``temperature``, the
 question ends at the first end id, and the row's prompt is that question through the template with
 the assistant's turn opened (what ``--chat`` decodes). No data set is read. The base answers each
 for ``seq_len - shortest chat prompt`` tokens and the row keeps its first ``seq_len`` tokens. Chat
@@ -24,8 +25,9 @@ size, mtime), the tokenizer, the prompts' token ids and every setting, so a run 
 inputs reuses the text, and a killed run keeps its finished batches: the next run generates only
 the missing ones.
 
-This module is the one place in ``gpu/train`` that calls the decode loop (``_decode_batch``): the
-text must come from our own loop, so the base's continuation is exactly what decoding produces.
+``gpu/`` knows no decoding algorithm: the decode loop, the chat template and the end ids come in
+through ``BaseDecoder``, which the caller (the ``train`` commands, ``data/build.py``) builds on the
+decoding side, so the base's continuation is exactly what decoding produces.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -44,6 +47,44 @@ from latticedraft.errors import InputError
 from latticedraft.gpu.train.data import progress_enabled
 
 FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ChatTurns:
+    """What the chat rows need of the base's chat template, as plain values and functions.
+
+    header: int64[t], the ids a conversation holds before its first user message's text (the base
+    continues them to write a question); render(question) -> int64[t']: the question as one user
+    message with the assistant's turn opened (what ``--chat`` decodes); text(ids) -> str: a
+    question's ids as text (special tokens skipped, whitespace stripped)."""
+
+    header: np.ndarray
+    render: Callable[[str], np.ndarray]
+    text: Callable[[Sequence[int]], str]
+
+
+class BaseDecoder(Protocol):
+    """The frozen base continuing prompts, as ``continuations`` asks of its caller (``gpu/`` knows no
+    decoding algorithm: ``latticedraft.decoding.runs.continuations.LoopDecoder`` runs our decode loop).
+
+    ``decoder(prompts, new_tokens, temperature, seed, first_row)``: the base's continuations of
+    ``prompts`` (int64 arrays), int64[len(prompts), new_tokens]; ``temperature`` None: greedy, else
+    sampled (top-k and top-p off), row r of the set drawing from ``[seed, first_row + r]``;
+    end-of-text does not stop a row. ``end_ids()``: the ids that end a sequence (a question ends at
+    the first). ``chat()``: the base's ``ChatTurns``, the same object at every call, refused in one
+    line naming ``--distill-chat`` where the base has no chat template. The model is loaded at the
+    first decode, so a run the cache serves loads nothing."""
+
+    def __call__(self, prompts: list[np.ndarray], new_tokens: int, temperature: float | None, seed: int,
+                 first_row: int) -> np.ndarray: ...
+
+    def end_ids(self) -> Sequence[int]: ...
+
+    def chat(self) -> ChatTurns: ...
+
+
+# (base_dir, tokenizer_path, device) -> BaseDecoder: what a training run is given to make its text
+DecoderFactory = Callable[[Path, Path, object], BaseDecoder]
 
 
 @dataclass(frozen=True)
@@ -148,26 +189,12 @@ def cache_key(base_dir: Path, tokenizer_fp: str, prompts: np.ndarray, spec: Cont
     return h.hexdigest()[:24]
 
 
-def _decode_batch(session, prompts: list[np.ndarray], new_tokens: int, temperature: float | None, seed: int,
-                  first_row: int) -> np.ndarray:
-    """The base's continuations of ``prompts`` by our decode loop: int64[len(prompts), new_tokens].
-    ``temperature`` None: greedy; else sampled (top-k and top-p off), row r of the set seeded with
-    ``[seed, first_row + r]``. End-of-text does not stop a row."""
-    from latticedraft.decoding.accept.sampling import SamplingOptions
-    from latticedraft.decoding.bpd import DrafterSpec
-
-    session.eos = None  # every row runs to new_tokens (the base continues past end-of-text)
-    sampling = None if temperature is None else SamplingOptions(temperature=temperature, top_k=0, seed=seed)
-    res = session.decode(prompts, "bpd", DrafterSpec("none"), max_new_tokens=new_tokens, batch_size=len(prompts),
-                         sampling=sampling, first_row=first_row)
-    return np.stack([np.asarray(s.tokens, dtype=np.int64) for s in res.sequences])
-
-
 def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSpec, tokenizer_path: str | Path,
-                  device=None, root: str | Path | None = None, template=None) -> Continuations:
+                  decoder: BaseDecoder, root: str | Path | None = None) -> Continuations:
     """The rows of ``spec`` for the base in ``base_dir`` over the corpus token ``stream`` (int32[N]),
-    from the cache where present (``root``: the cache root, default ``<cache_dir>/continuations``);
-    ``template``: the base's ``ChatTemplate`` where the caller loaded it already (chat rows)."""
+    from the cache where present (``root``: the cache root, default ``<cache_dir>/continuations``),
+    the missing ones made by ``decoder`` (the base in ``base_dir`` with the tokenizer at
+    ``tokenizer_path``, as the cache is keyed)."""
     from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
     from latticedraft.paths import cache_dir
 
@@ -178,8 +205,8 @@ def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSp
     offsets = prompt_offsets(len(stream), corpus_spec) if corpus_spec.prompts else np.zeros(0, np.int64)
     prompts = np.asarray([stream[o : o + spec.prompt_len] for o in offsets], dtype=np.int64)
     prompts = prompts.reshape(len(offsets), spec.prompt_len)
-    template = None if not n_chat else template or chat_template(base_dir)
-    key_ids = prompts if template is None else np.concatenate([template.user_prefix_ids(), prompts.reshape(-1)])
+    chat = decoder.chat() if n_chat else None
+    key_ids = prompts if chat is None else np.concatenate([chat.header, prompts.reshape(-1)])
     key = cache_key(base_dir, fingerprint(load_tokenizer(tokenizer_path)), key_ids, spec)
     where = Path(root) if root is not None else cache_dir() / "continuations"
     where = where / key
@@ -187,8 +214,8 @@ def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSp
     meta_file = where / "spec.json"
     if not meta_file.is_file():
         write_atomic(meta_file, json.dumps({"format": FORMAT, "base": str(base_dir), "spec": asdict(spec)}, indent=1) + "\n")
-    gen = _Generator(base_dir, tokenizer_path, device, where)
-    chat_prompts = _chat_prompts(gen, template, spec) if n_chat else []
+    gen = _Generator(decoder, where)
+    chat_prompts = _chat_prompts(gen, chat, spec) if n_chat else []
     chat_new = spec.seq_len - min((len(p) for p in chat_prompts), default=0)
     # (first row, prompts, new tokens) per part; a batch is all greedy or all sampled
     parts = [(0, chat_prompts, chat_new), (n_chat, list(prompts), spec.new_tokens)]
@@ -209,24 +236,19 @@ def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSp
 
 
 class _Generator:
-    """Batches of the base's continuations, each cached as one ``.npy`` file under ``where``; the
-    session is opened at the first batch not in the cache."""
+    """Batches of the base's continuations by ``decoder``, each cached as one ``.npy`` file under
+    ``where``."""
 
-    def __init__(self, base_dir: Path, tokenizer_path, device, where: Path):
-        self.base_dir, self.tokenizer_path, self.device, self.where = base_dir, tokenizer_path, device, where
-        self.session, self.generated = None, 0
+    def __init__(self, decoder: BaseDecoder, where: Path):
+        self.decoder, self.where, self.generated = decoder, where, 0
 
     def new(self, prompts: list, new_tokens: int, temperature: float | None, seed: int, first_row: int) -> np.ndarray:
         """int64[len(prompts), new_tokens], not cached."""
-        if self.session is None:
-            from latticedraft.decoding.runs.session import Session
-
-            self.session = Session(self.base_dir, tokenizer_path=self.tokenizer_path, device=self.device)
-        new = _decode_batch(self.session, prompts, new_tokens, temperature, seed, first_row)
+        new = np.asarray(self.decoder(prompts, new_tokens, temperature, seed, first_row))
         if new.shape != (len(prompts), new_tokens):
             raise InputError(f"the decode loop returned continuations of shape {new.shape}, not "
-                             f"{(len(prompts), new_tokens)}; the base in {self.base_dir} cannot continue these prompts")
-        return new
+                             f"{(len(prompts), new_tokens)}; the base cannot continue these prompts")
+        return new.astype(np.int64, copy=False)
 
     def rows(self, name: str, prompts: list, new_tokens: int, temperature: float | None, seed: int, first_row: int,
              seq_len: int) -> np.ndarray:
@@ -246,37 +268,27 @@ class _Generator:
 QUESTION_ROWS = 1 << 20  # sampling seeds of the questions: rows [QUESTION_ROWS, ...) never meet a continuation's
 
 
-def chat_template(base_dir: Path):
-    """The base's ``ChatTemplate`` for ``--distill-chat`` (refused in one line without one)."""
-    from latticedraft.decoding.runs.chat import ChatTemplate
-
-    return ChatTemplate.load(base_dir, "--distill-chat")
-
-
-def _chat_prompts(gen: _Generator, template, spec: ContinuationSpec) -> list[np.ndarray]:
+def _chat_prompts(gen: _Generator, chat: ChatTurns, spec: ContinuationSpec) -> list[np.ndarray]:
     """The chat rows' prompts: questions the base writes after the user-turn header (sampled at
     ``spec.temperature``, cut at the first end id), each rendered with the assistant's turn
     opened. The questions are cached as ``questions.json``."""
     f = gen.where / "questions.json"
     if not f.is_file():
-        from latticedraft.decoding.runs.loaders import end_ids
-
-        head = template.user_prefix_ids()
         batches = []
         for s in range(0, spec.chat_rows, spec.batch_size):
             n = min(spec.batch_size, spec.chat_rows - s)
             t0 = time.perf_counter()
-            batches.append(gen.new([head] * n, spec.question_tokens, spec.temperature, spec.seed, QUESTION_ROWS + s))
+            batches.append(gen.new([chat.header] * n, spec.question_tokens, spec.temperature, spec.seed, QUESTION_ROWS + s))
             _add_seconds(gen.where, time.perf_counter() - t0)
-        ends = set(end_ids(gen.session.model, gen.session.tokenizer) or [])
+        ends = set(gen.decoder.end_ids())
         questions = []
         for new in batches:
             for row in new.tolist():
                 cut = next((i for i, t in enumerate(row) if t in ends), len(row))
-                questions.append(template.tokenizer.decode(row[:cut], skip_special_tokens=True).strip())
+                questions.append(chat.text(row[:cut]))
         write_atomic(f, json.dumps(questions, indent=0, ensure_ascii=False) + "\n")
     questions = json.loads(f.read_text())
-    return [template.ids([{"role": "user", "content": q}]) for q in questions]
+    return [chat.render(q) for q in questions]
 
 
 def _seconds(where: Path) -> float:

@@ -6,8 +6,9 @@ Two parts, each usable alone (``DistillConfig``):
   (``continuations.py``), instead of the corpus itself (``text="corpus"``);
 - the loss (``loss="kl"``): head j at position t learns the base's own next-token distribution
   for token t+j on that text, i.e. the frozen base's softmax at position t+j-1 (teacher forcing:
-  the base reads the same text), by ``KL(p_base || p_head)`` in nats/token; ``loss="hard"`` keeps
-  the cross-entropy on the text's own tokens (``heads.head_losses``).
+  the base reads the same text), by ``KL(p_base || p_head)`` in nats/token (``Teacher``;
+  ``heads.head_kl_losses``, ``lm_kl_loss``); ``loss="hard"`` keeps the cross-entropy on the
+  text's own tokens (``heads.head_losses``).
 
 Both are what Medusa-2 (self-distillation) and EAGLE train on. Alongside each KL term the loop
 logs ``a{j}``: the fraction of positions where head j's argmax equals the base's (top-1 agreement).
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from latticedraft.errors import InputError
-from latticedraft.gpu.train.continuations import ContinuationSpec, chat_template, continuations
+from latticedraft.gpu.train.continuations import ContinuationSpec, DecoderFactory, continuations
 from latticedraft.gpu.train.data import TokenWindows, encode_files
 
 TEXTS = ("continuations", "corpus")
@@ -33,11 +34,15 @@ LOSSES = ("kl", "hard")
 class DistillConfig:
     """text: ``continuations`` (the base's own) or ``corpus``; loss: ``kl`` (to the base's
     distribution) or ``hard`` (cross-entropy on the text); continuation: how the continuations are
-    made (its ``seq_len`` is the training ``--seq-len``)."""
+    made (its ``seq_len`` is the training ``--seq-len``); decoder: what makes them,
+    ``decoder(base_dir, tokenizer_path, device)`` -> a ``continuations.BaseDecoder`` (the decode
+    loop: ``latticedraft.decoding.runs.continuations.LoopDecoder``), needed by ``text="continuations"``
+    and no part of the settings."""
 
     text: str = "continuations"
     loss: str = "kl"
     continuation: ContinuationSpec = field(default_factory=ContinuationSpec)
+    decoder: DecoderFactory | None = field(default=None, compare=False, repr=False)
 
     def validate(self) -> None:
         if self.text not in TEXTS:
@@ -46,6 +51,9 @@ class DistillConfig:
             raise InputError(f"--distill-loss {self.loss!r} is not one of {', '.join(LOSSES)}")
         if self.text == "continuations":
             self.continuation.validate()
+            if self.decoder is None:
+                raise TypeError("DistillConfig(text='continuations') needs decoder=: the decode loop that continues "
+                                "the prompts (latticedraft.decoding.runs.continuations.LoopDecoder)")
 
     def settings(self) -> dict:
         """The settings that define the training data and loss (for checkpoint keys and JSON)."""
@@ -80,33 +88,6 @@ class Teacher:
         return (student_logits.argmax(-1) == self.argmax[:, lo:hi]).float().mean().item()
 
 
-def head_kl_losses(bm, batch: torch.Tensor, teacher_logits: torch.Tensor | None = None, frozen: bool = True,
-                   stem_grad_scale: float = 1.0) -> tuple[list[torch.Tensor], list[float]]:
-    """Per head j = 1..h (list index j-1): ``KL(p_base(. | x_{<=t+j-1}) || p_head_j(. | x_{<=t}))`` over
-    positions t < s - j + 1 of ``batch`` (int64[b, s]), and head j's top-1 agreement with the base there.
-
-    ``teacher_logits`` [b, s, V]: the frozen base's logits on ``batch`` (None: the base's own
-    logits of this forward, which is the teacher when the base is frozen). Head 1 is the base:
-    its KL is 0 when frozen (a constant, no gradient), else the drift of the training base from
-    the teacher. Gradients reach the trunk as in ``heads.head_losses``."""
-    from latticedraft.gpu.train.heads import head_logits, head_states
-
-    s = batch.shape[1]
-    if teacher_logits is None and not frozen:
-        raise InputError("an unfrozen base needs a separate frozen teacher for the KL loss")
-    out, states, scale = head_states(bm, batch, frozen, stem_grad_scale)
-    teacher = Teacher(out.logits if teacher_logits is None else teacher_logits)
-    if frozen:
-        losses, agree = [out.logits.new_zeros(())], [1.0]
-    else:
-        losses, agree = [teacher.kl(out.logits, 0, s)], [teacher.agreement(out.logits, 0, s)]
-    for j in range(2, bm.num_heads + 1):
-        logits = head_logits(bm, states, j, s - j, scale)
-        losses.append(teacher.kl(logits, j - 1, s - 1))
-        agree.append(teacher.agreement(logits, j - 1, s - 1))
-    return losses, agree
-
-
 def lm_kl_loss(student, batch: torch.Tensor, teacher) -> tuple[torch.Tensor, float]:
     """A draft model's ``KL(p_base || p_student)`` of the next token at every position of ``batch``
     (int64[b, s]), with the frozen ``teacher`` reading the same text; and its top-1 agreement."""
@@ -139,15 +120,17 @@ def training_text(base_dir: Path, corpus, tok, tokenizer_path: Path, seq_len: in
                   distill: DistillConfig | None, encoding_errors: str = "strict", device=None) -> TrainingText:
     """Corpus windows (``distill`` None or ``text="corpus"``) or the base's continuations, one
     window per row (``text="continuations"``; the rows are ``seq_len`` tokens long)."""
-    chat = distill is not None and distill.text == "continuations" and distill.continuation.chat_fraction > 0
-    template = chat_template(base_dir) if chat else None  # refused before the corpus is read
+    made = distill is not None and distill.text == "continuations"
+    decoder = distill.decoder(base_dir, tokenizer_path, device) if made else None
+    if made and distill.continuation.chat_rows:
+        decoder.chat()  # refused before the corpus is read
     stream = encode_files(corpus, tok, encoding_errors)
     info: dict = {"corpus_files": len(corpus), "corpus_tokens": int(len(stream))}
-    if distill is None or distill.text == "corpus":
+    if not made:
         return TrainingText(TokenWindows(stream, seq_len, batch_size, seed, source=f"the corpus ({len(corpus)} files)"),
                             info)
     spec = replace(distill.continuation, seq_len=seq_len)
-    c = continuations(base_dir, stream, spec, tokenizer_path, device=device, template=template)
+    c = continuations(base_dir, stream, spec, tokenizer_path, decoder)
     info.update({"continuation_rows": int(len(c.rows)), "continuation_greedy_rows": c.greedy_rows,
                  "continuation_tokens": int(c.rows.size), "continuation_seconds": c.seconds,
                  "continuation_cache": c.where})

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
@@ -30,6 +30,7 @@ from latticedraft.errors import InputError
 from latticedraft.outputs import HEADS, claim_dir
 from latticedraft.gpu.models.heads import scale_grad
 from latticedraft.gpu.train.data import quiet_hf_progress
+from latticedraft.gpu.train.distill import DistillConfig, Teacher, frozen_copy, training_text
 from latticedraft.gpu.train.loop import (
     OptimConfig,
     TrainResult,
@@ -38,9 +39,6 @@ from latticedraft.gpu.train.loop import (
     run_training,
     write_json_atomic,
 )
-
-if TYPE_CHECKING:
-    from latticedraft.gpu.train.distill import DistillConfig
 
 
 def head_states(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: float = 1.0):
@@ -92,6 +90,31 @@ def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: f
     return losses
 
 
+def head_kl_losses(bm, batch: torch.Tensor, teacher_logits: torch.Tensor | None = None, frozen: bool = True,
+                   stem_grad_scale: float = 1.0) -> tuple[list[torch.Tensor], list[float]]:
+    """Per head j = 1..h (list index j-1): ``KL(p_base(. | x_{<=t+j-1}) || p_head_j(. | x_{<=t}))`` over
+    positions t < s - j + 1 of ``batch`` (int64[b, s]), and head j's top-1 agreement with the base there.
+
+    ``teacher_logits`` [b, s, V]: the frozen base's logits on ``batch`` (None: the base's own
+    logits of this forward, which is the teacher when the base is frozen). Head 1 is the base:
+    its KL is 0 when frozen (a constant, no gradient), else the drift of the training base from
+    the teacher. Gradients reach the trunk as in ``head_losses``."""
+    s = batch.shape[1]
+    if teacher_logits is None and not frozen:
+        raise InputError("an unfrozen base needs a separate frozen teacher for the KL loss")
+    out, states, scale = head_states(bm, batch, frozen, stem_grad_scale)
+    teacher = Teacher(out.logits if teacher_logits is None else teacher_logits)
+    if frozen:
+        losses, agree = [out.logits.new_zeros(())], [1.0]
+    else:
+        losses, agree = [teacher.kl(out.logits, 0, s)], [teacher.agreement(out.logits, 0, s)]
+    for j in range(2, bm.num_heads + 1):
+        logits = head_logits(bm, states, j, s - j, scale)
+        losses.append(teacher.kl(logits, j - 1, s - 1))
+        agree.append(teacher.agreement(logits, j - 1, s - 1))
+    return losses, agree
+
+
 def check_head_options(num_heads: int, seq_len: int, lambdas: Sequence[float] | None) -> list[float]:
     """``--heads`` in [2, ``seq_len`` - 1] (head h predicts token t+h inside a window) and one
     non-negative finite ``--lambdas`` weight per head; returns the weights (default all 1)."""
@@ -130,7 +153,7 @@ def train_heads(
     encoding_errors: str = "strict",
     stop_after: int | None = None,
     force: bool = False,
-    distill: "DistillConfig | None" = None,
+    distill: DistillConfig | None = None,
     token_input: bool = False,
 ) -> TrainResult:
     """Train heads 2..h of a ``BlockwiseModel`` on ``base_dir`` and save them into ``out_dir``.
@@ -149,7 +172,6 @@ def train_heads(
 
     from latticedraft.gpu.models.blockwise import BlockwiseModel
     from latticedraft.gpu.models.hf import resolve_dtype
-    from latticedraft.gpu.train.distill import frozen_copy, head_kl_losses, training_text
     from latticedraft.lm.tokenizer import fingerprint
 
     cfg.validate()

@@ -1,10 +1,10 @@
-"""Distillation of self-drafting modules from a frozen base, on the shared loop (``trainloop.py``):
+"""Distillation of self-drafting modules from a frozen base, on the shared loop (``gpu/train/loop.py``):
 
-- ``train_adapter``: Kangaroo's adapter (``adapter.py``) on the states after layer l, loss the
+- ``train_adapter``: Kangaroo's adapter (``gpu/models/adapter.py``) on the states after layer l, loss the
   cross-entropy from the full model's next-token distribution to the adapter's (Kangaroo's
   distillation objective), nats/token; also reported: ``top1``, the fraction of positions
   where the adapter's argmax equals the full model's;
-- ``train_exit_heads``: PPD's per-layer early-exit heads (``exit_heads.py``), the same loss
+- ``train_exit_heads``: PPD's per-layer early-exit heads (``gpu/models/exit_heads.py``), the same loss
   summed over layers 1..d-1 (``l1``, ``l2`` … in the progress bar and JSON).
 
 Same progress bar, checkpoints, ``--resume`` and ``training.json`` as ``train heads``.

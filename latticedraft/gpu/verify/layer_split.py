@@ -83,7 +83,7 @@ class LayerSplit:
                 h = layer(h, cache, bias, None, use_cache=True, position_ids=pos)
             else:
                 h = layer(h, attention_mask=bias, position_embeddings=rotary, position_ids=pos,
-                          past_key_values=cache, use_cache=True)
+                          cache=cache, use_cache=True)
             h = h[0] if isinstance(h, tuple) else h
         return h
 

@@ -3,7 +3,7 @@
 Lookahead decoding runs its Jacobi window (the *lookahead branch*) in the same forward as the
 verification of its n-gram candidates (Fu et al. 2024, Figure 2(b)). The verifier sees that
 as a draft tree plus a side branch: extra nodes with their own visibility, whose argmax is
-returned and whose KV is dropped. Numpy only; the torch side lives in ``verify.py``.
+returned and whose KV is dropped. Numpy only; the torch side lives in ``verifier.py``.
 
 One step's nodes are laid out as in Figure 2(b): the root, then the side nodes, then the
 tree's other nodes. Every node sees the cache and the root; a side node sees the side nodes

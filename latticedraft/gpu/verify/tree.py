@@ -3,7 +3,7 @@
 A *draft tree* has a root (node 0, the token the target model already chose, whose KV is
 not yet cached) and one node per distinct draft prefix. Verifying the tree in one forward
 needs, per node, its token, its depth (position offset from the root) and the set of its
-ancestors (what it may attend to). Numpy only; the torch side lives in ``verify.py``.
+ancestors (what it may attend to). Numpy only; the torch side lives in ``verifier.py``.
 
 Example::
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from latticedraft.decoding.bpd import bpd_decode
+from latticedraft.decoding.methods.bpd_loop import bpd_decode
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.decoding.accept.sampling import SamplingOptions, accept, attempts_at
 from latticedraft.gpu.models.blockwise import BlockwiseModel

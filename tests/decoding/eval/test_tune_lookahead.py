@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from latticedraft.cli import main
-from latticedraft.decoding.eval.tune_lookahead import Row, best, predict, read_lookahead_config
+from latticedraft.decoding.eval.tune_lookahead import Row, best, predict
+from latticedraft.decoding.methods.lookahead import read_lookahead_config
 from latticedraft.errors import InputError
 from tests.cli.test_decode import TOKENIZER, _greedy, bundle  # noqa: F401  (fixture)
 

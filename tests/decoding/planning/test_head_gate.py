@@ -52,7 +52,7 @@ def test_a_step_is_charged_the_heads_it_drafted_from_not_those_it_computed_for_t
     import numpy as np
     import torch
 
-    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import bpd_decode
     from latticedraft.decoding.proposers.context import ContextNgrams
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
     from latticedraft.gpu.verify import forward
@@ -123,7 +123,7 @@ def test_under_the_off_policy_no_heads_are_computed_and_the_output_stays_exact(m
     import numpy as np
     import torch
 
-    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import bpd_decode
     from latticedraft.decoding.proposers.context import ContextNgrams
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
     from latticedraft.gpu.verify import forward

@@ -4,7 +4,7 @@ decoding's tokens on held-out prompts, batch 1 and 4. Skipped until the bundled 
 import numpy as np
 import pytest
 
-from latticedraft.decoding.proposers.lookahead import lookahead_decode
+from latticedraft.decoding.methods.lookahead import lookahead_decode
 from latticedraft.decoding.runs.loaders import default_model_dir
 from tests.decoding.tiny import bundled_greedy
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.proposers.kangaroo import kangaroo_decode
+from latticedraft.decoding.methods.kangaroo import kangaroo_decode
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu.models.adapter import KangarooAdapter, load_adapter, save_adapter
 from latticedraft.gpu.verify.layer_split import LayerSplit

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.proposers.lookahead import LookaheadOptions, lookahead_decode
+from latticedraft.decoding.methods.lookahead import LookaheadOptions, lookahead_decode
+from latticedraft.decoding.proposers.lookahead import start_row
 from latticedraft.decoding.proposers.lookahead_pool import JacobiWindow, NgramPool
 from latticedraft.errors import InputError
 from latticedraft.gpu.verify.side_branch import step_layout
@@ -160,7 +161,7 @@ def test_prompt_as_reference_seeds_the_pool_and_repeats():
     b = lookahead_decode(model, ps, W=3, N=3, G=3, max_new_tokens=MAX_NEW, prompt_as_reference=True)
     assert a.sequences[0].tokens.tolist() == refs[0]
     assert a.sequences[0].tokens_per_call == b.sequences[0].tokens_per_call
-    window, pool = LookaheadOptions(W=3, N=3, G=3, prompt_as_reference=True).start(np.array([4, 5, 6, 4, 5, 7]), 64, 0)
+    window, pool = start_row(LookaheadOptions(W=3, N=3, G=3, prompt_as_reference=True), np.array([4, 5, 6, 4, 5, 7]), 64, 0)
     assert [c.tolist() for c in pool.get(4)] == [[5, 7], [5, 6]]
     assert set(window.levels[0].tolist()) <= {4, 5, 6, 7}
 
@@ -190,7 +191,7 @@ def _bpd_case(arch, batch):
     ("top1", "auto", 2, "batched"),
 ])
 def test_bpd_with_the_lookahead_pool_equals_generate(arch, batch, drafter, tree, context, verify):
-    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import bpd_decode
     from latticedraft.decoding.proposers.context import ContextNgrams
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 
@@ -206,7 +207,7 @@ def test_bpd_with_the_lookahead_pool_equals_generate(arch, batch, drafter, tree,
 def test_bpd_without_heads_plus_pool_is_lookahead_decoding():
     """With no head drafts and a fixed tree, the BPD tree holds exactly the pool's paths, so the
     loop makes lookahead_decode's steps: the pool's n-grams reach the tree and get accepted."""
-    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import bpd_decode
 
     model, ps, refs = _bpd_case("llama", 4)
     opts = LookaheadOptions(W=5, N=4, G=5, prompt_as_reference=True)
@@ -219,7 +220,7 @@ def test_bpd_without_heads_plus_pool_is_lookahead_decoding():
 
 def test_a_step_beyond_the_positions_or_the_memory_is_refused_before_decoding(monkeypatch):
     import latticedraft.memory as memory
-    from latticedraft.decoding.proposers.lookahead import check_step_size
+    from latticedraft.decoding.methods.lookahead import check_step_size
 
     model = tiny_model("llama")
     limit = model.config.max_position_embeddings

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from latticedraft.decoding.proposers.lookahead import lookahead_decode
+from latticedraft.decoding.methods.lookahead import lookahead_decode
 from latticedraft.decoding.accept.sampling import SamplingOptions, SeededDraws, accept
 from tests.decoding.tiny import tiny_model
 
@@ -66,7 +66,8 @@ def target_distribution(model, prompt, opts: SamplingOptions, length: int = 3) -
     (one full forward per prefix of positive probability)."""
     procs = model._get_logits_processor(GenerationConfig(do_sample=True, temperature=opts.temperature,
                                                          top_k=opts.top_k, top_p=opts.top_p,
-                                                         repetition_penalty=opts.repetition_penalty))
+                                                         repetition_penalty=opts.repetition_penalty),
+                                     input_ids_seq_length=len(prompt))
     dist = {}
 
     def walk(seq: tuple, prob: float):

@@ -38,7 +38,8 @@ def full(bundle, tmp_path_factory):
 
 
 def _comparable(path) -> list[dict]:
-    return [{k: v for k, v in json.loads(x).items() if k not in VARYING} for x in open(path, encoding="utf-8")]
+    with open(path, encoding="utf-8") as f:
+        return [{k: v for k, v in json.loads(x).items() if k not in VARYING} for x in f]
 
 
 @pytest.mark.parametrize("resume", [[], ["--resume"]])

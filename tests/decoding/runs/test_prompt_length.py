@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from latticedraft.cli import main
-from latticedraft.decoding.bpd import bpd_decode
-from latticedraft.decoding.greedy import greedy_decode
+from latticedraft.decoding.methods.bpd_loop import bpd_decode
+from latticedraft.decoding.methods.greedy import greedy_decode
 from latticedraft.decoding.proposers.context import ContextNgrams
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
-from latticedraft.decoding.proposers.lookahead import LookaheadOptions, lookahead_decode
+from latticedraft.decoding.methods.lookahead import LookaheadOptions, lookahead_decode
 from latticedraft.decoding.runs.prompt_length import check_fits, truncate_left
 from latticedraft.errors import InputError
 from latticedraft.paths import data_dir

@@ -4,8 +4,8 @@ tokens on held-out prompts, batch 1 and 4. Skipped until the bundled model and a
 import numpy as np
 import pytest
 
-from latticedraft.decoding.proposers.kangaroo import KangarooOptions
-from latticedraft.decoding.self_draft.ppd import PPDOptions
+from latticedraft.decoding.methods.kangaroo import KangarooOptions
+from latticedraft.decoding.methods.ppd import PPDOptions
 from latticedraft.decoding.runs.loaders import default_model_dir
 from latticedraft.paths import data_dir
 from tests.decoding.tiny import bundled_greedy

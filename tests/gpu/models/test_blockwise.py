@@ -70,11 +70,11 @@ def test_incremental_cache_matches_full_forward(arch, kind, ids):
         full = bm(ids)
         o1 = bm(ids[:, :7], use_cache=True)
         if kind == "dynamo":
-            assert isinstance(o1.past_key_values, BlockwiseCache)
+            assert isinstance(o1.cache, BlockwiseCache)
         # heads=False still advances dynamo head caches
-        o2 = bm(ids[:, 7:9], past_key_values=o1.past_key_values, use_cache=True, heads=False)
+        o2 = bm(ids[:, 7:9], cache=o1.cache, use_cache=True, heads=False)
         assert o2.head_logits is None
-        o3 = bm(ids[:, 9:], past_key_values=o2.past_key_values, use_cache=True)
+        o3 = bm(ids[:, 9:], cache=o2.cache, use_cache=True)
     torch.testing.assert_close(o3.head_logits, full.head_logits[:, 9:], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(bm.head_logits_from(o2, [1]), full.head_logits[:, 8:9], rtol=1e-4, atol=1e-5)
 
@@ -86,9 +86,9 @@ def test_cache_crop_then_continue(kind, ids):
     with torch.no_grad():
         full = bm(ids)
         o1 = bm(ids[:, :10], use_cache=True)
-        o1.past_key_values.crop(-4)  # keep 6
-        assert o1.past_key_values.get_seq_length() == 6
-        o2 = bm(ids[:, 6:], past_key_values=o1.past_key_values, use_cache=True)
+        o1.cache.crop(-4)  # keep 6
+        assert o1.cache.get_seq_length() == 6
+        o2 = bm(ids[:, 6:], cache=o1.cache, use_cache=True)
     torch.testing.assert_close(o2.head_logits, full.head_logits[:, 6:], rtol=1e-4, atol=1e-5)
 
 
@@ -173,7 +173,7 @@ def test_dynamo_rejects_bare_base_cache(ids):
     with torch.no_grad():
         out = bm.base(input_ids=ids, use_cache=True)
         with pytest.raises(InputError, match="BlockwiseCache"):
-            bm(ids[:, :1], past_key_values=out.past_key_values, use_cache=True)
+            bm(ids[:, :1], cache=out.cache, use_cache=True)
 
 
 def test_new_cache_is_filled_in_place(kind, ids):
@@ -183,11 +183,11 @@ def test_new_cache_is_filled_in_place(kind, ids):
     cache = bm.new_cache()
     with torch.no_grad():
         full = bm(ids)
-        o1 = bm(ids[:, :5], past_key_values=cache, use_cache=True)
-        o2 = bm(ids[:, 5:], past_key_values=cache, use_cache=True)
+        o1 = bm(ids[:, :5], cache=cache, use_cache=True)
+        o2 = bm(ids[:, 5:], cache=cache, use_cache=True)
     assert cache.get_seq_length() == 12
     if kind == "dynamo":
-        assert o1.past_key_values.base is cache.base and len(cache.layers) == 2 + 2 * 1
+        assert o1.cache.base is cache.base and len(cache.layers) == 2 + 2 * 1
     torch.testing.assert_close(o2.head_logits, full.head_logits[:, 5:], rtol=1e-4, atol=1e-5)
 
 

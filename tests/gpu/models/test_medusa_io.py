@@ -161,7 +161,7 @@ def test_heads_trained_here_export_for_vllm_and_import_back(base_dir, tmp_path):
 
 
 def test_imported_heads_decode_exactly(base_dir, tmp_path):
-    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import bpd_decode
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
     from tests.decoding.tiny import reference
 

@@ -71,7 +71,7 @@ def test_save_load_round_trip_and_refusals(tmp_path):
 
 @pytest.mark.parametrize("name", ["top1", "parallel-base"])
 def test_decoding_with_token_input_heads_equals_greedy(name):
-    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import bpd_decode
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
     from tests.decoding.tiny import prompts, reference
 
@@ -85,8 +85,7 @@ def test_decoding_with_token_input_heads_equals_greedy(name):
 
 
 def test_training_token_input_heads_runs_the_losses():
-    from latticedraft.gpu.train.distill import head_kl_losses
-    from latticedraft.gpu.train.heads import head_losses
+    from latticedraft.gpu.train.heads import head_kl_losses, head_losses
 
     bm = _token_heads("gpt2", num_heads=3)
     for p in bm.base.parameters():
@@ -131,7 +130,7 @@ def test_sampling_feeds_the_heads_the_drawn_token(arch):
     """Lossless sampling: the heads that draft the next step read the token the step emitted (the
     drawn bonus), at the prefill and at every step, also where it is not the argmax."""
     from latticedraft.decoding.accept.sampling import SamplingOptions
-    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import bpd_decode
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
     from tests.decoding.tiny import prompts
 

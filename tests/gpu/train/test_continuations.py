@@ -1,14 +1,16 @@
-"""The base's continuations of corpus prompts (``gpu/train/continuations.py``): what the rows hold,
-that greedy rows are the base's greedy output, that the cache is keyed and resumable."""
+"""The base's continuations of corpus prompts (``gpu/train/continuations.py``, made by the decode
+loop that ``decoding/runs/continuations.py`` passes in): what the rows hold, that greedy rows are
+the base's greedy output, that the cache is keyed and resumable."""
 
 import numpy as np
 import pytest
 import torch
 
+from latticedraft.decoding.runs.continuations import LoopDecoder
 from latticedraft.errors import InputError
 from latticedraft.gpu.models.hf import load_causal_lm
-from latticedraft.gpu.train import continuations as cont
-from latticedraft.gpu.train.continuations import ContinuationSpec, continuations, prompt_offsets
+from latticedraft.gpu.train import continuations as made
+from latticedraft.gpu.train.continuations import ContinuationSpec, prompt_offsets
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -18,6 +20,34 @@ SPEC = ContinuationSpec(prompts=6, prompt_len=5, seq_len=12, sample_fraction=0.5
 
 def _tok(base_dir):
     return base_dir / "tokenizer.json"
+
+
+def continuations(base_dir, stream, spec, tokenizer_path, root, decoder=None):
+    """``continuations`` made by our decode loop (``LoopDecoder``) unless ``decoder`` is given."""
+    decoder = decoder or LoopDecoder(base_dir, tokenizer_path)
+    return made.continuations(base_dir, stream, spec, tokenizer_path, decoder, root=root)
+
+
+class RowNumbers:
+    """A stand-in ``BaseDecoder`` (no model): row r's continuation is r, ``short`` tokens too few."""
+
+    def __init__(self, short=0):
+        self.calls, self.short = [], short
+
+    def __call__(self, prompts, new_tokens, temperature, seed, first_row):
+        self.calls.append((first_row, len(prompts), temperature))
+        return np.array([[first_row + r] * (new_tokens - self.short) for r in range(len(prompts))])
+
+
+def test_the_caller_passes_the_decoder(saved_bases, tmp_path):
+    """``gpu/`` knows no decode loop: whatever ``decoder`` the caller passes continues the prompts,
+    greedy batches first (temperature None), then sampled ones; a wrong shape is refused."""
+    base_dir, d = saved_bases["llama"], RowNumbers()
+    c = continuations(base_dir, STREAM, SPEC, _tok(base_dir), root=tmp_path / "a", decoder=d)
+    assert d.calls == [(0, 2, None), (2, 1, None), (3, 2, 1.0), (5, 1, 1.0)]
+    assert c.rows[:, 5:].tolist() == [[r] * 7 for r in range(6)] and c.generated == 6
+    with pytest.raises(InputError, match=r"shape \(2, 6\), not \(2, 7\)"):
+        continuations(base_dir, STREAM, SPEC, _tok(base_dir), root=tmp_path / "b", decoder=RowNumbers(short=1))
 
 
 def test_rows_are_prompts_then_the_bases_own_continuation(saved_bases, tmp_path):
@@ -45,24 +75,22 @@ def test_rows_do_not_depend_on_the_batching(saved_bases, tmp_path):
     assert np.array_equal(a.rows, b.rows)
 
 
-def test_a_killed_run_keeps_its_finished_batches(saved_bases, tmp_path, monkeypatch):
+def test_a_killed_run_keeps_its_finished_batches(saved_bases, tmp_path):
     base_dir = saved_bases["mistral"]
     full = continuations(base_dir, STREAM, SPEC, _tok(base_dir), root=tmp_path / "full")
-    real, calls = cont._decode_batch, []
+    loop, calls = LoopDecoder(base_dir, _tok(base_dir)), []
 
-    def dies_on_the_third(*args, **kw):
+    def dies_on_the_third(*args):
         calls.append(1)
         if len(calls) == 3:
             raise KeyboardInterrupt
-        return real(*args, **kw)
+        return loop(*args)
 
-    monkeypatch.setattr(cont, "_decode_batch", dies_on_the_third)
     with pytest.raises(KeyboardInterrupt):
-        continuations(base_dir, STREAM, SPEC, _tok(base_dir), root=tmp_path / "part")
+        continuations(base_dir, STREAM, SPEC, _tok(base_dir), root=tmp_path / "part", decoder=dies_on_the_third)
     (where,) = (tmp_path / "part").iterdir()
     assert sorted(f.name for f in where.glob("batch-*")) == ["batch-00000-00002.npy", "batch-00002-00003.npy"]
     assert not list(where.glob(".*"))  # nothing half-written
-    monkeypatch.setattr(cont, "_decode_batch", real)
     again = continuations(base_dir, STREAM, SPEC, _tok(base_dir), root=tmp_path / "part")
     assert again.generated == 3 and np.array_equal(again.rows, full.rows)
     assert continuations(base_dir, STREAM, SPEC, _tok(base_dir), root=tmp_path / "part").generated == 0

@@ -9,8 +9,9 @@ from latticedraft.errors import InputError
 from latticedraft.gpu.models.blockwise import BlockwiseModel
 from latticedraft.gpu.models.hf import backbone, final_norm_name
 from latticedraft.gpu.train.continuations import ContinuationSpec
-from latticedraft.gpu.train.distill import DistillConfig, Teacher, frozen_copy, head_kl_losses
-from latticedraft.gpu.train.heads import train_heads
+from latticedraft.decoding.runs.continuations import LoopDecoder
+from latticedraft.gpu.train.distill import DistillConfig, Teacher, frozen_copy
+from latticedraft.gpu.train.heads import head_kl_losses, train_heads
 from latticedraft.gpu.train.loop import OptimConfig
 from latticedraft.lm.corpus import stdlib_split
 from tests.gpu.conftest import V, make_tiny, perturb_heads
@@ -109,7 +110,8 @@ def test_an_unfrozen_base_is_held_to_a_frozen_copy():
 
 
 def _distill(**kw):
-    return DistillConfig(continuation=ContinuationSpec(prompts=8, prompt_len=8, batch_size=4), **kw)
+    spec = ContinuationSpec(prompts=8, prompt_len=8, batch_size=4)
+    return DistillConfig(continuation=spec, decoder=LoopDecoder, **kw)
 
 
 @pytest.mark.parametrize("arch", DISTILL_ARCHS)
@@ -161,6 +163,9 @@ def test_distill_config_checks():
         DistillConfig(continuation=ContinuationSpec(prompt_len=48, seq_len=48)).validate()
     with pytest.raises(InputError, match="--sample-fraction 1.5"):
         DistillConfig(continuation=ContinuationSpec(sample_fraction=1.5)).validate()
+    with pytest.raises(TypeError, match="needs decoder="):  # gpu/ knows no decode loop: the caller passes it
+        DistillConfig().validate()
+    DistillConfig(text="corpus").validate()  # the corpus needs none
 
 
 def test_held_out_agreement_with_the_base():

@@ -68,12 +68,13 @@ def test_kl_steps_bring_the_student_to_the_base():
 def test_train_draft_model_end_to_end(saved_bases, own_cache, tmp_path):
     """A distilled draft model loads with the Auto class, ships the base's tokenizer, and drafts for
     ``--drafter model`` with the output equal to greedy."""
-    from latticedraft.decoding.bpd import DrafterSpec
+    from latticedraft.decoding.methods.bpd import DrafterSpec
+    from latticedraft.decoding.runs.continuations import LoopDecoder
     from latticedraft.decoding.runs.session import Session
     from latticedraft.gpu.models.hf import load_causal_lm
 
     base_dir, out = saved_bases["mistral"], tmp_path / "draft"
-    distill = DistillConfig(continuation=ContinuationSpec(prompts=8, prompt_len=8, batch_size=4))
+    distill = DistillConfig(continuation=ContinuationSpec(prompts=8, prompt_len=8, batch_size=4), decoder=LoopDecoder)
     res = train_draft_model(base_dir, stdlib_split("heldout")[:3], out, DraftArch(n_layer=1, n_embd=16, n_head=2),
                             OptimConfig(steps=3, batch_size=2, seq_len=24), distill)
     assert res.finished and set(res.losses) == {"kl", "a"}

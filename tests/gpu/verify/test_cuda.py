@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from latticedraft.decoding.loop import speculative_decode
-from latticedraft.decoding.proposers.draft_model import IncrementalLM
 from latticedraft.decoding.proposers.heads import HeadProposer, LatticeOptions, make_drafter
+from latticedraft.gpu.models.incremental import IncrementalLM
 from latticedraft.gpu.verify.forward import attention_bias
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.lean import LeanStack

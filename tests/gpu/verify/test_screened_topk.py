@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from latticedraft.decoding.accept.sampling import SamplingOptions
-from latticedraft.decoding.bpd import bpd_decode
+from latticedraft.decoding.methods.bpd_loop import bpd_decode
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.gpu.models.blockwise import BlockwiseModel
 from latticedraft.gpu.verify import screened_argmax as sa

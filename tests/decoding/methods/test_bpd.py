@@ -1,6 +1,6 @@
-"""``decoding/bpd.py``'s option handling: what ``--do-sample`` changes in a drafter's settings."""
+"""``decoding/methods/bpd.py``'s option handling: what ``--do-sample`` changes in a drafter's settings."""
 
-from latticedraft.decoding.bpd import METHOD, SAMPLED_SLOTS, DrafterSpec
+from latticedraft.decoding.methods.bpd import METHOD, SAMPLED_SLOTS, DrafterSpec
 
 
 def test_sampling_drafts_sampled_slots_deep_unless_slots_is_given():
@@ -15,7 +15,7 @@ def test_sampling_drafts_sampled_slots_deep_unless_slots_is_given():
 def test_sampled_slots_beyond_the_models_heads_draft_from_all_of_them():
     """A 3-head model (2 drafting heads) under ``--do-sample``'s default 3 slots drafts 2 deep."""
     from latticedraft.decoding.accept.sampling import SamplingOptions
-    from latticedraft.decoding.bpd import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import bpd_decode
     from latticedraft.decoding.proposers.heads import make_drafter
     from tests.decoding.tiny import blockwise, prompts
 

@@ -7,25 +7,27 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from latticedraft.decoding.registry import Method
-from latticedraft.decoding.rows import Rows
-from latticedraft.decoding.runs.prompt_length import checked_prompts
 
 
-@torch.no_grad()
 def greedy_decode(model, prompts: list, *, max_new_tokens: int = 64, eos_token_id=None, on_tokens=None):
     """``generate(do_sample=False)`` per prompt; a ``DecodeResult`` whose rows emitted one token per
     call (outputs cut after the first EOS)."""
+    import torch
+
+    from latticedraft.decoding.rows import Rows
+    from latticedraft.decoding.runs.prompt_length import checked_prompts
+
     base = getattr(model, "base", model)
     rows = Rows(checked_prompts(model, prompts, max_new_tokens), max_new_tokens, eos_token_id, on_tokens)
     dev = next(base.parameters()).device
     eos = sorted(rows.eos) or None
     for i, p in enumerate(rows.prompts):
         ids = torch.as_tensor(p[None], device=dev)
-        gen = base.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-                            eos_token_id=eos, pad_token_id=0, num_beams=1, temperature=None, top_p=None, top_k=None)
+        with torch.no_grad():
+            gen = base.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                                eos_token_id=eos, pad_token_id=0, num_beams=1, temperature=None, top_p=None,
+                                top_k=None)
         for t in gen[0, len(p):].tolist():
             if rows.emit(i, [t]):
                 break

@@ -1,0 +1,315 @@
+"""Blockwise parallel decoding (``--method bpd``): the heads' drafts on the one decode loop.
+
+A BPD decode composes proposers for ``loop.speculative_decode``: the heads' lattice drafter
+(``proposers/heads.py``: top1, neural, ngram, parallel, parallel-base, oracle) or an auxiliary
+draft model (``--drafter model``), plus, optionally, context n-grams (prompt lookup), the n-gram
+LM's most likely continuation (``--lm-drafts``), the ``SOURCES`` (suffix drafts from earlier
+outputs, ``--suffix-drafts``) and a lookahead window + pool; the draft tree is
+fixed (every path) or cost-aware (``--tree auto``), with the head gate where context n-grams can
+carry a step alone. With ``sampling`` the drafter draws its paths and the loop accepts by lossless
+speculative sampling (no tree choice, context or LM n-grams or pool: choices that look at the
+drawn tokens would bias them).
+
+``DrafterSpec`` holds the drafting options as plain values and declares their flags; a new draft
+source is its proposer module, one ``DrafterSpec`` field and one ``SOURCES`` line; ``METHOD`` is
+the registry entry.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB, AUTO_LM_DRAFTS
+from latticedraft.decoding.registry import Method, Request, cli_defaults, flags, option, sampling_label
+from latticedraft.errors import InputError
+
+# Heads drafted from when sampling and --slots is not given: a drawn path is accepted token by token
+# with probability sum(min(p, q)) (~0.45 per token at T = 1 with the bundled heads), so a token at
+# depth 4 is reached on ~4% of steps while every drafted slot costs a head, a draw and a tree node
+# each step (benchmarks/sampling.py: the same tokens per call with 3 slots as with 7, docs/sampling.md)
+SAMPLED_SLOTS = 3
+DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none")
+HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")
+# which drafters read a drafting option (the others are refused it)
+DRAFTER_OPTIONS = {
+    "rescorer": ("neural",), "alpha": ("ngram", "parallel", "neural"),
+    "nbest": ("parallel", "parallel-base"), "draft_model": ("model",), "gamma": ("model",),
+    **{d: HEAD_DRAFTERS for d in ("k", "prune", "eps", "backoff", "slots", "draft_vocab")},
+}
+LOOKAHEAD_POOL = ("window", "ngram", "pool", "prompt_as_reference", "lookahead_config")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A draft source beside the drafter, on where its ``DrafterSpec`` field (an int option) is
+    non-zero: ``proposer`` ("module:Class", imported when it runs) is built as ``Class(value)`` once
+    per session and value (it may learn across calls) and its paths join the tree (the context
+    table rates them where the tree is auto). Sampling turns it off (its paths look at drawn tokens)."""
+
+    field: str
+    proposer: str
+
+
+SOURCES = (  # one line per source; its option is a DrafterSpec field in group "tree"
+    Source("suffix_drafts", "latticedraft.decoding.proposers.suffix:SuffixProposer"),
+)
+# why batched verification runs the fixed tree: its step costs rows x depth, which T(n) of n tree nodes
+# does not model, and measuring T(n) alone costs ~100 verify calls before the first token
+BATCHED_TREE = ("batched verification runs every drafted path as a row over its own copy of the cache, so "
+                "the cost-aware tree's T(n) does not model it; it verifies the fixed set of paths")
+
+
+@dataclass
+class DrafterSpec:
+    """What the drafter and the draft tree need, as plain values; each field that is a command-line
+    option declares it (``registry.option``: flag, help, group, the CLI's default), from which the
+    ``decode`` / ``eval`` parsers, ``FAST``, ``custom_generate``'s defaults and the acceptance rates'
+    cache key are made.
+
+    The library's defaults are the paper's drafters as published (the eval tables); ``fast()``
+    gives the fastest measured settings (benchmarks/decode.py), the CLI's and the demo's defaults.
+    ``lookahead``: ``LookaheadOptions`` of a Jacobi window + n-gram pool riding along
+    (``--lookahead-pool``); ``gamma``: tokens the auxiliary draft model drafts per step."""
+
+    name: str = option("top1", group="drafting", flag="--drafter", choices=DRAFTERS, help=(
+        "top1 = vanilla BPD; ngram/parallel = n-gram rescoring, p = 1 / --nbest; parallel-base = --nbest paths of "
+        "the un-rescored lattice; neural = Algorithm 2; oracle = best lattice path given the greedy output; model = "
+        "an auxiliary draft model (--draft-model DIR, classic speculative decoding); none = no head drafts (with "
+        "--context-ngrams: prompt lookup on latticedraft's verifier)"))
+    k: int = option(16, group="drafting", type=int, help="candidates per head in the lattice")
+    prune: str = option("none", group="drafting", choices=["none", "static", "otsu"], help="lattice pruning")
+    eps: float = option(0.001, group="drafting", type=float, help="static pruning threshold, a probability")
+    backoff: float | None = option(None, group="drafting", type=float, metavar="EPS_B",
+                                   help="cut the lattice at the first head whose best probability is below EPS_B")
+    slots: int | None = option(None, group="drafting", type=int, metavar="D",
+                               help="draft from the first D extra heads only; the others are not computed "
+                                    "(default: all)")
+    alpha: float = option(1.0, group="drafting", type=float, help="interpolation weight of the rescoring LM")
+    nbest: int = option(16, group="drafting", type=int, help="drafts verified per step for parallel drafters")
+    tree: str = option("fixed", cli="auto", fit=False, group="tree", choices=["auto", "fixed"], help=(
+        "auto: verify the nodes that maximise expected tokens per second under the measured step cost T(n); "
+        "fixed: every drafted path"))
+    context_ngrams: int = option(0, cli=3, group="tree", type=int, metavar="N", help=(
+        "also draft what followed earlier matches of the last N..1 tokens in the prompt and output (prompt "
+        "lookup); 0 = off"))
+    draft_vocab: int | str | None = option(None, cli="auto", group="tree", metavar="V", help=(
+        "the extra heads project onto the V most frequent tokens (draft_vocab.json beside the heads); 0 = the full "
+        f"vocabulary; verification always uses all (default auto: {AUTO_DRAFT_VOCAB} where the heads ship a "
+        "ranking, else all)"))
+    lookahead: object = None
+    gamma: int = 4
+    lm_drafts: int | str = option(0, cli="auto", fit=False, group="tree", metavar="D", help=(
+        "also draft the n-gram LM's (--lm) most likely continuation, D tokens deep; 0 = off (default auto: "
+        f"{AUTO_LM_DRAFTS} where the LM build exists and fits the tokenizer, else off)"))
+    suffix_drafts: int = option(0, fit=False, group="tree", type=int, metavar="N", help=(
+        "also draft what followed the longest match (N..1 tokens) of the output's end in the session's earlier "
+        "outputs and this call's prompts (a suffix array; a data-set run's later batches learn from the earlier); "
+        "0 = off"))
+
+    def for_sampling(self) -> "DrafterSpec":
+        """This drafter as lossless sampling verifies it: every drafted path as drawn, ``SAMPLED_SLOTS``
+        deep unless ``slots`` says otherwise."""
+        return replace(self, tree="fixed", context_ngrams=0, lookahead=None, lm_drafts=0,
+                       slots=SAMPLED_SLOTS if self.slots is None else self.slots, **{x.field: 0 for x in SOURCES})
+
+    def fast(self) -> "DrafterSpec":
+        """This drafter with the fastest measured tree, context and vocabulary settings."""
+        return replace(self, **FAST)
+
+    def acceptance_key(self) -> dict:
+        """The settings the acceptance rates fitted for this drafter depend on: every declared
+        option but those marked ``fit=False`` (the tree, and LM drafts, which are keyed by their LM)."""
+        return {f.name: getattr(self, f.name) for _, f, fl in flags(DrafterSpec) if fl.fit}
+
+
+    def context(self):
+        from latticedraft.decoding.proposers.context import ContextNgrams
+
+        return ContextNgrams(max_ngram=self.context_ngrams) if self.context_ngrams else None
+
+    def lattice_options(self):
+        from latticedraft.decoding.proposers.heads import LatticeOptions
+
+        return LatticeOptions(k=self.k, prune=self.prune, eps=self.eps, backoff=self.backoff, slots=self.slots)
+
+
+FAST = cli_defaults(DrafterSpec)  # the CLI's defaults where they differ: the fastest in benchmarks/decode.py
+
+
+# ---------------------------------------------------------------------------------------------- registry
+
+
+def _configure(values: dict, given: set) -> DrafterSpec:
+    from latticedraft.decoding.proposers.heads import LatticeOptions
+
+    name = values.get("drafter") or "top1"
+    if name not in DRAFTERS:
+        raise InputError(f"--drafter {name!r} is not one of {', '.join(DRAFTERS)}")
+    for dest, users in DRAFTER_OPTIONS.items():
+        if dest in given and name not in users:
+            raise InputError(f"--{dest.replace('_', '-')} does not apply to --drafter {name} (it applies to "
+                             f"--drafter {' / '.join(users)}); drop it")
+    lm_drafts = _lm_drafts(values.get("lm_drafts"))
+    if "lm" in given and name not in ("ngram", "parallel") and not lm_drafts:
+        raise InputError(f"--lm does not apply to --drafter {name} without --lm-drafts (it applies to --drafter "
+                         "ngram / parallel and to LM drafts); drop it")
+    pool = bool(values.get("lookahead_pool"))
+    if not pool:
+        for dest in LOOKAHEAD_POOL:
+            if dest in given:
+                raise InputError(f"--{dest.replace('_', '-')} does not apply to --method bpd unless --lookahead-pool "
+                                 "runs a Jacobi window (or use --method lookahead); add --lookahead-pool or drop it")
+    ctx = values.get("context_ngrams")
+    ctx = 0 if ctx is None else ctx
+    if ctx < 0:
+        raise InputError(f"--context-ngrams {ctx}: give the longest suffix to match (>= 1), or 0 for off")
+    vocab = values.get("draft_vocab")
+    if vocab not in (None, "auto"):
+        try:
+            vocab = int(vocab)
+        except ValueError:
+            raise InputError(f"--draft-vocab {vocab!r}: give a number of tokens (0 = full vocabulary) or auto") from None
+        if vocab < 0:
+            raise InputError(f"--draft-vocab {vocab}: give a number of tokens >= 1, 0 for the full vocabulary, or auto")
+        vocab = vocab or None
+    look = None
+    if pool:
+        from latticedraft.decoding.methods.lookahead import options_from
+
+        look = options_from(values, given)
+    declared = {f.name: f.default if values.get(dest) is None else values[dest] for dest, f, _ in flags(DrafterSpec)}
+    tree = declared["tree"]
+    if values.get("verify") == "batched" and tree == "auto":
+        if "tree" in given:
+            raise InputError(f"--tree auto does not apply to --verify batched: {BATCHED_TREE}; drop --tree auto")
+        tree = "fixed"
+    spec = DrafterSpec(**{**declared, "name": name, "tree": tree, "context_ngrams": ctx, "draft_vocab": vocab,
+                          "lm_drafts": lm_drafts}, lookahead=look,
+                       gamma=4 if values.get("gamma") is None else values["gamma"])
+    if spec.name in HEAD_DRAFTERS:
+        LatticeOptions(spec.k, spec.prune, spec.eps, spec.backoff, spec.slots)  # the lattice options' ranges
+    if spec.nbest < 1:
+        raise InputError(f"--nbest {spec.nbest} must be >= 1")
+    for src in SOURCES:
+        if getattr(spec, src.field) < 0:
+            flag = "--" + src.field.replace("_", "-")
+            raise InputError(f"{flag} {getattr(spec, src.field)}: give the longest suffix to match (>= 1), or 0 for off")
+    if spec.gamma < 1:
+        raise InputError(f"--gamma {spec.gamma}: the draft model drafts at least 1 token per step")
+    if not (np.isfinite(spec.alpha) and spec.alpha >= 0):
+        raise InputError(f"--alpha {spec.alpha} must be a finite number >= 0 (the weight of the rescoring LM)")
+    if "eps" in given and spec.prune == "none":
+        raise InputError("--eps applies to --prune static or otsu only; add --prune static or drop --eps")
+    if spec.name == "model" and values.get("draft_model") is None:
+        raise InputError("--drafter model needs an auxiliary draft model: pass --draft-model DIR (e.g. data/rescorer-medium)")
+    if values.get("do_sample"):
+        if spec.name == "oracle":
+            raise InputError("--drafter oracle drafts the greedy output; it has nothing to offer sampling "
+                             "(choose another drafter)")
+        why = ("--do-sample verifies the drafted paths as drawn (no cost-aware tree, context n-grams, LM drafts, "
+               "suffix drafts or lookahead pool: choices that look at sampled tokens would bias them)")
+        if pool:
+            raise InputError(f"--lookahead-pool does not apply here: {why}; drop it")
+        if "context_ngrams" in given and ctx:
+            raise InputError(f"--context-ngrams {ctx} does not apply here: {why}; drop it")
+        if "lm_drafts" in given and lm_drafts:
+            raise InputError(f"--lm-drafts {lm_drafts} does not apply here: {why}; drop it")
+        for src in SOURCES:
+            if src.field in given and getattr(spec, src.field):
+                raise InputError(f"--{src.field.replace('_', '-')} {getattr(spec, src.field)} does not apply here: "
+                                 f"{why}; drop it")
+        spec = spec.for_sampling()
+    return spec
+
+
+def _lm_drafts(value) -> int | str:
+    """``--lm-drafts``: a number of tokens (0 = off) or "auto"."""
+    if value is None or value == "auto":
+        return 0 if value is None else "auto"
+    try:
+        depth = int(value)
+    except (TypeError, ValueError):
+        raise InputError(f"--lm-drafts {value!r}: give a number of tokens (0 = off) or auto") from None
+    if depth < 0:
+        raise InputError(f"--lm-drafts {depth}: give a number of tokens >= 1, 0 for off, or auto")
+    return depth
+
+
+def _label(spec: DrafterSpec, sampling) -> str:
+    return f"bpd/{spec.name}" + sampling_label(sampling)
+
+
+def _settings(spec: DrafterSpec, sampling) -> dict:
+    s = {"drafter" if k == "name" else k: v for k, v in asdict(spec).items()}
+    return {**s, "sampling": None if sampling is None else asdict(sampling)}
+
+
+def _check(session, spec: DrafterSpec) -> None:
+    """Before any LM table, draft model, T(n) or acceptance rate: the verifier can run this model."""
+    from latticedraft.gpu.verify.modes import check_verifiable
+
+    check_verifiable(session.model)
+
+
+def _prepare(session, spec: DrafterSpec, batch_size: int) -> None:
+    """Load and check what ``spec`` drafts from; with ``--tree auto`` also measure T(n) and fit the
+    acceptance rates now (both cached on disk after the first run), by decoding a warm-up prompt
+    at batch 1 and at the run's batch size (between which a last, partial batch interpolates), so
+    that streaming output and timings never include them. (The oracle's references come per call.)"""
+    from latticedraft.decoding.methods import bpd_session
+
+    bpd_session.load(session, spec)
+    if spec.tree == "auto" and spec.name != "oracle":
+        warm = np.asarray(session.tokenizer.encode("import os\n").ids, dtype=np.int64)
+        for b in sorted({1, batch_size}):
+            _run(session, [warm] * b, spec, Request(max_new_tokens=2, eos_token_id=session.eos))
+
+
+def _run(session, prompts: list, spec: DrafterSpec, req) -> object:
+    from latticedraft.decoding.methods import bpd_session as ses
+    from latticedraft.decoding.methods.bpd_loop import bpd_decode
+
+    refs = ses.references(session, prompts, req.max_new_tokens) if spec.name == "oracle" else None  # what it drafts
+    return bpd_decode(session.model, prompts, ses.proposer(session, spec, refs), max_new_tokens=req.max_new_tokens,
+                      eos_token_id=req.eos_token_id, verify=req.verify, tree=spec.tree, context=spec.context(),
+                      acceptance=ses.acceptance(session, spec) if spec.tree == "auto" else None,
+                      draft_vocab=ses.draft_vocab(session, spec.draft_vocab) if spec.name in HEAD_DRAFTERS else None,
+                      gate=ses.gate(session, spec), lookahead=spec.lookahead, sampling=req.sampling, rows=req.rows,
+                      on_tokens=req.on_tokens, record_steps=req.record_steps, slots=req.slots,
+                      on_done=req.on_done, lm=ses.lm_drafts(session, spec), extra=_sources(session, spec))
+
+
+def _sources(session, spec: DrafterSpec) -> list:
+    """The ``SOURCES`` ``spec`` turns on, each built once per session and value."""
+    out = []
+    for src in SOURCES:
+        value = getattr(spec, src.field)
+        if value:
+            module, cls = src.proposer.split(":")
+            out.append(session.once(("source", src.field, value),
+                                    lambda: getattr(importlib.import_module(module), cls)(value)))
+    return out
+
+
+METHOD = Method(
+    name="bpd",
+    summary="blockwise parallel decoding: the heads' lattice (rescored or not), a draft model, context n-grams "
+            "and a lookahead pool, verified in one tree per step; lossless",
+    lossless=True,
+    sampling="optional",
+    options=(*(dest for dest, _, _ in flags(DrafterSpec)), "lm", "rescorer", "verify", "lookahead_pool", "draft_model",
+             "gamma", *LOOKAHEAD_POOL),
+    configure=_configure,
+    label=_label,
+    settings=_settings,
+    run=_run,
+    prepare=_prepare,
+    check=_check,
+    continuous=lambda spec: spec.name in ("none", *HEAD_DRAFTERS) and spec.lookahead is None,
+    files=lambda spec: ({"ngram": ("lm",), "parallel": ("lm",), "neural": ("rescorer",), "model": ("draft_model",)}
+                        .get(spec.name, ()) + (("lm",) if spec.lm_drafts and spec.name not in ("ngram", "parallel")
+                                               else ())),
+)

@@ -1,0 +1,71 @@
+"""``--method ppd``: predictive pipelined decoding (Yang et al. 2023) as a registry entry; the
+decoder, whose outer loop is its own, is ``self_draft/ppd.py``'s ``ppd_decode``. Greedy, exact."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from latticedraft.decoding.registry import Method
+
+
+@dataclass(frozen=True)
+class PPDOptions:
+    """dbar: early-exit layer (1..d-1; None: d // 2); k: candidates; exit_heads: a directory of
+    per-layer early-exit heads (``train heads --early-exit``; None: the shared LM head)."""
+
+    dbar: int | None = None
+    k: int = 3
+    exit_heads: str | None = None
+
+    def __post_init__(self):
+        from latticedraft.decoding.self_draft.ppd import check_ppd
+
+        check_ppd(self.dbar, self.k)
+
+
+def _configure(values: dict, given: set) -> PPDOptions:
+    pick = lambda key, d: d if values.get(key) is None else values[key]  # noqa: E731
+    return PPDOptions(dbar=values.get("exit_layer"), k=pick("candidates", 3), exit_heads=values.get("exit_heads"))
+
+
+def _label(o: PPDOptions, sampling) -> str:
+    return f"ppd exit-layer={o.dbar or 'd/2'} k={o.k}"
+
+
+def _settings(o: PPDOptions, sampling) -> dict:
+    from dataclasses import asdict
+
+    return asdict(o)
+
+
+def _prepare(session, o: PPDOptions, batch_size: int) -> None:
+    from latticedraft.decoding.self_draft.ppd import check_candidates, check_dbar
+    from latticedraft.gpu.verify.layer_split import LayerSplit
+
+    d = LayerSplit(session.model).num_layers
+    check_dbar(o.dbar or d // 2, d)
+    check_candidates(o.k, session.model)
+    session.exit_heads(o.exit_heads)  # missing or mismatching heads fail before any output
+
+
+def _run(session, prompts, o: PPDOptions, req):
+    from latticedraft.decoding.self_draft.ppd import ppd_decode
+
+    return ppd_decode(session.model, prompts, dbar=o.dbar, k=o.k, max_new_tokens=req.max_new_tokens,
+                      eos_token_id=req.eos_token_id, on_tokens=req.on_tokens, exit_head=session.exit_heads(o.exit_heads))
+
+
+METHOD = Method(
+    name="ppd",
+    summary="predictive pipelined decoding: an early exit's top-k candidates start their first layers while the "
+            "main pass finishes; one token per step, lossless",
+    lossless=True,
+    sampling="never",
+    options=("exit_layer", "candidates", "exit_heads"),
+    configure=_configure,
+    label=_label,
+    settings=_settings,
+    run=_run,
+    prepare=_prepare,
+    files=lambda o: ("exit_heads",),
+)
