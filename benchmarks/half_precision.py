@@ -39,6 +39,7 @@ from latticedraft.decoding import registry  # noqa: E402
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.decoding.runs.session import Session  # noqa: E402
 from latticedraft.errors import LatticedraftError  # noqa: E402
+from latticedraft.gpu.models import hf  # noqa: E402
 from latticedraft.paths import data_dir, smollm2_dir  # noqa: E402
 
 METHODS = ("bpd", "greedy", "lookahead", "kangaroo", "ppd")
@@ -89,11 +90,11 @@ def chunked_argmax(base, prompt: np.ndarray, want: list, chunk: int = 4) -> list
 
     ids = torch.as_tensor(np.concatenate([prompt, np.asarray(want, dtype=np.int64)])[None])
     cache = DynamicCache()
-    out = base(input_ids=ids[:, : len(prompt)], cache=cache, use_cache=True)
+    out = base(input_ids=ids[:, : len(prompt)], use_cache=True, **hf.cache_arg(cache))
     picks = [int(out.logits[0, -1].argmax())]
     for s in range(len(prompt), ids.shape[1] - 1, chunk):
         e = min(s + chunk, ids.shape[1] - 1)
-        out = base(input_ids=ids[:, s:e], cache=cache, use_cache=True)
+        out = base(input_ids=ids[:, s:e], use_cache=True, **hf.cache_arg(cache))
         picks += out.logits[0].argmax(-1).tolist()
     return picks[: len(want)]
 

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
+from latticedraft.gpu.models import hf
+
 VOCAB = 64
 
 
@@ -61,12 +63,13 @@ class ToyHeads(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None,
                 use_cache=False, heads=True, **kw):
+        cache = kw.pop("past_key_values", cache)  # the name callers use under transformers < 5.24 (hf.cache_keyword)
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        cache=cache, use_cache=use_cache, output_hidden_states=True, **kw)
+                        use_cache=use_cache, output_hidden_states=True, **hf.cache_arg(cache), **kw)
         hid = out.hidden_states[-1]
         extra = torch.einsum("bsh,khv->bskv", hid, self.heads)
         hl = torch.cat([out.logits[:, :, None, :], extra], dim=2) if heads else None
-        return ToyOutput(out.logits, hl, hid, out.cache)
+        return ToyOutput(out.logits, hl, hid, hf.output_cache(out))
 
     def head_logits_from(self, out, positions):
         pos = torch.as_tensor(positions, dtype=torch.long).reshape(-1)

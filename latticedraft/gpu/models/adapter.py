@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from latticedraft.errors import InputError, ModelError
+from latticedraft.gpu.models import hf
 from latticedraft.gpu.verify.layer_split import LayerSplit
 
 CONFIG = "adapter.json"
@@ -82,7 +83,7 @@ class KangarooAdapter(nn.Module):
         or None; cache: a DynamicCache or None. Returns the states the LM head reads [b, s, H]."""
         x = self.norm_in(h)
         if self.rotary:
-            a = self.attn(x, position_embeddings=rotary, attention_mask=bias, cache=cache)
+            a = self.attn(x, position_embeddings=rotary, attention_mask=bias, **hf.cache_arg(cache))
         else:
             a = self.attn(x, cache, bias)
         a = a[0] if isinstance(a, tuple) else a

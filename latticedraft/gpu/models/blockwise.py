@@ -66,6 +66,11 @@ class BlockwiseOutput:
     cache: object
     head_hidden: torch.Tensor | None = None
 
+    @property
+    def past_key_values(self):
+        """``cache`` under the name transformers < 5.24 reads (``hf.output_cache``)."""
+        return self.cache
+
 
 class BlockwiseCache:
     """KV caches of a dynamo ``BlockwiseModel``: the base's and one per extra head layer.
@@ -350,7 +355,9 @@ class BlockwiseModel(nn.Module):
                 use_cache: bool = False, heads: bool = True, **base_kwargs) -> BlockwiseOutput:
         """One trunk pass. ``input_ids`` int64[b, s]; ``attention_mask`` 2-D [b, total_len] (padding) or a
         4-D additive/bool mask [b, 1, s, total_len] (tree attention), passed through unchanged to the base
-        and to dynamo head layers; ``position_ids`` [b, s] likewise."""
+        and to dynamo head layers; ``position_ids`` [b, s] likewise. ``cache`` may come as
+        ``past_key_values`` (``hf.cache_keyword``: what callers pass any model under transformers < 5.24)."""
+        cache = base_kwargs.pop("past_key_values", cache)
         base_cache, head_caches = cache, None
         if isinstance(cache, BlockwiseCache):
             base_cache, head_caches = cache.base, cache.heads
@@ -361,15 +368,15 @@ class BlockwiseModel(nn.Module):
 
             base_cache = DynamicCache(config=self.base.config)
         out = self.base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        cache=base_cache, use_cache=use_cache, output_hidden_states=True, **base_kwargs)
+                        use_cache=use_cache, output_hidden_states=True, **hf.cache_arg(base_cache), **base_kwargs)
         hidden = out.hidden_states[-1]
-        head_hidden, out_cache = None, out.cache
+        head_hidden, out_cache = None, hf.output_cache(out)
         if self.kind == "dynamo":
             if heads or use_cache:
                 head_hidden, head_caches = self.heads(out.hidden_states[-2], attention_mask, position_ids,
                                                       head_caches, use_cache)
             if use_cache:
-                out_cache = BlockwiseCache(out.cache, head_caches)
+                out_cache = BlockwiseCache(hf.output_cache(out), head_caches)
         elif heads:
             head_hidden = (self.heads(hidden, next_tokens=out.logits.argmax(-1)) if self.token_input else self.heads(hidden))
         head_logits = None

@@ -273,7 +273,7 @@ class DynamoHeads(nn.Module):
         outs = []
         for j, block in enumerate(self.blocks):
             o = block(inputs_embeds=stem, attention_mask=attention_mask, position_ids=position_ids,
-                      cache=None if caches is None else caches[j], use_cache=use_cache)
+                      use_cache=use_cache, **hf.cache_arg(None if caches is None else caches[j]))
             outs.append(o.last_hidden_state)
         return torch.stack(outs, dim=-2), caches
 

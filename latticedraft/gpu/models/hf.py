@@ -7,6 +7,8 @@ by structure, not by model name, so GPT-2, LLaMA, Mistral, GPT-NeoX/Pythia and m
 
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
 
 import torch
@@ -16,6 +18,26 @@ from latticedraft.errors import InputError, ModelError
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 _NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
+
+
+@functools.cache
+def cache_keyword() -> str:
+    """The keyword transformers' models, decoder layers and attention modules take a KV cache by,
+    and the field of their outputs that returns it: ``cache`` from transformers 5.24 (which
+    deprecates the old name), ``past_key_values`` before; read once from ``LlamaModel.forward``."""
+    from transformers import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+def cache_arg(cache) -> dict:
+    """``{cache_keyword(): cache}``: the keyword argument of a KV cache for a transformers call."""
+    return {cache_keyword(): cache}
+
+
+def output_cache(out):
+    """The KV cache a transformers model output returns (``out.cache`` or ``out.past_key_values``)."""
+    return getattr(out, cache_keyword())
 
 
 def resolve_dtype(dtype) -> torch.dtype:

@@ -8,7 +8,7 @@ into w rows (one per beam) and feeds one token per beam per call ([w] -> [w, V])
 Two paths give the same numbers: models ``lean_stack`` accepts (an unwrapped GPT-2, LLaMA or
 Mistral; see ``gpu.verify.lean``) run through ``LeanStack`` over the in-place ``KVCache``, without
 transformers' per-call work; others through transformers' forward over a ``DynamicCache``
-(passed as ``cache=``). ``calls`` counts forwards of either path.
+(passed as ``hf.cache_arg``). ``calls`` counts forwards of either path.
 
     >>> lm = IncrementalLM(model)                        # doctest: +SKIP
     >>> x = lm.next_logits(np.array([5, 8, 13]), room=2) # [V]: after the history; 2 pushes to come
@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from latticedraft.gpu.models.hf import cache_arg
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.kvcache import cache_length, crop_to
 from latticedraft.gpu.verify.modes import position_limit, sliding_window
@@ -56,7 +57,7 @@ class IncrementalLM:
 
             if self.cache is None:
                 self.cache = DynamicCache()
-            return self.model(input_ids=x, cache=self.cache, use_cache=True).logits[0, -1]
+            return self.model(input_ids=x, use_cache=True, **cache_arg(self.cache)).logits[0, -1]
         if self.cache is None:
             self.cache = KVCache(1, self.stack.num_layers, self.device, capacity=len(ids) + 16)
         n = len(ids)
@@ -130,7 +131,7 @@ class Beams:
         x = torch.as_tensor(np.asarray(tokens, dtype=np.int64)[:, None], device=lm.device)  # [w, 1]
         lm.calls += 1
         if lm.stack is None:
-            return lm.model(input_ids=x, cache=self.cache, use_cache=True).logits[:, -1]
+            return lm.model(input_ids=x, use_cache=True, **cache_arg(self.cache)).logits[:, -1]
         cache, stack = self.cache, lm.stack
         pos = torch.as_tensor(cache.next_pos[:, None].copy(), device=lm.device)  # [w, 1] (equal: no padding)
         start = cache.reserve(1)

@@ -225,8 +225,8 @@ def hf_forward(model, input_ids, attention_mask, position_ids, cache, lazy: bool
     ``num_heads``, default all). With ``lazy`` only the decoder backbone runs (no output
     projection, no hidden-state recording): a tree of N nodes pays the projection only for the
     nodes the accept walk visits, and the call costs what a plain decoder call costs."""
-    kw = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-              cache=cache, use_cache=True)
+    kw = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+              **hf.cache_arg(cache))
     if lazy:
         out = hf.backbone(model.base)(**kw)
         return Forward(model, hidden=out.last_hidden_state, num_heads=num_heads)

@@ -82,8 +82,8 @@ class LayerSplit:
             if self.rotary is None:
                 h = layer(h, cache, bias, None, use_cache=True, position_ids=pos)
             else:
-                h = layer(h, attention_mask=bias, position_embeddings=rotary, position_ids=pos,
-                          cache=cache, use_cache=True)
+                h = layer(h, attention_mask=bias, position_embeddings=rotary, position_ids=pos, use_cache=True,
+                          **hf.cache_arg(cache))
             h = h[0] if isinstance(h, tuple) else h
         return h
 

@@ -3,6 +3,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from latticedraft.errors import InputError, ModelError
+from latticedraft.gpu.models import hf
 from latticedraft.gpu.models.blockwise import BlockwiseCache, BlockwiseModel
 from tests.gpu.conftest import V, make_tiny, perturb_heads
 
@@ -173,7 +174,7 @@ def test_dynamo_rejects_bare_base_cache(ids):
     with torch.no_grad():
         out = bm.base(input_ids=ids, use_cache=True)
         with pytest.raises(InputError, match="BlockwiseCache"):
-            bm(ids[:, :1], cache=out.cache, use_cache=True)
+            bm(ids[:, :1], cache=hf.output_cache(out), use_cache=True)
 
 
 def test_new_cache_is_filled_in_place(kind, ids):
