@@ -20,7 +20,7 @@ Counting: the prefill call emits 1 token, each verify call the accepted drafts +
 proposer every step verifies the root alone: latticedraft's own greedy loop on the same forward,
 the baseline of the algorithmic gain.
 
-    >>> r = speculative_decode(model, [ids], [HeadProposer(Top1Drafter())], max_new_tokens=64)  # doctest: +SKIP
+    >>> r = speculative_decode(model, [ids], [HeadProposer(Top1Drafter())], Request(max_new_tokens=64))  # doctest: +SKIP
     >>> r.sequences[0].tokens, r.block_efficiency
 """
 
@@ -34,6 +34,7 @@ import torch
 from latticedraft.decoding.accept.rule import GreedyRule
 from latticedraft.decoding.planning.draft_tree import TreePlanner
 from latticedraft.decoding.proposers.base import Proposal, Step, StepRows
+from latticedraft.decoding.registry import Request
 from latticedraft.decoding.results import DecodeResult, StepRecord
 from latticedraft.decoding.rows import Rows
 from latticedraft.decoding.runs.prompt_length import checked_prompts
@@ -43,63 +44,45 @@ from latticedraft.gpu.verify.verifier import Verifier
 
 
 @torch.inference_mode()
-def speculative_decode(
-    model,
-    prompts: list,
-    proposers=(),
-    *,
-    max_new_tokens: int = 64,
-    eos_token_id=None,
-    rule=None,
-    sampling=None,
-    draws=None,
-    planner: TreePlanner | None = None,
-    gate=None,
-    verifier: Verifier | None = None,
-    verify: str = "auto",
-    kv_cache: str = "auto",
-    draft_vocab=None,
-    num_heads: int | None = None,
-    index: list[int] | None = None,
-    rows: list[int] | None = None,
-    on_tokens=None,
-    record_steps: bool = False,
-    slots: int | None = None,
-    on_done=None,
-) -> DecodeResult:
+def speculative_decode(verifier, prompts: list, proposers=(), request: Request | None = None, *, rule=None,
+                       planner: TreePlanner | None = None, gate=None) -> DecodeResult:
     """Decode every prompt (int sequences, >= 1 token each) with ``proposers`` (a list; empty:
     latticedraft's greedy loop).
 
-    rule: the acceptance rule (default ``GreedyRule``, or ``accept.sampling.SpeculativeRule(sampling,
-    draws)`` when ``sampling``, a ``SamplingOptions``, is given: lossless sampling; MTAD passes its
-    own); draws: the random source of drafts and acceptance (default ``SeededDraws(sampling.seed)``).
-    planner: which nodes to verify (default every proposed path); gate: a ``planning.head_gate.
-    GatedHeads`` that may skip the heads for a step. verifier: a prepared ``Verifier`` (split
-    verification for Kangaroo), else one is built from ``verify`` ("auto" | "tree" | "batched"),
-    ``kv_cache`` ("auto" | "full" | "rolling"), ``draft_vocab`` (token ids the extra heads project
-    onto) and ``num_heads`` (heads computed: the base's + num_heads - 1; default all, 1 without a
-    proposer that reads heads). index: each prompt's position in the caller's prompt list (per-call
-    proposer state; default 0..b-1); rows: run-wide row ids (seeds; default ``index``).
-    on_tokens(i, new_ids) streams; on_done(i, result) is called as row i finishes, with a
-    ``DecodeResult`` of that row alone; record_steps keeps a ``StepRecord`` per row and step.
+    verifier: a prepared ``Verifier`` (split verification for Kangaroo; a reduced draft
+    vocabulary), or a model, for which one is built (``request.verify``; the extra heads computed
+    where a proposer reads them). request: what is asked (``registry.Request``: max_new_tokens,
+    eos_token_id, sampling, rows, on_tokens, record_steps, slots, on_done; default
+    ``Request()``). rule: the acceptance rule (default ``GreedyRule``, or
+    ``accept.sampling.SpeculativeRule(request.sampling)`` when sampling: lossless sampling; MTAD
+    passes its own). planner: which nodes to verify (default every proposed path); gate: a
+    ``planning.head_gate.GatedHeads`` that may skip the heads for a step. Rows are
+    ``request.rows`` run-wide (seeds; default ``request.first_row`` + 0..b-1); proposers key their
+    per-call state by ``first_row`` + the prompt's position in ``prompts``. on_tokens(i, new_ids) streams; on_done(i, result) is called
+    as row i finishes, with a ``DecodeResult`` of that row alone; record_steps keeps a
+    ``StepRecord`` per row and step.
 
-    slots: the most rows in flight (default all): a continuous batch. The first ``slots`` prompts
-    start; whenever rows finish, the next prompts are prefilled on their own and join the running
-    batch in the freed rows (``append_rows`` of the cache), so drafting rows that finish at
-    different steps do not leave the batch running short until the slowest is done. Needs
-    proposers whose per-row state is keyed by the prompt (``Proposer.admits``)."""
+    ``request.slots``: the most rows in flight (default all): a continuous batch. The first
+    ``slots`` prompts start; whenever rows finish, the next prompts are prefilled on their own and
+    join the running batch in the freed rows (``append_rows`` of the cache), so drafting rows that
+    finish at different steps do not leave the batch running short until the slowest is done.
+    Needs proposers whose per-row state is keyed by the prompt (``Proposer.admits``)."""
+    req = Request() if request is None else request
+    model = verifier.model if isinstance(verifier, Verifier) else verifier
+    max_new_tokens, sampling, on_tokens, on_done = req.max_new_tokens, req.sampling, req.on_tokens, req.on_done
+    record_steps = req.record_steps
     prompts = checked_prompts(model, prompts, max_new_tokens)
     proposers = list(proposers)
     b = len(prompts)
-    slots = b if slots is None else int(slots)
+    slots = b if req.slots is None else int(req.slots)
     if slots < 1:
         raise InputError(f"slots = {slots}: a batch needs at least one row")
     if slots < b and not all(p.admits for p in proposers):
         raise InputError("a continuous batch (slots < prompts) admits prompts into running rows, and "
                          + ", ".join(p.name for p in proposers if not p.admits)
                          + " keeps per-batch state; decode these in fixed batches")
-    index = list(range(b)) if index is None else list(index)
-    row_ids = list(index) if rows is None else list(rows)
+    index = list(range(req.first_row, req.first_row + b))
+    row_ids = list(index) if req.rows is None else list(req.rows)
     uses_heads = any(p.uses_heads for p in proposers)
     if rule is None:
         if sampling is None:
@@ -107,13 +90,12 @@ def speculative_decode(
         else:
             from latticedraft.decoding.accept.sampling import SpeculativeRule
 
-            rule = SpeculativeRule(sampling, draws)
+            rule = SpeculativeRule(sampling)
     if sampling is not None and sum(1 for p in proposers if p.name != "none") > 1:
         raise InputError("lossless sampling verifies one draft source's paths as drawn; got "
                          + ", ".join(p.name for p in proposers))
-    if verifier is None:
-        verifier = Verifier(model, verify, num_heads=num_heads if uses_heads else 1,
-                            draft_vocab=draft_vocab if uses_heads else None, kv_cache=kv_cache)
+    if not isinstance(verifier, Verifier):
+        verifier = Verifier(model, req.verify, num_heads=None if uses_heads else 1)
     planner = planner or TreePlanner("fixed")
     vocab = None if verifier.draft_vocab is None else verifier.draft_vocab.ids
     samplers = None
@@ -124,7 +106,7 @@ def speculative_decode(
         samplers = [DraftSampler(sampling, rule.draws, r, V) for r in row_ids]
     done_cb = None if on_done is None else (lambda i, seq: on_done(i, DecodeResult.one(
         seq, verifier.mode, verifier.mode_reason, verifier.peak_cache_bytes)))
-    state_rows = Rows(prompts, max_new_tokens, eos_token_id, on_tokens, done_cb)
+    state_rows = Rows(prompts, max_new_tokens, req.eos_token_id, on_tokens, done_cb)
     timing = {"model": 0.0, "lattice": 0.0, "draft": 0.0, "accept": 0.0}
     steps: list[StepRecord] = []
     for p in proposers:

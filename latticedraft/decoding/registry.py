@@ -33,7 +33,9 @@ SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed", "repetition_pe
 @dataclass(frozen=True)
 class Request:
     """What a decode call asks of any method. rows: the run-wide id of each prompt (seeds: row r of
-    seed s draws from ``default_rng([s, r])``, whatever batch it lands in; None: 0..n-1);
+    seed s draws from ``default_rng([s, r])``, whatever batch it lands in; None: first_row,
+    first_row + 1, ...); first_row: the position of the call's first prompt in the caller's
+    prompt list (what proposers key per-call state by, such as the oracle's references);
     sampling: ``SamplingOptions`` (None: greedy; a method that always samples uses its own
     defaults); on_tokens(i, new_ids) streams row i's tokens; record_steps keeps per-step records."""
 
@@ -46,6 +48,7 @@ class Request:
     record_steps: bool = False
     slots: int | None = None  # a continuous batch of this many rows over the call's prompts (``Method.continuous``)
     on_done: Callable | None = None  # on_done(i, DecodeResult of row i alone) as it finishes (continuous runs)
+    first_row: int = 0
 
 
 @dataclass(frozen=True)

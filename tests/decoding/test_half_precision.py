@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from latticedraft.decoding.loop import speculative_decode
+from latticedraft.decoding.registry import Request
 from latticedraft.decoding.proposers.heads import HeadProposer, LatticeOptions, make_drafter
 from tests.decoding.tiny import blockwise, prompts, reference
 
@@ -51,7 +52,7 @@ def test_kept_tokens_are_the_argmax_up_to_the_dtypes_rounding(dtype, drafter):
     proposers = [] if drafter == "none" else [HeadProposer(
         make_drafter("parallel-base", nbest=4, options=opts) if drafter == "parallel-base"
         else make_drafter("oracle", references=want, options=opts))]
-    res = speculative_decode(half, ps, proposers, max_new_tokens=N)
+    res = speculative_decode(half, ps, proposers, Request(max_new_tokens=N))
     for p, seq, w in zip(ps, res.sequences, want):
         got = seq.tokens.tolist()
         assert len(got) == N

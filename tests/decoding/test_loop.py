@@ -338,12 +338,13 @@ def test_a_continuous_batch_with_eos_and_sampling_repeats_the_fixed_batch_rows()
 
 def test_a_continuous_batch_needs_proposers_that_admit_rows():
     from latticedraft.decoding.loop import speculative_decode
+    from latticedraft.decoding.registry import Request
     from latticedraft.decoding.proposers.draft_model import ModelProposer
 
     model, ps, _ = _case("llama", torch.float32, 2, 0)
     with pytest.raises(InputError, match="fixed batches"):
         speculative_decode(model, ps, [ModelProposer(tiny_model("llama", torch.float32, seed=2), 3)],
-                           max_new_tokens=4, slots=2)
+                           Request(max_new_tokens=4, slots=2))
     with pytest.raises(InputError, match="slots = 0"):
-        speculative_decode(model, ps, [], max_new_tokens=4, slots=0)
+        speculative_decode(model, ps, [], Request(max_new_tokens=4, slots=0))
 

@@ -6,6 +6,7 @@ entry that calls it with what the session loaded).
 
 from __future__ import annotations
 
+from latticedraft.decoding.registry import Request
 from latticedraft.errors import InputError
 
 
@@ -68,9 +69,11 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
         cost = CostModel.for_batch(verifier, len(prompts) if slots is None else min(slots, len(prompts)))
     planner = TreePlanner(policy, acceptance, cost)
     gated = GatedHeads(gate or HeadGate(), ctx) if tree == "auto" and ctx is not None and from_heads else None
-    n = len(prompts)
-    index = list(range(first_row, first_row + n))
-    return speculative_decode(model, prompts, proposers, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                              rule=rule, sampling=sampling, draws=draws, planner=planner, gate=gated,
-                              verifier=verifier, index=index, rows=index if rows is None else rows,
-                              on_tokens=on_tokens, record_steps=record_steps, slots=slots, on_done=on_done)
+    if rule is None and sampling is not None and draws is not None:
+        from latticedraft.decoding.accept.sampling import SpeculativeRule
+
+        rule = SpeculativeRule(sampling, draws)
+    req = Request(max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, sampling=sampling,
+                  rows=rows, first_row=first_row, on_tokens=on_tokens, record_steps=record_steps, slots=slots,
+                  on_done=on_done)
+    return speculative_decode(verifier, prompts, proposers, req, rule=rule, planner=planner, gate=gated)

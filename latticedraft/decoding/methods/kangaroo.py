@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from latticedraft.decoding.registry import Method
+from latticedraft.decoding.registry import Method, Request
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,9 @@ def kangaroo_decode(model, prompts: list, adapter, *, gamma: int = 6, eta: float
     from latticedraft.gpu.verify.verifier import Verifier
 
     proposer = KangarooProposer(LayerSplit(model), adapter, gamma, eta)
-    index = list(range(first_row, first_row + len(prompts)))
-    res = speculative_decode(model, prompts, [proposer], max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                             verifier=Verifier(model, num_heads=1, from_layer=proposer.exit_layer), index=index,
-                             rows=index if rows is None else rows, on_tokens=on_tokens)
+    req = Request(max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                  rows=rows, first_row=first_row, on_tokens=on_tokens)
+    res = speculative_decode(Verifier(model, num_heads=1, from_layer=proposer.exit_layer), prompts, [proposer], req)
     res.verify_reason = f"kangaroo l={proposer.exit_layer} gamma={gamma} eta={eta}; {res.verify_reason}"
     return res
 

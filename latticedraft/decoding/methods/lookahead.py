@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from latticedraft.decoding.registry import Method, sampling_label
+from latticedraft.decoding.registry import Method, Request, sampling_label
 from latticedraft.errors import InputError
 
 
@@ -98,18 +98,20 @@ def lookahead_decode(model, prompts: list, *, W: int = 15, N: int = 5, G: int = 
     in the whole prompt set (seeds each row's window and draws; ``rows`` gives every prompt's id).
     sampling: ``SamplingOptions`` for lossless sampling (None: greedy); draws: its random source.
     kv_cache: "auto" | "full" | "rolling"."""
+    from latticedraft.decoding.accept.sampling import SpeculativeRule
     from latticedraft.decoding.loop import speculative_decode
     from latticedraft.decoding.proposers.lookahead import LookaheadProposer
     from latticedraft.gpu.models import hf
+    from latticedraft.gpu.verify.verifier import Verifier
 
     opts = LookaheadOptions(W, N, G, prompt_as_reference, seed)
     check_step_size(model, opts, len(prompts))
     V = hf.model_vocab_size(getattr(model, "base", model))
-    index = list(range(first_row, first_row + len(prompts)))
-    res = speculative_decode(model, prompts, [LookaheadProposer(opts, V)], max_new_tokens=max_new_tokens,
-                             eos_token_id=eos_token_id, sampling=sampling, draws=draws, verify=verify,
-                             kv_cache=kv_cache, num_heads=1, index=index, rows=index if rows is None else rows,
-                             on_tokens=on_tokens)
+    req = Request(max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, sampling=sampling, verify=verify,
+                  rows=rows, first_row=first_row, on_tokens=on_tokens)
+    rule = None if sampling is None or draws is None else SpeculativeRule(sampling, draws)
+    res = speculative_decode(Verifier(model, verify, num_heads=1, kv_cache=kv_cache), prompts,
+                             [LookaheadProposer(opts, V)], req, rule=rule)
     res.verify_reason += f"; lookahead W={W} N={N} G={G}" + ("" if sampling is None else f"; sampling {sampling}")
     return res
 

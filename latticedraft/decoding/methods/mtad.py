@@ -51,9 +51,7 @@ def _run(session, prompts, o: MtadOptions, req):
     from latticedraft.decoding.proposers.mtad import MtadProposer
 
     return speculative_decode(session.model, prompts, [MtadProposer(session.draft_model, o.gamma, o.beams)],
-                              max_new_tokens=req.max_new_tokens, eos_token_id=req.eos_token_id,
-                              rule=MtadRule(req.sampling, o.tau), sampling=req.sampling, verify=req.verify,
-                              num_heads=1, rows=req.rows, on_tokens=req.on_tokens, record_steps=req.record_steps)
+                              req, rule=MtadRule(req.sampling, o.tau))
 
 
 METHOD = Method(

@@ -83,7 +83,7 @@ class Proposer:
     """Base class: proposes nothing. ``uses_heads``: reads ``Step.head_logits``; ``stem``: set by
     proposers that run the model's first layers themselves (split verification); ``admits``: its
     per-row state is keyed by the prompt (``start`` makes it for every prompt of the call), so
-    prompts may join a running batch (``loop.speculative_decode(slots=...)``)."""
+    prompts may join a running batch (``loop.speculative_decode``'s ``Request.slots``)."""
 
     name = "none"
     uses_heads = False

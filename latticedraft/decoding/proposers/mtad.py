@@ -15,7 +15,7 @@ Paper defaults: gamma = 4, W = 8, tau = 0.1, top-k 20 then top-p 0.9.
 
 ``MtadProposer`` is the draft source; ``methods/mtad.py`` decodes with it and ``accept.mtad.MtadRule``.
 
-    >>> r = speculative_decode(target, [ids], [MtadProposer(draft)], sampling=MTAD_SAMPLING,
+    >>> r = speculative_decode(target, [ids], [MtadProposer(draft)], Request(sampling=MTAD_SAMPLING),
     ...                        rule=MtadRule(MTAD_SAMPLING, tau=0.1))       # doctest: +SKIP
 """
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from latticedraft.decoding.loop import speculative_decode
+from latticedraft.decoding.registry import Request
 from latticedraft.decoding.proposers.heads import HeadProposer, LatticeOptions, make_drafter
 from latticedraft.gpu.models.incremental import IncrementalLM
 from latticedraft.gpu.verify.forward import attention_bias
@@ -57,7 +58,7 @@ def test_tree_verification_equals_generate_on_cuda(arch, batch, drafter):
     opts = LatticeOptions(k=64, slots=2)
     source = (make_drafter("parallel-base", nbest=4, options=opts) if drafter == "parallel-base"
               else make_drafter("oracle", references=want, options=opts))
-    res = speculative_decode(model, ps, [HeadProposer(source)], max_new_tokens=16)
+    res = speculative_decode(model, ps, [HeadProposer(source)], Request(max_new_tokens=16))
     assert res.verify_mode == "tree"
     assert [q.tokens.tolist() for q in res.sequences] == want
     if drafter == "oracle":
