@@ -24,6 +24,7 @@ import torch
 
 from latticedraft.gpu.models.hf import cache_arg
 from latticedraft.gpu.verify.kv import KVCache
+from latticedraft.gpu.verify.masks import causal_mask
 from latticedraft.gpu.verify.kvcache import cache_length, crop_to
 from latticedraft.gpu.verify.modes import position_limit, sliding_window
 
@@ -148,17 +149,3 @@ def lean_stack(model):
     if supports(model) is not None or hasattr(model, "base") or position_limit(model) is None:
         return None
     return stack_for(model)
-
-
-def causal_mask(start: int, n: int, window: int | None, device) -> torch.Tensor | None:
-    """Which of slots 0..start+n-1 (slot = position) the n tokens at positions start.. see:
-    bool[1, 1, n, start + n], causal and, with a sliding window, ``key > query - window``
-    (transformers' rule); None where every slot is visible."""
-    if n == 1 and (window is None or start < window):
-        return None
-    q = torch.arange(start, start + n, device=device)[:, None]
-    k = torch.arange(start + n, device=device)[None]
-    vis = k <= q
-    if window is not None:
-        vis &= k > q - window
-    return vis[None, None]

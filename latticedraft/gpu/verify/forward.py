@@ -22,13 +22,6 @@ from latticedraft.gpu.verify.screened_topk import topk_projection
 from latticedraft.gpu.verify.sparse_logits import SparseLogits
 
 
-def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool[b, N, K] (True = may attend) -> additive float mask [b, 1, N, K] (0 or dtype min)."""
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return bias[:, None]
-
-
 class Forward:
     """One target call. Either ``logits`` [b, s, V] (a plain causal LM, or a base whose logits
     are not the plain output projection) or, for a lazy call, ``hidden`` [b, s, H], the final

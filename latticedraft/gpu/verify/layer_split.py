@@ -23,6 +23,7 @@ from torch import nn
 
 from latticedraft.errors import ModelError
 from latticedraft.gpu.models import hf
+from latticedraft.gpu.verify.masks import attention_bias, visible
 
 
 class LayerSplit:
@@ -96,15 +97,7 @@ class LayerSplit:
         """The additive mask [b, 1, s, K + s] for s queries at ``q_pos`` [b, s] over K cached slots
         (``key_valid`` bool[b, K], ``key_pos`` [b, K]) and the s new ones (``allowed_new``
         bool[b, s, s]: which new tokens each query sees, itself included), with Mistral's window."""
-        b, s = q_pos.shape
-        allowed = torch.cat([key_valid[:, None, :].expand(b, s, -1), allowed_new], dim=2)
-        if self.window is not None:
-            kp = torch.cat([key_pos, q_pos], dim=1)
-            allowed = allowed & (kp[:, None, :] > q_pos[:, :, None] - self.window)
-        allowed[:, torch.arange(s), key_valid.shape[1] + torch.arange(s)] = True  # never an empty row (no NaN)
-        bias = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
-        bias.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        return bias[:, None]
+        return attention_bias(visible(key_valid, key_pos, q_pos, allowed_new, self.window), self.dtype)
 
     def clamp(self, pos: torch.Tensor) -> torch.Tensor:
         """Drafted positions may pass GPT-2's last learned position; they are never accepted there."""

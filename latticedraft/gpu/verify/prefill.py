@@ -13,25 +13,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-
-def window_mask(allowed: np.ndarray, q_pos: np.ndarray, k_pos: np.ndarray, window: int | None) -> np.ndarray:
-    """bool[b, N, K] restricted to keys inside the window: ``k_pos > q_pos - window`` (in place)."""
-    if window is not None:
-        allowed &= k_pos[:, None, :] > q_pos[:, :, None] - window
-    return allowed
+from latticedraft.gpu.verify.masks import causal, visible
 
 
 def chunk_mask(state, valid: np.ndarray, pos: np.ndarray, window: int | None) -> np.ndarray:
     """bool[b, C, L + C]: which cache slots and chunk tokens each chunk token sees. valid: bool[b, C]
     (False = left padding), pos: int64[b, C]. Padding queries see themselves (no all-masked row)."""
-    b, c = valid.shape
-    L = state.length
-    allowed = np.empty((b, c, L + c), dtype=bool)
-    allowed[:, :, :L] = state.valid[:, None, :]
-    allowed[:, :, L:] = np.tril(np.ones((c, c), dtype=bool))[None] & valid[:, None, :]
-    window_mask(allowed, pos, np.concatenate([state.pos, pos], axis=1), window)
-    allowed[:, :, L:] |= np.eye(c, dtype=bool)[None]
-    return allowed
+    return visible(state.valid, state.pos, pos, causal(valid), window)
 
 
 def chunked_prefill(run, state, ids: torch.Tensor, valid: torch.Tensor, window: int, chunk: int | None = None):

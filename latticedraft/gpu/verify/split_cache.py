@@ -15,6 +15,7 @@ import torch
 from latticedraft.errors import InputError
 from latticedraft.gpu.verify.kvcache import SlotCache
 from latticedraft.gpu.verify.layer_split import LayerSplit
+from latticedraft.gpu.verify.masks import causal
 
 
 def left_pad(prompts: list[np.ndarray], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -29,12 +30,6 @@ def left_pad(prompts: list[np.ndarray], device) -> tuple[torch.Tensor, torch.Ten
         valid[i, n - len(p):] = True
     pos = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)
     return ids, valid, pos
-
-
-def causal(valid: torch.Tensor) -> torch.Tensor:
-    """bool[b, n, n]: query t sees valid keys s <= t."""
-    n = valid.shape[1]
-    return torch.ones(n, n, dtype=torch.bool, device=valid.device).tril()[None] & valid[:, None, :]
 
 
 class Pending:

@@ -62,12 +62,13 @@ import torch
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu.models import hf
 from latticedraft.gpu.verify import lean
-from latticedraft.gpu.verify.forward import DraftVocab, Forward, attention_bias, hf_forward, lazy_logits_ok
+from latticedraft.gpu.verify.forward import DraftVocab, Forward, hf_forward, lazy_logits_ok
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.kvcache import SlotCache
 from latticedraft.gpu.verify.modes import (base_config, check_verifiable, choose_kv_cache, choose_mode, model_device,
                                            model_dtype, position_limit, sliding_window)
-from latticedraft.gpu.verify.prefill import chunked_prefill, window_mask
+from latticedraft.gpu.verify.masks import attention_bias, causal, visible
+from latticedraft.gpu.verify.prefill import chunked_prefill
 from latticedraft.gpu.verify.screened_argmax import argmax_projection, median_seconds
 from latticedraft.gpu.verify.screened_topk import topk_projection
 from latticedraft.gpu.verify.side_branch import SideBranch, step_layout
@@ -218,9 +219,8 @@ class Verifier:
             out = hf_forward(self.model, ids, valid.long(), pos, state.cache, lazy=self.lazy, num_heads=self.num_heads)
             self._track(state)
         else:
-            allowed = np.tril(np.ones((n, n), dtype=bool))[None] & valid_h[:, None, :]
-            window_mask(allowed, pos_h, pos_h, self.window)
-            allowed |= np.eye(n, dtype=bool)[None]  # padding rows: no NaN
+            none = np.zeros((b, 0), dtype=bool)
+            allowed = visible(none, none.astype(np.int64), pos_h, causal(valid_h), self.window)  # padding rows see themselves
             x = ids
             if self.mode == "split":
                 if stem is None:
@@ -311,10 +311,7 @@ class Verifier:
         b, n = packed.tokens.shape
         start = state.length
         q_pos = self._clamp(state.next_pos[:, None] + packed.depth)
-        allowed = np.empty((b, n, start + n), dtype=bool)
-        allowed[:, :, :start] = state.valid[:, None, :]
-        allowed[:, :, start:] = packed.ancestors
-        window_mask(allowed, q_pos, np.concatenate([state.pos, q_pos], axis=1), self.window)
+        allowed = visible(state.valid, state.pos, q_pos, packed.ancestors, self.window, self_visible=False)
         if hidden is not None:  # split mode: each row's chain of states, in layout order (root first)
             x = hidden[0].new_zeros(b, n, hidden[0].shape[-1])
             for i, h in enumerate(hidden):

@@ -4,7 +4,7 @@ and float64, left-padded batches under tree masks, any layer range, with and wit
 import pytest
 import torch
 
-from latticedraft.gpu.verify.forward import attention_bias
+from latticedraft.gpu.verify.masks import attention_bias
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.lean import LeanStack, supports
 from tests.decoding.tiny import tiny_model
