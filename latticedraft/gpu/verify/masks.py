@@ -36,18 +36,20 @@ def visible(key_valid, key_pos, q_pos, new, window: int | None, self_visible: bo
     the new tokens it sees (``new``, inside the window); with ``self_visible`` every query sees
     itself (padding rows). numpy or torch, as the inputs."""
     b, n = q_pos.shape
+    K = key_valid.shape[1]
     if isinstance(new, torch.Tensor):
-        allowed = torch.cat([key_valid[:, None, :].expand(b, n, -1), new.expand(b, n, n)], dim=2)
-        k_pos = torch.cat([key_pos, q_pos], dim=1)
+        allowed = torch.empty(b, n, K + n, dtype=torch.bool, device=new.device)
+        cat = torch.cat
     else:
-        allowed = np.concatenate([np.broadcast_to(key_valid[:, None, :], (b, n, key_valid.shape[1])),
-                                  np.broadcast_to(new, (b, n, n))], axis=2)
-        k_pos = np.concatenate([key_pos, q_pos], axis=1)
-    window_mask(allowed, q_pos, k_pos, window)
+        allowed = np.empty((b, n, K + n), dtype=bool)
+        cat = np.concatenate
+    allowed[:, :, :K] = key_valid[:, None, :]
+    allowed[:, :, K:] = new
+    if window is not None:
+        window_mask(allowed, q_pos, cat([key_pos, q_pos], 1), window)
     if self_visible:
-        k = key_valid.shape[1]
         rows = torch.arange(n, device=allowed.device) if isinstance(allowed, torch.Tensor) else np.arange(n)
-        allowed[:, rows, rows + k] = True
+        allowed[:, rows, rows + K] = True
     return allowed
 
 
