@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.methods import bpd_session  # noqa: E402
-from latticedraft.decoding.methods.bpd_loop import bpd_decode  # noqa: E402
+from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode  # noqa: E402
+from latticedraft.decoding.registry import Request  # noqa: E402
 from latticedraft.decoding.planning.draft_tree import TreePlanner  # noqa: E402
 from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.runs.session import Session
@@ -114,8 +115,9 @@ def random_llama(hidden, layers, inter, heads, vocab=8192, num_heads=8):
 def recorded_steps(session: Session, ids, max_new_tokens: int):
     """(sausage, drafts, history, greedy continuation) per step of a heads-only fixed-tree decode."""
     spec = DrafterSpec(SPEC.name, nbest=SPEC.nbest, slots=SPEC.slots)
-    res = bpd_decode(session.model, ids, bpd_session.proposer(session, spec), max_new_tokens=max_new_tokens,
-                     eos_token_id=session.eos, record_steps=True, draft_vocab=bpd_session.draft_vocab(session, "auto"))
+    res = bpd_decode(session.model, ids, bpd_session.proposer(session, spec),
+                     BpdPlan(draft_vocab=bpd_session.draft_vocab(session, "auto")),
+                     Request(max_new_tokens=max_new_tokens, eos_token_id=session.eos, record_steps=True))
     out = []
     for st in res.steps:
         seq = res.sequences[st.row]

@@ -68,7 +68,8 @@ def child(args) -> dict:
     import numpy as np
     import torch
 
-    from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+    from latticedraft.decoding.registry import Request
     from latticedraft.decoding.methods.lookahead import lookahead_decode
     from latticedraft.gpu.verify.modes import sliding_window
 
@@ -79,7 +80,7 @@ def child(args) -> dict:
     def run(p, n):
         if args.method == "lookahead":
             return lookahead_decode(model, [p], max_new_tokens=n, kv_cache=args.cache)
-        return bpd_decode(model, [p], None, max_new_tokens=n, kv_cache=args.cache)
+        return bpd_decode(model, [p], None, BpdPlan(kv_cache=args.cache), Request(max_new_tokens=n))
 
     run(prompt[:32], 4)  # warm-up: allocator, kernels
     base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.methods.bpd_loop import bpd_decode
+from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+from latticedraft.decoding.registry import Request
 from latticedraft.decoding.proposers.context import ContextNgrams
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.gpu.verify.verifier import Verifier
@@ -47,8 +48,13 @@ def test_batched_verify_runs_one_forward_per_step_over_the_drafted_rows(tree, mo
 
     monkeypatch.setattr(Verifier, "verify", recorded)
     d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=4)
-    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, tree=tree, context=ContextNgrams(max_ngram=3),
-                   verify="batched")
+    r = bpd_decode(
+        model,
+        ps,
+        d,
+        BpdPlan(tree=tree, context=ContextNgrams(max_ngram=3)),
+        Request(max_new_tokens=MAX_NEW, verify="batched"),
+    )
     assert r.verify_mode == "batched"
     assert [s.tokens.tolist() for s in r.sequences] == refs
     assert len(forwards) == 1 + len(steps)  # the prefill, then one forward per step: nothing measured

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.methods.bpd_loop import bpd_decode
+from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+from latticedraft.decoding.registry import Request
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.gpu.models.blockwise import BlockwiseModel
 from latticedraft.gpu.verify.forward import lazy_logits_ok
@@ -76,7 +77,7 @@ def _drafter(name, refs, lm, rescorer, k=8):
 def test_every_drafter_with_medusa_heads_equals_generate(name, state, toy_lm, rescorer):
     model, ps, refs = _case("gpt2", state)
     assert lazy_logits_ok(model)  # the verifier computes the heads at the accepted node only (draft_logits)
-    r = bpd_decode(model, ps, _drafter(name, refs, toy_lm, rescorer), max_new_tokens=MAX_NEW)
+    r = bpd_decode(model, ps, _drafter(name, refs, toy_lm, rescorer), request=Request(max_new_tokens=MAX_NEW))
     assert [s.tokens.tolist() for s in r.sequences] == refs
     assert r.verify_mode == "tree"
     if name == "oracle":  # the heads' lattices really drive the drafts
@@ -91,13 +92,25 @@ def test_every_drafter_with_medusa_heads_equals_generate(name, state, toy_lm, re
 def test_medusa_shapes_verify_modes_and_draft_vocab_stay_exact(arch, lm_head, layers, bias, verify, vocab, toy_lm):
     model, ps, refs = _case(arch, "trained", lm_head, layers, bias)
     ids = np.random.default_rng(0).permutation(64)[:vocab] if vocab else None
-    r = bpd_decode(model, ps, _drafter("parallel", refs, toy_lm, None), max_new_tokens=MAX_NEW, verify=verify,
-                   draft_vocab=ids, record_steps=True)
+    r = bpd_decode(
+        model,
+        ps,
+        _drafter("parallel", refs, toy_lm, None),
+        BpdPlan(draft_vocab=ids),
+        Request(max_new_tokens=MAX_NEW, verify=verify, record_steps=True),
+    )
     assert [s.tokens.tolist() for s in r.sequences] == refs
     if vocab:
-        assert all(set(st.sausage.tokens[st.sausage.tokens >= 0].tolist()) <= set(ids.tolist())
-                   for st in r.steps if st.sausage is not None)
-    oracle = bpd_decode(model, ps, make_drafter("oracle", options=LatticeOptions(k=64), references=refs),
-                        max_new_tokens=MAX_NEW, verify=verify)
+        assert all(
+            set(st.sausage.tokens[st.sausage.tokens >= 0].tolist()) <= set(ids.tolist())
+            for st in r.steps
+            if st.sausage is not None
+        )
+    oracle = bpd_decode(
+        model,
+        ps,
+        make_drafter("oracle", options=LatticeOptions(k=64), references=refs),
+        request=Request(max_new_tokens=MAX_NEW, verify=verify),
+    )
     assert [s.tokens.tolist() for s in oracle.sequences] == refs
     assert oracle.block_efficiency > 1.5  # k = V: every slot holds the true token

@@ -270,16 +270,15 @@ def _prepare(session, spec: DrafterSpec, batch_size: int) -> None:
 
 def _run(session, prompts: list, spec: DrafterSpec, req) -> object:
     from latticedraft.decoding.methods import bpd_session as ses
-    from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
 
     refs = ses.references(session, prompts, req.max_new_tokens) if spec.name == "oracle" else None  # what it drafts
-    return bpd_decode(session.model, prompts, ses.proposer(session, spec, refs), max_new_tokens=req.max_new_tokens,
-                      eos_token_id=req.eos_token_id, verify=req.verify, tree=spec.tree, context=spec.context(),
-                      acceptance=ses.acceptance(session, spec) if spec.tree == "auto" else None,
-                      draft_vocab=ses.draft_vocab(session, spec.draft_vocab) if spec.name in HEAD_DRAFTERS else None,
-                      gate=ses.gate(session, spec), lookahead=spec.lookahead, sampling=req.sampling, rows=req.rows,
-                      on_tokens=req.on_tokens, record_steps=req.record_steps, slots=req.slots,
-                      on_done=req.on_done, lm=ses.lm_drafts(session, spec), extra=_sources(session, spec))
+    plan = BpdPlan(tree=spec.tree, context=spec.context(),
+                   acceptance=ses.acceptance(session, spec) if spec.tree == "auto" else None,
+                   draft_vocab=ses.draft_vocab(session, spec.draft_vocab) if spec.name in HEAD_DRAFTERS else None,
+                   gate=ses.gate(session, spec), lookahead=spec.lookahead, lm=ses.lm_drafts(session, spec),
+                   extra=tuple(_sources(session, spec)))
+    return bpd_decode(session.model, prompts, ses.proposer(session, spec, refs), plan, req)
 
 
 def _sources(session, spec: DrafterSpec) -> list:

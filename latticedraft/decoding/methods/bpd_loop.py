@@ -6,31 +6,50 @@ entry that calls it with what the session loaded).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from latticedraft.decoding.registry import Request
 from latticedraft.errors import InputError
 
 
-def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, eos_token_id=None,
-               verify: str = "auto", tree: str = "fixed", context=None, acceptance=None, draft_vocab=None,
-               cost=None, gate=None, lookahead=None, sampling=None, draws=None, rule=None, kv_cache: str = "auto",
-               first_row: int = 0, rows: list | None = None, on_tokens=None, record_steps: bool = False,
-               slots: int | None = None, on_done=None, lm=None, extra=()):
+@dataclass(frozen=True)
+class BpdPlan:
+    """How a BPD decode drafts beside its drafter and which nodes it verifies.
+
+    tree: "fixed" (every drafted path) | "auto" (the nodes that maximise expected tokens per
+    second under the step cost ``cost``: measured and cached for this model and batch where None;
+    "fixed" where the verifier runs in batched mode and no ``cost`` is given,
+    ``methods.bpd.BATCHED_TREE``); acceptance: calibrated rates (None: the prior); gate: a
+    ``HeadGate`` (auto tree with context n-grams and heads; None: a new one); context:
+    ``ContextNgrams`` or None; lm: (``LMNgrams``, ``LMArrays``) for the n-gram LM's continuation
+    as one more path, or None; extra: more ``Proposer``s whose paths join the tree
+    (``methods.bpd.SOURCES``); lookahead: ``LookaheadOptions`` of a window + pool riding along;
+    draft_vocab: token ids the extra heads project onto (None: all); kv_cache: "auto" | "full" |
+    "rolling"."""
+
+    tree: str = "fixed"
+    acceptance: object = None
+    cost: object = None
+    gate: object = None
+    context: object = None
+    lm: object = None
+    extra: tuple = ()
+    lookahead: object = None
+    draft_vocab: object = None
+    kv_cache: str = "auto"
+
+
+def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, request: Request | None = None, *,
+               rule=None):
     """Decode ``prompts`` with BPD on the one loop.
 
     drafter: a lattice ``Drafter`` (``proposers.heads.make_drafter``; spawned per row), any
-    ``Proposer`` (``ModelProposer``, ``MtadProposer``...) or None (no head drafts: with
-    ``context`` None the greedy loop). tree: "fixed" | "auto" (needs the cost model: measured
-    and cached for this model and batch unless ``cost`` is given; without ``cost`` "fixed" where
-    the verifier runs in batched mode, ``methods.bpd.BATCHED_TREE``; ``acceptance``: calibrated
-    rates, default the prior); context: ``ContextNgrams`` or None; lm: (``LMNgrams``, ``LMArrays``)
-    for the n-gram LM's continuation as one more path, or None; gate: a ``HeadGate`` (auto
-    tree with context n-grams and heads; default a new one); draft_vocab: token ids the extra
-    heads project onto; lookahead: ``LookaheadOptions`` of a window + pool riding along;
-    sampling / draws / rule: lossless sampling (``loop.speculative_decode``); first_row: the
-    index of prompts[0] in the caller's prompt list (per-row state and seeds; ``rows`` gives
-    each prompt's run-wide id instead); slots: a continuous batch of that many rows
-    (``loop.speculative_decode``; head and context drafts only); on_done(i, result): as each row
-    finishes; extra: more ``Proposer``s whose paths join the tree (``methods.bpd.SOURCES``)."""
+    ``Proposer`` (``ModelProposer``, ``MtadProposer``...) or None (no head drafts: without
+    context n-grams the greedy loop); plan: ``BpdPlan`` (default: the fixed tree, nothing beside
+    the drafter); request: ``registry.Request`` (budget, end ids, ``verify`` mode, rows and
+    ``first_row``, streaming, ``slots`` for a continuous batch of head and context drafts,
+    on_done; ``sampling`` for lossless sampling, whose random source a ``rule`` may bring:
+    ``accept.sampling.SpeculativeRule(sampling, draws)``)."""
     from latticedraft.decoding.loop import speculative_decode
     from latticedraft.decoding.planning.draft_tree import TreePlanner
     from latticedraft.decoding.planning.head_gate import GatedHeads, HeadGate
@@ -42,8 +61,11 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
     from latticedraft.gpu.verify.cost_model import CostModel
     from latticedraft.gpu.verify.verifier import Verifier
 
-    if sampling is not None and (tree != "fixed" or context is not None or lookahead is not None or lm is not None
-                                 or extra):
+    plan = BpdPlan() if plan is None else plan
+    req = Request() if request is None else request
+    tree, context, lookahead, lm, cost = plan.tree, plan.context, plan.lookahead, plan.lm, plan.cost
+    if req.sampling is not None and (tree != "fixed" or context is not None or lookahead is not None or lm is not None
+                                     or plan.extra):
         raise InputError("lossless sampling verifies the drafted paths as drawn: use tree='fixed' without "
                          "context n-grams, LM drafts, a lookahead pool or other draft sources")
     source = None if drafter is None else drafter if isinstance(drafter, Proposer) else HeadProposer(drafter)
@@ -56,24 +78,17 @@ def bpd_decode(model, prompts: list, drafter=None, *, max_new_tokens: int = 64, 
         from latticedraft.decoding.proposers.lm_ngrams import LMProposer
 
         proposers.append(LMProposer(*lm))
-    proposers.extend(extra)
+    proposers.extend(plan.extra)
     if lookahead is not None:
         proposers.append(LookaheadProposer(lookahead, hf.model_vocab_size(getattr(model, "base", model))))
     num_heads = getattr(source, "heads_needed", None) if from_heads else 1
-    verifier = Verifier(model, verify, num_heads=num_heads, draft_vocab=draft_vocab if from_heads else None,
-                        kv_cache=kv_cache)
+    verifier = Verifier(model, req.verify, num_heads=num_heads, draft_vocab=plan.draft_vocab if from_heads else None,
+                        kv_cache=plan.kv_cache)
     if verifier.mode == "batched" and cost is None:  # T(n) of a tree does not model it (BATCHED_TREE)
         tree = "fixed"
     policy = tree if from_heads or source is None else "fixed"
     if policy == "auto" and cost is None:
-        cost = CostModel.for_batch(verifier, len(prompts) if slots is None else min(slots, len(prompts)))
-    planner = TreePlanner(policy, acceptance, cost)
-    gated = GatedHeads(gate or HeadGate(), ctx) if tree == "auto" and ctx is not None and from_heads else None
-    if rule is None and sampling is not None and draws is not None:
-        from latticedraft.decoding.accept.sampling import SpeculativeRule
-
-        rule = SpeculativeRule(sampling, draws)
-    req = Request(max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, sampling=sampling,
-                  rows=rows, first_row=first_row, on_tokens=on_tokens, record_steps=record_steps, slots=slots,
-                  on_done=on_done)
+        cost = CostModel.for_batch(verifier, len(prompts) if req.slots is None else min(req.slots, len(prompts)))
+    planner = TreePlanner(policy, plan.acceptance, cost)
+    gated = GatedHeads(plan.gate or HeadGate(), ctx) if tree == "auto" and ctx is not None and from_heads else None
     return speculative_decode(verifier, prompts, proposers, req, rule=rule, planner=planner, gate=gated)

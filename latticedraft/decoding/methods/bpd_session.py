@@ -104,7 +104,8 @@ def _fit_acceptance(session, spec):
     from dataclasses import replace
 
     from latticedraft.decoding.planning import acceptance
-    from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+    from latticedraft.decoding.registry import Request
     from latticedraft.decoding.planning.calibrate import calibrate
     from latticedraft.decoding.runs.loaders import encode
     from latticedraft.decoding.runs.prompt_set import read_prompts
@@ -133,8 +134,9 @@ def _fit_acceptance(session, spec):
         drafter, vocab = proposer(session, calib), draft_vocab(session, spec.draft_vocab)
 
         def decode(prompts, max_new_tokens, on_tokens):
-            return bpd_decode(session.model, prompts, drafter, max_new_tokens=max_new_tokens, eos_token_id=session.eos,
-                              record_steps=True, tree="fixed", draft_vocab=vocab, on_tokens=on_tokens)
+            return bpd_decode(session.model, prompts, drafter, BpdPlan(tree="fixed", draft_vocab=vocab),
+                              Request(max_new_tokens=max_new_tokens, eos_token_id=session.eos, record_steps=True,
+                                      on_tokens=on_tokens))
 
         return calibrate(decode, ids, context=spec.context(), lm=lm)
 

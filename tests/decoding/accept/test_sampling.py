@@ -16,8 +16,9 @@ import torch
 from scipy.stats import chisquare
 
 from latticedraft.decoding.methods.bpd_loop import bpd_decode
+from latticedraft.decoding.registry import Request
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
-from latticedraft.decoding.accept.sampling import SamplingOptions, accept, attempts_at
+from latticedraft.decoding.accept.sampling import SamplingOptions, SpeculativeRule, accept, attempts_at
 from latticedraft.gpu.models.blockwise import BlockwiseModel
 from tests.decoding.proposers.test_lookahead_sampling import enumerate_outcomes, target_distribution
 from tests.decoding.tiny import reference, tiny_model
@@ -93,7 +94,8 @@ def test_head_drafts_first_three_tokens_have_the_target_distribution(drafter, he
         d = make_drafter(drafter, options=LatticeOptions(k=4), nbest=4)
 
     def run(draws):
-        r = bpd_decode(model, [PROMPT], d, max_new_tokens=3, sampling=opts, draws=draws, verify=verify)
+        r = bpd_decode(model, [PROMPT], d, request=Request(max_new_tokens=3, sampling=opts, verify=verify),
+                       rule=SpeculativeRule(opts, draws))
         return tuple(r.sequences[0].tokens.tolist())
 
     assert_exact(run, model.base, opts)
@@ -106,7 +108,8 @@ def test_model_drafter_first_three_tokens_have_the_target_distribution():
     d = make_drafter("model", draft_model=draft, gamma=2)
 
     def run(draws):
-        r = bpd_decode(target, [PROMPT], d, max_new_tokens=3, sampling=opts, draws=draws)
+        r = bpd_decode(target, [PROMPT], d, request=Request(max_new_tokens=3, sampling=opts),
+                       rule=SpeculativeRule(opts, draws))
         return tuple(r.sequences[0].tokens.tolist())
 
     assert_exact(run, target, opts)
@@ -118,7 +121,8 @@ def test_repetition_penalty_is_in_p_and_q():
     d = make_drafter("top1", options=LatticeOptions(k=4))
 
     def run(draws):
-        return tuple(bpd_decode(model, [PROMPT], d, max_new_tokens=3, sampling=opts, draws=draws).sequences[0]
+        return tuple(bpd_decode(model, [PROMPT], d, request=Request(max_new_tokens=3, sampling=opts),
+                                rule=SpeculativeRule(opts, draws)).sequences[0]
                      .tokens.tolist())
 
     assert_exact(run, model.base, opts)
@@ -131,7 +135,8 @@ def test_neural_drafter_first_three_tokens_have_the_target_distribution():
     d = make_drafter("neural", options=LatticeOptions(k=4), rescorer=resc, alpha=0.7)
 
     def run(draws):
-        return tuple(bpd_decode(model, [PROMPT], d, max_new_tokens=3, sampling=opts, draws=draws).sequences[0]
+        return tuple(bpd_decode(model, [PROMPT], d, request=Request(max_new_tokens=3, sampling=opts),
+                                rule=SpeculativeRule(opts, draws)).sequences[0]
                      .tokens.tolist())
 
     assert_exact(run, model.base, opts)
@@ -146,7 +151,7 @@ def test_chi_square_of_20000_seeded_continuations():
     d = make_drafter("parallel-base", options=LatticeOptions(k=4), nbest=4)
     counts, b = Counter(), 500
     for s in range(0, 20000, b):
-        r = bpd_decode(model, [PROMPT] * b, d, max_new_tokens=2, sampling=opts, first_row=s)
+        r = bpd_decode(model, [PROMPT] * b, d, request=Request(max_new_tokens=2, sampling=opts, first_row=s))
         counts.update(tuple(q.tokens.tolist()) for q in r.sequences)
     want = target_distribution(model.base.double(), PROMPT, opts, length=2)
     keys = sorted(want)
@@ -164,8 +169,8 @@ def test_seeded_rows_repeat_and_do_not_depend_on_the_batch():
 
     def out(ps, seed=7, first_row=0):
         o = SamplingOptions(temperature=1.0, top_k=0, top_p=1.0, seed=seed)
-        return [q.tokens.tolist() for q in bpd_decode(model, ps, d, max_new_tokens=12, sampling=o,
-                                                      first_row=first_row).sequences]
+        res = bpd_decode(model, ps, d, request=Request(max_new_tokens=12, sampling=o, first_row=first_row))
+        return [q.tokens.tolist() for q in res.sequences]
 
     both = out(prompts)
     assert both == out(prompts)
@@ -180,10 +185,12 @@ def test_model_drafter_greedy_equals_generate(arch, batch):
     draft = tiny_model(arch, torch.float32, seed=2, vocab=64)
     rng = np.random.default_rng(batch)
     prompts = [rng.integers(1, 64, size=n) for n in (5, 11, 3, 8)[:batch]]
-    r = bpd_decode(target, prompts, make_drafter("model", draft_model=draft, gamma=3), max_new_tokens=20)
+    r = bpd_decode(target, prompts, make_drafter("model", draft_model=draft, gamma=3),
+                   request=Request(max_new_tokens=20))
     for p, q in zip(prompts, r.sequences):
         assert q.tokens.tolist() == reference(target, p, 20)
-    same = bpd_decode(target, prompts, make_drafter("model", draft_model=target, gamma=3), max_new_tokens=20)
+    same = bpd_decode(target, prompts, make_drafter("model", draft_model=target, gamma=3),
+                      request=Request(max_new_tokens=20))
     assert [q.tokens.tolist() for q in same.sequences] == [q.tokens.tolist() for q in r.sequences]
     assert same.block_efficiency > 3.0  # a draft model equal to the target: every draft accepted
 
@@ -200,8 +207,9 @@ def test_mtad_with_tau_at_least_one_is_ordinary_sampling(verify):
     opts = SamplingOptions(temperature=1.0, top_k=3, top_p=0.9)
 
     def run(draws):
-        r = bpd_decode(target, [PROMPT], MtadProposer(draft, gamma=2, beams=3), max_new_tokens=3, sampling=opts,
-                       draws=draws, rule=MtadRule(opts, tau=1.0, draws=draws), verify=verify)
+        r = bpd_decode(target, [PROMPT], MtadProposer(draft, gamma=2, beams=3),
+                       request=Request(max_new_tokens=3, sampling=opts, verify=verify),
+                       rule=MtadRule(opts, tau=1.0, draws=draws))
         return tuple(r.sequences[0].tokens.tolist())
 
     assert_exact(run, target, opts)
@@ -210,8 +218,8 @@ def test_mtad_with_tau_at_least_one_is_ordinary_sampling(verify):
 def test_mtad_accepts_every_draft_when_q_is_p():
     target = tiny_model("llama", torch.float64, seed=3, vocab=V)
     opts = SamplingOptions(temperature=1.0, top_k=4, top_p=0.9, seed=2)
-    r = bpd_decode(target, [PROMPT, PROMPT[:5]], MtadProposer(target, gamma=4, beams=3), max_new_tokens=21,
-                   sampling=opts, rule=MtadRule(opts, tau=0.1))
+    r = bpd_decode(target, [PROMPT, PROMPT[:5]], MtadProposer(target, gamma=4, beams=3),
+                   request=Request(max_new_tokens=21, sampling=opts), rule=MtadRule(opts, tau=0.1))
     for q in r.sequences:
         assert q.accepted_drafts == [4] * 4  # 1 (prefill) + 4 steps of 4 accepted + 1 end token = 21
         assert len(q.tokens) == 21
@@ -237,9 +245,15 @@ def test_beam_sample_returns_the_joint_q_of_its_best_beam():
         assert q[i] == pytest.approx(want, rel=1e-9)
 
 
-@pytest.mark.parametrize("opts", [SamplingOptions(top_k=20, top_p=0.9), SamplingOptions(top_k=50),
-                                  SamplingOptions(top_k=7, top_p=0.5, temperature=0.7),
-                                  SamplingOptions(top_k=3, top_p=0.99, repetition_penalty=1.3)])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        SamplingOptions(top_k=20, top_p=0.9),
+        SamplingOptions(top_k=50),
+        SamplingOptions(top_k=7, top_p=0.5, temperature=0.7),
+        SamplingOptions(top_k=3, top_p=0.99, repetition_penalty=1.3),
+    ],
+)
 def test_top_k_and_top_p_on_the_k_candidates_equal_transformers_warpers(opts):
     """``SamplingOptions.probs`` warps on the k best scores; transformers' processors sort the whole
     vocabulary: the same distribution, bit for bit, ties at the k-th score included."""
@@ -256,14 +270,20 @@ def test_top_k_and_top_p_on_the_k_candidates_equal_transformers_warpers(opts):
         procs = list(opts.processors())
         if opts.repetition_penalty != 1.0:
             penalty = procs.pop(0)
-            y = torch.cat([penalty(torch.as_tensor(ctx[i])[None], y[i:i + 1]) for i in range(m)])
+            y = torch.cat([penalty(torch.as_tensor(ctx[i])[None], y[i : i + 1]) for i in range(m)])
         for p in procs:
             y = p(torch.zeros(m, 0, dtype=torch.long), y)
         assert np.array_equal(opts.probs(x, ctx), torch.softmax(y, -1).numpy())
 
 
-@pytest.mark.parametrize("opts", [SamplingOptions(top_k=20, top_p=0.9), SamplingOptions(top_k=0, top_p=0.8),
-                                  SamplingOptions(top_k=5, temperature=0.5, repetition_penalty=1.2)])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        SamplingOptions(top_k=20, top_p=0.9),
+        SamplingOptions(top_k=0, top_p=0.8),
+        SamplingOptions(top_k=5, temperature=0.5, repetition_penalty=1.2),
+    ],
+)
 def test_kept_lists_the_nonzero_entries_of_probs(opts):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(4, 300, generator=g, dtype=torch.float64) * 3

@@ -16,13 +16,18 @@ def test_sampled_slots_beyond_the_models_heads_draft_from_all_of_them():
     """A 3-head model (2 drafting heads) under ``--do-sample``'s default 3 slots drafts 2 deep."""
     from latticedraft.decoding.accept.sampling import SamplingOptions
     from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.registry import Request
     from latticedraft.decoding.proposers.heads import make_drafter
     from tests.decoding.tiny import blockwise, prompts
 
     model = blockwise("llama", num_heads=3)
     spec = DrafterSpec("top1").for_sampling()
-    r = bpd_decode(model, prompts(2), make_drafter("top1", options=spec.lattice_options()), max_new_tokens=12,
-                   sampling=SamplingOptions(seed=3))
+    r = bpd_decode(
+        model,
+        prompts(2),
+        make_drafter("top1", options=spec.lattice_options()),
+        request=Request(max_new_tokens=12, sampling=SamplingOptions(seed=3)),
+    )
     assert all(len(q.tokens) == 12 for q in r.sequences)
     assert r.block_efficiency <= 3.0  # the root and at most 2 drafted tokens per call
 
@@ -41,8 +46,11 @@ def test_lm_drafts_option():
     assert DrafterSpec("none").fast().lm_drafts == "auto"
     assert DrafterSpec("top1").fast().for_sampling().lm_drafts == 0
     assert conf(lm_drafts=3, lm="/some/lm").lm_drafts == 3
-    for values, needle in (({"lm_drafts": "x"}, "--lm-drafts 'x'"), ({"lm_drafts": -1}, "--lm-drafts -1"),
-                           ({"lm_drafts": 2, "do_sample": True}, "--lm-drafts 2 does not apply here"),
-                           ({"lm": "/some/lm"}, "--lm does not apply to --drafter none without --lm-drafts")):
+    for values, needle in (
+        ({"lm_drafts": "x"}, "--lm-drafts 'x'"),
+        ({"lm_drafts": -1}, "--lm-drafts -1"),
+        ({"lm_drafts": 2, "do_sample": True}, "--lm-drafts 2 does not apply here"),
+        ({"lm": "/some/lm"}, "--lm does not apply to --drafter none without --lm-drafts"),
+    ):
         with pytest.raises(InputError, match=needle):
             METHOD.configure({"drafter": "none", **values}, set(values) - {"do_sample"})

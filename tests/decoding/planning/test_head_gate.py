@@ -52,7 +52,8 @@ def test_a_step_is_charged_the_heads_it_drafted_from_not_those_it_computed_for_t
     import numpy as np
     import torch
 
-    from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+    from latticedraft.decoding.registry import Request
     from latticedraft.decoding.proposers.context import ContextNgrams
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
     from latticedraft.gpu.verify import forward
@@ -84,8 +85,13 @@ def test_a_step_is_charged_the_heads_it_drafted_from_not_those_it_computed_for_t
     n = np.arange(1, 33)
     cost = CostModel(tuple(n.tolist()), tuple((1.0 + 0.05 * (n - 1)).tolist()))
     with torch.no_grad():
-        bpd_decode(blockwise("llama", num_heads=3), prompts(1, seed=4), make_drafter("top1", options=LatticeOptions(k=4)),
-                   max_new_tokens=24, tree="auto", context=ContextNgrams(max_ngram=2), cost=cost, gate=gate)
+        bpd_decode(
+            blockwise("llama", num_heads=3),
+            prompts(1, seed=4),
+            make_drafter("top1", options=LatticeOptions(k=4)),
+            BpdPlan(tree="auto", context=ContextNgrams(max_ngram=2), cost=cost, gate=gate),
+            Request(max_new_tokens=24),
+        )
     steps = gate.seen[1:]  # (the first step drafts from the prefill's heads, which no step paid for)
     assert {h for h, _ in steps} == {True, False}
     assert all(s >= SLOW for h, s in steps if h)
@@ -106,8 +112,12 @@ def test_blocks_of_steps_choose_between_the_gated_buckets_and_no_heads(off_faste
         if len(policies) == 0 or g.left == BLOCK:
             policies.append(policy)
         # steps under the gated policy: 3 tokens in 10 ms; without heads 2 tokens in 5 ms (or 12 ms)
-        g.update(1, arm, tokens=3 if policy == GATED else 2,
-                 seconds=0.010 if policy == GATED else (0.005 if off_faster else 0.012))
+        g.update(
+            1,
+            arm,
+            tokens=3 if policy == GATED else 2,
+            seconds=0.010 if policy == GATED else (0.005 if off_faster else 0.012),
+        )
     assert policies[:2] == [GATED, OFF]
     best, other = (OFF, GATED) if off_faster else (GATED, OFF)
     rest = policies[2:]
@@ -123,7 +133,8 @@ def test_under_the_off_policy_no_heads_are_computed_and_the_output_stays_exact(m
     import numpy as np
     import torch
 
-    from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+    from latticedraft.decoding.registry import Request
     from latticedraft.decoding.proposers.context import ContextNgrams
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
     from latticedraft.gpu.verify import forward
@@ -141,7 +152,12 @@ def test_under_the_off_policy_no_heads_are_computed_and_the_output_stays_exact(m
         gate.policy = policy
         calls.clear()
         with torch.no_grad():
-            r = bpd_decode(model, ps, make_drafter("top1", options=LatticeOptions(k=4)), max_new_tokens=20,
-                           tree="auto", context=ContextNgrams(max_ngram=2), cost=cost, gate=gate, slots=slots)
+            r = bpd_decode(
+                model,
+                ps,
+                make_drafter("top1", options=LatticeOptions(k=4)),
+                BpdPlan(tree="auto", context=ContextNgrams(max_ngram=2), cost=cost, gate=gate),
+                Request(max_new_tokens=20, slots=slots),
+            )
         assert [q.tokens.tolist() for q in r.sequences] == [reference(model, p, 20) for p in ps]
         assert (len(calls) == 0) == (policy == OFF)

@@ -191,15 +191,25 @@ def _bpd_case(arch, batch):
     ("top1", "auto", 2, "batched"),
 ])
 def test_bpd_with_the_lookahead_pool_equals_generate(arch, batch, drafter, tree, context, verify):
-    from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+    from latticedraft.decoding.registry import Request
     from latticedraft.decoding.proposers.context import ContextNgrams
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 
     model, ps, refs = _bpd_case(arch, batch)
     d = None if drafter is None else make_drafter(drafter, options=LatticeOptions(k=4), nbest=4)
-    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, tree=tree, cost=_cost(0.05) if tree == "auto" else None,
-                   context=ContextNgrams(max_ngram=context) if context else None, verify=verify,
-                   lookahead=LookaheadOptions(W=4, N=3, G=4))
+    r = bpd_decode(
+        model,
+        ps,
+        d,
+        BpdPlan(
+            tree=tree,
+            cost=_cost(0.05) if tree == "auto" else None,
+            context=ContextNgrams(max_ngram=context) if context else None,
+            lookahead=LookaheadOptions(W=4, N=3, G=4),
+        ),
+        Request(max_new_tokens=MAX_NEW, verify=verify),
+    )
     assert [s.tokens.tolist() for s in r.sequences] == refs
     assert r.verify_mode == ("batched" if verify == "batched" else "tree")
 
@@ -207,11 +217,12 @@ def test_bpd_with_the_lookahead_pool_equals_generate(arch, batch, drafter, tree,
 def test_bpd_without_heads_plus_pool_is_lookahead_decoding():
     """With no head drafts and a fixed tree, the BPD tree holds exactly the pool's paths, so the
     loop makes lookahead_decode's steps: the pool's n-grams reach the tree and get accepted."""
-    from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+    from latticedraft.decoding.registry import Request
 
     model, ps, refs = _bpd_case("llama", 4)
     opts = LookaheadOptions(W=5, N=4, G=5, prompt_as_reference=True)
-    via_bpd = bpd_decode(model, ps, None, max_new_tokens=MAX_NEW, tree="fixed", lookahead=opts)
+    via_bpd = bpd_decode(model, ps, None, BpdPlan(tree="fixed", lookahead=opts), Request(max_new_tokens=MAX_NEW))
     direct = lookahead_decode(model, ps, W=5, N=4, G=5, prompt_as_reference=True, max_new_tokens=MAX_NEW)
     assert [s.tokens.tolist() for s in via_bpd.sequences] == refs
     assert [s.tokens_per_call for s in via_bpd.sequences] == [s.tokens_per_call for s in direct.sequences]
@@ -230,6 +241,9 @@ def test_a_step_beyond_the_positions_or_the_memory_is_refused_before_decoding(mo
         check_step_size(model, LookaheadOptions(W=4, N=limit + 1, G=4))
     monkeypatch.setattr(memory, "available_bytes", lambda device=None: 10_000_000)
     check_step_size(model, LookaheadOptions(W=15, N=5, G=15))  # the default fits in 10 MB
-    with pytest.raises(InputError, match=r"--window 200 \(with --ngram 60, --pool 15\) would need about .* the "
-                                         r"largest --window that fits is \d+"):
+    with pytest.raises(
+        InputError,
+        match=r"--window 200 \(with --ngram 60, --pool 15\) would need about .* the "
+        r"largest --window that fits is \d+",
+    ):
         check_step_size(model, LookaheadOptions(W=200, N=60, G=15))

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from latticedraft.cli import main
-from latticedraft.decoding.methods.bpd_loop import bpd_decode
+from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+from latticedraft.decoding.registry import Request
 from latticedraft.decoding.methods.greedy import greedy_decode
 from latticedraft.decoding.proposers.context import ContextNgrams
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
@@ -45,7 +46,7 @@ def test_every_drafter_over_the_rolling_cache_equals_generate(name, batch, toy_l
     model, ps, refs = _case(window, batch)
     d = make_drafter(name, options=LatticeOptions(k=8), lm=toy_lm, rescorer=tiny_model("gpt2", seed=7), alpha=1.0,
                      nbest=8, references=refs)
-    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, kv_cache="rolling")
+    r = bpd_decode(model, ps, d, BpdPlan(kv_cache="rolling"), Request(max_new_tokens=MAX_NEW))
     assert [s.tokens.tolist() for s in r.sequences] == refs
     assert r.verify_mode == "tree"
 
@@ -60,21 +61,28 @@ def test_a_small_lm_of_fewer_positions_drafts_from_the_latest_ones(name):
     torch.manual_seed(0)
     short = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)).eval()
     d = make_drafter(name, options=LatticeOptions(k=8), rescorer=short, alpha=1.0, draft_model=short, gamma=3)
-    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW)
+    r = bpd_decode(model, ps, d, request=Request(max_new_tokens=MAX_NEW))
     assert [s.tokens.tolist() for s in r.sequences] == refs
 
 
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_loop_context_ngrams_and_lookahead_pool_over_the_rolling_cache(batch, toy_lm):
     model, ps, refs = _case(8, batch)
-    plain = bpd_decode(model, ps, None, max_new_tokens=MAX_NEW, kv_cache="rolling")  # latticedraft's greedy loop
+    plain = bpd_decode(
+        model, ps, None, BpdPlan(kv_cache="rolling"), Request(max_new_tokens=MAX_NEW)
+    )  # latticedraft's greedy loop
     assert [s.tokens.tolist() for s in plain.sequences] == refs
     assert [s.tokens.tolist() for s in greedy_decode(model, ps, max_new_tokens=MAX_NEW).sequences] == refs
     d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=4)
-    mixed = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, kv_cache="rolling", context=ContextNgrams(max_ngram=3),
-                       lookahead=LookaheadOptions(W=4, N=3, G=4))  # side branches ride in the same forward
+    mixed = bpd_decode(
+        model,
+        ps,
+        d,
+        BpdPlan(kv_cache="rolling", context=ContextNgrams(max_ngram=3), lookahead=LookaheadOptions(W=4, N=3, G=4)),
+        Request(max_new_tokens=MAX_NEW),
+    )  # side branches ride in the same forward
     assert [s.tokens.tolist() for s in mixed.sequences] == refs
-    full = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, kv_cache="full")
+    full = bpd_decode(model, ps, d, BpdPlan(kv_cache="full"), Request(max_new_tokens=MAX_NEW))
     assert [s.tokens.tolist() for s in full.sequences] == refs
 
 
@@ -96,7 +104,7 @@ def test_refusal_names_length_limit_and_fix():
     assert [p.tolist() for p in truncate_left([[1, 2, 3, 4], [5]], 2)] == [[3, 4], [5]]
     model, ps, _ = _case(8, 1)
     with pytest.raises(InputError, match="--truncate-left"):
-        bpd_decode(model, [np.ones(250, dtype=np.int64)], None, max_new_tokens=10)  # 256 positions
+        bpd_decode(model, [np.ones(250, dtype=np.int64)], None, request=Request(max_new_tokens=10))  # 256 positions
 
 
 @pytest.mark.skipif(not (data_dir() / "tokenizer" / "tokenizer.json").is_file(), reason="bundled tokenizer missing")
@@ -132,9 +140,19 @@ def test_cli_decodes_a_1500_token_prompt_on_a_long_context_mistral_bundle(tmp_pa
     from latticedraft.lm.corpus import read_text, stdlib_split
 
     torch.manual_seed(0)
-    base = MistralForCausalLM(MistralConfig(vocab_size=8192, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
-                                            sliding_window=16, tie_word_embeddings=True)).eval()
+    base = MistralForCausalLM(
+        MistralConfig(
+            vocab_size=8192,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            sliding_window=16,
+            tie_word_embeddings=True,
+        )
+    ).eval()
     base.save_pretrained(tmp_path / "base")
     BlockwiseModel.from_base(base, 4, seed=0).save_pretrained(tmp_path / "heads", base_ref="../base")
     from latticedraft.lm.tokenizer import load_tokenizer
@@ -146,16 +164,31 @@ def test_cli_decodes_a_1500_token_prompt_on_a_long_context_mistral_bundle(tmp_pa
     capsys.readouterr()
     ref = None
     for method in ("bpd", "lookahead"):
-        rc = main(["decode", "--model", str(tmp_path / "heads"), "--prompt", text, "--max-new-tokens", "8", "--json",
-                   "--truncate-left", "1500", "--method", method])
+        rc = main(
+            [
+                "decode",
+                "--model",
+                str(tmp_path / "heads"),
+                "--prompt",
+                text,
+                "--max-new-tokens",
+                "8",
+                "--json",
+                "--truncate-left",
+                "1500",
+                "--method",
+                method,
+            ]
+        )
         assert rc == 0
         rec = json.loads(capsys.readouterr().out)
         assert rec["prompt_ids"] == ids
         if ref is None:
             m = AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
             x = torch.tensor([ids])
-            ref = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=8,
-                             pad_token_id=0)[0, 1500:].tolist()
+            ref = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=8, pad_token_id=0)[
+                0, 1500:
+            ].tolist()
         assert rec["tokens"] == ref
 
 
@@ -170,6 +203,6 @@ def test_rows_leaving_the_batch_on_eos_over_the_rolling_cache(row, toy_lm):
     eos = free[row][1]
     refs = [reference(model, p, MAX_NEW, eos=eos) for p in ps]
     d = make_drafter("parallel", options=LatticeOptions(k=8), lm=toy_lm, nbest=4)
-    r = bpd_decode(model, ps, d, max_new_tokens=MAX_NEW, eos_token_id=eos, kv_cache="rolling")
+    r = bpd_decode(model, ps, d, BpdPlan(kv_cache="rolling"), Request(max_new_tokens=MAX_NEW, eos_token_id=eos))
     assert [s.tokens.tolist() for s in r.sequences] == refs
     assert len(refs[row]) < MAX_NEW  # the row did stop early

@@ -162,6 +162,7 @@ def test_heads_trained_here_export_for_vllm_and_import_back(base_dir, tmp_path):
 
 def test_imported_heads_decode_exactly(base_dir, tmp_path):
     from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.registry import Request
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
     from tests.decoding.tiny import reference
 
@@ -170,19 +171,29 @@ def test_imported_heads_decode_exactly(base_dir, tmp_path):
     ps = [np.array([5, 9, 2, 77]), np.array([1, 3])]
     refs = [reference(bm, p, 16) for p in ps]
     for name in ("top1", "parallel-base"):
-        r = bpd_decode(bm, ps, make_drafter(name, options=LatticeOptions(k=4), nbest=4), max_new_tokens=16)
+        r = bpd_decode(bm, ps, make_drafter(name, options=LatticeOptions(k=4), nbest=4),
+                       request=Request(max_new_tokens=16))
         assert [s.tokens.tolist() for s in r.sequences] == refs
 
 
 # -- refusals -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("hidden", "hidden size 48"), ("vocab", "vocabulary 101"), ("truncated", "truncated_vocab_size 50"),
-    ("token_map", "token_map"), ("unknown", "'blocks.0.fc.weight'"), ("count", "says 4 heads"),
-    ("missing", "lacks LM head 1"), ("bias_flag", "set medusa_fc_bias to true"), ("tied_other", "original_lm_head"),
-    ("shape", "LM head 2 has shape (97, 16)"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("hidden", "hidden size 48"),
+        ("vocab", "vocabulary 101"),
+        ("truncated", "truncated_vocab_size 50"),
+        ("token_map", "token_map"),
+        ("unknown", "'blocks.0.fc.weight'"),
+        ("count", "says 4 heads"),
+        ("missing", "lacks LM head 1"),
+        ("bias_flag", "set medusa_fc_bias to true"),
+        ("tied_other", "original_lm_head"),
+        ("shape", "LM head 2 has shape (97, 16)"),
+    ],
+)
 def test_bad_checkpoints_refused_and_nothing_written(base_dir, tmp_path, case, needle):
     t, cfg = vllm_tensors(), {}
     if case == "hidden":

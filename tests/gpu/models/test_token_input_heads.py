@@ -71,7 +71,8 @@ def test_save_load_round_trip_and_refusals(tmp_path):
 
 @pytest.mark.parametrize("name", ["top1", "parallel-base"])
 def test_decoding_with_token_input_heads_equals_greedy(name):
-    from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+    from latticedraft.decoding.registry import Request
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
     from tests.decoding.tiny import prompts, reference
 
@@ -79,8 +80,13 @@ def test_decoding_with_token_input_heads_equals_greedy(name):
     ps = prompts(3, seed=2, vocab=V)
     refs = [reference(bm, p, 20) for p in ps]
     for vocab in (None, np.arange(0, V, 2)):
-        r = bpd_decode(bm, ps, make_drafter(name, options=LatticeOptions(k=4), nbest=4), max_new_tokens=20,
-                       draft_vocab=vocab)
+        r = bpd_decode(
+            bm,
+            ps,
+            make_drafter(name, options=LatticeOptions(k=4), nbest=4),
+            BpdPlan(draft_vocab=vocab),
+            Request(max_new_tokens=20),
+        )
         assert [s.tokens.tolist() for s in r.sequences] == refs
 
 
@@ -131,6 +137,7 @@ def test_sampling_feeds_the_heads_the_drawn_token(arch):
     drawn bonus), at the prefill and at every step, also where it is not the argmax."""
     from latticedraft.decoding.accept.sampling import SamplingOptions
     from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.registry import Request
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
     from tests.decoding.tiny import prompts
 
@@ -144,9 +151,16 @@ def test_sampling_feeds_the_heads_the_drawn_token(arch):
         return draft_logits(hidden, count, columns, next_tokens)
 
     bm.draft_logits = spy
-    r = bpd_decode(bm, prompts(1, seed=3, vocab=V), make_drafter("top1", options=LatticeOptions(k=8)),
-                   max_new_tokens=24, sampling=SamplingOptions(temperature=1.5, top_k=0, seed=1),
-                   on_tokens=lambda i, toks: emitted.extend(int(t) for t in toks))
+    r = bpd_decode(
+        bm,
+        prompts(1, seed=3, vocab=V),
+        make_drafter("top1", options=LatticeOptions(k=8)),
+        request=Request(
+            max_new_tokens=24,
+            sampling=SamplingOptions(temperature=1.5, top_k=0, seed=1),
+            on_tokens=lambda i, toks: emitted.extend(int(t) for t in toks),
+        ),
+    )
     out = r.sequences[0].tokens.tolist()
     assert len(seen) >= 2
     # a step's heads run before its tokens are emitted: they read the last token that step emits

@@ -8,6 +8,7 @@ import torch
 
 from latticedraft.decoding.accept.sampling import SamplingOptions
 from latticedraft.decoding.methods.bpd_loop import bpd_decode
+from latticedraft.decoding.registry import Request
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.gpu.models.blockwise import BlockwiseModel
 from latticedraft.gpu.verify import screened_argmax as sa
@@ -137,7 +138,7 @@ def test_seeded_sampling_through_the_screen_emits_what_it_emits_without(opts, mo
 
     def run(screen: bool):
         monkeypatch.setattr(TopKProjection, "use_screen", lambda self, h: screen and self.screens)
-        r = bpd_decode(model, ps, d, max_new_tokens=24, sampling=opts, verify="tree")
+        r = bpd_decode(model, ps, d, request=Request(max_new_tokens=24, sampling=opts, verify="tree"))
         return [q.tokens.tolist() for q in r.sequences]
 
     plain = run(False)
