@@ -58,15 +58,12 @@ def gamma_arg(p: argparse.ArgumentParser) -> None:
 
 
 def lookahead_args(p: argparse.ArgumentParser) -> None:
+    """Lookahead's options, as ``LookaheadOptions`` declares them, and its tuned-settings file."""
+    from latticedraft.decoding.methods.lookahead import LookaheadOptions
+    from latticedraft.decoding.registry import add_options
+
     g = p.add_argument_group("lookahead decoding (--method lookahead)")
-    g.add_argument("--window", type=int, default=15, metavar="W",
-                   help="W: future positions the Jacobi window guesses per step (default 15, the paper's for 7B)")
-    g.add_argument("--ngram", type=int, default=5, metavar="N",
-                   help="N: n-gram size; the window keeps N-1 past Jacobi iterates (default 5)")
-    g.add_argument("--pool", type=int, default=15, metavar="G",
-                   help="G: n-grams kept per first token and verified per step; 0 = Jacobi window only (default 15)")
-    g.add_argument("--prompt-as-reference", action="store_true",
-                   help="start the window from prompt tokens and seed the n-gram pool with the prompt's n-grams")
+    add_options(g, LookaheadOptions, "lookahead")
     g.add_argument("--lookahead-config", default=None, metavar="FILE.json",
                    help="W, N, G (and --prompt-as-reference) chosen by `latticedraft tune --method lookahead`")
 

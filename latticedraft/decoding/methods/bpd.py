@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from latticedraft.decoding.methods.lookahead import DESTS as LOOKAHEAD_DESTS
 from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB, AUTO_LM_DRAFTS
 from latticedraft.decoding.registry import Method, Request, cli_defaults, flags, option, sampling_label
 from latticedraft.errors import InputError
@@ -39,7 +40,7 @@ DRAFTER_OPTIONS = {
     "nbest": ("parallel", "parallel-base"), "draft_model": ("model",), "gamma": ("model",),
     **{d: HEAD_DRAFTERS for d in ("k", "prune", "eps", "backoff", "slots", "draft_vocab")},
 }
-LOOKAHEAD_POOL = ("window", "ngram", "pool", "prompt_as_reference", "lookahead_config")
+LOOKAHEAD_POOL = (*LOOKAHEAD_DESTS, "lookahead_config")  # what --lookahead-pool reads
 
 
 @dataclass(frozen=True)

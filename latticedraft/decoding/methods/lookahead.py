@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from latticedraft.decoding.registry import Method, Request, sampling_label
+from latticedraft.decoding.registry import Method, Request, flags, option, sampling_label
 from latticedraft.errors import InputError
 
 
@@ -35,12 +35,19 @@ from latticedraft.errors import InputError
 class LookaheadOptions:
     """W: window columns (lookahead size); N: n-gram size (N-1 levels); G: candidates per key
     verified per step (and kept in the pool); prompt_as_reference: start the window from prompt
-    tokens and seed the pool with the prompt's n-grams; seed: the window's random start."""
+    tokens and seed the pool with the prompt's n-grams; seed: the window's random start. Each
+    option declares its flag (``registry.option``): ``decode``, ``eval`` and ``--lookahead-pool``
+    read them from here."""
 
-    W: int = 15
-    N: int = 5
-    G: int = 15
-    prompt_as_reference: bool = False
+    W: int = option(15, group="lookahead", flag="--window", type=int, metavar="W",
+                    help="W: future positions the Jacobi window guesses per step (15 is the paper's for 7B)")
+    N: int = option(5, group="lookahead", flag="--ngram", type=int, metavar="N",
+                    help="N: n-gram size; the window keeps N-1 past Jacobi iterates")
+    G: int = option(15, group="lookahead", flag="--pool", type=int, metavar="G",
+                    help="G: n-grams kept per first token and verified per step; 0 = Jacobi window only")
+    prompt_as_reference: bool = option(False, group="lookahead", action="store_true",
+                                       help="start the window from prompt tokens and seed the n-gram pool with the "
+                                            "prompt's n-grams")
     seed: int = 0
 
     def __post_init__(self):
@@ -49,20 +56,22 @@ class LookaheadOptions:
                              f"N={self.N}, G={self.G}")
 
 
+DESTS = tuple(dest for dest, _, _ in flags(LookaheadOptions))  # window, ngram, pool, prompt_as_reference
+
+
 def options_from(values: dict, given: set) -> LookaheadOptions:
     """``LookaheadOptions`` of ``--window/--ngram/--pool/--prompt-as-reference`` or of a
     ``--lookahead-config`` file (``tune --method lookahead``), which may not be combined with them."""
     path = values.get("lookahead_config")
     if path:
-        for dest in ("window", "ngram", "pool", "prompt_as_reference"):
+        for dest in DESTS:
             if dest in given:
                 flag = "--" + dest.replace("_", "-")
                 raise InputError(f"{flag} does not apply here: --lookahead-config {path} sets W, N, G and "
                                  f"--prompt-as-reference; drop {flag}")
         return LookaheadOptions(**read_lookahead_config(path))
-    pick = lambda k, d: d if values.get(k) is None else values[k]  # noqa: E731
-    return LookaheadOptions(W=pick("window", 15), N=pick("ngram", 5), G=pick("pool", 15),
-                            prompt_as_reference=bool(values.get("prompt_as_reference")))
+    return LookaheadOptions(**{f.name: f.default if values.get(dest) is None else values[dest]
+                               for dest, f, _ in flags(LookaheadOptions)})
 
 
 def read_lookahead_config(path) -> dict:
@@ -175,7 +184,7 @@ METHOD = Method(
     summary="lookahead decoding: a Jacobi window guesses n-grams, a pool verifies them, no heads needed; lossless",
     lossless=True,
     sampling="optional",
-    options=("window", "ngram", "pool", "prompt_as_reference", "lookahead_config", "verify"),
+    options=(*DESTS, "lookahead_config", "verify"),
     configure=_configure,
     label=_label,
     settings=_settings,
