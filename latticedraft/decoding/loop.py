@@ -52,7 +52,7 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
     verifier: a prepared ``Verifier`` (split verification for Kangaroo; a reduced draft
     vocabulary), or a model, for which one is built (``request.verify``; the extra heads computed
     where a proposer reads them). request: what is asked (``registry.Request``: max_new_tokens,
-    eos_token_id, sampling, rows, on_tokens, record_steps, slots, on_done; default
+    eos_token_id, sampling, rows, on_tokens, record_steps, in_flight, on_done; default
     ``Request()``). rule: the acceptance rule (default ``GreedyRule``, or
     ``accept.sampling.SpeculativeRule(request.sampling)`` when sampling: lossless sampling; MTAD
     passes its own). planner: which nodes to verify (default every proposed path); gate: a
@@ -62,8 +62,8 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
     as row i finishes, with a ``DecodeResult`` of that row alone; record_steps keeps a
     ``StepRecord`` per row and step.
 
-    ``request.slots``: the most rows in flight (default all): a continuous batch. The first
-    ``slots`` prompts start; whenever rows finish, the next prompts are prefilled on their own and
+    ``request.in_flight``: the most rows in flight (default all): a continuous batch. The first
+    ``in_flight`` prompts start; whenever rows finish, the next prompts are prefilled on their own and
     join the running batch in the freed rows (``append_rows`` of the cache), so drafting rows that
     finish at different steps do not leave the batch running short until the slowest is done.
     Needs proposers whose per-row state is keyed by the prompt (``Proposer.admits``)."""
@@ -74,11 +74,11 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
     prompts = checked_prompts(model, prompts, max_new_tokens)
     proposers = list(proposers)
     b = len(prompts)
-    slots = b if req.slots is None else int(req.slots)
-    if slots < 1:
-        raise InputError(f"slots = {slots}: a batch needs at least one row")
-    if slots < b and not all(p.admits for p in proposers):
-        raise InputError("a continuous batch (slots < prompts) admits prompts into running rows, and "
+    in_flight = b if req.in_flight is None else int(req.in_flight)
+    if in_flight < 1:
+        raise InputError(f"in_flight = {in_flight}: a batch needs at least one row")
+    if in_flight < b and not all(p.admits for p in proposers):
+        raise InputError("a continuous batch (in_flight < prompts) admits prompts into running rows, and "
                          + ", ".join(p.name for p in proposers if not p.admits)
                          + " keeps per-batch state; decode these in fixed batches")
     index = list(range(req.first_row, req.first_row + b))
@@ -125,8 +125,8 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
         gate's policy computes them."""
         nonlocal state, heads, roots
         fresh = not state_rows.live
-        while waiting and len(state_rows.live) < slots:
-            new = waiting[: slots - len(state_rows.live)]
+        while waiting and len(state_rows.live) < in_flight:
+            new = waiting[: in_flight - len(state_rows.live)]
             del waiting[: len(new)]
             t0 = time.perf_counter()
             ps = [prompts[i] for i in new]

@@ -46,7 +46,7 @@ class Request:
     rows: list | None = None
     on_tokens: Callable | None = None
     record_steps: bool = False
-    slots: int | None = None  # a continuous batch of this many rows over the call's prompts (``Method.continuous``)
+    in_flight: int | None = None  # a continuous batch of this many rows over the call's prompts (``Method.continuous``)
     on_done: Callable | None = None  # on_done(i, DecodeResult of row i alone) as it finishes (continuous runs)
     first_row: int = 0
 
@@ -65,7 +65,7 @@ class Method:
     ``prepare`` and ``run``; prepare(session, options, batch_size): load and check what the method
     needs against the model, before any output; run(session, prompts, options, request)
     -> ``DecodeResult`` for one batch (or, where ``continuous(options)``, for all of a call's prompts
-    in one continuous batch of ``Request.slots`` rows)."""
+    in one continuous batch of ``Request.in_flight`` rows)."""
 
     name: str
     summary: str
@@ -81,7 +81,7 @@ class Method:
     defaults: dict = field(default_factory=dict)  # sampling defaults where they differ from generate's
     files: Callable = lambda options: ()  # noqa: E731  the file options (dests) these options read
     default_model: str | None = None  # the bundled model directory under data/ (None: data/heads-stern)
-    continuous: Callable = lambda options: False  # noqa: E731  run takes all prompts at once with Request.slots
+    continuous: Callable = lambda options: False  # noqa: E731  run takes all prompts at once with Request.in_flight
 
     def one_batch(self, options, batch_size: int, prompts: int) -> bool:
         """Whether ``prompts`` prompts in batches of ``batch_size`` run as one continuous batch."""

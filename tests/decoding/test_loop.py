@@ -348,7 +348,7 @@ def test_lm_drafts_are_verified_and_stay_exact(arch, batch, tree, heads, slots, 
             cost=None if tree == "fixed" else _flat_or_steep(0.02),
             gate=HeadGate(),
         ),
-        Request(max_new_tokens=MAX_NEW, slots=slots, record_steps=True),
+        Request(max_new_tokens=MAX_NEW, in_flight=slots, record_steps=True),
     )
     assert [s.tokens.tolist() for s in r.sequences] == refs
     if tree == "fixed":
@@ -378,11 +378,11 @@ def test_a_continuous_batch_equals_generate_row_by_row(arch, verify, toy_lm):
     d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=4)
     plan = BpdPlan(tree="auto", context=ContextNgrams(max_ngram=3), cost=_flat_or_steep(0.02))
     r = bpd_decode(
-        model, ps, d, replace(plan, gate=HeadGate()), Request(max_new_tokens=MAX_NEW, slots=3, verify=verify)
+        model, ps, d, replace(plan, gate=HeadGate()), Request(max_new_tokens=MAX_NEW, in_flight=3, verify=verify)
     )
     assert [s.tokens.tolist() for s in r.sequences] == refs
     assert len({len(s.tokens_per_call) for s in r.sequences}) > 1  # rows took different numbers of steps
-    one = bpd_decode(model, ps, d, plan, Request(max_new_tokens=1, slots=3, verify=verify))
+    one = bpd_decode(model, ps, d, plan, Request(max_new_tokens=1, in_flight=3, verify=verify))
     assert [s.tokens.tolist() for s in one.sequences] == [x[:1] for x in refs]
 
 
@@ -407,7 +407,7 @@ def test_a_continuous_batch_with_eos_and_sampling_repeats_the_fixed_batch_rows()
         for i, p in enumerate(ps)
     ]
     batch = bpd_decode(
-        model, ps, d, request=Request(max_new_tokens=16, sampling=opts, eos_token_id=eos, slots=2)
+        model, ps, d, request=Request(max_new_tokens=16, sampling=opts, eos_token_id=eos, in_flight=2)
     ).sequences
     assert [s.tokens.tolist() for s in batch] == [s.tokens.tolist() for s in alone]
     assert len(batch[1].tokens) <= 5 and batch[1].tokens[-1] == eos  # an EOS ended a row early
@@ -424,7 +424,7 @@ def test_a_continuous_batch_needs_proposers_that_admit_rows():
             model,
             ps,
             [ModelProposer(tiny_model("llama", torch.float32, seed=2), 3)],
-            Request(max_new_tokens=4, slots=2),
+            Request(max_new_tokens=4, in_flight=2),
         )
-    with pytest.raises(InputError, match="slots = 0"):
-        speculative_decode(model, ps, [], Request(max_new_tokens=4, slots=0))
+    with pytest.raises(InputError, match="in_flight = 0"):
+        speculative_decode(model, ps, [], Request(max_new_tokens=4, in_flight=0))

@@ -47,7 +47,7 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
     ``Proposer`` (``ModelProposer``, ``MtadProposer``...) or None (no head drafts: without
     context n-grams the greedy loop); plan: ``BpdPlan`` (default: the fixed tree, nothing beside
     the drafter); request: ``registry.Request`` (budget, end ids, ``verify`` mode, rows and
-    ``first_row``, streaming, ``slots`` for a continuous batch of head and context drafts,
+    ``first_row``, streaming, ``in_flight`` for a continuous batch of head and context drafts,
     on_done; ``sampling`` for lossless sampling, whose random source a ``rule`` may bring:
     ``accept.sampling.SpeculativeRule(sampling, draws)``)."""
     from latticedraft.decoding.loop import speculative_decode
@@ -88,7 +88,7 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
         tree = "fixed"
     policy = tree if from_heads or source is None else "fixed"
     if policy == "auto" and cost is None:
-        cost = CostModel.for_batch(verifier, len(prompts) if req.slots is None else min(req.slots, len(prompts)))
+        cost = CostModel.for_batch(verifier, len(prompts) if req.in_flight is None else min(req.in_flight, len(prompts)))
     planner = TreePlanner(policy, plan.acceptance, cost)
     gated = GatedHeads(plan.gate or HeadGate(), ctx) if tree == "auto" and ctx is not None and from_heads else None
     return speculative_decode(verifier, prompts, proposers, req, rule=rule, planner=planner, gate=gated)

@@ -83,12 +83,12 @@ class Proposer:
     """Base class: proposes nothing. ``uses_heads``: reads ``Step.head_logits``; ``stem``: set by
     proposers that run the model's first layers themselves (split verification); ``admits``: its
     per-row state is keyed by the prompt (``start`` makes it for every prompt of the call), so
-    prompts may join a running batch (``loop.speculative_decode``'s ``Request.slots``)."""
+    prompts may join a running batch (``loop.speculative_decode``'s ``Request.in_flight``)."""
 
     name = "none"
     uses_heads = False
     stem = None
-    admits = False  # per-row state keyed by the prompt only: rows may join a running batch (``slots``)
+    admits = False  # per-row state keyed by the prompt only: rows may join a running batch (``Request.in_flight``)
 
     def start(self, rows: StepRows) -> None:
         """A new decode call (per-row state starts here)."""

@@ -147,7 +147,7 @@ class Session:
         if m.one_batch(options, batch_size, len(prompt_ids)):  # rows refill as they finish
             req = registry.Request(max_new_tokens=max_new_tokens, eos_token_id=self.eos, sampling=sampling,
                                    verify=verify, rows=rows, on_tokens=on_tokens, record_steps=record_steps,
-                                   slots=batch_size, on_done=on_done)
+                                   in_flight=batch_size, on_done=on_done)
             return m.run(self, prompt_ids, options, req)
         parts = []
         for s in range(0, len(prompt_ids), batch_size):

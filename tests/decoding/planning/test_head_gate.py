@@ -157,7 +157,7 @@ def test_under_the_off_policy_no_heads_are_computed_and_the_output_stays_exact(m
                 ps,
                 make_drafter("top1", options=LatticeOptions(k=4)),
                 BpdPlan(tree="auto", context=ContextNgrams(max_ngram=2), cost=cost, gate=gate),
-                Request(max_new_tokens=20, slots=slots),
+                Request(max_new_tokens=20, in_flight=slots),
             )
         assert [q.tokens.tolist() for q in r.sequences] == [reference(model, p, 20) for p in ps]
         assert (len(calls) == 0) == (policy == OFF)
