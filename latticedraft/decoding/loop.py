@@ -58,13 +58,13 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
     passes its own). planner: which nodes to verify (default every proposed path); gate: a
     ``planning.head_gate.GatedHeads`` that may skip the heads for a step. Rows are
     ``request.rows`` run-wide (seeds; default ``request.first_row`` + 0..b-1); proposers key their
-    per-call state by ``first_row`` + the prompt's position in ``prompts``. on_tokens(i, new_ids) streams; on_done(i, result) is called
-    as row i finishes, with a ``DecodeResult`` of that row alone; record_steps keeps a
-    ``StepRecord`` per row and step.
+    per-call state by ``first_row`` + the prompt's position in ``prompts``. on_tokens(i, new_ids)
+    streams; on_done(i, result) is called as row i finishes, with a ``DecodeResult`` of that row
+    alone; record_steps keeps a ``StepRecord`` per row and step.
 
     ``request.in_flight``: the most rows in flight (default all): a continuous batch. The first
-    ``in_flight`` prompts start; whenever rows finish, the next prompts are prefilled on their own and
-    join the running batch in the freed rows (``append_rows`` of the cache), so drafting rows that
+    ``in_flight`` prompts start; whenever rows finish, the next prompts are prefilled on their own
+    and join the running batch in the freed rows (``append_rows`` of the cache), so drafting rows that
     finish at different steps do not leave the batch running short until the slowest is done.
     Needs proposers whose per-row state is keyed by the prompt (``Proposer.admits``)."""
     req = Request() if request is None else request

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from latticedraft.errors import InputError
 
-MODULES = ("bpd", "greedy", "lookahead", "mtad", "kangaroo", "ppd", "dynamo")  # decoding/methods/<name>.py, each defines METHOD
+MODULES = ("bpd", "greedy", "lookahead", "mtad", "kangaroo", "ppd", "dynamo")  # decoding/methods/<name>.py
 # options every method reads (where to decode, what, how much, how to report)
 COMMON = ("method", "model", "tokenizer", "device", "threads", "prompt", "prompts", "chat", "max_new_tokens",
           "truncate_left", "batch_size", "json", "output", "resume", "skip_bad", "sort_by_length", "quiet_ranks", "verbose")
@@ -130,19 +130,22 @@ def flags(cls) -> list[tuple[str, dataclasses.Field, Flag]]:
     return out
 
 
+def _cli_default(f: dataclasses.Field, fl: Flag):
+    return f.default if fl.cli is _SAME else fl.cli
+
+
 def cli_defaults(cls, changed_only: bool = True) -> dict:
     """field name -> the CLI's default, for the fields of ``cls`` whose CLI default differs from
     the library's (all declared fields with ``changed_only=False``)."""
-    return {f.name: (f.default if fl.cli is _SAME else fl.cli) for _, f, fl in flags(cls)
-            if not changed_only or fl.cli is not _SAME}
+    return {f.name: _cli_default(f, fl) for _, f, fl in flags(cls) if not changed_only or fl.cli is not _SAME}
 
 
 def add_options(group, cls, name: str) -> None:
     """Add the options of ``cls`` declared in group ``name`` to an argparse (group) ``group``."""
     for dest, f, fl in flags(cls):
         if fl.group == name:
-            group.add_argument(fl.flag or "--" + f.name.replace("_", "-"), dest=dest, help=fl.help,
-                               default=f.default if fl.cli is _SAME else fl.cli, **fl.argparse)
+            group.add_argument("--" + dest.replace("_", "-"), dest=dest, help=fl.help, default=_cli_default(f, fl),
+                               **fl.argparse)
 
 
 def methods() -> dict[str, Method]:

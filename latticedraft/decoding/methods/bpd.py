@@ -125,7 +125,6 @@ class DrafterSpec:
         option but those marked ``fit=False`` (the tree, and LM drafts, which are keyed by their LM)."""
         return {f.name: getattr(self, f.name) for _, f, fl in flags(DrafterSpec) if fl.fit}
 
-
     def context(self):
         from latticedraft.decoding.proposers.context import ContextNgrams
 
@@ -278,11 +277,11 @@ def _run(session, prompts: list, spec: DrafterSpec, req) -> object:
                    acceptance=ses.acceptance(session, spec) if spec.tree == "auto" else None,
                    draft_vocab=ses.draft_vocab(session, spec.draft_vocab) if spec.name in HEAD_DRAFTERS else None,
                    gate=ses.gate(session, spec), lookahead=spec.lookahead, lm=ses.lm_drafts(session, spec),
-                   extra=tuple(_sources(session, spec)))
+                   extra=_sources(session, spec))
     return bpd_decode(session.model, prompts, ses.proposer(session, spec, refs), plan, req)
 
 
-def _sources(session, spec: DrafterSpec) -> list:
+def _sources(session, spec: DrafterSpec) -> tuple:
     """The ``SOURCES`` ``spec`` turns on, each built once per session and value."""
     out = []
     for src in SOURCES:
@@ -291,7 +290,7 @@ def _sources(session, spec: DrafterSpec) -> list:
             module, cls = src.proposer.split(":")
             out.append(session.once(("source", src.field, value),
                                     lambda: getattr(importlib.import_module(module), cls)(value)))
-    return out
+    return tuple(out)
 
 
 METHOD = Method(

@@ -35,14 +35,16 @@ def proposer(session, spec, references=None):
     return make_drafter(spec.name, options=spec.lattice_options(), lm=lm, rescorer=rescorer, alpha=spec.alpha,
                         nbest=spec.nbest, references=references)
 
+
 def references(session, prompts: list, max_new_tokens: int) -> list[np.ndarray]:
     """The target's greedy continuations of ``prompts`` (what the oracle drafter drafts), computed
     with ``generate`` once per prompt list and budget in this session."""
     from latticedraft.decoding.methods.greedy import greedy_decode
 
     key = ("references", max_new_tokens, tuple(tuple(int(t) for t in p) for p in prompts))
-    return session.once(key, lambda: [q.tokens for q in greedy_decode(session.model, prompts, max_new_tokens=max_new_tokens,
-                                                                     eos_token_id=session.eos).sequences])
+    return session.once(key, lambda: [q.tokens for q in greedy_decode(session.model, prompts, eos_token_id=session.eos,
+                                                                     max_new_tokens=max_new_tokens).sequences])
+
 
 def gate(session, spec):
     """The ``HeadGate`` of ``spec`` for this session: what it measured carries over between
@@ -51,11 +53,13 @@ def gate(session, spec):
 
     return session.once(("gate", repr(spec)), HeadGate)
 
+
 def swap_gate(session, spec, new):
-    """Make ``gate`` the ``HeadGate`` of ``spec`` for the calls that follow; returns the one it
+    """Make ``new`` the ``HeadGate`` of ``spec`` for the calls that follow; returns the one it
     replaces (a pass that should neither follow nor teach the session's gate brings its own)."""
     gate(session, spec)
     return session.keep(("gate", repr(spec)), new)
+
 
 def draft_vocab(session, size: int | str | None):
     """The ``size`` most frequent token ids of the heads' training corpus (int64[size]),
@@ -70,6 +74,7 @@ def draft_vocab(session, size: int | str | None):
     if size is None:
         return None
     return session.once(("draft_vocab", str(where), int(size)), lambda: load_ranked(where, int(size)))
+
 
 def lm_drafts(session, spec):
     """What ``spec.lm_drafts`` drafts from: (``LMNgrams``, the LM's ``LMArrays``) or None (off;
@@ -92,7 +97,9 @@ def lm_drafts(session, spec):
             except ModelError:  # built with another vocabulary: no LM drafts, the rest as asked
                 return None
         depth = AUTO_LM_DRAFTS
-    return session.once(("lm_drafts", session.lm_dir, int(depth)), lambda: (LMNgrams(int(depth)), lm_arrays(session.lm.fst)))
+    return session.once(("lm_drafts", session.lm_dir, int(depth)),
+                        lambda: (LMNgrams(int(depth)), lm_arrays(session.lm.fst)))
+
 
 def acceptance(session, spec):
     """Acceptance rates for ``spec``'s drafts, fitted on the held-out calibration prompts
@@ -100,13 +107,14 @@ def acceptance(session, spec):
     settings; looked up once per session and spec."""
     return session.once(("acceptance", repr(spec)), lambda: _fit_acceptance(session, spec))
 
+
 def _fit_acceptance(session, spec):
     from dataclasses import replace
 
-    from latticedraft.decoding.planning import acceptance
     from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
-    from latticedraft.decoding.registry import Request
+    from latticedraft.decoding.planning.acceptance import cached
     from latticedraft.decoding.planning.calibrate import calibrate
+    from latticedraft.decoding.registry import Request
     from latticedraft.decoding.runs.loaders import encode
     from latticedraft.decoding.runs.prompt_set import read_prompts
 
@@ -140,7 +148,8 @@ def _fit_acceptance(session, spec):
 
         return calibrate(decode, ids, context=spec.context(), lm=lm)
 
-    return acceptance.cached(key, build)
+    return cached(key, build)
+
 
 def load(session, spec) -> None:
     """Load and check what ``spec`` drafts from: the LM's tables and kernels, the rescorer, the draft

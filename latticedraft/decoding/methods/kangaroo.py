@@ -17,6 +17,7 @@ Each step of a row, from its root token (the last emitted, in no cache yet):
 Counting as every decoder: the prefill emits 1 token, each step (one deep pass) emits
 accepted + 1; ``tree_nodes`` records 1 + drafted tokens per step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

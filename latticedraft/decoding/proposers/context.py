@@ -110,18 +110,20 @@ class ContextProposer(Proposer):
         return cands[0].match if cands else 0
 
     def propose(self, step: Step) -> list[Proposal]:
-        out = []
-        for j, i in enumerate(step.index):
-            cands = self._candidates(i, step.histories[j])
-            if not cands:
-                out.append(Proposal.empty())
-                continue
-            d = max(len(c.tokens) for c in cands)
-            toks = np.full((len(cands), d), -1, dtype=np.int64)
-            rates = None if step.acceptance is None else np.zeros((len(cands), d))
-            for k, c in enumerate(cands):
-                toks[k, : len(c.tokens)] = c.tokens
-                if rates is not None:
-                    rates[k, : len(c.tokens)] = step.acceptance.context_rates(c.match, len(c.tokens))
-            out.append(Proposal(toks, rates=rates))
-        return out
+        return [copied_paths(self._candidates(i, h), step.acceptance) for i, h in zip(step.index, step.histories)]
+
+
+def copied_paths(cands: list[ContextCandidate], acceptance) -> Proposal:
+    """One row's proposal of continuations copied from earlier text (context n-grams, suffix
+    drafts): tokens int64[p, d] padded with -1, rated as context paths of their match length where
+    ``acceptance`` is given (the cost-aware tree)."""
+    if not cands:
+        return Proposal.empty()
+    d = max(len(c.tokens) for c in cands)
+    toks = np.full((len(cands), d), -1, dtype=np.int64)
+    rates = None if acceptance is None else np.zeros((len(cands), d))
+    for k, c in enumerate(cands):
+        toks[k, : len(c.tokens)] = c.tokens
+        if rates is not None:
+            rates[k, : len(c.tokens)] = acceptance.context_rates(c.match, len(c.tokens))
+    return Proposal(toks, rates=rates)

@@ -7,10 +7,11 @@ One step: the auxiliary draft model drafts gamma tokens by *beam sampling* (``be
 W beams; at each position W (beam, token) pairs are drawn without replacement from the joint
 q(beam prefix) * q(token | beam prefix) (Gumbel-top-k over the pairs the processors keep), each
 conditional after the sampling processors; the draft is the beam of highest joint q), and
-q_i = q(x_1..x_i | context). The target verifies [root, x_1..x_gamma] in one call on the one loop, accepting by ``accept.mtad.MtadRule``: with P_i
-the target's distribution (after the same processors) before x_i and p_i = prod_{k <= i}
-P_k(x_k), eta is the largest i with min(1, p_i / q_i) > tau (0 if none): x_1..x_eta are
-accepted and the end token is drawn from P_{eta+1}, the target's distribution after them.
+q_i = q(x_1..x_i | context). The target verifies [root, x_1..x_gamma] in one call on the one
+loop, accepting by ``accept.mtad.MtadRule``: with P_i the target's distribution (after the same
+processors) before x_i and p_i = prod_{k <= i} P_k(x_k), eta is the largest i with
+min(1, p_i / q_i) > tau (0 if none): x_1..x_eta are accepted and the end token is drawn from
+P_{eta+1}, the target's distribution after them.
 Paper defaults: gamma = 4, W = 8, tau = 0.1, top-k 20 then top-p 0.9.
 
 ``MtadProposer`` is the draft source; ``methods/mtad.py`` decodes with it and ``accept.mtad.MtadRule``.

@@ -13,7 +13,7 @@ paths. Paths are rated as context paths of the same match length when the tree i
 
     >>> s = SuffixDrafts(max_ngram=2)
     >>> s.remember([np.array([5, 6, 7, 8])]); s.index([])
-    >>> [c.tolist() for c, m in s.continuations(np.array([1, 5, 6]))]
+    >>> [c.tokens.tolist() for c in s.continuations(np.array([1, 5, 6]))]
     [[7, 8]]
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows
+from latticedraft.decoding.proposers.context import ContextCandidate, copied_paths
 from latticedraft.errors import InputError
 
 MEMORY_TOKENS = 1 << 20  # earlier sequences kept, oldest dropped first: int64, 8 MiB
@@ -36,7 +37,7 @@ class SuffixDrafts:
             raise InputError(f"--suffix-drafts {max_ngram}: give the longest suffix to match (>= 1), or 0 for off")
         self.max_ngram, self.num_tokens, self.max_paths = int(max_ngram), int(num_tokens), int(max_paths)
         self.memory: list[np.ndarray] = []
-        self.corpus = np.full(1, -1, dtype=np.int64)
+        self.corpus = np.full(1 + self.max_ngram, -1, dtype=np.int64)  # sequences between -1s, max_ngram -1s after
         self.order = np.zeros(0, dtype=np.int64)  # start positions, sorted by their first max_ngram tokens
 
     def remember(self, sequences) -> None:
@@ -48,18 +49,16 @@ class SuffixDrafts:
 
     def index(self, prompts) -> None:
         """Build the suffix array over the remembered sequences and ``prompts``, oldest first."""
-        parts = [p for s in [*self.memory, *(np.asarray(q, dtype=np.int64) for q in prompts)] for p in (s, [-1])]
-        self.corpus = np.concatenate([np.full(1, -1, dtype=np.int64), *[np.asarray(p, dtype=np.int64) for p in parts]])
-        n, K = len(self.corpus), self.max_ngram
-        padded = np.concatenate([self.corpus, np.full(K, -1, dtype=np.int64)])
+        K, sep = self.max_ngram, np.full(1, -1, dtype=np.int64)
+        seqs = [*self.memory, *(np.asarray(q, dtype=np.int64) for q in prompts)]
+        self.corpus = np.concatenate([sep, *[x for s in seqs for x in (s, sep)], np.full(K, -1, dtype=np.int64)])
         starts = np.flatnonzero(self.corpus >= 0)
-        keys = [padded[starts + k] for k in range(K - 1, -1, -1)]  # lexsort: the last key is the primary one
+        keys = [self.corpus[starts + k] for k in range(K - 1, -1, -1)]  # lexsort: the last key is the primary one
         self.order = starts[np.lexsort(keys)] if len(starts) else starts
-        self._padded = padded[: n + K]
 
     def _range(self, pattern: np.ndarray) -> tuple[int, int]:
         """[lo, hi): the suffixes (in ``order``) that start with ``pattern`` (len <= max_ngram)."""
-        m, pad, order = len(pattern), self._padded, self.order
+        m, pad, order = len(pattern), self.corpus, self.order
         pat = pattern.tolist()
 
         def first(pos: int) -> list:
@@ -81,9 +80,9 @@ class SuffixDrafts:
                 hi = mid
         return start, lo
 
-    def continuations(self, history: np.ndarray) -> list[tuple[np.ndarray, int]]:
-        """(continuation int64[d], match length) of the longest matched suffix of ``history``,
-        most recent occurrence first, distinct and none a prefix of an earlier one."""
+    def continuations(self, history: np.ndarray) -> list[ContextCandidate]:
+        """The continuations (and match length) of the longest matched suffix of ``history``, most
+        recent occurrence first, distinct and none a prefix of an earlier one."""
         h = np.asarray(history, dtype=np.int64).reshape(-1)
         for m in range(min(self.max_ngram, len(h)), 0, -1):
             lo, hi = self._range(h[len(h) - m :])
@@ -98,7 +97,7 @@ class SuffixDrafts:
                 if not key or any(s[: len(key)] == key for s in seen):
                     continue
                 seen.append(key)
-                out.append((tail.copy(), m))
+                out.append(ContextCandidate(tail.copy(), m))
                 if len(out) >= self.max_paths:
                     break
             if out:
@@ -123,24 +122,10 @@ class SuffixProposer(Proposer):
         self.drafts.index(rows.prompts)
 
     def propose(self, step: Step) -> list[Proposal]:
-        out = []
-        for j, i in enumerate(step.index):
-            self.seen[i] = np.asarray(step.histories[j], dtype=np.int64)
-            cands = self.drafts.continuations(step.histories[j])
-            if not cands:
-                out.append(Proposal.empty())
-                continue
-            d = max(len(c) for c, _ in cands)
-            toks = np.full((len(cands), d), -1, dtype=np.int64)
-            rates = None if step.acceptance is None else np.zeros((len(cands), d))
-            for k, (c, m) in enumerate(cands):
-                toks[k, : len(c)] = c
-                if rates is not None:
-                    rates[k, : len(c)] = step.acceptance.context_rates(m, len(c))
-            out.append(Proposal(toks, rates=rates))
-        return out
+        return [copied_paths(self.drafts.continuations(h), step.acceptance) for h in step.histories]
 
     def update(self, step: Step, accepted, bonus, side_argmax) -> None:
+        """Each row's sequence so far (history, accepted drafts, bonus), remembered at the next call."""
         for j, i in enumerate(step.index):
             self.seen[i] = np.concatenate([step.histories[j], np.asarray(accepted[j], dtype=np.int64),
                                            np.asarray(bonus[j], dtype=np.int64).reshape(-1)])

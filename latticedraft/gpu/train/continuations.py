@@ -278,7 +278,8 @@ def _chat_prompts(gen: _Generator, chat: ChatTurns, spec: ContinuationSpec) -> l
         for s in range(0, spec.chat_rows, spec.batch_size):
             n = min(spec.batch_size, spec.chat_rows - s)
             t0 = time.perf_counter()
-            batches.append(gen.new([chat.header] * n, spec.question_tokens, spec.temperature, spec.seed, QUESTION_ROWS + s))
+            batches.append(gen.new([chat.header] * n, spec.question_tokens, spec.temperature, spec.seed,
+                                   QUESTION_ROWS + s))
             _add_seconds(gen.where, time.perf_counter() - t0)
         ends = set(gen.decoder.end_ids())
         questions = []

@@ -39,16 +39,15 @@ def visible(key_valid, key_pos, q_pos, new, window: int | None, self_visible: bo
     K = key_valid.shape[1]
     if isinstance(new, torch.Tensor):
         allowed = torch.empty(b, n, K + n, dtype=torch.bool, device=new.device)
-        cat = torch.cat
+        cat, rows = torch.cat, torch.arange(n, device=new.device)
     else:
         allowed = np.empty((b, n, K + n), dtype=bool)
-        cat = np.concatenate
+        cat, rows = np.concatenate, np.arange(n)
     allowed[:, :, :K] = key_valid[:, None, :]
     allowed[:, :, K:] = new
     if window is not None:
         window_mask(allowed, q_pos, cat([key_pos, q_pos], 1), window)
     if self_visible:
-        rows = torch.arange(n, device=allowed.device) if isinstance(allowed, torch.Tensor) else np.arange(n)
         allowed[:, rows, rows + K] = True
     return allowed
 
@@ -67,6 +66,6 @@ def causal_mask(start: int, n: int, window: int | None, device) -> torch.Tensor 
     visible (the models' default)."""
     if n == 1 and (window is None or start < window):
         return None
-    q = torch.arange(start, start + n, device=device)[None]
-    allowed = (torch.arange(start + n, device=device)[None, None, :] <= q[:, :, None])
-    return window_mask(allowed, q, torch.arange(start + n, device=device)[None], window)[:, None]
+    k = torch.arange(start + n, device=device)[None]  # [1, start + n]
+    q = k[:, start:]  # [1, n]
+    return window_mask(k[:, None, :] <= q[:, :, None], q, k, window)[:, None]

@@ -220,7 +220,8 @@ class Verifier:
             self._track(state)
         else:
             none = np.zeros((b, 0), dtype=bool)
-            allowed = visible(none, none.astype(np.int64), pos_h, causal(valid_h), self.window)  # padding rows see themselves
+            # no cache yet; a prompt's tokens see the earlier ones, padding rows see themselves
+            allowed = visible(none, none.astype(np.int64), pos_h, causal(valid_h), self.window)
             x = ids
             if self.mode == "split":
                 if stem is None:

@@ -49,7 +49,7 @@ def test_continuations_equal_brute_force(seed):
     s.index(calls)
     for _ in range(5):
         h = rng.integers(0, V, size=rng.integers(1, 12))
-        got = [(c.tolist(), m) for c, m in s.continuations(h)]
+        got = [(c.tokens.tolist(), c.match) for c in s.continuations(h)]
         assert got == brute_force([*memory, *calls], h, s.max_ngram, s.num_tokens, s.max_paths)
 
 
