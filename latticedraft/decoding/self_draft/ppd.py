@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from latticedraft.decoding.rows import Rows
 from latticedraft.decoding.runs.prompt_length import checked_prompts
 from latticedraft.errors import InputError
-from latticedraft.gpu.verify.kvcache import SlotCache
+from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.layer_split import LayerSplit
-from latticedraft.gpu.verify.split_cache import Pending, drop_rows, prefill
+from latticedraft.gpu.verify.split_cache import drop_rows, prefill
 
 
 def check_ppd(dbar: int | None, k: int) -> None:
@@ -66,7 +67,7 @@ def ppd_decode(model, prompts: list, *, dbar: int | None = None, k: int = 3, max
     timing = {"model": 0.0, "draft": 0.0, "accept": 0.0}
     rows = Rows(prompts, max_new_tokens, eos_token_id, on_tokens)
     b = len(prompts)
-    low, high = SlotCache.empty(b, dev), SlotCache.empty(b, dev)  # layers 0..m, m..d
+    low, high = KVCache(b, m, dev), KVCache(b, d - m, dev, first_layer=m)  # layers 0..m, m..d
     t0 = time.perf_counter()
     last = prefill(split, [0, m, d], [low, high], prompts)
     first = split.logits(last).argmax(-1)
@@ -77,63 +78,61 @@ def ppd_decode(model, prompts: list, *, dbar: int | None = None, k: int = 3, max
     keep = torch.as_tensor(active, dtype=torch.long, device=dev)
     x = first[keep]
     matched = torch.zeros(len(active), dtype=torch.bool, device=dev)
+    matched_h = np.zeros(len(active), dtype=bool)
     h_cand = None
-    one = torch.ones(1, 1, dtype=torch.bool, device=dev)
+    eye = np.eye(k, dtype=bool)
     while active:
         t0 = time.perf_counter()
         n = len(active)
-        q = high.next_pos[:, None]  # x_t's position (high holds every token before it)
+        one, first_slot = np.ones((n, 1, 1), dtype=bool), np.zeros((n, 1), dtype=np.int64)
+        q_h = high.next_pos[:, None]  # x_t's position (high holds every token before it)
+        q = torch.from_numpy(q_h).to(dev)
         # 1. layers 0..m for rows whose token is not a matched candidate (matched rows: masked dummies)
-        if bool(matched.all()):
+        if matched_h.all():
             hm = h_cand
         else:
-            pl = Pending(low)
-            kv, kp = pl.keys()
-            bias = split.bias(kv, kp, q, one.expand(n, 1, 1))
-            emb = split.embed(x[:, None], q)
-            hm = split.run(emb, 0, m, bias, q, low.cache)
-            pl.add(~matched[:, None], q)
-            pl.commit(torch.zeros(n, 1, dtype=torch.long, device=dev), ~matched[:, None])
+            bias = split.bias(*low.keys(), q_h, one)
+            start = low.reserve(1)
+            hm = split.run(split.embed(x[:, None], q), 0, m, bias, q, low)
+            low.commit(start, first_slot, ~matched_h[:, None])
             if h_cand is not None:
                 hm = torch.where(matched[:, None, None], h_cand, hm)
         # main pass to the early exit, top-k there
-        ph = Pending(high)
-        kv, kp = ph.keys()
-        bias = split.bias(kv, kp, q, one.expand(n, 1, 1))
+        bias = split.bias(*high.keys(), q_h, one)
+        hstart = high.reserve(1)
         rot = split.rotary_for(hm, q)
-        hd = split.run(hm, m, dbar, bias, q, high.cache, rot)
+        hd = split.run(hm, m, dbar, bias, q, high, rot)
         cands = early(hd[:, 0]).topk(k, dim=-1).indices  # [n, k]
         t1 = time.perf_counter()
         # 2. candidates (k query rows, layers 0..m) and the main pass's layers dbar..d
-        cq = split.clamp(q + 1).expand(n, k)
-        pl = Pending(low)
-        ckv, ckp = pl.keys()
-        cbias = split.bias(ckv, ckp, cq, torch.eye(k, dtype=torch.bool, device=dev)[None].expand(n, k, k))
+        cq_h = np.repeat(split.clamp(q_h + 1), k, axis=1)
+        cq = torch.from_numpy(cq_h).to(dev)
+        cbias = split.bias(*low.keys(), cq_h, np.broadcast_to(eye, (n, k, k)))
+        cstart = low.reserve(k)
 
         def candidates():
-            return split.run(split.embed(cands, cq), 0, m, cbias, cq, low.cache)
+            return split.run(split.embed(cands, cq), 0, m, cbias, cq, low)
 
         if use_streams:
             side = torch.cuda.Stream(device=dev)
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):
                 hc = candidates()
-            hf = split.run(hd, dbar, d, bias, q, high.cache, rot)
+            hf = split.run(hd, dbar, d, bias, q, high, rot)
             torch.cuda.current_stream(dev).wait_stream(side)
         else:
-            hf = split.run(hd, dbar, d, bias, q, high.cache, rot)
+            hf = split.run(hd, dbar, d, bias, q, high, rot)
             hc = candidates()
         y = split.logits(hf[:, 0]).argmax(-1)  # [n]
         t2 = time.perf_counter()
-        ph.add(torch.ones(n, 1, dtype=torch.bool, device=dev), q)
-        ph.commit(torch.zeros(n, 1, dtype=torch.long, device=dev), torch.ones(n, 1, dtype=torch.bool, device=dev))
+        high.commit(hstart, first_slot, one[:, 0], prefix=True)
         hit = cands == y[:, None]
         matched = hit.any(dim=1)
         c = hit.long().argmax(dim=1)
-        pl.add(torch.ones(n, k, dtype=torch.bool, device=dev), cq)
-        pl.commit(c[:, None], matched[:, None])
+        matched_h, c_h = matched.cpu().numpy(), c.cpu().numpy()
+        low.commit(cstart, c_h[:, None], matched_h[:, None])
         h_cand = hc[torch.arange(n, device=dev), c][:, None]
-        ml, yl = matched.tolist(), y.tolist()
+        ml, yl = matched_h.tolist(), y.tolist()
         done = []
         for j, i in enumerate(active):
             rows.step(i, int(ml[j]), 1 + k)
@@ -143,7 +142,7 @@ def ppd_decode(model, prompts: list, *, dbar: int | None = None, k: int = 3, max
         if len(live) < n:
             drop_rows([low, high], live)
             sel = torch.as_tensor(live, dtype=torch.long, device=dev)
-            y, matched, h_cand = y[sel], matched[sel], h_cand[sel]
+            y, matched, h_cand, matched_h = y[sel], matched[sel], h_cand[sel], matched_h[live]
         x, active = y, still
         timing["draft"] += t1 - t0
         timing["model"] += t2 - t1

@@ -80,7 +80,8 @@ class KangarooAdapter(nn.Module):
 
     def forward(self, h: torch.Tensor, bias: torch.Tensor, rotary, cache) -> torch.Tensor:
         """h [b, s, H] (layer ``exit_layer``'s input), bias [b, 1, s, K + s], rotary: (cos, sin)
-        or None; cache: a DynamicCache or None. Returns the states the LM head reads [b, s, H]."""
+        or None; cache: a ``kv.KVCache`` with room reserved, a DynamicCache or None. Returns the states
+        the LM head reads [b, s, H]."""
         x = self.norm_in(h)
         if self.rotary:
             a = self.attn(x, position_embeddings=rotary, attention_mask=bias, **hf.cache_arg(cache))

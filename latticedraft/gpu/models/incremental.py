@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from latticedraft.gpu.models.hf import cache_arg
+from latticedraft.gpu.verify.dynamic_cache import cache_length, crop_to
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.masks import causal_mask
-from latticedraft.gpu.verify.kvcache import cache_length, crop_to
 from latticedraft.gpu.verify.modes import position_limit, sliding_window
 
 

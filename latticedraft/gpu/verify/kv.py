@@ -9,7 +9,10 @@ slots ``[0, length + n)`` as one view -- no concatenation, no copy of the cache 
 Bookkeeping, per row and slot, lives on the host as numpy arrays (a step's masks are built
 there and cross to the device once): ``valid`` (the slot holds a real token) and ``pos`` (its
 position id, -1 where invalid), views of preallocated buffers; ``next_pos`` is each row's next
-position. ``commit`` keeps the accepted nodes:
+position. Several forwards may reserve slots before one commit (Kangaroo drafts token by token,
+PPD runs a token's layer ranges apart): the reserved slots ``[length, end)`` are *pending*,
+``mark`` records who each holds and ``keys`` shows them with the committed ones to the next
+forward. ``commit`` keeps the accepted nodes:
 
 - the accepted path is the written prefix (one token, a chain, the first draft): nothing moves;
 - otherwise only the accepted nodes are gathered into place, in one gather and one copy for
@@ -34,8 +37,10 @@ from latticedraft.errors import InputError
 
 
 class KVCache:
-    """batch rows; layers: decoder layers held (``first_layer`` .. ``first_layer + layers - 1``,
-    the split verifier's range); window: W for a rolling buffer (None: every position kept)."""
+    """batch rows; layers: decoder layers held (``first_layer`` .. ``first_layer + layers - 1``:
+    the split verifier's range, one of PPD's or Kangaroo's); window: W for a rolling buffer (None:
+    every position kept). The one KV cache of the layers latticedraft runs itself (the batched
+    fallback, which leaves masks to the model, keeps transformers' own: ``dynamic_cache.SlotCache``)."""
 
     def __init__(self, batch: int, layers: int, device="cpu", window: int | None = None, first_layer: int = 0,
                  capacity: int = 64):
@@ -90,11 +95,32 @@ class KVCache:
 
     # -- writing ------------------------------------------------------------------------------
     def reserve(self, n: int) -> int:
-        """Room for a forward of n nodes after the slots in use; returns their first slot."""
-        start = self.length
+        """Room for a forward of n nodes after the slots in use and those already reserved (pending
+        a commit); returns their first slot."""
+        start = self.end
         self._grow(start + n)
         self.end = start + n
         return start
+
+    def mark(self, valid, pos) -> None:
+        """Record the last reserved n slots (pending a commit): valid bool[b, n] (False: a row with no
+        token there, masked), pos int64[b, n] (numpy or torch)."""
+        valid, pos = _host(valid), _host(pos)
+        n = valid.shape[1]
+        self._valid[:, self.end - n:self.end] = valid
+        self._pos[:, self.end - n:self.end] = np.where(valid, pos, -1)
+
+    def keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """(valid bool[b, end], pos int64[b, end]) of every slot a new forward's queries may see: the
+        committed ones, then those pending (``mark``). Take them before that forward's ``reserve``."""
+        return self._valid[:, : self.end], self._pos[:, : self.end]
+
+    def commit_prefix(self, start: int, counts) -> None:
+        """Keep the first ``counts[i]`` slots reserved after ``start`` in row i (int64[b]), drop the rest."""
+        counts = _host(counts)
+        m = max(int(counts.max()), 1)
+        keep = np.broadcast_to(np.arange(m), (self.batch, m))
+        self.commit(start, keep, keep < counts[:, None], prefix=True)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer`` (0-based within this cache) of the reserved nodes: k, v [b, kv_heads, n,
@@ -134,7 +160,7 @@ class KVCache:
         if self.store is not None:
             L, two, b, h, _, d = self.store.shape
             store = torch.zeros(L, two, b, h, cap, d, dtype=self.store.dtype, device=self.store.device)
-            store[..., : self.length, :] = self.store[..., : self.length, :]
+            store[..., : self.end, :] = self.store[..., : self.end, :]
             self._set_store(store)
         self.capacity = cap
 
@@ -152,8 +178,8 @@ class KVCache:
     def commit(self, start: int, keep, keep_valid, prefix: bool | None = None) -> None:
         """Keep, of the reserved slots after ``start``, those in ``keep`` int64[b, m] (indices into
         the reserved slots, in order; ``keep_valid`` bool[b, m] False for padding entries, whose
-        slots stay invalid). Positions continue ``next_pos``. prefix: ``keep`` is ``0..m-1`` on every
-        row, all valid (computed when None): then nothing moves."""
+        slots stay invalid). Positions continue ``next_pos``. prefix: ``keep`` is ``0..m-1`` wherever
+        ``keep_valid`` (computed when None): then nothing moves."""
         keep, keep_valid = _host(keep), _host(keep_valid)
         m = keep.shape[1]
         new_pos = np.where(keep_valid, self.next_pos[:, None] + np.cumsum(keep_valid, axis=1) - 1, -1)
@@ -164,7 +190,7 @@ class KVCache:
             self.roll_in(start, app[:, :n_app])
             return
         if prefix is None:
-            prefix = bool(keep_valid.all()) and bool((keep == np.arange(m)).all())
+            prefix = bool((keep == np.arange(m))[keep_valid].all())
         if not prefix and self.store is not None:
             L, two, b, h, _, d = self.store.shape
             src = self.store[..., start:self.end, :]

@@ -7,8 +7,9 @@ structure, ``hf.backbone`` / ``hf.decoder_layers_name`` / ``hf.final_norm_name``
   token embeddings for rotary models);
 - ``run(h, lo, hi, bias, pos, cache) -> h``: decoder layers ``lo..hi-1`` under an additive 4-D
   mask ``bias [b, 1, s, K]`` (K = cached slots + s) with position ids ``pos`` (rotary angles are
-  computed here), appending each layer's keys/values to ``cache`` (a ``DynamicCache``; layers
-  are indexed by their own ``layer_idx``, so different layer ranges may live in different caches);
+  computed here), writing each layer's keys/values into ``cache`` (a ``kv.KVCache`` with room
+  reserved, or a ``DynamicCache``; layers are indexed by their own ``layer_idx``, so different
+  layer ranges may live in different caches);
 - ``logits(h) -> [.., V]``: the final norm and the LM head (on any layer's output: the shared
   early-exit head of Kangaroo and PPD).
 
@@ -18,6 +19,7 @@ Only attention that takes a custom 4-D mask (eager, sdpa) is supported.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -74,7 +76,7 @@ class LayerSplit:
 
     def run(self, h: torch.Tensor, lo: int, hi: int, bias: torch.Tensor, pos: torch.Tensor, cache,
             rotary=None) -> torch.Tensor:
-        """Layers ``lo..hi-1`` on h [b, s, H]; keys/values appended to ``cache``."""
+        """Layers ``lo..hi-1`` on h [b, s, H]; keys/values written into ``cache``."""
         if lo >= hi:
             return h
         if self.rotary is not None and rotary is None:
@@ -96,9 +98,14 @@ class LayerSplit:
              allowed_new: torch.Tensor) -> torch.Tensor:
         """The additive mask [b, 1, s, K + s] for s queries at ``q_pos`` [b, s] over K cached slots
         (``key_valid`` bool[b, K], ``key_pos`` [b, K]) and the s new ones (``allowed_new``
-        bool[b, s, s]: which new tokens each query sees, itself included), with Mistral's window."""
-        return attention_bias(visible(key_valid, key_pos, q_pos, allowed_new, self.window), self.dtype)
+        bool[b, s, s]: which new tokens each query sees, itself included), with Mistral's window.
+        numpy inputs (a ``kv.KVCache``'s host bookkeeping) cross to the device once."""
+        allowed = visible(key_valid, key_pos, q_pos, allowed_new, self.window)
+        if isinstance(allowed, np.ndarray):
+            allowed = torch.from_numpy(allowed).to(self.device)
+        return attention_bias(allowed, self.dtype)
 
-    def clamp(self, pos: torch.Tensor) -> torch.Tensor:
-        """Drafted positions may pass GPT-2's last learned position; they are never accepted there."""
-        return pos if self.position_limit is None else pos.clamp(max=int(self.position_limit) - 1)
+    def clamp(self, pos):
+        """Drafted positions may pass GPT-2's last learned position; they are never accepted there
+        (numpy or torch)."""
+        return pos if self.position_limit is None else pos.clip(max=int(self.position_limit) - 1)

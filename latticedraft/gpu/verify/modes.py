@@ -59,8 +59,8 @@ KV_CACHES = ("auto", "full", "rolling")
 
 
 def choose_kv_cache(window: int | None, mode: str, requested: str = "auto") -> bool:
-    """Whether verification keeps a rolling buffer of W slots (``kvcache.SlotCache``) instead of
-    every position. "auto": rolling for sliding-window models in tree mode (the only mode whose
+    """Whether verification keeps a rolling buffer of W slots (``kv.KVCache`` with a window) instead
+    of every position. "auto": rolling for sliding-window models in tree mode (the only mode whose
     masks are built from positions, not slot order); "rolling" fails where it cannot apply."""
     if requested not in KV_CACHES:
         raise InputError(f"--kv-cache {requested!r} is not one of {', '.join(KV_CACHES)}")

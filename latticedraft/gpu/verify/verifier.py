@@ -13,7 +13,7 @@ in every result:
   proposer runs the first l layers of the prompt too (its ``stem``, at the prefill).
 - ``"batched"``: the fallback for models whose attention takes no custom 4-D mask (flash
   attention, mixed sliding/full layers): every draft is a batch row ``[root, draft...]`` over a
-  copy of the row's cache (``kvcache.SlotCache``), with a 2-D padding mask.
+  copy of the row's cache (``dynamic_cache.SlotCache``), with a 2-D padding mask.
 
 Tree and split verification run the model's layers through ``lean.LeanStack`` where it writes
 them out (GPT-2, LLaMA, Mistral: no per-call wrappers, rotary tables built once, keys and values
@@ -64,7 +64,7 @@ from latticedraft.gpu.models import hf
 from latticedraft.gpu.verify import lean
 from latticedraft.gpu.verify.forward import DraftVocab, Forward, hf_forward, lazy_logits_ok
 from latticedraft.gpu.verify.kv import KVCache
-from latticedraft.gpu.verify.kvcache import SlotCache
+from latticedraft.gpu.verify.dynamic_cache import SlotCache
 from latticedraft.gpu.verify.modes import (base_config, check_verifiable, choose_kv_cache, choose_mode, model_device,
                                            model_dtype, position_limit, sliding_window)
 from latticedraft.gpu.verify.masks import attention_bias, causal, visible
@@ -72,6 +72,7 @@ from latticedraft.gpu.verify.prefill import chunked_prefill
 from latticedraft.gpu.verify.screened_argmax import argmax_projection, median_seconds
 from latticedraft.gpu.verify.screened_topk import topk_projection
 from latticedraft.gpu.verify.side_branch import SideBranch, step_layout
+from latticedraft.gpu.verify.split_cache import left_pad
 from latticedraft.gpu.verify.tree import build_tree, main_path, pack_trees
 from latticedraft.gpu.verify.walk import node_of, prefix_of, walk, walk_batched
 
@@ -200,15 +201,8 @@ class Verifier:
         ``StepResult.head_logits``; [b, 0, V'] with ``heads`` False: not computed). Split mode:
         ``stem(ids, valid, pos, bias)`` runs the first layers (the proposer's) and returns their
         states [b, n, H], which the verifier continues."""
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise InputError("every prompt must have at least one token")
-        b, n = len(prompts), max(len(p) for p in prompts)
-        ids = torch.zeros(b, n, dtype=torch.long, device=self.device)
-        valid = torch.zeros(b, n, dtype=torch.bool, device=self.device)
-        for i, p in enumerate(prompts):
-            ids[i, n - len(p):] = torch.as_tensor(np.asarray(p, dtype=np.int64), device=self.device)
-            valid[i, n - len(p):] = True
-        pos = (torch.cumsum(valid.long(), dim=1) - 1).clamp(min=0)
+        ids, valid, pos = left_pad(prompts, self.device)
+        b, n = ids.shape
         valid_h, pos_h = valid.cpu().numpy(), pos.cpu().numpy()
         state = self.new_state(b)
         if self.rolling:  # chunks of W into a rolling buffer; the last chunk's results give the roots

@@ -1,11 +1,13 @@
 """``KVCache``: in-place writes, commits that move nothing for the written prefix and only the
-accepted nodes otherwise, growth, row selection, and transformers' ``update`` protocol."""
+accepted nodes otherwise, growth, row selection, slots pending across forwards, and transformers'
+``update`` protocol."""
 
+import numpy as np
 import torch
 
+from latticedraft.gpu.verify.dynamic_cache import SlotCache
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.layer_split import LayerSplit
-from latticedraft.gpu.verify.kvcache import SlotCache
 from tests.decoding.tiny import tiny_model
 
 
@@ -59,3 +61,36 @@ def test_transformers_layers_write_through_update_as_into_a_dynamic_cache():
     b = split.run(split.embed(ids, pos), 0, 2, bias, pos, slot.cache)
     assert torch.equal(a, b)
     assert torch.equal(kv.store[1, 0, :, :, :6], slot.cache.layers[1].keys)
+
+
+@torch.inference_mode()
+def test_pending_forwards_before_one_commit_equal_the_full_forward():
+    """Kangaroo's drafting: token by token into a cache grown while slots are pending (capacity 4),
+    a row's later drafts masked (mark), then commit_prefix keeps each row's first counts[i]."""
+    model = tiny_model("llama", torch.float64, layers=2)
+    split = LayerSplit(model)
+    ids = torch.randint(1, 64, (2, 3), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(3)[None].expand(2, 3)
+    kv = KVCache(2, layers=2, capacity=4)
+    bias = split.bias(*kv.keys(), pos.numpy(), np.tri(3, dtype=bool)[None].repeat(2, 0))
+    kv.reserve(3)
+    split.run(split.embed(ids, pos), 0, 2, bias, pos, kv)
+    kv.append_valid(np.ones((2, 3), dtype=bool), pos)
+    start, drafts = kv.end, torch.tensor([[7, 8, 9], [10, 11, 12]])
+    for j in range(3):
+        q = kv.next_pos[:, None] + j
+        bias = split.bias(*kv.keys(), q, np.ones((2, 1, 1), dtype=bool))
+        kv.reserve(1)
+        split.run(split.embed(drafts[:, j:j + 1], torch.from_numpy(q)), 0, 2, bias, torch.from_numpy(q), kv)
+        kv.mark(np.array([[True], [j == 0]]), q)  # row 1 stops drafting after its first token
+    assert kv.keys()[0].tolist() == [[True] * 6, [True] * 4 + [False] * 2] and kv.capacity >= 6
+    kv.commit_prefix(start, np.array([3, 1]))
+    assert kv.length == 6 and kv.next_pos.tolist() == [6, 4]
+    q = kv.next_pos[:, None]
+    bias = split.bias(*kv.keys(), q, np.ones((2, 1, 1), dtype=bool))
+    kv.reserve(1)
+    h = split.run(split.embed(torch.tensor([[5], [6]]), torch.from_numpy(q)), 0, 2, bias, torch.from_numpy(q), kv)
+    for i, kept in enumerate((3, 1)):
+        seq = torch.cat([ids[i], drafts[i, :kept], torch.tensor([5 + i])])[None]
+        ref = model(seq, output_hidden_states=True).hidden_states[-1][0, -1]
+        assert torch.allclose(split.norm(h[i, 0]), ref, atol=1e-9)

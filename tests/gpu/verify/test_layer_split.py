@@ -1,10 +1,11 @@
 """The split forward equals the model's own forward (logits to 1e-5, float32)."""
 
+import numpy as np
 import pytest
 import torch
 
 from latticedraft.errors import ModelError
-from latticedraft.gpu.verify.kvcache import SlotCache
+from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.layer_split import LayerSplit
 from latticedraft.gpu.verify.masks import causal
 from latticedraft.gpu.verify.split_cache import left_pad, prefill
@@ -18,19 +19,21 @@ def test_split_forward_equals_full_forward(arch):
     split = LayerSplit(m)
     ps = prompts(3, seed=2, lengths=(12, 5, 9))
     ids, valid, pos = left_pad(ps, "cpu")
-    caches = [SlotCache.empty(3) for _ in range(3)]
+    caches = [KVCache(3, hi - lo, first_layer=lo) for lo, hi in [(0, 1), (1, 3), (3, 4)]]
     last = prefill(split, [0, 1, 3, 4], caches, ps)
     for i, p in enumerate(ps):
         ref = m(torch.as_tensor(p)[None]).logits[0, -1]
         assert torch.allclose(split.logits(last[i]), ref, atol=1e-5), arch
     # one more token per row through the three ranges' caches equals the full forward of prompt + token
     nxt = torch.tensor([[5], [6], [7]])
-    q = caches[0].next_pos[:, None]
+    q_h = caches[0].next_pos[:, None]
+    q = torch.from_numpy(q_h)
     h = split.embed(nxt, q)
     rot = split.rotary_for(h, q)
     for (lo, hi), c in zip([(0, 1), (1, 3), (3, 4)], caches):
-        bias = split.bias(c.valid, c.pos, q, torch.ones(3, 1, 1, dtype=torch.bool))
-        h = split.run(h, lo, hi, bias, q, c.cache, rot)
+        bias = split.bias(*c.keys(), q_h, np.ones((3, 1, 1), dtype=bool))
+        c.reserve(1)
+        h = split.run(h, lo, hi, bias, q, c, rot)
     for i, p in enumerate(ps):
         ref = m(torch.as_tensor(list(p) + [5 + i])[None]).logits[0, -1]
         assert torch.allclose(split.logits(h[i, 0]), ref, atol=1e-5), arch

@@ -1,7 +1,8 @@
-"""A KV cache with per-row slot bookkeeping over a transformers ``DynamicCache``: the batched
-verification fallback's (drafts as batch rows over copies of the cache) and the layer ranges of
-PPD and Kangaroo's first layers (``split_cache.py``), all of which run transformers' own modules.
-The tree and split verifiers keep theirs in the preallocated ``kv.KVCache``.
+"""The batched verification fallback's KV cache: a transformers ``DynamicCache`` with per-row slot
+bookkeeping (drafts as batch rows over copies of the cache). That fallback serves models whose
+attention takes no custom 4-D mask (flash attention, mixed sliding/full layers): they build their
+masks from transformers' own cache, so it stays one. Every layer latticedraft runs itself (tree
+and split verification, PPD, Kangaroo, the incremental LM) keeps the preallocated ``kv.KVCache``.
 
 ``SlotCache`` records, for each batch row and cache slot, whether the slot holds a real token
 (``valid``) and its position id (``pos``). Rows of one batch accept different numbers of draft

@@ -1,6 +1,6 @@
 import torch
 
-from latticedraft.gpu.verify.kvcache import SlotCache, cache_length, crop_to
+from latticedraft.gpu.verify.dynamic_cache import SlotCache, cache_length, crop_to
 
 
 def _filled(b=2, L=5, heads=2, d=3):
