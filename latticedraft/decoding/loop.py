@@ -95,7 +95,8 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
         raise InputError("lossless sampling verifies one draft source's paths as drawn; got "
                          + ", ".join(p.name for p in proposers))
     if not isinstance(verifier, Verifier):
-        verifier = Verifier(model, req.verify, num_heads=None if uses_heads else 1)
+        verifier = Verifier.for_model(model, req.verify, num_heads=None if uses_heads else 1)
+    verifier.begin()
     planner = planner or TreePlanner("fixed")
     vocab = None if verifier.draft_vocab is None else verifier.draft_vocab.ids
     samplers = None

@@ -21,7 +21,7 @@ each row's new tokens, ``pad_token_id`` after its end-of-text id up to the longe
 that also holds each row's target ``calls`` and ``block_efficiency`` (new tokens per call).
 
 Sessions (heads, LM, rescorer, measured step costs, fitted acceptance rates) are kept on the
-model (``model._latticedraft_sessions``), one per heads / files / device / dtype, and live as long
+model (``memo_of(model, "sessions")``), one per heads / files / device / dtype, and live as long
 as it does; copies of the model start without them.
 """
 
@@ -37,6 +37,7 @@ from transformers.generation import GenerateDecoderOnlyOutput
 
 from latticedraft.decoding.custom_generate.arguments import GenerateRequest, read_request
 from latticedraft.errors import InputError, LatticedraftError
+from latticedraft.memo import memo_of
 
 FILES = ("lm", "rescorer", "draft_model")  # keywords naming files the session loads
 VERIFY = ("auto", "tree", "batched")
@@ -117,7 +118,7 @@ def session_for(model, options: dict, spec):
     p = next(model.parameters())
     key = (None if heads is None else str(Path(heads).resolve()), *(options.get(f) for f in FILES), str(p.device),
            str(p.dtype))
-    sessions = model.__dict__.setdefault("_latticedraft_sessions", _Sessions())
+    sessions = memo_of(model, "sessions")
     if key not in sessions:
         sessions[key] = _new_session(model, heads, options, p.device)
     return sessions[key]
@@ -143,17 +144,6 @@ def _new_session(model, heads, options: dict, device):
         raise ModelError(f"{e}: latticedraft reads it from heads=DIR, the directory the model was loaded from "
                          f"({home or 'none: built in memory'}) or data/tokenizer; tokenizer.save_pretrained(DIR) "
                          "writes it") from None
-
-
-class _Sessions(dict):
-    """The sessions kept on a model: they live and die with it; deep copies and pickles of the
-    model start without them."""
-
-    def __deepcopy__(self, memo):
-        return _Sessions()
-
-    def __reduce__(self):
-        return (_Sessions, ())
 
 
 def model_home(model) -> Path | None:

@@ -95,7 +95,7 @@ def tune_lookahead(session, prompts: list[dict], out_path, *, windows=WINDOWS, n
     if not split:
         raise InputError(f"no tuning prompts after skipping {skip}; lower --skip")
     ids = encode(session.tokenizer, [r["prompt"] for r in split])
-    cm = cost_model or CostModel.cached(Verifier(session.model, verify, num_heads=1), batch=1)
+    cm = cost_model or CostModel.cached(Verifier.for_model(session.model, verify, num_heads=1), batch=1)
     rows = []
     grid = list(itertools.product(windows, ngrams, pools))
     for W, N, G in tqdm(grid, desc="tune lookahead", unit="setting", disable=None):

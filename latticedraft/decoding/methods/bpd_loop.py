@@ -82,8 +82,8 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
     if lookahead is not None:
         proposers.append(LookaheadProposer(lookahead, hf.model_vocab_size(getattr(model, "base", model))))
     num_heads = getattr(source, "heads_needed", None) if from_heads else 1
-    verifier = Verifier(model, req.verify, num_heads=num_heads, draft_vocab=plan.draft_vocab if from_heads else None,
-                        kv_cache=plan.kv_cache)
+    verifier = Verifier.for_model(model, req.verify, num_heads=num_heads,
+                                  draft_vocab=plan.draft_vocab if from_heads else None, kv_cache=plan.kv_cache)
     if verifier.mode == "batched" and cost is None:  # T(n) of a tree does not model it (BATCHED_TREE)
         tree = "fixed"
     policy = tree if from_heads or source is None else "fixed"

@@ -119,7 +119,7 @@ def lookahead_decode(model, prompts: list, *, W: int = 15, N: int = 5, G: int = 
     req = Request(max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, sampling=sampling, verify=verify,
                   rows=rows, first_row=first_row, on_tokens=on_tokens)
     rule = None if sampling is None or draws is None else SpeculativeRule(sampling, draws)
-    res = speculative_decode(Verifier(model, verify, num_heads=1, kv_cache=kv_cache), prompts,
+    res = speculative_decode(Verifier.for_model(model, verify, num_heads=1, kv_cache=kv_cache), prompts,
                              [LookaheadProposer(opts, V)], req, rule=rule)
     res.verify_reason += f"; lookahead W={W} N={N} G={G}" + ("" if sampling is None else f"; sampling {sampling}")
     return res

@@ -9,7 +9,7 @@ them (the decode loop counts their measured time in the planner's per-step overh
 are cached as JSON under ``cache_dir()/cost_model``, keyed by a fingerprint of (architecture
 config, dtype, device, threads, torch version, batch, heads).
 
-    >>> cm = CostModel.measure(Verifier(model), batch=1)        # doctest: +SKIP
+    >>> cm = CostModel.measure(Verifier.for_model(model), batch=1)        # doctest: +SKIP
     >>> cm.seconds(8) / cm.seconds(1)                            # relative cost of 8 nodes
 """
 

@@ -33,11 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from latticedraft.gpu.verify.layer_split import LayerSplit
+from latticedraft.memo import memo_of
 
 FUSE_BYTES = 64 << 20  # fuse the projections of models whose fused copies take at most this
-
-
-_STACKS = None  # weakref.WeakKeyDictionary: model -> (parameter key, LeanStack), made on first use
 
 
 def _params_key(model) -> tuple:
@@ -46,20 +44,13 @@ def _params_key(model) -> tuple:
 
 
 def stack_for(model) -> "LeanStack":
-    """``LeanStack(model)``, built once per model and weights: a decode call (one per batch) reuses it
-    instead of fusing projections and tabling rotary positions again (~8 ms for the bundled base)."""
-    import weakref
-
-    global _STACKS
-    if _STACKS is None:
-        _STACKS = weakref.WeakKeyDictionary()
-    key = _params_key(model)
-    hit = _STACKS.get(model)
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    stack = LeanStack(model)
-    _STACKS[model] = (key, stack)
-    return stack
+    """``LeanStack(model)``, built once per model and weights and kept on the model (``memo_of``): a
+    decode call reuses it instead of fusing projections and tabling rotary positions again."""
+    memo, key = memo_of(model, "verify"), _params_key(model)
+    hit = memo.get("stack")
+    if hit is None or hit[0] != key:
+        hit = memo["stack"] = (key, LeanStack(model))
+    return hit[1]
 
 
 def supports(model) -> str | None:

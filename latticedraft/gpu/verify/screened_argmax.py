@@ -33,13 +33,13 @@ screened: CUDA's bfloat16 GEMMs may reduce in reduced precision.
 from __future__ import annotations
 
 import time
-import weakref
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from latticedraft.gpu.verify.sparse_logits import SparseLogits
+from latticedraft.memo import memo_of
 
 U = 2.0 ** -8  # bfloat16's unit roundoff (8 significant bits)
 MARGIN = 1.25  # the bound's coefficients with a quarter more
@@ -217,18 +217,16 @@ def median_seconds(f, x: torch.Tensor, repeats: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-_PROJECTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> {kind: (weights key, projection)}
-
-
 def cached_projection(unembed, kind, make):
     """One screened projection (or, for ``kind`` "tables", the ``ScreenTables`` they share) per
-    output projection module and ``kind``, made again when the weights change: ``make(unembed)``
-    builds it. A function (a model's own unembed) is never screened and gets a new one each call."""
+    output projection module and ``kind``, kept on the module (``memo_of``) and made again when its
+    weights change: ``make(unembed)`` builds it. A function (a model's own unembed) is never
+    screened and gets a new one each call."""
     if not isinstance(unembed, torch.nn.Module):
         return make(unembed)
     w = getattr(unembed, "weight", None)
     key = None if w is None else (w.data_ptr(), w._version)
-    kinds = _PROJECTIONS.setdefault(unembed, {})
+    kinds = memo_of(unembed, "projections")
     hit = kinds.get(kind)
     if hit is None or hit[0] != key:
         hit = kinds[kind] = (key, make(unembed))

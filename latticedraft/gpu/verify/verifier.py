@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import functools
 import time
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +74,7 @@ from latticedraft.gpu.verify.side_branch import SideBranch, step_layout
 from latticedraft.gpu.verify.split_cache import left_pad
 from latticedraft.gpu.verify.tree import build_tree, main_path, pack_trees
 from latticedraft.gpu.verify.walk import node_of, prefix_of, walk, walk_batched
+from latticedraft.memo import memo_of
 
 
 def top_k_reads(choose) -> int | None:
@@ -88,7 +88,6 @@ UNEMBED_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows at which the output projection i
 # output projection and argmax at the walked nodes; the walk itself; keeping the accepted nodes
 # in the cache; the extra heads at the accepted node
 STEP_PARTS = ("tree", "forward", "project", "walk", "cache", "heads")
-_UNEMBED_CURVES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {(threads, device): s[]}
 
 
 @dataclass
@@ -106,14 +105,31 @@ class StepResult:
 
 
 class Verifier:
-    """Prefill and verify for one target model; owns no state beyond the mode, the number of
-    heads computed (``num_heads``: the base model's head plus ``num_heads - 1`` extra; default all)
-    and the optional reduced vocabulary the extra heads project onto (``draft_vocab``: token ids).
+    """Prefill and verify for one target model, with a mode, the number of heads computed
+    (``num_heads``: the base model's head plus ``num_heads - 1`` extra; default all) and the
+    optional reduced vocabulary the extra heads project onto (``draft_vocab``: token ids). It
+    outlives decodes: ``for_model`` keeps one per model and settings, with what it measured (the
+    output projection's cost, which paths the walk takes); ``begin`` starts a decode's tallies.
+    The decode state (the KV cache) is the caller's (``new_state``, ``prefill``).
 
-    >>> v = Verifier(model)          # doctest: +SKIP
+    >>> v = Verifier.for_model(model)          # doctest: +SKIP
     >>> state, roots, heads = v.prefill([np.array([5, 6, 7]), np.array([8])])
     >>> res = v.verify(state, roots, [drafts_row0, drafts_row1])
     """
+
+    @classmethod
+    def for_model(cls, model, mode: str = "auto", num_heads: int | None = None, draft_vocab=None,
+                  kv_cache: str = "auto", from_layer: int = 0) -> "Verifier":
+        """The model's verifier for these settings, made once per weights and kept on the model
+        (``memo_of``); the arguments are ``Verifier``'s."""
+        vocab = None if draft_vocab is None else np.asarray(draft_vocab, dtype=np.int64)
+        key = (mode, num_heads, None if vocab is None else vocab.tobytes(), kv_cache, int(from_layer))
+        weights = lean._params_key(model)
+        kept = memo_of(model, "verify").setdefault("verifiers", {})
+        hit = kept.get(key)
+        if hit is None or hit[0] != weights:
+            hit = kept[key] = (weights, cls(model, mode, num_heads, vocab, kv_cache, from_layer))
+        return hit[1]
 
     def __init__(self, model, mode: str = "auto", num_heads: int | None = None, draft_vocab=None,
                  kv_cache: str = "auto", from_layer: int = 0):
@@ -154,8 +170,13 @@ class Verifier:
         self.sample_states = None  # final states of the first prefill's prompt (<= 64): what projections are timed on
         self.off_path = 1.0  # running mean of the projections the accept walk adds to the main paths'  one
         self.position_limit = position_limit(model)
-        self.peak_cache_bytes = 0  # the largest KV cache seen right after a forward (in-flight nodes included)
-        self.timing = dict.fromkeys(STEP_PARTS, 0.0)  # seconds per part of every verify call so far
+        self.begin()
+
+    def begin(self) -> None:
+        """Start a decode's tallies: ``peak_cache_bytes``, the largest KV cache seen right after a
+        forward (in-flight nodes included), and ``timing``, seconds per part of every verify call."""
+        self.peak_cache_bytes = 0
+        self.timing = dict.fromkeys(STEP_PARTS, 0.0)
 
     def new_state(self, batch: int):
         """An empty cache for ``batch`` rows: a ``KVCache`` (tree and split modes) or a ``SlotCache``
@@ -241,8 +262,8 @@ class Verifier:
         """Measured seconds of the output projection over ``rows`` hidden states, as a walk
         ``reads`` it: ``"argmax"`` its argmax (``ArgmaxProjection``), ``"logits"`` the logits
         themselves, an int k what a top-k of k reads (``TopKProjection``). Timed once per model,
-        thread count and device (a decode creates a verifier per call)."""
-        curves = _UNEMBED_CURVES.setdefault(self.model, {})
+        thread count and device (kept on the model: its verifiers share them)."""
+        curves = memo_of(self.model, "verify").setdefault("unembed_curves", {})
         key = (torch.get_num_threads(), str(self.device), reads)
         if key not in curves:
             H = int(base_config(self.model).hidden_size)

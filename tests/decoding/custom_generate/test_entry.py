@@ -1,12 +1,11 @@
 """``entry``: the bundled base is recognised by its weights (not its path), sessions live on the
 model without getting into its copies, and the shared checks' messages name generate's keywords."""
 
-import copy
 
 import pytest
 import torch
 
-from latticedraft.decoding.custom_generate.entry import _Sessions, as_keywords, is_bundled_base
+from latticedraft.decoding.custom_generate.entry import as_keywords, is_bundled_base
 from latticedraft.paths import data_dir
 from tests.decoding.tiny import tiny_model
 
@@ -26,13 +25,6 @@ def test_the_bundled_base_is_recognised_by_its_weights(tmp_path):
         base.get_input_embeddings().weight[3, 0] += 1.0
     assert not is_bundled_base(base)
     assert not is_bundled_base(tiny_model("mistral", vocab=8192))
-
-
-def test_sessions_are_left_out_of_copies():
-    m = tiny_model("gpt2")
-    m.__dict__["_latticedraft_sessions"] = _Sessions({("k",): object()})
-    c = copy.deepcopy(m)
-    assert c._latticedraft_sessions == {} and len(m._latticedraft_sessions) == 1
 
 
 @pytest.mark.parametrize("message, keywords", [

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from latticedraft.errors import InputError, ModelError
-from latticedraft.gpu.verify.verifier import Verifier
+from latticedraft.gpu.verify.verifier import UNEMBED_ROWS, Verifier
 from latticedraft.gpu.verify.modes import choose_mode, sliding_window
 from tests.decoding.tiny import ToyHeads, prompts, reference, tiny_model
 
@@ -142,17 +142,30 @@ def test_draft_vocabulary_projects_the_heads_onto_its_rows_only():
         Verifier(model, draft_vocab=[0, 64])
 
 
-def test_projection_cost_is_timed_once_per_model():
-    """Every decode call makes a verifier; the output projection's cost curve is measured once."""
-    from latticedraft.gpu.verify import verifier as verify_mod
+def test_one_verifier_per_model_and_settings_sharing_the_projection_cost():
+    """for_model keeps one verifier per settings on the model (a new one when the weights change);
+    the output projection's cost curve is measured once per model, whichever verifier asks;
+    begin starts a decode's tallies."""
+    from latticedraft.memo import memo_of
     from tests.decoding.tiny import blockwise
 
     m = blockwise("gpt2", torch.float32, num_heads=3)
-    a = Verifier(m)
+    a = Verifier.for_model(m)
+    assert Verifier.for_model(m) is a and Verifier.for_model(m, num_heads=1) is not a
     small, big = a.unembed_seconds(1), a.unembed_seconds(200)
-    curve = next(iter(verify_mod._UNEMBED_CURVES[m].values()))
-    assert Verifier(m).unembed_seconds(1) == small and next(iter(verify_mod._UNEMBED_CURVES[m].values())) is curve
-    assert big > 0 and len(curve) == len(verify_mod.UNEMBED_ROWS)
+    curve = next(iter(memo_of(m, "verify")["unembed_curves"].values()))
+    assert Verifier.for_model(m, num_heads=1).unembed_seconds(1) == small
+    assert Verifier(m).unembed_seconds(1) == small
+    assert next(iter(memo_of(m, "verify")["unembed_curves"].values())) is curve
+    assert big > 0 and len(curve) == len(UNEMBED_ROWS)
+    state, roots, _ = a.prefill(prompts(2, seed=1))
+    a.verify(state, roots, [np.array([[3, 4]]), np.array([[5]])])
+    assert a.peak_cache_bytes > 0 and a.timing["forward"] > 0
+    a.begin()
+    assert a.peak_cache_bytes == 0 and sum(a.timing.values()) == 0
+    with torch.no_grad():
+        next(m.parameters()).add_(0.0)  # an in-place update: new weights
+    assert Verifier.for_model(m) is not a
 
 
 def test_heads_come_from_the_accepted_node_when_a_side_branch_rides_along():
