@@ -42,19 +42,26 @@ def tree_args(p: argparse.ArgumentParser) -> None:
 
 
 def mtad_args(p: argparse.ArgumentParser) -> None:
+    """The auxiliary draft model and MTAD's options (as ``MtadOptions`` declares them)."""
+    from latticedraft.decoding.methods.mtad import MtadOptions
+    from latticedraft.decoding.registry import add_options
+
     g = p.add_argument_group("auxiliary draft model (--drafter model, --method mtad)")
     g.add_argument("--draft-model", default=None, metavar="DIR",
                    help="a small causal LM with the target's tokenizer that drafts (e.g. data/rescorer-medium)")
-    g.add_argument("--beams", type=int, default=8, help="MTAD: beams of the draft model's beam sampling (default 8)")
-    g.add_argument("--tau", type=float, default=0.1,
-                   help="MTAD: accept the longest draft prefix whose joint ratio min(1, p/q) exceeds TAU "
-                        "(default 0.1; >= 1: ordinary sampling). MTAD is approximate, not lossless")
+    add_options(g, MtadOptions, "mtad")
 
 
 def gamma_arg(p: argparse.ArgumentParser) -> None:
+    """``--gamma``, which three methods read, each with its own default (its options' field)."""
+    from latticedraft.decoding.methods.bpd import DrafterSpec
+    from latticedraft.decoding.methods.kangaroo import KangarooOptions
+    from latticedraft.decoding.methods.mtad import MtadOptions
+
     p.add_argument("--gamma", type=int, default=None,
-                   help="most tokens drafted per step: by the draft model (--drafter model, --method mtad; default "
-                        "4) or by Kangaroo's adapter (--method kangaroo; default 6)")
+                   help=f"most tokens drafted per step: by the draft model (--drafter model, default {DrafterSpec.gamma}; "
+                        f"--method mtad, default {MtadOptions.gamma}) or by Kangaroo's adapter (--method kangaroo; "
+                        f"default {KangarooOptions.gamma})")
 
 
 def lookahead_args(p: argparse.ArgumentParser) -> None:
@@ -69,17 +76,14 @@ def lookahead_args(p: argparse.ArgumentParser) -> None:
 
 
 def self_draft_args(p: argparse.ArgumentParser) -> None:
+    """Kangaroo's and PPD's options, as ``KangarooOptions`` and ``PPDOptions`` declare them."""
+    from latticedraft.decoding.methods.kangaroo import KangarooOptions
+    from latticedraft.decoding.methods.ppd import PPDOptions
+    from latticedraft.decoding.registry import add_options
+
     g = p.add_argument_group("early-layer self-drafting (--method kangaroo / ppd)")
-    g.add_argument("--adapter", default=None, metavar="DIR",
-                   help="kangaroo: the adapter from `train adapter` (default data/adapter-kangaroo; its exit layer is l)")
-    g.add_argument("--eta", type=float, default=0.6,
-                   help="kangaroo: stop drafting when the adapter's top-1 probability is <= eta (default 0.6)")
-    g.add_argument("--exit-layer", type=int, default=None, metavar="DBAR",
-                   help="ppd: early prediction after this layer (default: half the layers)")
-    g.add_argument("--candidates", type=int, default=3, metavar="K",
-                   help="ppd: early top-k candidates started per token (default 3)")
-    g.add_argument("--exit-heads", default=None, metavar="DIR",
-                   help="ppd: per-layer early-exit heads from `train heads --early-exit` (default: the shared LM head)")
+    add_options(g, KangarooOptions, "self-draft")
+    add_options(g, PPDOptions, "self-draft")
 
 
 def sampling_args(p: argparse.ArgumentParser) -> None:

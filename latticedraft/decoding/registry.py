@@ -130,6 +130,20 @@ def flags(cls) -> list[tuple[str, dataclasses.Field, Flag]]:
     return out
 
 
+def dests(cls) -> tuple:
+    """The option dests of the fields of ``cls`` declared with ``option``."""
+    return tuple(dest for dest, _, _ in flags(cls))
+
+
+def configure(cls, values: dict):
+    """An options object of ``cls`` from option values (dest -> value, None: the field's default):
+    a field declared with ``option`` reads its flag's dest, any other field the dest of its own
+    name (an option several methods share, such as ``--gamma``, each with its own default)."""
+    declared = {f.name: dest for dest, f, _ in flags(cls)}
+    given = {f.name: values.get(declared.get(f.name, f.name)) for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in given.items() if v is not None})
+
+
 def _cli_default(f: dataclasses.Field, fl: Flag):
     return f.default if fl.cli is _SAME else fl.cli
 

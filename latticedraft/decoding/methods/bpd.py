@@ -188,7 +188,7 @@ def _configure(values: dict, given: set) -> DrafterSpec:
         tree = "fixed"
     spec = DrafterSpec(**{**declared, "name": name, "tree": tree, "context_ngrams": ctx, "draft_vocab": vocab,
                           "lm_drafts": lm_drafts}, lookahead=look,
-                       gamma=4 if values.get("gamma") is None else values["gamma"])
+                       gamma=DrafterSpec.gamma if values.get("gamma") is None else values["gamma"])
     if spec.name in HEAD_DRAFTERS:
         LatticeOptions(spec.k, spec.prune, spec.eps, spec.backoff, spec.slots)  # the lattice options' ranges
     if spec.nbest < 1:

@@ -22,17 +22,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from latticedraft.decoding.registry import Method, Request
+from latticedraft.decoding.registry import Method, Request, configure, dests, option
 
 
 @dataclass(frozen=True)
 class KangarooOptions:
-    """gamma: most drafts per step; eta: drafting stops when the adapter's top-1 probability is
-    <= eta; adapter: the adapter directory (None: the bundled ``data/adapter-kangaroo``)."""
+    """gamma: most drafts per step (``--gamma``, shared); eta: drafting stops when the adapter's
+    top-1 probability is <= eta; adapter: the adapter directory (None: the bundled
+    ``data/adapter-kangaroo``)."""
 
     gamma: int = 6
-    eta: float = 0.6
-    adapter: str | None = None
+    eta: float = option(0.6, "kangaroo: stop drafting when the adapter's top-1 probability is <= eta (default 0.6)",
+                        group="self-draft", type=float)
+    adapter: str | None = option(None, "kangaroo: the adapter from `train adapter` (default data/adapter-kangaroo; "
+                                       "its exit layer is l)", group="self-draft", metavar="DIR")
 
     def __post_init__(self):
         from latticedraft.decoding.proposers.kangaroo import check_kangaroo
@@ -73,11 +76,6 @@ def kangaroo_decode(model, prompts: list, adapter, *, gamma: int = 6, eta: float
     return res
 
 
-def _configure(values: dict, given: set) -> KangarooOptions:
-    pick = lambda k, d: d if values.get(k) is None else values[k]  # noqa: E731
-    return KangarooOptions(gamma=pick("gamma", 6), eta=pick("eta", 0.6), adapter=values.get("adapter"))
-
-
 def _label(o: KangarooOptions, sampling) -> str:
     return f"kangaroo gamma={o.gamma} eta={o.eta}"
 
@@ -104,8 +102,8 @@ METHOD = Method(
             "stored states; lossless",
     lossless=True,
     sampling="never",
-    options=("adapter", "gamma", "eta"),
-    configure=_configure,
+    options=("gamma", *dests(KangarooOptions)),
+    configure=lambda values, given: configure(KangarooOptions, values),
     label=_label,
     settings=_settings,
     run=_run,

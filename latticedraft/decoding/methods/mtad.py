@@ -6,17 +6,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from latticedraft.decoding.registry import Method, sampling_label
+from latticedraft.decoding.registry import Method, configure, dests, option, sampling_label
 from latticedraft.errors import InputError
 
 
 @dataclass(frozen=True)
 class MtadOptions:
-    """gamma: draft tokens per step; beams: W of beam sampling; tau: the acceptance threshold."""
+    """gamma: draft tokens per step (``--gamma``, shared); beams: W of beam sampling; tau: the
+    acceptance threshold."""
 
     gamma: int = 4
-    beams: int = 8
-    tau: float = 0.1
+    beams: int = option(8, "MTAD: beams of the draft model's beam sampling (default 8)", group="mtad", type=int)
+    tau: float = option(0.1, "MTAD: accept the longest draft prefix whose joint ratio min(1, p/q) exceeds TAU "
+                             "(default 0.1; >= 1: ordinary sampling). MTAD is approximate, not lossless",
+                        group="mtad", type=float)
 
     def __post_init__(self):
         from latticedraft.decoding.proposers.mtad import check_mtad
@@ -27,8 +30,7 @@ class MtadOptions:
 def _configure(values: dict, given: set) -> MtadOptions:
     if values.get("draft_model") is None:
         raise InputError("--method mtad needs an auxiliary draft model: pass --draft-model DIR (e.g. data/rescorer-medium)")
-    pick = lambda k, d: d if values.get(k) is None else values[k]  # noqa: E731
-    return MtadOptions(gamma=pick("gamma", 4), beams=pick("beams", 8), tau=pick("tau", 0.1))
+    return configure(MtadOptions, values)
 
 
 def _label(o: MtadOptions, sampling) -> str:
@@ -60,7 +62,7 @@ METHOD = Method(
             "threshold; APPROXIMATE sampling (not lossless)",
     lossless=False,
     sampling="always",
-    options=("draft_model", "gamma", "beams", "tau", "verify"),
+    options=("draft_model", "gamma", *dests(MtadOptions), "verify"),
     configure=_configure,
     label=_label,
     settings=_settings,

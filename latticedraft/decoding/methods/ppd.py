@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from latticedraft.decoding.registry import Method
+from latticedraft.decoding.registry import Method, configure, dests, option
 
 
 @dataclass(frozen=True)
@@ -13,19 +13,17 @@ class PPDOptions:
     """dbar: early-exit layer (1..d-1; None: d // 2); k: candidates; exit_heads: a directory of
     per-layer early-exit heads (``train heads --early-exit``; None: the shared LM head)."""
 
-    dbar: int | None = None
-    k: int = 3
-    exit_heads: str | None = None
+    dbar: int | None = option(None, "ppd: early prediction after this layer (default: half the layers)",
+                              group="self-draft", flag="--exit-layer", type=int, metavar="DBAR")
+    k: int = option(3, "ppd: early top-k candidates started per token (default 3)", group="self-draft",
+                    flag="--candidates", type=int, metavar="K")
+    exit_heads: str | None = option(None, "ppd: per-layer early-exit heads from `train heads --early-exit` (default: "
+                                          "the shared LM head)", group="self-draft", metavar="DIR")
 
     def __post_init__(self):
         from latticedraft.decoding.self_draft.ppd import check_ppd
 
         check_ppd(self.dbar, self.k)
-
-
-def _configure(values: dict, given: set) -> PPDOptions:
-    pick = lambda key, d: d if values.get(key) is None else values[key]  # noqa: E731
-    return PPDOptions(dbar=values.get("exit_layer"), k=pick("candidates", 3), exit_heads=values.get("exit_heads"))
 
 
 def _label(o: PPDOptions, sampling) -> str:
@@ -61,8 +59,8 @@ METHOD = Method(
             "main pass finishes; one token per step, lossless",
     lossless=True,
     sampling="never",
-    options=("exit_layer", "candidates", "exit_heads"),
-    configure=_configure,
+    options=dests(PPDOptions),
+    configure=lambda values, given: configure(PPDOptions, values),
     label=_label,
     settings=_settings,
     run=_run,
