@@ -2,10 +2,12 @@
 
 Spec-Bench (Xia et al., 2024; ``../shared/benchmarks/spec-bench/question.jsonl``) has six
 categories: MT-bench (80 multi-turn questions), translation, summarization, QA, math reasoning and
-RAG (80 each). This samples ``--per-category`` questions of each (seeded), renders each first turn
-with the model's chat template (``apply_chat_template(..., add_generation_prompt=True)``; the
-second MT-bench turn is left out), and decodes it with every row below, round-robin, after one
-untimed warm-up pass:
+RAG (80 each). This samples ``--per-category`` questions of each (seeded), renders each turn with
+the model's chat template (``apply_chat_template(..., add_generation_prompt=True)``) and decodes it
+with every row below, round-robin, after one untimed warm-up pass. An MT-bench question's second
+turn is asked as Spec-Bench asks it: after the first turn and the model's own answer to it (HF
+greedy's, which every lossless row reproduces), and counts in MT-bench's tokens and seconds
+(``--turns first`` leaves it out):
 
 - greedy (batch 1): HF ``generate`` greedy (the reference), HF prompt lookup, HF assisted
   generation with ``--draft-model``, and latticedraft: the CLI's default on ``--model`` (as
@@ -74,6 +76,27 @@ def sample_questions(path: Path, per_category: int, seed: int) -> list[dict]:
     return out
 
 
+def later_turns(qs: list[dict], ids: list, template, session, max_new_tokens: int) -> tuple[list[dict], list]:
+    """``qs``/``ids`` (first turns) with every later turn added as its own prompt: the conversation so
+    far (each earlier turn answered by HF greedy, at most ``max_new_tokens``, as text) and the
+    turn's question; a later turn's ``question_id`` is ``<id>-turn<k>``."""
+    from latticedraft.decoding.eval import hf_baselines
+
+    out_q, out_ids = [], []
+    for q, x in zip(qs, ids):
+        out_q.append(q)
+        out_ids.append(x)
+        msgs = [{"role": "user", "content": q["turns"][0]}]
+        for k, turn in enumerate(q["turns"][1:], start=2):
+            answer = hf_baselines.greedy(session.model, [x], max_new_tokens, session.eos)[0][0]
+            msgs += [{"role": "assistant", "content": session.tokenizer.decode(list(map(int, answer))).strip()},
+                     {"role": "user", "content": turn}]
+            x = template.ids(msgs)
+            out_q.append({**q, "question_id": f"{q['question_id']}-turn{k}"})
+            out_ids.append(x)
+    return out_q, out_ids
+
+
 def cli_default(model: str):
     """(method, options) that ``latticedraft decode --model MODEL --chat`` runs by default."""
     from latticedraft.cli import decode_options
@@ -115,6 +138,8 @@ def main(argv=None) -> int:
     ap.add_argument("--code-prompts", default=str(CODE_PROMPTS), help="held-out code prompts (plain, no template)")
     ap.add_argument("--code-count", type=int, default=4, help="how many of them (0: none)")
     ap.add_argument("--seed", type=int, default=0, help="which questions are drawn (and the sampling seeds)")
+    ap.add_argument("--turns", choices=("all", "first"), default="all",
+                    help="all: MT-bench's later turns too, after the model's greedy answer (Spec-Bench's protocol)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=1, help="> 1 adds HF batched greedy vs our default at that batch")
@@ -138,6 +163,9 @@ def main(argv=None) -> int:
     qs = sample_questions(Path(a.questions), a.per_category, a.seed)
     template = sb.chat_template()
     ids = [template.ids([{"role": "user", "content": q["turns"][0]}]) for q in qs]
+    eos = sb.eos
+    if a.turns == "all":
+        qs, ids = later_turns(qs, ids, template, sb, a.max_new_tokens)
     if a.code_count:
         from latticedraft.decoding.runs.loaders import encode
         from latticedraft.decoding.runs.prompt_set import read_prompts
@@ -148,7 +176,6 @@ def main(argv=None) -> int:
     cats = [q["bench_category"] for q in qs]
     base = sb.model
     calls = hf_baselines.CallCounter(base)
-    eos = sb.eos
 
     rows = greedy_rows(a)
     default = rows["ours: default (CLI)"]  # also what the sampled and batched rows run
@@ -276,14 +303,15 @@ def main(argv=None) -> int:
     from latticedraft.decoding.runs.loaders import lm_for
 
     out = {"benchmark": "spec_bench", "model": a.model, "heads": a.heads, "lm": a.lm or str(lm_for(sb.tokenizer)), "draft_model": a.draft_model,
-           "questions": [q["question_id"] for q in qs], "per_category": a.per_category, "seed": a.seed,
+           "questions": [q["question_id"] for q in qs], "turns": a.turns, "per_category": a.per_category, "seed": a.seed,
            "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "load_average": os.getloadavg(),
            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                        "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                        "device": a.device or "cpu"},
            "rows": results}
     write_atomic(Path(a.out), json.dumps(out, indent=1) + "\n")
-    print(f"\nSpec-Bench, {len(qs)} questions ({a.per_category} per category, seed {a.seed}) x {a.max_new_tokens} new "
+    print(f"\nSpec-Bench, {len(qs)} prompts ({a.per_category} questions per category, turns: {a.turns}, "
+          f"seed {a.seed}) x {a.max_new_tokens} new "
           f"tokens, median of {a.repeats}, {torch.get_num_threads()} threads, load average "
           f"{out['load_average'][0]:.2f}, model {a.model}")
     head = " ".join(f"{c[:8]:>8}" for c in CATEGORIES)
