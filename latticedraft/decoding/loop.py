@@ -8,7 +8,9 @@ Each step, for the rows still decoding (a batch; rows leave as they finish):
    call computed where it wants;
 2. **plan**: ``planning.draft_tree.TreePlanner`` merges a row's proposals into the paths to
    verify (every path, or the nodes that maximise expected tokens per second under the measured
-   step cost); with lossless sampling the drawn paths are verified as drawn;
+   step cost); with lossless sampling a sampling drafter's paths are verified as drawn, while
+   deterministic paths of the history (context and LM n-grams, suffix drafts) are planned as in
+   greedy decoding: they are one-hot attempts, whichever of them the plan keeps;
 3. **verify**: one target call over every row's tree (``gpu/verify/verifier.py``), which also
    computes the heads at the last accepted node for the next step (Stern et al.: predicting and
    verifying share the call) -- unless the head gate skips them for a step;
@@ -91,8 +93,9 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
             from latticedraft.decoding.accept.sampling import SpeculativeRule
 
             rule = SpeculativeRule(sampling)
-    if sampling is not None and sum(1 for p in proposers if p.name != "none") > 1:
-        raise InputError("lossless sampling verifies one draft source's paths as drawn; got "
+    drawn = sampling is not None and any(p.samples for p in proposers)  # paths verified as drawn, with their q
+    if drawn and sum(1 for p in proposers if p.name != "none") > 1:
+        raise InputError("lossless sampling verifies a sampling drafter's paths as drawn, alone; got "
                          + ", ".join(p.name for p in proposers))
     if not isinstance(verifier, Verifier):
         verifier = Verifier.for_model(model, req.verify, num_heads=None if uses_heads else 1)
@@ -169,9 +172,9 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
         props = [p.propose(step) for p in proposers] or [[Proposal.empty() for _ in live]]
         by_row = [[pp[j] for pp in props] for j in range(len(live))]
         drafts, qs, sides, hidden, nodes = [], [], [], [], []
-        plans = planner.plan_rows(by_row, step.rooms) if sampling is None else None
+        plans = planner.plan_rows(by_row, step.rooms) if not drawn else None
         for j, mine in enumerate(by_row):
-            if sampling is not None:  # verified as drawn: the one source's paths and their q
+            if drawn:  # verified as drawn: the one source's paths and their q
                 prop = next((x for x in mine if x.tokens.size), mine[0])
                 drafts.append(prop.tokens)
                 qs.append(prop.q)
@@ -185,7 +188,7 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
                 nodes[-1] += sides[-1].size
         timing["draft"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        choose = rule.for_step(step.rows, drafts, qs if sampling is not None else None, step.histories)
+        choose = rule.for_step(step.rows, drafts, qs if drawn else None, step.histories)
 
         def want_heads(accepted, bonus, step=step):
             nxt = [np.concatenate([h, np.asarray(a, dtype=np.int64), [int(x)]])

@@ -112,7 +112,11 @@ class DrafterSpec:
 
     def for_sampling(self) -> "DrafterSpec":
         """This drafter as lossless sampling verifies it: every drafted path as drawn, ``SAMPLED_SLOTS``
-        deep unless ``slots`` says otherwise."""
+        deep unless ``slots`` says otherwise; without a drafter (``none``), the deterministic paths of
+        the history (context and LM n-grams, suffix drafts) planned as in greedy decoding (one-hot
+        attempts). No lookahead pool either way."""
+        if self.name == "none":
+            return replace(self, lookahead=None)
         return replace(self, tree="fixed", context_ngrams=0, lookahead=None, lm_drafts=0,
                        slots=SAMPLED_SLOTS if self.slots is None else self.slots, **{x.field: 0 for x in SOURCES})
 
@@ -209,10 +213,13 @@ def _configure(values: dict, given: set) -> DrafterSpec:
         if spec.name == "oracle":
             raise InputError("--drafter oracle drafts the greedy output; it has nothing to offer sampling "
                              "(choose another drafter)")
-        why = ("--do-sample verifies the drafted paths as drawn (no cost-aware tree, context n-grams, LM drafts, "
-               "suffix drafts or lookahead pool: choices that look at sampled tokens would bias them)")
+        why = ("--do-sample verifies a drafter's sampled paths as drawn (no cost-aware tree, context n-grams, LM "
+               "drafts, suffix drafts or lookahead pool beside them: choices that look at sampled tokens would bias "
+               "them; --drafter none plans its context and LM n-grams as in greedy decoding)")
         if pool:
             raise InputError(f"--lookahead-pool does not apply here: {why}; drop it")
+        if spec.name == "none":
+            return spec.for_sampling()
         if "context_ngrams" in given and ctx:
             raise InputError(f"--context-ngrams {ctx} does not apply here: {why}; drop it")
         if "lm_drafts" in given and lm_drafts:

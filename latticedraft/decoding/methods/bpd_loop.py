@@ -64,11 +64,14 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
     plan = BpdPlan() if plan is None else plan
     req = Request() if request is None else request
     tree, context, lookahead, lm, cost = plan.tree, plan.context, plan.lookahead, plan.lm, plan.cost
-    if req.sampling is not None and (tree != "fixed" or context is not None or lookahead is not None or lm is not None
-                                     or plan.extra):
-        raise InputError("lossless sampling verifies the drafted paths as drawn: use tree='fixed' without "
-                         "context n-grams, LM drafts, a lookahead pool or other draft sources")
     source = None if drafter is None else drafter if isinstance(drafter, Proposer) else HeadProposer(drafter)
+    if req.sampling is not None and lookahead is not None:
+        raise InputError("lossless sampling takes no lookahead pool beside the drafter; drop it")
+    if req.sampling is not None and source is not None and (tree != "fixed" or context is not None or lm is not None
+                                                            or plan.extra):
+        raise InputError("lossless sampling verifies a drafter's paths as drawn: use tree='fixed' without "
+                         "context n-grams, LM drafts or other draft sources beside it (without a drafter they "
+                         "are planned as in greedy decoding)")
     from_heads = source is not None and source.uses_heads
     proposers = [source] if source is not None else []
     ctx = ContextProposer(context) if context is not None else None

@@ -80,13 +80,16 @@ class Proposal:
 
 
 class Proposer:
-    """Base class: proposes nothing. ``uses_heads``: reads ``Step.head_logits``; ``stem``: set by
-    proposers that run the model's first layers themselves (split verification); ``admits``: its
-    per-row state is keyed by the prompt (``start`` makes it for every prompt of the call), so
-    prompts may join a running batch (``loop.speculative_decode``'s ``Request.in_flight``)."""
+    """Base class: proposes nothing. ``uses_heads``: reads ``Step.head_logits``; ``samples``: under
+    sampling it draws its paths from a q (``Proposal.q``; the others propose deterministic paths of
+    the history, one-hot attempts); ``stem``: set by proposers that run the model's first layers
+    themselves (split verification); ``admits``: its per-row state is keyed by the prompt
+    (``start`` makes it for every prompt of the call), so prompts may join a running batch
+    (``loop.speculative_decode``'s ``Request.in_flight``)."""
 
     name = "none"
     uses_heads = False
+    samples = False
     stem = None
     admits = False  # per-row state keyed by the prompt only: rows may join a running batch (``Request.in_flight``)
 

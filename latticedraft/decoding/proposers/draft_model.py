@@ -20,6 +20,7 @@ class ModelProposer(Proposer):
     """gamma: tokens drafted per step (>= 1); draft_model: a causal LM with the target's vocabulary."""
 
     name = "model"
+    samples = True  # under sampling: paths drawn from q
 
     def __init__(self, draft_model, gamma: int = 4):
         if gamma < 1:

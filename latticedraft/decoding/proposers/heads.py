@@ -355,6 +355,7 @@ class HeadProposer(Proposer):
     row; a row whose step computed no heads (the head gate, no room) proposes nothing."""
 
     name = "heads"
+    samples = True  # under sampling: paths drawn from q
     admits = True
     uses_heads = True
 

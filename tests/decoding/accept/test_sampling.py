@@ -115,6 +115,32 @@ def test_model_drafter_first_three_tokens_have_the_target_distribution():
     assert_exact(run, target, opts)
 
 
+@pytest.mark.parametrize("tree", ["fixed", "auto"])
+def test_context_and_suffix_drafts_without_a_drafter_keep_the_target_distribution(tree):
+    """Without a drafter, context n-grams and suffix drafts (two deterministic sources of the
+    history) are planned as in greedy decoding, the cost-aware tree included: one-hot attempts,
+    exact whichever paths the plan keeps."""
+    from latticedraft.decoding.methods.bpd_loop import BpdPlan
+    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.suffix import SuffixProposer
+    from latticedraft.gpu.verify.cost_model import CostModel
+
+    target = tiny_model("llama", torch.float64, seed=3, vocab=V)
+    opts = SamplingOptions(temperature=0.9, top_k=3, top_p=1.0)
+    cost = CostModel((1, 2, 4, 8), (1.0, 1.2, 1.5, 2.5)) if tree == "auto" else None
+    counts = []
+
+    def run(draws):
+        plan = BpdPlan(tree=tree, cost=cost, context=ContextNgrams(max_ngram=3), extra=(SuffixProposer(3),))
+        r = bpd_decode(target, [PROMPT], None, plan, Request(max_new_tokens=3, sampling=opts, record_steps=True),
+                       rule=SpeculativeRule(opts, draws))
+        counts.append(max(r.sequences[0].tree_nodes, default=1))
+        return tuple(r.sequences[0].tokens.tolist())
+
+    assert_exact(run, target, opts)
+    assert max(counts) > 2  # the drafts were verified, not only the root
+
+
 def test_repetition_penalty_is_in_p_and_q():
     model = heads_model(2)
     opts = SamplingOptions(temperature=1.0, top_k=2, top_p=1.0, repetition_penalty=1.8)

@@ -1,5 +1,7 @@
 """``decoding/methods/bpd.py``'s option handling: what ``--do-sample`` changes in a drafter's settings."""
 
+from dataclasses import replace
+
 from latticedraft.decoding.methods.bpd import METHOD, SAMPLED_SLOTS, DrafterSpec
 
 
@@ -45,11 +47,13 @@ def test_lm_drafts_option():
     assert METHOD.configure({"drafter": "none"}, set()).lm_drafts == 0  # the paper's defaults: off
     assert DrafterSpec("none").fast().lm_drafts == "auto"
     assert DrafterSpec("top1").fast().for_sampling().lm_drafts == 0
+    assert DrafterSpec("none").fast().for_sampling() == replace(DrafterSpec("none").fast(), lookahead=None)
+    assert conf(lm_drafts=2, do_sample=True).lm_drafts == 2  # no drafter: its n-grams are planned as greedy
     assert conf(lm_drafts=3, lm="/some/lm").lm_drafts == 3
     for values, needle in (
         ({"lm_drafts": "x"}, "--lm-drafts 'x'"),
         ({"lm_drafts": -1}, "--lm-drafts -1"),
-        ({"lm_drafts": 2, "do_sample": True}, "--lm-drafts 2 does not apply here"),
+        ({"drafter": "top1", "lm_drafts": 2, "do_sample": True}, "--lm-drafts 2 does not apply here"),
         ({"lm": "/some/lm"}, "--lm does not apply to --drafter none without --lm-drafts"),
     ):
         with pytest.raises(InputError, match=needle):
