@@ -1,6 +1,6 @@
 """``benchmarks/spec_bench.py`` on a tiny chat model and a tiny question file: the six categories
-sampled, questions through the chat template, every greedy row (batch 1 and 4) equal to HF greedy,
-the sampled rows and the table."""
+sampled, questions through the chat template (MT-bench's second turn after the first and its
+answer), every greedy row (batch 1 and 4) equal to HF greedy, the sampled rows and the table."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def test_every_greedy_row_equals_hf_greedy(tmp_path, capsys):
     (model / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": TEMPLATE, "eos_token": "<|endoftext|>"}))
     qs = tmp_path / "q.jsonl"
-    qs.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [f"Question {i} about {c}?"]}) + "\n"
+    turns = lambda i, c: [f"Question {i} about {c}?"] + (["And a second turn?"] if c == "writing" else [])  # noqa: E731
+    qs.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": turns(i, c)}) + "\n"
                           for i, c in enumerate(["writing", *b.CATEGORIES[1:]])))
     out = tmp_path / "sb.json"
     assert b.main(["--model", str(model), "--questions", str(qs), "--per-category", "1", "--code-count", "1",
@@ -57,5 +58,6 @@ def test_every_greedy_row_equals_hf_greedy(tmp_path, capsys):
             "ours: default (CLI) b=4"} <= set(greedy)
     assert all(rows[n]["exact"] for n in greedy)
     assert set(rows["HF greedy"]["categories"]) == {*b.CATEGORIES, b.CODE}
+    assert res["questions"][:2] == [0, "0-turn2"] and res["turns"] == "all"  # MT-bench's second turn asked after the first
     assert rows["HF greedy"]["speedup_overall"] == 1.0 and rows["ours: lossless sampling T=0.7"]["vs_hf_sampling"] > 0
     assert "ours: default (CLI)" in capsys.readouterr().out
