@@ -15,7 +15,8 @@
 #      `--drafter model` and HF assisted generation: 2 layers at SmolLM2's width started from its
 #      layers 0 and 29, embeddings and final norm (--init base), trained on the KL to SmolLM2 over
 #      384 of its own continuations (288 of chat questions it wrote itself) x 192 tokens, 120 steps
-#      of 8 rows. On this 2-core CPU: continuations 20 min, training about 30 min; 149 MB.
+#      of 8 rows (final KL 2.34, top-1 agreement 0.37). On this 2-core CPU: continuations 22 min,
+#      training 19 min; 71 MB in float16.
 # Run after scripts/setup.sh: `bash scripts/build_smollm2.sh [--heads] [--draft]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
