@@ -14,7 +14,8 @@ greedy's, which every lossless row reproduces), and counts in MT-bench's tokens 
   ``latticedraft decode --model M --chat`` runs it), heads only, n-gram-rescored heads
   (``--heads``), context + LM n-grams, lookahead, the draft model, and our plain greedy loop;
 - ``--batch-size 4`` adds HF left-padded batched greedy against our default at batch 4;
-- ``--temperatures 0.7 1.0`` adds HF ``generate(do_sample=True)`` against our lossless sampling.
+- ``--temperatures 0.7 1.0`` adds HF ``generate(do_sample=True)`` against our lossless sampling:
+  the CLI's default (``--do-sample``) and, on the base model, context + LM n-grams without a drafter.
 
 Reported per category and overall (the mean of the six categories' speed-ups, as Spec-Bench
 reports it): tokens/s, the speed-up over HF greedy, and the mean accepted tokens per target call
@@ -105,6 +106,12 @@ def cli_default(model: str):
     return m.name, options
 
 
+def rows_ngrams() -> tuple:
+    """(method, options) of context + LM n-grams without a drafter, as the CLI runs them on a model
+    without heads."""
+    return "bpd", DrafterSpec("none").fast()
+
+
 def greedy_rows(a) -> dict:
     """row name -> (which session: "base" | "heads", method, options); None options: the method's defaults."""
     fast_none = DrafterSpec("none").fast()
@@ -113,7 +120,7 @@ def greedy_rows(a) -> dict:
         heads = DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto", draft_vocab="auto")
         rows["ours: heads only"] = ("heads", "bpd", heads)
         rows["ours: n-gram-rescored heads"] = ("heads", "bpd", replace(heads, name="parallel"))
-    rows["ours: context + LM n-grams"] = ("base", "bpd", fast_none)
+    rows["ours: context + LM n-grams"] = ("base", *rows_ngrams())
     rows["ours: context n-grams only"] = ("base", "bpd", replace(fast_none, lm_drafts=0))
     rows["ours: lookahead"] = ("base", "lookahead", None)
     if a.draft_model:
@@ -186,13 +193,16 @@ def main(argv=None) -> int:
         names = [n for n in names if n == "HF greedy" or n in a.only]
     if a.batch_size > 1:
         names += [f"HF batched greedy b={a.batch_size}", f"ours: default (CLI) b={a.batch_size}"]
+    sampled = {"ours: lossless sampling": default, "ours: lossless sampling n-grams": ("base", *rows_ngrams())}
     for T in a.temperatures:
-        names += [f"HF sampling T={T}", f"ours: lossless sampling T={T}"]
+        names += [f"HF sampling T={T}"] + [f"{k} T={T}" for k in sampled]
     sess = {"base": sb, "heads": sh}
     for n in names:  # T(n) curves and acceptance rates: measured once (cached), before any timing
         key = n.split(" b=")[0]
-        if key in rows or " b=" in n and key == "ours: default (CLI)":
-            who, method, opts = default if " b=" in n else rows[key]
+        key_t = n.split(" T=")[0]
+        if key in rows or " b=" in n and key == "ours: default (CLI)" or key_t in sampled:
+            who, method, opts = default if " b=" in n else sampled[key_t] if key_t in sampled else rows[key]
+            opts = opts.for_sampling() if key_t in sampled and hasattr(opts, "for_sampling") else opts
             t0 = time.perf_counter()
             sess[who].prepare(method, opts, a.batch_size if " b=" in n else 1)
             print(f"prepared {n} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -210,16 +220,16 @@ def main(argv=None) -> int:
             c0 = calls.n
             return hf_baselines.assisted(base, sb.draft_model, x, a.max_new_tokens, eos)[0][0], calls.n - c0
         if n.startswith("HF sampling"):
-            T = float(n.split("=")[1])
+            T = float(n.split(" T=")[1])
             torch.manual_seed(a.seed * 100003 + i)
             c0 = calls.n
             t = torch.as_tensor(ids[i][None])
             g = base.generate(t, attention_mask=torch.ones_like(t), do_sample=True, temperature=T, top_k=50, top_p=1.0,
                               max_new_tokens=a.max_new_tokens, eos_token_id=eos, pad_token_id=0)
             return cut_at_end(g[0, t.shape[1]:].tolist(), eos), calls.n - c0
-        if n.startswith("ours: lossless sampling"):
-            who, method, opts = default
-            smp = SamplingOptions(temperature=float(n.split("=")[1]), top_k=50, top_p=1.0, seed=a.seed)
+        if n.split(" T=")[0] in sampled:
+            who, method, opts = sampled[n.split(" T=")[0]]
+            smp = SamplingOptions(temperature=float(n.split(" T=")[1]), top_k=50, top_p=1.0, seed=a.seed)
             opts = opts.for_sampling() if hasattr(opts, "for_sampling") else opts
             r = sess[who].decode(x, method, opts, max_new_tokens=a.max_new_tokens, sampling=smp, first_row=i)
             return r.sequences[0].tokens, r.calls
@@ -298,7 +308,7 @@ def main(argv=None) -> int:
         if " b=" in r["name"] and f"HF batched greedy b={a.batch_size}" in by:
             r["vs_batched_greedy"] = round(r["tokens_per_s"] / by[f"HF batched greedy b={a.batch_size}"]["tokens_per_s"], 3)
         if r["name"].startswith("ours: lossless sampling"):
-            hf = by[r["name"].replace("ours: lossless sampling", "HF sampling")]
+            hf = by["HF sampling T=" + r["name"].split(" T=")[1]]
             r["vs_hf_sampling"] = round(r["speedup_overall"] / hf["speedup_overall"], 3)
     from latticedraft.decoding.runs.loaders import lm_for
 
