@@ -59,9 +59,9 @@ def gamma_arg(p: argparse.ArgumentParser) -> None:
     from latticedraft.decoding.methods.mtad import MtadOptions
 
     p.add_argument("--gamma", type=int, default=None,
-                   help=f"most tokens drafted per step: by the draft model (--drafter model, default {DrafterSpec.gamma}; "
-                        f"--method mtad, default {MtadOptions.gamma}) or by Kangaroo's adapter (--method kangaroo; "
-                        f"default {KangarooOptions.gamma})")
+                   help=f"most tokens drafted per step: by the draft model (--drafter model, default "
+                        f"{DrafterSpec.gamma}; --method mtad, default {MtadOptions.gamma}) or by Kangaroo's adapter "
+                        f"(--method kangaroo; default {KangarooOptions.gamma})")
 
 
 def lookahead_args(p: argparse.ArgumentParser) -> None:

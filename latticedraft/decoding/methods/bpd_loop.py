@@ -91,7 +91,8 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
         tree = "fixed"
     policy = tree if from_heads or source is None else "fixed"
     if policy == "auto" and cost is None:
-        cost = CostModel.for_batch(verifier, len(prompts) if req.in_flight is None else min(req.in_flight, len(prompts)))
+        rows = len(prompts) if req.in_flight is None else min(req.in_flight, len(prompts))
+        cost = CostModel.for_batch(verifier, rows)
     planner = TreePlanner(policy, plan.acceptance, cost)
     gated = GatedHeads(plan.gate or HeadGate(), ctx) if tree == "auto" and ctx is not None and from_heads else None
     return speculative_decode(verifier, prompts, proposers, req, rule=rule, planner=planner, gate=gated)

@@ -71,7 +71,8 @@ def kangaroo_decode(model, prompts: list, adapter, *, gamma: int = 6, eta: float
     proposer = KangarooProposer(LayerSplit(model), adapter, gamma, eta)
     req = Request(max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                   rows=rows, first_row=first_row, on_tokens=on_tokens)
-    res = speculative_decode(Verifier.for_model(model, num_heads=1, from_layer=proposer.exit_layer), prompts, [proposer], req)
+    verifier = Verifier.for_model(model, num_heads=1, from_layer=proposer.exit_layer)
+    res = speculative_decode(verifier, prompts, [proposer], req)
     res.verify_reason = f"kangaroo l={proposer.exit_layer} gamma={gamma} eta={eta}; {res.verify_reason}"
     return res
 

@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from latticedraft.decoding.registry import Method, Request, flags, option, sampling_label
+from latticedraft.decoding.registry import Method, Request, dests, flags, option, sampling_label
 from latticedraft.errors import InputError
 
 
@@ -56,7 +56,7 @@ class LookaheadOptions:
                              f"N={self.N}, G={self.G}")
 
 
-DESTS = tuple(dest for dest, _, _ in flags(LookaheadOptions))  # window, ngram, pool, prompt_as_reference
+DESTS = dests(LookaheadOptions)  # window, ngram, pool, prompt_as_reference
 
 
 def options_from(values: dict, given: set) -> LookaheadOptions:

@@ -19,7 +19,6 @@ Only attention that takes a custom 4-D mask (eager, sdpa) is supported.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -100,10 +99,7 @@ class LayerSplit:
         (``key_valid`` bool[b, K], ``key_pos`` [b, K]) and the s new ones (``allowed_new``
         bool[b, s, s]: which new tokens each query sees, itself included), with Mistral's window.
         numpy inputs (a ``kv.KVCache``'s host bookkeeping) cross to the device once."""
-        allowed = visible(key_valid, key_pos, q_pos, allowed_new, self.window)
-        if isinstance(allowed, np.ndarray):
-            allowed = torch.from_numpy(allowed).to(self.device)
-        return attention_bias(allowed, self.dtype)
+        return attention_bias(visible(key_valid, key_pos, q_pos, allowed_new, self.window), self.dtype, self.device)
 
     def clamp(self, pos):
         """Drafted positions may pass GPT-2's last learned position; they are never accepted there

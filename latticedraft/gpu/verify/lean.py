@@ -33,24 +33,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from latticedraft.gpu.verify.layer_split import LayerSplit
-from latticedraft.memo import memo_of
+from latticedraft.memo import kept, weights_key
 
 FUSE_BYTES = 64 << 20  # fuse the projections of models whose fused copies take at most this
 
 
-def _params_key(model) -> tuple:
-    """Changes when any parameter is replaced (``.to()``, loading) or updated in place (training)."""
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
-
-
 def stack_for(model) -> "LeanStack":
-    """``LeanStack(model)``, built once per model and weights and kept on the model (``memo_of``): a
+    """``LeanStack(model)``, built once per model and weights and kept on the model (``memo.kept``): a
     decode call reuses it instead of fusing projections and tabling rotary positions again."""
-    memo, key = memo_of(model, "verify"), _params_key(model)
-    hit = memo.get("stack")
-    if hit is None or hit[0] != key:
-        hit = memo["stack"] = (key, LeanStack(model))
-    return hit[1]
+    return kept(model, "verify", "stack", weights_key(model), lambda: LeanStack(model))
 
 
 def supports(model) -> str | None:

@@ -16,8 +16,11 @@ import numpy as np
 import torch
 
 
-def attention_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool[b, N, K] (True = may attend) -> additive float mask [b, 1, N, K] (0 or dtype min)."""
+def attention_bias(allowed, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """bool[b, N, K] (True = may attend) -> additive float mask [b, 1, N, K] (0 or dtype min); a
+    host (numpy) mask crosses to ``device`` once."""
+    if isinstance(allowed, np.ndarray):
+        allowed = torch.from_numpy(allowed).to(device)
     bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     bias.masked_fill_(~allowed, torch.finfo(dtype).min)
     return bias[:, None]

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from latticedraft.gpu.verify.sparse_logits import SparseLogits
-from latticedraft.memo import memo_of
+from latticedraft.memo import kept, weights_key
 
 U = 2.0 ** -8  # bfloat16's unit roundoff (8 significant bits)
 MARGIN = 1.25  # the bound's coefficients with a quarter more
@@ -219,18 +219,12 @@ def median_seconds(f, x: torch.Tensor, repeats: int = 5) -> float:
 
 def cached_projection(unembed, kind, make):
     """One screened projection (or, for ``kind`` "tables", the ``ScreenTables`` they share) per
-    output projection module and ``kind``, kept on the module (``memo_of``) and made again when its
+    output projection module and ``kind``, kept on the module (``memo.kept``) and made again when its
     weights change: ``make(unembed)`` builds it. A function (a model's own unembed) is never
     screened and gets a new one each call."""
     if not isinstance(unembed, torch.nn.Module):
         return make(unembed)
-    w = getattr(unembed, "weight", None)
-    key = None if w is None else (w.data_ptr(), w._version)
-    kinds = memo_of(unembed, "projections")
-    hit = kinds.get(kind)
-    if hit is None or hit[0] != key:
-        hit = kinds[kind] = (key, make(unembed))
-    return hit[1]
+    return kept(unembed, "projections", kind, weights_key(unembed), lambda: make(unembed))
 
 
 def argmax_projection(unembed) -> ArgmaxProjection:

@@ -74,7 +74,7 @@ from latticedraft.gpu.verify.side_branch import SideBranch, step_layout
 from latticedraft.gpu.verify.split_cache import left_pad
 from latticedraft.gpu.verify.tree import build_tree, main_path, pack_trees
 from latticedraft.gpu.verify.walk import node_of, prefix_of, walk, walk_batched
-from latticedraft.memo import memo_of
+from latticedraft.memo import kept, memo_of, weights_key
 
 
 def top_k_reads(choose) -> int | None:
@@ -121,15 +121,11 @@ class Verifier:
     def for_model(cls, model, mode: str = "auto", num_heads: int | None = None, draft_vocab=None,
                   kv_cache: str = "auto", from_layer: int = 0) -> "Verifier":
         """The model's verifier for these settings, made once per weights and kept on the model
-        (``memo_of``); the arguments are ``Verifier``'s."""
+        (``memo.kept``); the arguments are ``Verifier``'s."""
         vocab = None if draft_vocab is None else np.asarray(draft_vocab, dtype=np.int64)
-        key = (mode, num_heads, None if vocab is None else vocab.tobytes(), kv_cache, int(from_layer))
-        weights = lean._params_key(model)
-        kept = memo_of(model, "verify").setdefault("verifiers", {})
-        hit = kept.get(key)
-        if hit is None or hit[0] != weights:
-            hit = kept[key] = (weights, cls(model, mode, num_heads, vocab, kv_cache, from_layer))
-        return hit[1]
+        slot = ("verifier", mode, num_heads, None if vocab is None else vocab.tobytes(), kv_cache, int(from_layer))
+        return kept(model, "verify", slot, weights_key(model),
+                    lambda: cls(model, mode, num_heads, vocab, kv_cache, from_layer))
 
     def __init__(self, model, mode: str = "auto", num_heads: int | None = None, draft_vocab=None,
                  kv_cache: str = "auto", from_layer: int = 0):
@@ -192,7 +188,7 @@ class Verifier:
         [b, n, H]); allowed bool[b, n, K + n] (numpy: who may attend to which cached slot and node)."""
         state.reserve(x.shape[1])
         if self.stack is None:
-            bias = attention_bias(torch.from_numpy(allowed).to(self.device), self.dtype)
+            bias = attention_bias(allowed, self.dtype, self.device)
             out = hf_forward(self.model, x, bias, pos, state.cache, lazy=self.lazy, num_heads=self.num_heads)
         else:
             mask = None if allowed.all() else torch.from_numpy(allowed).to(self.device)[:, None]
@@ -241,7 +237,7 @@ class Verifier:
             if self.mode == "split":
                 if stem is None:
                     raise InputError("split verification needs the proposer's stem (its first layers) at the prefill")
-                x = stem(ids, valid, pos, attention_bias(torch.from_numpy(allowed).to(self.device), self.dtype))
+                x = stem(ids, valid, pos, attention_bias(allowed, self.dtype, self.device))
             out = self._run(x, allowed, pos, state)
         state.append_valid(valid, pos)
         return (state, *self._prefill_result(out, torch.full((b,), n - 1, dtype=torch.long), choose, b, heads))
