@@ -193,7 +193,9 @@ def main(argv=None) -> int:
         names = [n for n in names if n == "HF greedy" or n in a.only]
     if a.batch_size > 1:
         names += [f"HF batched greedy b={a.batch_size}", f"ours: default (CLI) b={a.batch_size}"]
-    sampled = {"ours: lossless sampling": default, "ours: lossless sampling n-grams": ("base", *rows_ngrams())}
+    sampled = {name: (who, method, opts.for_sampling() if hasattr(opts, "for_sampling") else opts)
+               for name, (who, method, opts) in {"ours: lossless sampling": default,
+                                                 "ours: lossless sampling n-grams": ("base", *rows_ngrams())}.items()}
     for T in a.temperatures:
         names += [f"HF sampling T={T}"] + [f"{k} T={T}" for k in sampled]
     sess = {"base": sb, "heads": sh}
@@ -202,7 +204,6 @@ def main(argv=None) -> int:
         key_t = n.split(" T=")[0]
         if key in rows or " b=" in n and key == "ours: default (CLI)" or key_t in sampled:
             who, method, opts = default if " b=" in n else sampled[key_t] if key_t in sampled else rows[key]
-            opts = opts.for_sampling() if key_t in sampled and hasattr(opts, "for_sampling") else opts
             t0 = time.perf_counter()
             sess[who].prepare(method, opts, a.batch_size if " b=" in n else 1)
             print(f"prepared {n} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -230,7 +231,6 @@ def main(argv=None) -> int:
         if n.split(" T=")[0] in sampled:
             who, method, opts = sampled[n.split(" T=")[0]]
             smp = SamplingOptions(temperature=float(n.split(" T=")[1]), top_k=50, top_p=1.0, seed=a.seed)
-            opts = opts.for_sampling() if hasattr(opts, "for_sampling") else opts
             r = sess[who].decode(x, method, opts, max_new_tokens=a.max_new_tokens, sampling=smp, first_row=i)
             return r.sequences[0].tokens, r.calls
         who, method, opts = rows[n]
