@@ -127,7 +127,8 @@ class SternHeads(nn.Module):
             z = z + torch.bmm(self.token_embedding(hidden, next_tokens).reshape(1, -1, H).expand(n, -1, H),
                               self.u1[:n].transpose(1, 2))
         out = torch.baddbmm(self.b2[:n, None, :], self.act(z), self.w2[:n].transpose(1, 2))  # [n, M, H]
-        return (x + out).transpose(0, 1).reshape(*lead, n, H)
+        # [..., n, H] stored in that order, so that a projection of it is one matrix product
+        return (x + out).transpose(0, 1).contiguous().view(*lead, n, H)
 
     def token_embedding(self, hidden: torch.Tensor, next_tokens: torch.Tensor | None) -> torch.Tensor:
         """``e(y)`` [..., H] of the token after each position: ``next_tokens`` or the base's greedy token
@@ -196,7 +197,7 @@ class MedusaHeads(nn.Module):
             w = self.w[:n, layer].transpose(1, 2)
             z = torch.bmm(x, w) if self.b is None else torch.baddbmm(self.b[:n, layer, None, :], x, w)
             x = x + self.act(z)
-        return x.transpose(0, 1).reshape(*lead, n, H)
+        return x.transpose(0, 1).contiguous().view(*lead, n, H)
 
     def lm_weights(self, first: int, n: int) -> torch.Tensor | None:
         """The own LM heads of heads ``first .. first+n-1`` (0-based among the extra heads): [n, V, H]; None if tied."""
