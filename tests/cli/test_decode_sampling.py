@@ -32,6 +32,19 @@ def test_do_sample_is_seeded_and_batch_independent(bundle, capsys):  # noqa: F81
     assert run(3, 1) == first and run(4, 3) != first
 
 
+def test_do_sample_on_a_model_without_heads_drafts_its_ngrams(bundle, capsys):  # noqa: F811
+    """The default drafter on a plain causal LM samples with the context n-grams (as --drafter none
+    does, same tokens); another head drafter named on it is refused in one line."""
+    args = ["decode", "--model", str(bundle / "base"), "--prompts", str(bundle / "prompts.jsonl"), "--do-sample",
+            "--seed", "5", "--max-new-tokens", "10", "--json"]
+    default, none = _json(capsys, args), _json(capsys, args + ["--drafter", "none"])
+    assert all(r["method"].startswith("bpd/none sampling") for r in default)
+    assert [r["tokens"] for r in default] == [r["tokens"] for r in none]
+    assert main(args + ["--drafter", "parallel-base"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --drafter parallel-base samples from multi-token heads") and "\n" not in err
+
+
 @pytest.mark.slow
 def test_model_drafter_greedy_equals_generate_and_mtad_runs(bundle, capsys):  # noqa: F811
     args = ["decode", "--model", str(bundle / "base"), "--prompts", str(bundle / "prompts.jsonl"),

@@ -98,7 +98,7 @@ class Session:
     # -- decoding -----------------------------------------------------------------------------
     def configure(self, method: str, values: dict | None = None, given=None):
         """The options object of ``method`` from option values (dest -> value; missing: defaults)."""
-        values = {"draft_model": self.draft_model_dir, **(values or {})}
+        values = {"draft_model": self.draft_model_dir, "model": self.model_dir, **(values or {})}
         return registry.get(method).configure(values, set(given or ()))
 
     def prepare(self, method, options=None, batch_size: int = 1) -> None:

@@ -2,7 +2,10 @@
 
 from dataclasses import replace
 
+import pytest
+
 from latticedraft.decoding.methods.bpd import METHOD, SAMPLED_SLOTS, DrafterSpec
+from latticedraft.errors import InputError
 
 
 def test_sampling_drafts_sampled_slots_deep_unless_slots_is_given():
@@ -58,3 +61,19 @@ def test_lm_drafts_option():
     ):
         with pytest.raises(InputError, match=needle):
             METHOD.configure({"drafter": "none", **values}, set(values) - {"do_sample"})
+
+
+def test_sampling_a_model_without_heads_drafts_its_ngrams_unless_a_head_drafter_is_asked_for(tmp_path):
+    """The CLI's default drafter (top1) on a plain causal LM under ``--do-sample``: the context and LM
+    n-grams planned as in greedy decoding (a head drafter would sample nothing); named, it is refused."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text("{}")
+    values = {"drafter": "top1", "do_sample": True, "model": str(plain), "context_ngrams": 4, "lm_drafts": "auto"}
+    spec = METHOD.configure(values, set())
+    assert (spec.name, spec.context_ngrams, spec.lm_drafts) == ("none", 4, "auto")
+    with pytest.raises(InputError, match=r"--drafter top1 samples from multi-token heads, and --model .*plain has none"):
+        METHOD.configure(values, {"drafter"})
+    heads = METHOD.configure({**values, "model": None}, set())  # the default model has heads: they draft
+    assert (heads.name, heads.context_ngrams) == ("top1", 0)
+    assert METHOD.configure({**values, "do_sample": False}, set()).name == "top1"  # greedy keeps it (n-grams beside)
