@@ -6,11 +6,11 @@
 #      .cache/lm/smollm2-4gram (about 30 s, 113 MiB of search tables): decode finds it by its tokenizer
 #      (loaders.lm_for) for LM drafts and n-gram rescoring without --lm.
 #   3. with --heads: self-distilled Stern heads for it into .cache/heads/smollm2 (resumable: run it
-#      again after an interrupt). 2304 of the 3072 training rows answer chat questions SmolLM2 wrote
+#      again after an interrupt). 1728 of the 2304 training rows answer chat questions SmolLM2 wrote
 #      itself (--distill-chat 0.75; no data set), the rest continue standard-library code. On an H200
-#      (DEVICE=cuda) the continuations take 445 s and a step 1.1 s (800 steps: about 15 min); on this
-#      2-core CPU the continuations alone take hours. data/heads-smollm2 is this command's step-150
-#      checkpoint from an H200 (its training.json says so).
+#      (DEVICE=cuda) the continuations take 363 s and a step 0.14 s (800 steps: 112 s); on this
+#      2-core CPU the continuations alone take hours. data/heads-smollm2 is this command's output
+#      from an H200 (its training.json says so).
 #   4. with --draft: a distilled draft model for it into .cache/draft/smollm2 (resumable), for
 #      `--drafter model` and HF assisted generation: 2 layers at SmolLM2's width started from its
 #      layers 0 and 29, embeddings and final norm (--init base), trained on the KL to SmolLM2 over
@@ -46,8 +46,8 @@ if [ -n "$want_heads" ]; then
   if [ -n "$RESUME" ] || [ ! -f "$HEADS/heads.safetensors" ]; then
     echo "[smollm2] training self-distilled heads into $HEADS on ${DEVICE:-cpu}" >&2
     $LD train heads --base "$MODEL" --corpus stdlib:train --heads 6 --ffn-dim 768 --token-input \
-      --self-distill --distill-chat 0.75 --distill-prompts 3072 --gen-batch-size 256 --seq-len 256 \
-      --steps 800 --batch-size 16 --lr 2e-3 --checkpoint-every 50 --save-dtype float16 \
+      --self-distill --distill-chat 0.75 --distill-prompts 2304 --gen-batch-size 512 --seq-len 256 \
+      --steps 800 --batch-size 16 --lr 2e-3 --checkpoint-every 25 --save-dtype float16 \
       --device "${DEVICE:-cpu}" -o "$HEADS" $RESUME
     # the draft vocabulary: token ids ranked by frequency in the heads' own training rows
     .venv/bin/python -c "import glob, json, numpy as np
