@@ -73,10 +73,10 @@ def head_states(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: f
 def head_logits(bm, states: torch.Tensor, j: int, length: int, scale: float) -> torch.Tensor:
     """Head j's logits ``[b, length, V]`` at the first ``length`` positions of ``states`` (its own LM
     head for Medusa heads, the base's output embedding otherwise). The positions go in as one
-    ``[b * length, 1, H]`` block: a strided ``[b, length, 1, H]`` view makes ``linear`` a batched
-    product of ``b * length`` single rows, each reading the whole ``V x H`` weight (about 10x slower
-    on a CPU, and the bulk of a training step on a GPU)."""
-    x = states[:, :length, j - 2].reshape(-1, 1, states.shape[-1])
+    contiguous ``[b * length, 1, H]`` block: a strided view makes ``linear`` a batched product of
+    ``b * length`` single rows, each reading the whole ``V x H`` weight (about 10x slower on a CPU,
+    and the bulk of a training step on a GPU)."""
+    x = states[:, :length, j - 2].reshape(-1, 1, states.shape[-1]).contiguous()
     return bm.project_heads(x, first=j - 2, grad_scale=scale).view(states.shape[0], length, -1)
 
 

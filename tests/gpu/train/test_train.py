@@ -8,7 +8,7 @@ import torch
 from latticedraft.errors import BuildError, InputError, ModelError
 from latticedraft.gpu.models.blockwise import BlockwiseModel
 from latticedraft.gpu.train.data import TokenWindows
-from latticedraft.gpu.train.heads import head_losses, train_heads
+from latticedraft.gpu.train.heads import head_logits, head_losses, train_heads
 from latticedraft.gpu.train.lm import LMArch, train_lm
 from latticedraft.gpu.train.loop import OptimConfig, cosine_lr_lambda, run_training
 from latticedraft.lm.corpus import stdlib_split
@@ -34,6 +34,24 @@ def test_a_few_steps_lower_the_loss_of_heads_2_to_h(arch, kind):
     for j in range(1, 4):
         assert after[j] < before[j] - 0.05, (j, before, after)
     assert torch.equal(base(input_ids=batch).logits, ref)  # the base did not move
+
+
+@pytest.mark.parametrize("b", [1, 3])
+def test_each_heads_positions_reach_the_projection_as_one_contiguous_block(b):
+    """``head_logits`` equals projecting the strided slice of the heads' states, and hands the
+    projection one contiguous ``[b * length, 1, H]`` block (a strided view runs as ``b * length``
+    single-row products, each reading the whole output embedding)."""
+    torch.manual_seed(0)
+    bm = BlockwiseModel.from_base(make_tiny("llama"), 4, "stern", seed=0)
+    H = bm.base.config.hidden_size
+    with torch.no_grad():
+        states = bm.heads(torch.randn(b, 9, H))  # [b, 9, 3, H]
+        seen, project = [], bm.project_heads
+        bm.project_heads = lambda x, **kw: (seen.append(x), project(x, **kw))[1]
+        out = head_logits(bm, states, 3, 7, 1.0)
+        want = project(states[:, :7, 1:2], first=1)[:, :, 0]
+    assert out.shape == want.shape == (b, 7, want.shape[-1]) and torch.allclose(out, want, atol=1e-5)
+    assert seen[0].shape == (b * 7, 1, H) and seen[0].is_contiguous()
 
 
 def test_cosine_schedule_warms_up_then_decays_to_zero():
