@@ -221,9 +221,9 @@ def _configure(values: dict, given: set) -> DrafterSpec:
             raise InputError(f"--lookahead-pool does not apply here: {why}; drop it")
         if spec.name in HEAD_DRAFTERS and not has_heads(values.get("model")):
             if "drafter" in given:
-                raise InputError(f"--drafter {name} samples from multi-token heads, and --model {values.get('model')} has "
-                                 "none (no heads_config.json), so it would draft nothing; use --drafter none (context "
-                                 "and LM n-grams) or a head directory built for this model")
+                raise InputError(f"--drafter {name} samples from multi-token heads, and --model {values.get('model')} "
+                                 "has none (no heads_config.json), so it would draft nothing; use --drafter none "
+                                 "(context and LM n-grams) or a head directory built for this model")
             spec = replace(spec, name="none")  # the default drafter on a plain model: the n-grams, as in greedy
         if spec.name == "none":
             return spec.for_sampling()

@@ -72,7 +72,7 @@ def test_sampling_a_model_without_heads_drafts_its_ngrams_unless_a_head_drafter_
     values = {"drafter": "top1", "do_sample": True, "model": str(plain), "context_ngrams": 4, "lm_drafts": "auto"}
     spec = METHOD.configure(values, set())
     assert (spec.name, spec.context_ngrams, spec.lm_drafts) == ("none", 4, "auto")
-    with pytest.raises(InputError, match=r"--drafter top1 samples from multi-token heads, and --model .*plain has none"):
+    with pytest.raises(InputError, match=r"--drafter top1 samples from multi-token heads, and --model .*plain has"):
         METHOD.configure(values, {"drafter"})
     heads = METHOD.configure({**values, "model": None}, set())  # the default model has heads: they draft
     assert (heads.name, heads.context_ngrams) == ("top1", 0)
