@@ -25,7 +25,7 @@ import numpy as np
 from latticedraft.decoding.methods.lookahead import DESTS as LOOKAHEAD_DESTS
 from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB, AUTO_LM_DRAFTS
 from latticedraft.decoding.registry import Method, Request, cli_defaults, flags, option, sampling_label
-from latticedraft.decoding.runs.loaders import has_heads
+from latticedraft.decoding.runs.loaders import plain_model
 from latticedraft.errors import InputError
 
 # Heads drafted from when sampling and --slots is not given: a drawn path is accepted token by token
@@ -219,7 +219,7 @@ def _configure(values: dict, given: set) -> DrafterSpec:
                "them; --drafter none plans its context and LM n-grams as in greedy decoding)")
         if pool:
             raise InputError(f"--lookahead-pool does not apply here: {why}; drop it")
-        if spec.name in HEAD_DRAFTERS and not has_heads(values.get("model")):
+        if spec.name in HEAD_DRAFTERS and plain_model(values.get("model")):
             if "drafter" in given:
                 raise InputError(f"--drafter {name} samples from multi-token heads, and --model {values.get('model')} "
                                  "has none (no heads_config.json), so it would draft nothing; use --drafter none "

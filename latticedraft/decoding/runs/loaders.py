@@ -24,10 +24,11 @@ def default_model_dir() -> Path:
     return data_dir() / "heads-stern"
 
 
-def has_heads(model_dir) -> bool:
-    """Whether ``model_dir`` (None: the default) is a head directory (``heads_config.json``), read
-    from its files alone (no torch): a plain causal LM has none."""
-    return (Path(model_dir) if model_dir is not None else default_model_dir()).joinpath("heads_config.json").is_file()
+def plain_model(model_dir) -> bool:
+    """Whether ``model_dir`` (None: the default, which has heads) is a causal LM without heads
+    (``config.json`` and no ``heads_config.json``), read from its files alone (no torch)."""
+    d = Path(model_dir) if model_dir is not None else default_model_dir()
+    return (d / "config.json").is_file() and not (d / "heads_config.json").is_file()
 
 
 def default_rescorer_dir() -> Path:
