@@ -106,12 +106,6 @@ def cli_default(model: str):
     return m.name, options
 
 
-def rows_ngrams() -> tuple:
-    """(method, options) of context + LM n-grams without a drafter, as the CLI runs them on a model
-    without heads."""
-    return "bpd", DrafterSpec("none").fast()
-
-
 def greedy_rows(a) -> dict:
     """row name -> (which session: "base" | "heads", method, options); None options: the method's defaults."""
     fast_none = DrafterSpec("none").fast()
@@ -120,7 +114,7 @@ def greedy_rows(a) -> dict:
         heads = DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto", draft_vocab="auto")
         rows["ours: heads only"] = ("heads", "bpd", heads)
         rows["ours: n-gram-rescored heads"] = ("heads", "bpd", replace(heads, name="parallel"))
-    rows["ours: context + LM n-grams"] = ("base", *rows_ngrams())
+    rows["ours: context + LM n-grams"] = ("base", "bpd", fast_none)  # also what the n-gram sampled rows run
     rows["ours: context n-grams only"] = ("base", "bpd", replace(fast_none, lm_drafts=0))
     rows["ours: lookahead"] = ("base", "lookahead", None)
     if a.draft_model:
@@ -186,6 +180,7 @@ def main(argv=None) -> int:
 
     rows = greedy_rows(a)
     default = rows["ours: default (CLI)"]  # also what the sampled and batched rows run
+    ngrams = rows["ours: context + LM n-grams"]
     if a.only:
         rows = {k: v for k, v in rows.items() if k in a.only}
     names = ["HF greedy", "HF prompt lookup"] + (["HF assisted (draft model)"] if a.draft_model else []) + list(rows)
@@ -195,7 +190,7 @@ def main(argv=None) -> int:
         names += [f"HF batched greedy b={a.batch_size}", f"ours: default (CLI) b={a.batch_size}"]
     sampled = {name: (who, method, opts.for_sampling() if hasattr(opts, "for_sampling") else opts)
                for name, (who, method, opts) in {"ours: lossless sampling": default,
-                                                 "ours: lossless sampling n-grams": ("base", *rows_ngrams())}.items()}
+                                                 "ours: lossless sampling n-grams": ngrams}.items()}
     for T in a.temperatures:
         names += [f"HF sampling T={T}"] + [f"{k} T={T}" for k in sampled]
     sess = {"base": sb, "heads": sh}
