@@ -82,17 +82,16 @@ def later_turns(qs: list[dict], ids: list, template, session, max_new_tokens: in
     far (each earlier turn answered by HF greedy, at most ``max_new_tokens``, as text) and the
     turn's question; a later turn's ``question_id`` is ``<id>-turn<k>``."""
     from latticedraft.decoding.eval import hf_baselines
+    from latticedraft.decoding.runs.turns import messages_after
 
     out_q, out_ids = [], []
     for q, x in zip(qs, ids):
         out_q.append(q)
         out_ids.append(x)
-        msgs = [{"role": "user", "content": q["turns"][0]}]
-        for k, turn in enumerate(q["turns"][1:], start=2):
-            answer = hf_baselines.greedy(session.model, [x], max_new_tokens, session.eos)[0][0]
-            msgs += [{"role": "assistant", "content": session.tokenizer.decode(list(map(int, answer))).strip()},
-                     {"role": "user", "content": turn}]
-            x = template.ids(msgs)
+        answers = []
+        for k in range(2, len(q["turns"]) + 1):
+            answers.append(hf_baselines.greedy(session.model, [x], max_new_tokens, session.eos)[0][0])
+            x = template.ids(messages_after(q["turns"], answers, session.tokenizer))
             out_q.append({**q, "question_id": f"{q['question_id']}-turn{k}"})
             out_ids.append(x)
     return out_q, out_ids

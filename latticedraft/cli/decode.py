@@ -19,9 +19,9 @@ DATASET = ("resume", "skip_bad", "sort_by_length", "quiet_ranks")  # options of 
 def run(a) -> int:
     """Check every option against the registry, load, then stream text or print JSON per batch."""
     from latticedraft.cli.options import prompt_inputs
-    from latticedraft.decoding.results import records
     from latticedraft.decoding.runs.chat import prompt_ids
     from latticedraft.decoding.runs.prompt_length import fit_prompts
+    from latticedraft.decoding.runs.turns import Conversations, rounds
 
     check_ranges(a)
     _check_output(a)
@@ -29,36 +29,40 @@ def run(a) -> int:
     if a.output is not None:
         return _dataset(a, method, options, sampling)
     prompts = prompt_inputs(a)
-    texts = [p if isinstance(p, str) else p.text for p in prompts]
     s = session_for(a, method)
     check_model_limits(a, s.model)
     ids = fit_prompts(s.model, prompt_ids(s, prompts, a.chat), a.max_new_tokens, a.truncate_left)
     batch = min(a.batch_size, len(ids))  # a batch holds at most the prompts there are
     s.prepare(method, options, batch)
     label = method.label(options, sampling)
+    fit = lambda later, names: fit_prompts(s.model, later, a.max_new_tokens, a.truncate_left, names)  # noqa: E731
+    talk = Conversations(s, prompts, a.chat, fit)  # Spec-Bench's turns: each asked after the model's answer
     if a.json:  # records in input order, each written and flushed once it and those before it are done
-        done, after = {}, [0]  # finished results waiting for an earlier prompt; the next to write
+        done, after = set(), [0]  # prompts whose conversation is over; the next to write
 
-        def write(i, res):
-            done[i] = res
+        def final(i):
+            done.add(i)
             while after[0] in done:
-                j = after[0]
-                for rec in records(done.pop(j), s.tokenizer, s.base_dir, [texts[j]]):
-                    print(json.dumps({**rec, "method": label}, ensure_ascii=False), flush=True)
+                print(json.dumps({**talk.record(after[0]), "method": label}, ensure_ascii=False), flush=True)
                 after[0] += 1
 
-        s.decode(ids, method.name, options, max_new_tokens=a.max_new_tokens, verify=a.verify, batch_size=batch,
-                 sampling=sampling, on_done=write)
+        def decode_round(index, round_ids, on_done):
+            s.decode(round_ids, method.name, options, max_new_tokens=a.max_new_tokens, verify=a.verify,
+                     batch_size=min(batch, len(round_ids)), sampling=sampling, rows=index, on_done=on_done)
+
+        rounds(ids, decode_round, talk, final)
         return 0
-    for row, (text, p) in enumerate(zip(texts, ids)):
-        sys.stdout.write(text + "\n" if a.chat else text)  # a chat answer starts on its own line
-        res = s.decode([p], method.name, options, max_new_tokens=a.max_new_tokens, verify=a.verify,
-                       on_tokens=TextStream(s.tokenizer, sys.stdout), sampling=sampling, first_row=row)
-        q = res.sequences[0]
-        print()
-        print(f"-- {len(q.tokens)} tokens, {q.calls} calls, block efficiency {q.block_efficiency:.2f}, "
-              f"{len(q.tokens) / max(q.seconds, 1e-9):.1f} tokens/s ({label}, verify {res.verify_mode})",
-              file=sys.stderr)
+    for row, p in enumerate(ids):
+        for k, turn in enumerate(talk.turns[row]):
+            sys.stdout.write(turn + "\n" if a.chat else turn)  # a chat answer starts on its own line
+            res = s.decode([p], method.name, options, max_new_tokens=a.max_new_tokens, verify=a.verify,
+                           on_tokens=TextStream(s.tokenizer, sys.stdout), sampling=sampling, first_row=row)
+            q = res.sequences[0]
+            print()
+            print(f"-- {len(q.tokens)} tokens, {q.calls} calls, block efficiency {q.block_efficiency:.2f}, "
+                  f"{len(q.tokens) / max(q.seconds, 1e-9):.1f} tokens/s ({label}, verify {res.verify_mode})",
+                  file=sys.stderr)
+            p = talk.done(row, res)
     return 0
 
 
@@ -111,7 +115,7 @@ def _dataset(a, method, options, sampling) -> int:
     if a.truncate_left is not None:
         settings["truncate_left"] = a.truncate_left
     if a.chat:
-        settings["chat"] = True
+        settings["chat"] = "every turn"  # (True: first turns only, before multi-turn records)
     plan = dr.plan_output(a.output, world, settings, a.resume, prompts=a.prompts)
     loud = world.rank == 0 or not a.quiet_ranks
     if bad and world.rank == 0:
@@ -168,7 +172,9 @@ def add_parser(groups) -> None:
     p.add_argument("--chat", action="store_true",
                    help="apply the model's chat template to each prompt (apply_chat_template(..., "
                         "add_generation_prompt=True)): a plain prompt is one user message; --prompts records may "
-                        "hold {\"messages\": [...]} or Spec-Bench's {\"turns\": [...]} (the first turn)")
+                        "hold {\"messages\": [...]} or Spec-Bench's {\"turns\": [...]} (every turn, each asked after "
+                        "the model's own answer to those before it; a record of several turns gets \"turns\": one "
+                        "record per turn)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per prompt (default 64)")
     p.add_argument("--truncate-left", type=int, default=None, metavar="N",
                    help="keep the last N tokens of each prompt (prompt + --max-new-tokens must fit the model's "

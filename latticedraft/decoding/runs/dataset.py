@@ -30,6 +30,7 @@ from latticedraft.decoding import registry
 from latticedraft.decoding.runs import record_file as rf
 from latticedraft.decoding.runs.prompt_set import Prompt
 from latticedraft.decoding.runs.shards import World, shard_of
+from latticedraft.decoding.runs.turns import rounds
 from latticedraft.errors import InputError
 
 STDOUT = "-"
@@ -192,13 +193,15 @@ class ShardSummary:
 
 @dataclass
 class ShardWork:
-    """This rank's prompts (``mine``), those without a record (``todo``), their token ids (int64[t]
-    each, truncated as asked) and each prompt's run-wide row (its position in the prompt set)."""
+    """This rank's prompts (``mine``), those without a record (``todo``), their first turns' token ids
+    (int64[t] each, truncated as asked), each prompt's run-wide row (its position in the prompt
+    set) and their conversations (``turns.Conversations``: the later turns of chat records)."""
 
     mine: list
     todo: list
     ids: list
     rows: list
+    talk: object = None
 
 
 def encode_shard(session, plan: OutputPlan, prompts: list[Prompt], max_new_tokens: int,
@@ -209,24 +212,26 @@ def encode_shard(session, plan: OutputPlan, prompts: list[Prompt], max_new_token
     from latticedraft.decoding.runs.chat import prompt_ids
     from latticedraft.decoding.runs.prompt_length import fit_prompts
 
+    from latticedraft.decoding.runs.turns import Conversations
+
     mine = my_prompts(prompts, plan.world)
     todo = [p for p in mine if p.id not in plan.done]
     ids = fit_prompts(session.model, prompt_ids(session, todo, chat), max_new_tokens, truncate_left,
                       names=[f"--prompts id {p.id!r} (line {p.line})" for p in todo])
     row_of = {p.id: k for k, p in enumerate(prompts)}
-    return ShardWork(mine, todo, ids, [row_of[p.id] for p in todo])
+    fit = lambda later, names: fit_prompts(session.model, later, max_new_tokens, truncate_left, names)  # noqa: E731
+    return ShardWork(mine, todo, ids, [row_of[p.id] for p in todo], Conversations(session, todo, chat, fit))
 
 
 def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, options, max_new_tokens: int,
                  verify: str, batch_size: int, sort_by_length: bool, quiet_ranks: bool, sampling=None,
                  label: str | None = None, progress_file=None) -> ShardSummary:
     """Decode ``work`` (``encode_shard``) and append a record per prompt as each batch completes (in a
-    continuous batch, as the prompt completes). Every prompt keeps its position in the prompt set
-    as its run-wide row (its seed), whatever batch it is in."""
-    from latticedraft.decoding.results import records
-
+    continuous batch, as the prompt completes); a chat record of several turns is written once its
+    last turn is done (``turns.rounds``: a round of batches per turn). Every prompt keeps its
+    position in the prompt set as its run-wide row (its seed), whatever batch it is in."""
     world = plan.world
-    mine, todo, ids = work.mine, work.todo, work.ids
+    mine, todo, ids, talk = work.mine, work.todo, work.ids, work.talk
     summary = ShardSummary(prompts=len(mine), already=len(mine) - len(todo))
     if plan.target is None:
         writer = InputOrderWriter(sys.stdout, [p.id for p in todo])
@@ -234,6 +239,7 @@ def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, opt
         writer = rf.RecordWriter(plan.target, plan.target_scan)
     bar = progress_bar(world, len(mine), summary.already, quiet_ranks, progress_file)
     t0 = time.perf_counter()
+    shares = [0.0] * len(todo)  # each prompt's wall seconds, summed over its turns
 
     def kept() -> str:  # what an interrupt leaves (interrupts.keeping)
         done = summary.already + summary.decoded
@@ -244,47 +250,57 @@ def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, opt
         return (f"{done} of {len(mine)} prompts have complete records in {plan.target}; rerun the same command with "
                 f"--resume to decode the other {len(mine) - done}")
 
-    def write(i: int, res, share: float) -> None:
-        """Prompt ``todo[i]``'s record (``res``: its ``DecodeResult`` alone)."""
-        rec = records(res, session.tokenizer, session.base_dir, [todo[i].text])[0]
+    def write(i: int) -> None:
+        """Prompt ``todo[i]``'s record, once its last turn is done."""
+        rec = talk.record(i)
         writer.append({"id": todo[i].id, "fingerprint": plan.fingerprint, **rec, "method": label or method,
-                       "share_seconds": share, "rank": world.rank, "world_size": world.size,
+                       "share_seconds": round(shares[i], 6), "rank": world.rank, "world_size": world.size,
                        "settings": plan.settings})
+        writer.sync()
         summary.decoded += 1
-        summary.tokens += res.tokens
-        summary.calls += res.calls
         summary.seconds = time.perf_counter() - t0
         bar.update(1)
         bar.set_postfix_str(f"{summary.tokens / max(summary.seconds, 1e-9):.1f} tok/s", refresh=False)
 
-    order = batches(todo, [len(x) for x in ids], batch_size, sort_by_length)
+    def turn_done(i: int, res, share: float) -> None:
+        shares[i] += share
+        summary.tokens += res.tokens
+        summary.calls += res.calls
+
+    def decode_round(index: list, round_ids: list, on_done) -> None:
+        """One turn of prompts ``index`` (positions in ``todo``), in the run's batches."""
+        order = [[index[k] for k in b] for b in batches([todo[i] for i in index], [len(x) for x in round_ids],
+                                                        batch_size, sort_by_length)]
+        at = {i: k for k, i in enumerate(index)}
+        if registry.get(method).one_batch(options, batch_size, len(index)):
+            # one continuous batch: a finished prompt's turn is done at once and its row takes the
+            # next prompt; its share is the wall time since the turn before it
+            flat = [i for batch in order for i in batch]
+            last = [time.perf_counter()]
+
+            def done(j: int, res) -> None:
+                now = time.perf_counter()
+                turn_done(flat[j], res, now - last[0])
+                last[0] = now
+                on_done(at[flat[j]], res)
+
+            session.decode([round_ids[at[i]] for i in flat], method, options, max_new_tokens=max_new_tokens,
+                           verify=verify, batch_size=batch_size, sampling=sampling, rows=[work.rows[i] for i in flat],
+                           on_done=done)
+            return
+        for batch in order:
+            t_batch = time.perf_counter()
+            res = session.decode([round_ids[at[i]] for i in batch], method, options, max_new_tokens=max_new_tokens,
+                                 verify=verify, batch_size=len(batch), sampling=sampling,
+                                 rows=[work.rows[i] for i in batch])
+            share = (time.perf_counter() - t_batch) / len(batch)
+            for j, i in enumerate(batch):
+                turn_done(i, res.alone(j), share)
+                on_done(at[i], res.alone(j))
+
     with interrupts.keeping(kept):
         try:
-            if registry.get(method).one_batch(options, batch_size, len(todo)):
-                # one continuous batch: a finished prompt's record is written at once and its row
-                # takes the next prompt; its share is the wall time since the record before it
-                flat = [i for batch in order for i in batch]
-                last = [time.perf_counter()]
-
-                def done(j: int, res) -> None:
-                    now = time.perf_counter()
-                    write(flat[j], res, round(now - last[0], 6))
-                    writer.sync()
-                    last[0] = now
-
-                session.decode([ids[i] for i in flat], method, options, max_new_tokens=max_new_tokens, verify=verify,
-                               batch_size=batch_size, sampling=sampling, rows=[work.rows[i] for i in flat],
-                               on_done=done)
-            else:
-                for batch in order:
-                    t_batch = time.perf_counter()
-                    res = session.decode([ids[i] for i in batch], method, options, max_new_tokens=max_new_tokens,
-                                         verify=verify, batch_size=len(batch), sampling=sampling,
-                                         rows=[work.rows[i] for i in batch])
-                    share = round((time.perf_counter() - t_batch) / len(batch), 6)
-                    for j, i in enumerate(batch):
-                        write(i, res.alone(j), share)
-                    writer.sync()
+            rounds(ids, decode_round, talk, write)
         finally:
             writer.close()
             bar.close()

@@ -3,8 +3,9 @@
 A prompt's id is its ``id`` field (a string or an integer) when the record has one, else its line
 number in the file (1-based; blank lines count as lines and are ignored). A record holds its prompt
 as a string ``prompt``, or as a chat: ``messages`` (``[{"role": ..., "content": ...}, ...]``, as
-``apply_chat_template`` takes them) or Spec-Bench's ``turns`` (a list of user turns, of which the
-first is the prompt); chat records decode with ``--chat`` only (``chat.py``). Three kinds of bad line
+``apply_chat_template`` takes them) or Spec-Bench's ``turns`` (a list of user turns: the first is
+the prompt, each later one is asked after the model's answer, ``turns.py``); chat records decode
+with ``--chat`` only (``chat.py``). Three kinds of bad line
 are found: a line that is not a JSON object with one of those (or whose ``id`` is neither a string
 nor an integer), an empty prompt, and an id already used on an earlier line.
 Without ``skip_bad`` the first bad line is an ``InputError`` naming it; with ``skip_bad`` bad lines
@@ -68,7 +69,8 @@ def _check_chat(rec) -> str | None:
     turns = rec["turns"]
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
         return "'turns' is not a non-empty list of strings"
-    return None if turns[0] else "an empty prompt (the first turn is empty)"
+    empty = [k for k, t in enumerate(turns, 1) if not t]
+    return f"an empty prompt (turn {empty[0]} is empty)" if empty else None
 
 
 def _check(rec, line: int) -> str | None:

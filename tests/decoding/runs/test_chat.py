@@ -60,7 +60,8 @@ def test_chat_records_parse_to_messages():
     assert [p.messages for p in ps] == [None, [{"role": "user", "content": "b"}], [{"role": "user", "content": "c"}]]
     assert [p.text for p in ps] == ["a", "b", "c"]
     for bad, why in [({"messages": []}, "non-empty list"), ({"messages": [{"role": "user"}]}, "role"),
-                     ({"turns": [""]}, "empty prompt"), ({"turns": "x"}, "list of strings")]:
+                     ({"turns": [""]}, "empty prompt"), ({"turns": ["a", ""]}, "turn 2 is empty"),
+                     ({"turns": "x"}, "list of strings")]:
         with pytest.raises(Exception, match=why):
             parse_prompt_set(json.dumps(bad), "t")
 
@@ -76,12 +77,62 @@ def test_decode_chat_uses_the_template_and_equals_generate(chat_model, capsys):
             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
             [{"role": "user", "content": "Compose a haiku."}]]
     for rec, ms in zip(recs, msgs):
-        ids = _rendered(d / "chat", ms)
-        assert rec["prompt_ids"] == ids
-        x = torch.tensor([ids])
-        g = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=8, pad_token_id=0)
-        want = g[0, len(ids):].tolist()
-        assert rec["tokens"] == want[: want.index(0) + 1] if 0 in want else want
+        first = rec["turns"][0] if "turns" in rec else rec
+        assert first["prompt_ids"] == _rendered(d / "chat", ms)
+        assert first["tokens"] == _greedy(m, first["prompt_ids"], 8)
+
+
+def _greedy(m, ids, n):
+    x = torch.tensor([ids])
+    g = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n, pad_token_id=0)
+    want = g[0, len(ids):].tolist()
+    return want[: want.index(0) + 1] if 0 in want else want
+
+
+def _conversation_checked(d, m, rec, turns, n):
+    """rec's turns: each turn's ids are the conversation so far (the model's own answers, as text)
+    through the template, and each answer equals HF greedy on them."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(d / "chat"))
+    assert [t["prompt"] for t in rec["turns"]] == turns
+    msgs = []
+    for turn, t in zip(turns, rec["turns"]):
+        msgs.append({"role": "user", "content": turn})
+        assert t["prompt_ids"] == _rendered(d / "chat", msgs)
+        assert t["tokens"] == _greedy(m, t["prompt_ids"], n)
+        msgs.append({"role": "assistant", "content": tok.decode(t["tokens"], skip_special_tokens=True).strip()})
+    assert {k: v for k, v in rec.items() if k not in ("turns", "method")} == rec["turns"][-1]  # the last turn
+
+
+def test_every_turn_is_asked_after_the_models_own_answer(chat_model, capsys, tmp_path):
+    """Spec-Bench's ``turns``: --json (batched rounds), a data-set run (one continuous batch) and
+    the text stream all decode turn 2 from turn 1's answer, each answer equal to HF greedy."""
+    d, m = chat_model
+    turns = ["Compose a haiku.", "Now in French.", "Shorter."]
+    (tmp_path / "t.jsonl").write_text(json.dumps({"id": "a", "turns": turns}) + "\n"
+                                      + json.dumps({"id": "b", "prompt": "Hi"}) + "\n"
+                                      + json.dumps({"id": "c", "turns": turns[:2]}) + "\n")
+    args = ["decode", "--model", str(d / "chat"), "--prompts", str(tmp_path / "t.jsonl"), "--chat",
+            "--max-new-tokens", "6", "--batch-size", "2"]
+    assert main([*args, "--json"]) == 0
+    recs = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+    assert [len(r.get("turns", [r])) for r in recs] == [3, 1, 2]
+    _conversation_checked(d, m, recs[0], turns, 6)
+    _conversation_checked(d, m, recs[2], turns[:2], 6)
+    out = tmp_path / "out.jsonl"
+    assert main([*args, "--output", str(out)]) == 0
+    got = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in got] == ["a", "b", "c"]
+    for r, want in zip(got, recs):
+        assert r["tokens"] == want["tokens"] and [t["tokens"] for t in r.get("turns", [])] == \
+            [t["tokens"] for t in want.get("turns", [])]
+    capsys.readouterr()
+    assert main(["decode", "--model", str(d / "chat"), "--prompts", str(tmp_path / "t.jsonl"), "--chat",
+                 "--max-new-tokens", "6"]) == 0
+    text = capsys.readouterr()
+    assert [line for line in text.out.splitlines() if line in turns or line == "Hi"] == [*turns, "Hi", *turns[:2]]
+    assert text.err.count("-- ") == 6  # one summary line per turn
 
 
 def test_chat_stream_and_dataset_run(chat_model, capsys, tmp_path):
