@@ -117,7 +117,7 @@ def greedy_rows(a) -> dict:
     rows["ours: context n-grams only"] = ("base", "bpd", replace(fast_none, lm_drafts=0))
     rows["ours: lookahead"] = ("base", "lookahead", None)
     if a.draft_model:
-        rows["ours: draft model gamma=4"] = ("base", "bpd", DrafterSpec("model", gamma=4))
+        rows["ours: draft model"] = ("base", "bpd", DrafterSpec("model", tree="auto"))  # as HF assisted: no n-grams
     rows["ours: greedy loop"] = ("base", "bpd", DrafterSpec("none"))
     return rows
 

@@ -39,6 +39,7 @@ HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle
 DRAFTER_OPTIONS = {
     "rescorer": ("neural",), "alpha": ("ngram", "parallel", "neural"),
     "nbest": ("parallel", "parallel-base"), "draft_model": ("model",), "gamma": ("model",),
+    "draft_confidence": ("model",),
     **{d: HEAD_DRAFTERS for d in ("k", "prune", "eps", "backoff", "slots", "draft_vocab")},
 }
 LOOKAHEAD_POOL = (*LOOKAHEAD_DESTS, "lookahead_config")  # what --lookahead-pool reads
@@ -103,6 +104,10 @@ class DrafterSpec:
         "ranking, else all)"))
     lookahead: object = None
     gamma: int = 4
+    draft_confidence: float = option(0.2, group="drafting", type=float, metavar="P", help=(
+        "--drafter model: stop drafting once the chance that the whole draft is accepted falls below P (each "
+        "token's chance: its draft probability, calibrated on what the target accepted so far; 0 = always --gamma "
+        "tokens)"))
     lm_drafts: int | str = option(0, cli="auto", fit=False, group="tree", metavar="D", help=(
         "also draft the n-gram LM's (--lm) most likely continuation, D tokens deep; 0 = off (default auto: "
         f"{AUTO_LM_DRAFTS} where the LM build exists and fits the tokenizer, else off)"))
@@ -204,6 +209,8 @@ def _configure(values: dict, given: set) -> DrafterSpec:
             raise InputError(f"{flag} {getattr(spec, src.field)}: give the longest suffix to match (>= 1), or 0 for off")
     if spec.gamma < 1:
         raise InputError(f"--gamma {spec.gamma}: the draft model drafts at least 1 token per step")
+    if not 0.0 <= spec.draft_confidence < 1.0:
+        raise InputError(f"--draft-confidence {spec.draft_confidence}: give a probability in [0, 1) (0 = off)")
     if not (np.isfinite(spec.alpha) and spec.alpha >= 0):
         raise InputError(f"--alpha {spec.alpha} must be a finite number >= 0 (the weight of the rescoring LM)")
     if "eps" in given and spec.prune == "none":

@@ -19,17 +19,18 @@ AUTO_LM_DRAFTS = 3  # tokens of the n-gram LM's continuation: deeper ones measur
 CALIBRATION_PROMPTS = slice(30, 42)  # the tuning split (Appendix E): never in the benchmark or eval prompts
 
 
-def proposer(session, spec, references=None):
+def proposer(session, spec, references=None, fresh: bool = False):
     """The draft source of a ``bpd.DrafterSpec``: a lattice ``Drafter`` of the heads, the draft
-    model's ``ModelProposer``, or None (``--drafter none``)."""
+    model's ``ModelProposer`` (one per session and settings, so that its acceptance calibration
+    carries over between calls; ``fresh``: a new one), or None (``--drafter none``)."""
     from latticedraft.decoding.proposers.heads import make_drafter
 
     if spec.name == "none":
         return None
     if spec.name == "model":
-        from latticedraft.decoding.proposers.draft_model import ModelProposer
-
-        return ModelProposer(session.draft_model, spec.gamma)
+        build = lambda: make_drafter("model", draft_model=session.draft_model, gamma=spec.gamma,  # noqa: E731
+                                     confidence=spec.draft_confidence)
+        return build() if fresh else session.once(("draft_model_proposer", spec.gamma, spec.draft_confidence), build)
     lm = session.lm if spec.name in ("ngram", "parallel") else None
     rescorer = session.rescorer if spec.name == "neural" else None
     return make_drafter(spec.name, options=spec.lattice_options(), lm=lm, rescorer=rescorer, alpha=spec.alpha,

@@ -1,9 +1,17 @@
 """Classic speculative decoding's draft source: an auxiliary causal LM with the target's vocabulary.
 
-``ModelProposer`` drafts ``gamma`` tokens after each row's history, greedily (its argmax: exact
-greedy decoding) or, for lossless sampling, each drawn from its distribution after the sampling
-processors (q). Every row keeps its own KV cache (``gpu.models.incremental.IncrementalLM``), so a
-step feeds only the tokens accepted since the last one.
+``ModelProposer`` drafts up to ``gamma`` tokens after each row's history, greedily (its argmax:
+exact greedy decoding) or, for lossless sampling, each drawn from its distribution after the
+sampling processors (q). Every row keeps its own KV cache (``gpu.models.incremental.IncrementalLM``),
+so a step feeds only the tokens accepted since the last one.
+
+A draft ends early where it is unlikely to be accepted: each token's chance is read from the
+draft model's own probability for it, calibrated online against what the target accepted
+(``AcceptanceCalibration``: per probability bin, as the heads' rates are); the draft stops once
+the chance that every token so far is accepted falls below ``confidence``. (transformers' assisted
+generation stops at a raw draft probability below ``assistant_confidence_threshold``, 0.4, and
+tunes that threshold as it goes; a raw threshold stops a draft model whose probabilities are flat
+but right, such as the bundled one, after its first token.)
 """
 
 from __future__ import annotations
@@ -11,22 +19,54 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from latticedraft.decoding.planning.acceptance import HEAD_EDGES, PRIOR_WEIGHT, head_bins
 from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows
 from latticedraft.errors import InputError
 from latticedraft.gpu.models.incremental import IncrementalLM, lean_stack
 
 
+class AcceptanceCalibration:
+    """How often a draft token whose draft probability fell in each ``HEAD_EDGES`` bin was accepted
+    (counted where every token before it was), smoothed towards the bin's middle probability with
+    ``PRIOR_WEIGHT`` pseudo-observations: ``rate(probs)`` float[d] for probabilities float[d]."""
+
+    def __init__(self):
+        mid = 0.5 * (HEAD_EDGES[:-1] + np.minimum(HEAD_EDGES[1:], 1.0))
+        self.hits, self.tried = PRIOR_WEIGHT * mid, np.full(len(mid), PRIOR_WEIGHT)
+
+    def rate(self, probs) -> np.ndarray:
+        b = head_bins(np.asarray(probs, dtype=np.float64))
+        return self.hits[b] / self.tried[b]
+
+    def observe(self, probs: np.ndarray, kept: int) -> None:
+        """A draft whose tokens had draft probabilities ``probs`` (float[d]) kept its first ``kept``."""
+        tried = np.asarray(probs[: kept + 1], dtype=np.float64)
+        b = head_bins(tried)
+        np.add.at(self.tried, b, 1.0)
+        np.add.at(self.hits, b[:kept], 1.0)
+
+
 class ModelProposer(Proposer):
-    """gamma: tokens drafted per step (>= 1); draft_model: a causal LM with the target's vocabulary."""
+    """gamma: tokens drafted per step at most (>= 1); draft_model: a causal LM with the target's
+    vocabulary; confidence: stop drafting once the calibrated chance that the whole draft so far
+    is accepted is below it (0: always ``gamma`` tokens). A token's draft probability is the
+    draft model's for it (after the sampling processors when sampling). Under the cost-aware tree
+    (``step.acceptance`` set) each greedy draft token carries its calibrated chance as its rate, so
+    the tree verifies only the prefix worth its step cost. ``calibration`` lives as long as the
+    proposer (across decode calls)."""
 
     name = "model"
     samples = True  # under sampling: paths drawn from q
 
-    def __init__(self, draft_model, gamma: int = 4):
+    def __init__(self, draft_model, gamma: int = 4, confidence: float = 0.2):
         if gamma < 1:
             raise InputError(f"--gamma {gamma}: the draft model drafts at least 1 token per step")
-        self.draft_model, self.gamma = draft_model, int(gamma)
+        if not 0.0 <= confidence < 1.0:
+            raise InputError(f"--draft-confidence {confidence}: give a probability in [0, 1) (0 = off)")
+        self.draft_model, self.gamma, self.confidence = draft_model, int(gamma), float(confidence)
         self.lms: dict[int, IncrementalLM] = {}
+        self.calibration = AcceptanceCalibration()
+        self.drafted: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row -> (tokens, draft probabilities) of this step
 
     def start(self, rows: StepRows) -> None:
         stack = lean_stack(self.draft_model)
@@ -34,6 +74,7 @@ class ModelProposer(Proposer):
 
     def propose(self, step: Step) -> list[Proposal]:
         out = []
+        self.drafted = {}
         for j, i in enumerate(step.index):
             n = min(self.gamma, step.rooms[j])
             lm, history = self.lms[i], step.histories[j]
@@ -41,17 +82,39 @@ class ModelProposer(Proposer):
                 out.append(Proposal.empty())
                 continue
             x = lm.next_logits(history, room=n)
-            toks = np.zeros((1, n), dtype=np.int64)
+            toks, probs = np.zeros((1, n), dtype=np.int64), np.zeros((1, n))
             sampler = None if step.samplers is None else step.samplers[j]
             qs = None if sampler is None else np.zeros((1, n, sampler.vocab_size))
-            for t in range(n):
+            t, whole = 0, 1.0  # tokens drafted; the chance all of them are accepted
+            while True:
                 if sampler is None:
                     toks[0, t] = int(torch.argmax(x))
+                    probs[0, t] = float(torch.softmax(x.float(), -1)[toks[0, t]])
                 else:
                     qs[0, t] = sampler.probs(x[None], [np.concatenate([history, toks[0, :t]])])[0]
                     toks[0, t] = sampler.draw(qs[0, t])
-                if t + 1 < n:
-                    x = lm.push(int(toks[0, t]))
+                    probs[0, t] = qs[0, t, toks[0, t]]
+                whole *= float(self.calibration.rate(probs[0, t]))
+                t += 1
+                if t == n or whole < self.confidence:
+                    break
+                x = lm.push(int(toks[0, t - 1]))
             lm.rewind()
-            out.append(Proposal(toks, q=qs))
+            self.drafted[i] = (toks[0, :t], probs[0, :t])
+            rates = self.calibration.rate(probs[:, :t]) if step.acceptance is not None and sampler is None else None
+            out.append(Proposal(toks[:, :t], q=None if qs is None else qs[:, :t], rates=rates))
         return out
+
+    def update(self, step: Step, accepted, bonus, side_argmax) -> None:
+        """Calibrate: how much of each row's draft the target kept (its accepted tokens and bonus)."""
+        for j, i in enumerate(step.index):
+            if i not in self.drafted:
+                continue
+            toks, probs = self.drafted[i]
+            kept = np.concatenate([np.asarray(accepted[j], dtype=np.int64), np.asarray(bonus[j]).reshape(-1)])
+            m = min(len(toks), len(kept))  # the target's tokens are known this far
+            miss = np.flatnonzero(toks[:m] != kept[:m])
+            if len(miss):
+                self.calibration.observe(probs, int(miss[0]))
+            else:
+                self.calibration.observe(probs[:m], m)

@@ -322,9 +322,11 @@ def make_drafter(
     references: list | None = None,
     draft_model=None,
     gamma: int = 4,
+    confidence: float = 0.2,
 ):
     """A draft source by name (see ``DRAFTERS``): a lattice ``Drafter`` of the heads, or for
-    "model" the auxiliary draft model's ``ModelProposer``; the message says what is missing."""
+    "model" the auxiliary draft model's ``ModelProposer`` (``gamma``, ``confidence``: its options);
+    the message says what is missing."""
     if name == "top1":
         return Top1Drafter(options)
     if name == "parallel-base":
@@ -346,7 +348,7 @@ def make_drafter(
             raise InputError("drafter 'model' needs an auxiliary draft model: pass --draft-model DIR")
         from latticedraft.decoding.proposers.draft_model import ModelProposer
 
-        return ModelProposer(draft_model, gamma)
+        return ModelProposer(draft_model, gamma, confidence)
     raise InputError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
 
 

@@ -101,11 +101,13 @@ def test_head_drafts_first_three_tokens_have_the_target_distribution(drafter, he
     assert_exact(run, model.base, opts)
 
 
-def test_model_drafter_first_three_tokens_have_the_target_distribution():
+@pytest.mark.parametrize("confidence", [0.0, 0.7])
+def test_model_drafter_first_three_tokens_have_the_target_distribution(confidence):
+    """(confidence 0.7 ends some drafts early: a draft's length may follow its own draws.)"""
     target = tiny_model("llama", torch.float64, seed=3, vocab=V)
     draft = tiny_model("llama", torch.float64, seed=9, vocab=V)
     opts = SamplingOptions(temperature=0.8, top_k=2, top_p=1.0)
-    d = make_drafter("model", draft_model=draft, gamma=2)
+    d = make_drafter("model", draft_model=draft, gamma=2, confidence=confidence)
 
     def run(draws):
         r = bpd_decode(target, [PROMPT], d, request=Request(max_new_tokens=3, sampling=opts),
@@ -215,10 +217,58 @@ def test_model_drafter_greedy_equals_generate(arch, batch):
                    request=Request(max_new_tokens=20))
     for p, q in zip(prompts, r.sequences):
         assert q.tokens.tolist() == reference(target, p, 20)
-    same = bpd_decode(target, prompts, make_drafter("model", draft_model=target, gamma=3),
+    same = bpd_decode(target, prompts, make_drafter("model", draft_model=target, gamma=3, confidence=0.0),
                       request=Request(max_new_tokens=20))
     assert [q.tokens.tolist() for q in same.sequences] == [q.tokens.tolist() for q in r.sequences]
     assert same.block_efficiency > 3.0  # a draft model equal to the target: every draft accepted
+
+
+def test_acceptance_calibration_starts_at_the_draft_probability_and_follows_what_was_kept():
+    from latticedraft.decoding.planning.acceptance import head_bins
+    from latticedraft.decoding.proposers.draft_model import AcceptanceCalibration
+
+    c = AcceptanceCalibration()
+    assert c.rate([0.33, 0.97]).tolist() == pytest.approx([0.35, 0.975])  # the bins' middles
+    for _ in range(200):
+        c.observe(np.array([0.33, 0.33, 0.33]), kept=3)  # flat but right: every token kept
+        c.observe(np.array([0.97, 0.97]), kept=0)  # sure but wrong: the first token missed, the second untried
+    assert c.rate([0.33])[0] > 0.95 and c.rate([0.97])[0] < 0.05
+    assert c.tried[head_bins(0.97)] == pytest.approx(4 + 200)  # the prior's 4, then first tokens only
+
+
+@pytest.mark.parametrize("tree", ["fixed", "auto"])
+def test_draft_confidence_ends_the_draft_and_rates_its_tokens(tree):
+    """A draft stops once its calibrated chance of being accepted whole falls below ``confidence``;
+    under the auto tree each token carries its calibrated chance as its rate; what the target kept
+    calibrates the next steps; the output stays HF greedy's."""
+    from latticedraft.decoding.methods.bpd_loop import BpdPlan
+    from latticedraft.decoding.planning.acceptance import AcceptanceModel
+    from latticedraft.decoding.proposers.base import Step, StepRows
+    from latticedraft.gpu.verify.cost_model import CostModel
+
+    target = tiny_model("llama", torch.float32, seed=1, vocab=64)
+    draft = tiny_model("llama", torch.float32, seed=2, vocab=64)
+    history = np.array([5, 9, 17, 3], dtype=np.int64)
+    with torch.no_grad():
+        logits = draft(torch.as_tensor(history[None])).logits[0, -1]
+    p0 = float(torch.softmax(logits, -1).max())
+    for confidence, want in [(0.0, 4), (0.99, 1)]:
+        d = make_drafter("model", draft_model=draft, gamma=4, confidence=confidence)
+        d.start(StepRows([0], [0], [history]))
+        step = Step([0], [0], [history], [8], acceptance=AcceptanceModel.prior())
+        prop = d.propose(step)[0]
+        assert prop.tokens.shape == (1, want) and prop.tokens[0, 0] == int(logits.argmax())
+        assert prop.rates[0, 0] == pytest.approx(float(d.calibration.rate([p0])[0]))
+        tried = d.calibration.tried.sum()
+        d.update(step, [prop.tokens[0, :1]], np.array([7]), None)  # kept the first token, then the target's 7
+        assert d.calibration.tried.sum() == tried + min(2, want) and d.calibration.hits.sum() > 0
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(1, 64, size=n) for n in (5, 11, 3)]
+    cost = CostModel((1, 2, 4, 8), (1.0, 1.2, 1.5, 2.5)) if tree == "auto" else None
+    for confidence in (0.0, 0.05, 0.5):
+        r = bpd_decode(target, prompts, make_drafter("model", draft_model=draft, gamma=3, confidence=confidence),
+                       BpdPlan(tree=tree, cost=cost), Request(max_new_tokens=20))
+        assert [q.tokens.tolist() for q in r.sequences] == [reference(target, p, 20) for p in prompts]
 
 
 # -- MTAD (approximate; exact only in its limits) ---------------------------------------------
