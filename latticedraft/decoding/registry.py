@@ -148,10 +148,11 @@ def _cli_default(f: dataclasses.Field, fl: Flag):
     return f.default if fl.cli is _SAME else fl.cli
 
 
-def cli_defaults(cls, changed_only: bool = True) -> dict:
-    """field name -> the CLI's default, for the fields of ``cls`` whose CLI default differs from
-    the library's (all declared fields with ``changed_only=False``)."""
-    return {f.name: _cli_default(f, fl) for _, f, fl in flags(cls) if not changed_only or fl.cli is not _SAME}
+def cli_defaults(cls, changed_only: bool = True, by_dest: bool = False) -> dict:
+    """field name (``by_dest``: option dest) -> the CLI's default, for the fields of ``cls`` whose
+    CLI default differs from the library's (all declared fields with ``changed_only=False``)."""
+    return {dest if by_dest else f.name: _cli_default(f, fl) for dest, f, fl in flags(cls)
+            if not changed_only or fl.cli is not _SAME}
 
 
 def add_options(group, cls, name: str) -> None:

@@ -91,7 +91,7 @@ def test_sampling_methods_stop_at_eos_too(bundle, method):
     d, base, ps, eos = bundle
     s = Session(d / "heads-stern")
     s.eos = eos
-    options = s.configure(method, {"drafter": "top1"} if method == "bpd" else {})
+    options = s.configure(method, {"drafter": "top1", "do_sample": True} if method == "bpd" else {})
     outs = []
     for batch in (1, 2, 4):
         r = s.decode(ps, method, options, max_new_tokens=NEW, batch_size=batch, sampling=SamplingOptions(seed=1))

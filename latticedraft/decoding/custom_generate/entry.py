@@ -79,24 +79,14 @@ def generate(model, input_ids=None, generation_config=None, **kwargs):
 
 
 def _configure(req: GenerateRequest):
-    """``--method bpd``'s options object from the keywords, over the CLI's defaults."""
+    """``--method bpd``'s options object from the keywords (the rest: the CLI's defaults, as ``configure`` gives)."""
     from latticedraft.decoding import registry
 
     opts = {k: v for k, v in req.options.items() if k != "heads"}
     if opts.get("verify", "auto") not in VERIFY:
         raise InputError(f"generate(verify={opts['verify']!r}) is not one of {', '.join(VERIFY)}")
-    values = {**cli_values(), **opts, "do_sample": req.sampling is not None}
+    values = {**opts, "do_sample": req.sampling is not None}
     return registry.get("bpd").configure(values, set(opts))
-
-
-def cli_values() -> dict:
-    """``decode``'s defaults of ``--method bpd``'s declared options, dest -> value (what ``generate``
-    decodes with where its keywords are silent)."""
-    from latticedraft.decoding.methods.bpd import DrafterSpec
-    from latticedraft.decoding.registry import cli_defaults, flags
-
-    names = cli_defaults(DrafterSpec, changed_only=False)
-    return {dest: names[f.name] for dest, f, _ in flags(DrafterSpec)}
 
 
 def session_for(model, options: dict, spec):

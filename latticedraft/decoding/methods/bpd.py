@@ -72,8 +72,11 @@ class DrafterSpec:
     ``decode`` / ``eval`` parsers, ``FAST``, ``custom_generate``'s defaults and the acceptance rates'
     cache key are made.
 
-    The library's defaults are the paper's drafters as published (the eval tables); ``fast()``
-    gives the fastest measured settings (benchmarks/decode.py), the CLI's and the demo's defaults.
+    A ``DrafterSpec(...)`` built directly is the paper's drafter as published (what the eval tables
+    ask for by constructing it); ``fast()`` gives the fastest measured settings
+    (benchmarks/decode.py), which every options object made from option values starts from:
+    ``METHOD.configure``, so the CLI, ``Session.configure`` / ``Session.decode`` and
+    ``custom_generate`` decode alike.
     ``lookahead``: ``LookaheadOptions`` of a Jacobi window + n-gram pool riding along
     (``--lookahead-pool``); ``gamma``: tokens the auxiliary draft model drafts per step."""
 
@@ -153,8 +156,12 @@ FAST = cli_defaults(DrafterSpec)  # the CLI's defaults where they differ: the fa
 
 
 def _configure(values: dict, given: set) -> DrafterSpec:
+    """The ``DrafterSpec`` of option values (dest -> value); a missing value takes the CLI's default,
+    so ``Session.configure`` and ``custom_generate`` decode as ``latticedraft decode`` does."""
     from latticedraft.decoding.proposers.heads import LatticeOptions
 
+    values = {**cli_defaults(DrafterSpec, changed_only=False, by_dest=True),
+              **{k: v for k, v in values.items() if v is not None}}
     name = values.get("drafter") or "top1"
     if name not in DRAFTERS:
         raise InputError(f"--drafter {name!r} is not one of {', '.join(DRAFTERS)}")
@@ -286,31 +293,35 @@ def _prepare(session, spec: DrafterSpec, batch_size: int) -> None:
     if spec.tree == "auto" and spec.name != "oracle":
         warm = np.asarray(session.tokenizer.encode("import os\n").ids, dtype=np.int64)
         for b in sorted({1, batch_size}):
-            _run(session, [warm] * b, spec, Request(max_new_tokens=2, eos_token_id=session.eos))
+            _run(session, [warm] * b, spec, Request(max_new_tokens=2, eos_token_id=session.eos), warm_up=True)
 
 
-def _run(session, prompts: list, spec: DrafterSpec, req) -> object:
+def _run(session, prompts: list, spec: DrafterSpec, req, warm_up: bool = False) -> object:
+    """One decode call of ``spec``; ``warm_up``: with a new head gate, sources and draft-model
+    proposer, so that the warm-up teaches neither the session's gate, the suffix drafts' memory nor
+    the draft model's calibration."""
     from latticedraft.decoding.methods import bpd_session as ses
     from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+    from latticedraft.decoding.planning.head_gate import HeadGate
 
     refs = ses.references(session, prompts, req.max_new_tokens) if spec.name == "oracle" else None  # what it drafts
     plan = BpdPlan(tree=spec.tree, context=spec.context(),
                    acceptance=ses.acceptance(session, spec) if spec.tree == "auto" else None,
                    draft_vocab=ses.draft_vocab(session, spec.draft_vocab) if spec.name in HEAD_DRAFTERS else None,
-                   gate=ses.gate(session, spec), lookahead=spec.lookahead, lm=ses.lm_drafts(session, spec),
-                   extra=_sources(session, spec))
-    return bpd_decode(session.model, prompts, ses.proposer(session, spec, refs), plan, req)
+                   gate=HeadGate() if warm_up else ses.gate(session, spec), lookahead=spec.lookahead,
+                   lm=ses.lm_drafts(session, spec), extra=_sources(session, spec, fresh=warm_up))
+    return bpd_decode(session.model, prompts, ses.proposer(session, spec, refs, fresh=warm_up), plan, req)
 
 
-def _sources(session, spec: DrafterSpec) -> tuple:
-    """The ``SOURCES`` ``spec`` turns on, each built once per session and value."""
+def _sources(session, spec: DrafterSpec, fresh: bool = False) -> tuple:
+    """The ``SOURCES`` ``spec`` turns on, each built once per session and value (``fresh``: new ones)."""
     out = []
     for src in SOURCES:
         value = getattr(spec, src.field)
         if value:
             module, cls = src.proposer.split(":")
-            out.append(session.once(("source", src.field, value),
-                                    lambda: getattr(importlib.import_module(module), cls)(value)))
+            build = lambda: getattr(importlib.import_module(module), cls)(value)  # noqa: E731
+            out.append(build() if fresh else session.once(("source", src.field, value), build))
     return tuple(out)
 
 

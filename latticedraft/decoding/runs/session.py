@@ -121,7 +121,8 @@ class Session:
     def decode(self, prompt_ids: list, method: str = "bpd", options=None, *, max_new_tokens: int = 64,
                verify: str = "auto", batch_size: int = 1, sampling=None, on_tokens=None, first_row: int = 0,
                rows: list | None = None, record_steps: bool = False, on_done=None):
-        """Decode token-id prompts with ``method`` (its options object, None: its defaults) in batches
+        """Decode token-id prompts with ``method`` (its options object, None: its defaults, as
+        ``configure`` gives them with ``do_sample`` where ``sampling`` is set) in batches
         of ``batch_size`` (where the method can, ``Method.continuous``, one continuous batch of that
         many rows: a finished row takes the next prompt); one merged ``DecodeResult`` in prompt
         order. sampling: ``SamplingOptions`` (None: greedy, or the method's own defaults where it
@@ -133,7 +134,7 @@ class Session:
         from latticedraft.decoding.runs.prompt_length import fit_prompts
 
         m = registry.get(method)
-        options = self.configure(m.name) if options is None else options
+        options = self.configure(m.name, {"do_sample": sampling is not None}) if options is None else options
         self.check(m, options)
         if sampling is not None and m.sampling == "never":
             raise InputError(f"--method {m.name} decodes greedily; the sampling options apply to --method "

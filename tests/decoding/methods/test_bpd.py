@@ -1,7 +1,9 @@
-"""``decoding/methods/bpd.py``'s option handling: what ``--do-sample`` changes in a drafter's settings."""
+"""``decoding/methods/bpd.py``'s option handling (what ``--do-sample`` changes in a drafter's settings) and
+its warm-up at prepare."""
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from latticedraft.decoding.methods.bpd import METHOD, SAMPLED_SLOTS, DrafterSpec
@@ -47,7 +49,9 @@ def test_lm_drafts_option():
     conf = lambda **v: METHOD.configure({"drafter": "none", **v}, set(v))  # noqa: E731
     assert conf(lm_drafts="auto").lm_drafts == "auto"
     assert conf(lm_drafts="5").lm_drafts == 5 and conf(lm_drafts=0).lm_drafts == 0
-    assert METHOD.configure({"drafter": "none"}, set()).lm_drafts == 0  # the paper's defaults: off
+    # values left out take the CLI's defaults (the library decodes as latticedraft decode does)
+    assert METHOD.configure({"drafter": "none"}, set()) == DrafterSpec("none").fast()
+    assert DrafterSpec("none").lm_drafts == 0  # the paper's drafter, built directly: off
     assert DrafterSpec("none").fast().lm_drafts == "auto"
     assert DrafterSpec("top1").fast().for_sampling().lm_drafts == 0
     assert DrafterSpec("none").fast().for_sampling() == replace(DrafterSpec("none").fast(), lookahead=None)
@@ -57,7 +61,7 @@ def test_lm_drafts_option():
         ({"lm_drafts": "x"}, "--lm-drafts 'x'"),
         ({"lm_drafts": -1}, "--lm-drafts -1"),
         ({"drafter": "top1", "lm_drafts": 2, "do_sample": True}, "--lm-drafts 2 does not apply here"),
-        ({"lm": "/some/lm"}, "--lm does not apply to --drafter none without --lm-drafts"),
+        ({"lm": "/some/lm", "lm_drafts": 0}, "--lm does not apply to --drafter none without --lm-drafts"),
     ):
         with pytest.raises(InputError, match=needle):
             METHOD.configure({"drafter": "none", **values}, set(values) - {"do_sample"})
@@ -77,3 +81,19 @@ def test_sampling_a_model_without_heads_drafts_its_ngrams_unless_a_head_drafter_
     heads = METHOD.configure({**values, "model": None}, set())  # the default model has heads: they draft
     assert (heads.name, heads.context_ngrams) == ("top1", 0)
     assert METHOD.configure({**values, "do_sample": False}, set()).name == "top1"  # greedy keeps it (n-grams beside)
+
+
+def test_the_warm_up_at_prepare_teaches_neither_the_gate_nor_the_suffix_memory():
+    """``prepare`` decodes a warm-up prompt (T(n), acceptance rates); the session's head gate and
+    suffix drafts start the first real call as if it had not run."""
+    from latticedraft.decoding.methods import bpd, bpd_session
+    from latticedraft.decoding.runs.session import Session
+
+    s = Session()
+    spec = DrafterSpec("top1", tree="auto", context_ngrams=3, suffix_drafts=3)
+    s.prepare("bpd", spec)
+    gate, (suffix,) = bpd_session.gate(s, spec), bpd._sources(s, spec)
+    assert gate.steps.sum() == 0 and gate.decisions.sum() == 0
+    assert suffix.seen == {} and suffix.drafts.memory == []
+    s.decode([np.asarray(s.tokenizer.encode("def f(x):\n").ids)], "bpd", spec, max_new_tokens=8)
+    assert gate.steps.sum() > 0 and len(suffix.seen) == 1
