@@ -53,7 +53,7 @@ def run(a) -> int:
         rounds(ids, decode_round, talk, final)
         return 0
     for row, p in enumerate(ids):
-        for k, turn in enumerate(talk.turns[row]):
+        for turn in talk.turns[row]:
             sys.stdout.write(turn + "\n" if a.chat else turn)  # a chat answer starts on its own line
             res = s.decode([p], method.name, options, max_new_tokens=a.max_new_tokens, verify=a.verify,
                            on_tokens=TextStream(s.tokenizer, sys.stdout), sampling=sampling, first_row=row)
@@ -115,7 +115,7 @@ def _dataset(a, method, options, sampling) -> int:
     if a.truncate_left is not None:
         settings["truncate_left"] = a.truncate_left
     if a.chat:
-        settings["chat"] = "every turn"  # (True: first turns only, before multi-turn records)
+        settings["chat"] = "every turn"  # not True: runs that decoded first turns only are other runs
     plan = dr.plan_output(a.output, world, settings, a.resume, prompts=a.prompts)
     loud = world.rank == 0 or not a.quiet_ranks
     if bad and world.rank == 0:

@@ -30,7 +30,7 @@ from latticedraft.decoding import registry
 from latticedraft.decoding.runs import record_file as rf
 from latticedraft.decoding.runs.prompt_set import Prompt
 from latticedraft.decoding.runs.shards import World, shard_of
-from latticedraft.decoding.runs.turns import rounds
+from latticedraft.decoding.runs.turns import Conversations, rounds
 from latticedraft.errors import InputError
 
 STDOUT = "-"
@@ -201,7 +201,7 @@ class ShardWork:
     todo: list
     ids: list
     rows: list
-    talk: object = None
+    talk: Conversations
 
 
 def encode_shard(session, plan: OutputPlan, prompts: list[Prompt], max_new_tokens: int,
@@ -211,8 +211,6 @@ def encode_shard(session, plan: OutputPlan, prompts: list[Prompt], max_new_token
     written (a prompt that does not fit is refused naming its id, with nothing decoded)."""
     from latticedraft.decoding.runs.chat import prompt_ids
     from latticedraft.decoding.runs.prompt_length import fit_prompts
-
-    from latticedraft.decoding.runs.turns import Conversations
 
     mine = my_prompts(prompts, plan.world)
     todo = [p for p in mine if p.id not in plan.done]
