@@ -60,7 +60,8 @@ def main(argv=None) -> int:
     quiet_libraries(a.verbose)
     from transformers import AutoModelForCausalLM
 
-    from latticedraft.decoding.custom_generate.entry import cli_values, session_for
+    from latticedraft.decoding import registry
+    from latticedraft.decoding.custom_generate.entry import session_for
     from latticedraft.decoding.custom_generate.export import export_custom_generate
     from latticedraft.decoding.runs.loaders import encode
     from latticedraft.decoding.runs.prompt_set import read_prompts
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="custom_generate.")
     atexit.register(shutil.rmtree, tmp, True)
     method = export_custom_generate(Path(tmp) / "method")
-    session = session_for(model, {}, _spec(cli_values()))
+    session = session_for(model, {}, registry.get("bpd").configure({}, set()))  # configure: the CLI's defaults
     prompts = encode(session.tokenizer, [r["prompt"] for r in read_prompts(a.prompts, limit=a.num_prompts)])
     inputs = [torch.as_tensor(p)[None] for p in prompts]
 
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
             return out[0, ids.shape[1]:].tolist(), None
         kw = ROWS[row]
         if kw is None:
-            r = session.decode([ids[0].numpy()], "bpd", _spec(cli_values()), max_new_tokens=a.max_new_tokens)
+            r = session.decode([ids[0].numpy()], "bpd", max_new_tokens=a.max_new_tokens)  # options None: the CLI's
             return r.sequences[0].tokens.tolist(), r.sequences[0].calls
         out = model.generate(ids, custom_generate=str(method), trust_remote_code=True, max_new_tokens=a.max_new_tokens,
                              return_dict_in_generate=True, **kw)
@@ -120,12 +121,6 @@ def main(argv=None) -> int:
         print(f"| {r['method']} | {r['tokens_per_s']} | {r['x_greedy']:.2f} | {be} | "
               f"{'yes' if r['equal_to_greedy'] else 'NO'} |")
     return 0
-
-
-def _spec(values: dict):
-    from latticedraft.decoding import registry
-
-    return registry.get("bpd").configure(values, set())
 
 
 if __name__ == "__main__":
