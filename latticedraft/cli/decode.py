@@ -11,9 +11,9 @@ from pathlib import Path
 from latticedraft.cli.args import (common_model_args, drafter_args, dynamo_sampler_args, gamma_arg, lookahead_args,
                                    method_arg, mtad_args, sampling_args, self_draft_args, tree_args)
 from latticedraft.cli.checks import check_model_limits, check_ranges, method_options, refuse_given
+from latticedraft.decoding import registry
 from latticedraft.errors import InputError
 
-DATASET = ("resume", "skip_bad", "sort_by_length", "quiet_ranks")  # options of a data-set run (--output)
 
 
 def run(a) -> int:
@@ -82,7 +82,7 @@ def _check_output(a) -> None:
     """The data-set options need ``--output``; ``--output`` needs ``--prompts``; streaming text
     decodes one prompt at a time."""
     if a.output is None:
-        refuse_given(a, DATASET, "it applies to a data set run, decode --prompts IN.jsonl --output OUT.jsonl")
+        refuse_given(a, registry.DATASET, "it applies to a data set run, decode --prompts IN.jsonl --output OUT.jsonl")
         if not a.json:
             refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
                                              "or --output OUT.jsonl to decode them in batches")

@@ -24,9 +24,10 @@ from typing import Any, Callable
 from latticedraft.errors import InputError
 
 MODULES = ("bpd", "greedy", "lookahead", "mtad", "kangaroo", "ppd", "dynamo")  # decoding/methods/<name>.py
+DATASET = ("resume", "skip_bad", "sort_by_length", "quiet_ranks")  # options of a data-set run (decode --output)
 # options every method reads (where to decode, what, how much, how to report)
 COMMON = ("method", "model", "tokenizer", "device", "threads", "prompt", "prompts", "chat", "max_new_tokens",
-          "truncate_left", "batch_size", "json", "output", "resume", "skip_bad", "sort_by_length", "quiet_ranks", "verbose")
+          "truncate_left", "batch_size", "json", "output", *DATASET, "verbose")
 SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed", "repetition_penalty")  # generate's flags
 
 

@@ -29,7 +29,8 @@ def model_heads(model) -> int:
     """How many heads the model has (``BlockwiseModel.num_heads``)."""
     h = getattr(model, "num_heads", None)
     if h is None:
-        raise ModelError("the model has no multi-token heads (no num_heads); load a DynaMo-headed model")
+        raise ModelError("the model has no multi-token heads (no num_heads); --method dynamo needs a DynaMo-headed "
+                         "model (`latticedraft train heads --kind dynamo`, default data/heads-dynamo)")
     return int(h)
 
 
