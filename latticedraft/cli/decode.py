@@ -15,7 +15,6 @@ from latticedraft.decoding import registry
 from latticedraft.errors import InputError
 
 
-
 def run(a) -> int:
     """Check every option against the registry, load, then stream text or print JSON per batch."""
     from latticedraft.cli.options import prompt_inputs
@@ -36,7 +35,7 @@ def run(a) -> int:
     s.prepare(method, options, batch)
     label = method.label(options, sampling)
     fit = lambda later, names: fit_prompts(s.model, later, a.max_new_tokens, a.truncate_left, names)  # noqa: E731
-    talk = Conversations(s, prompts, a.chat, fit)  # Spec-Bench's turns: each asked after the model's answer
+    talk = Conversations(s, prompts, fit)  # Spec-Bench's turns: each asked after the model's answer
     if a.json:  # records in input order, each written and flushed once it and those before it are done
         done, after = set(), [0]  # prompts whose conversation is over; the next to write
 

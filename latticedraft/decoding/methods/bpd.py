@@ -162,14 +162,14 @@ def _configure(values: dict, given: set) -> DrafterSpec:
 
     values = {**cli_defaults(DrafterSpec, changed_only=False, by_dest=True),
               **{k: v for k, v in values.items() if v is not None}}
-    name = values.get("drafter") or "top1"
+    name = values["drafter"]
     if name not in DRAFTERS:
         raise InputError(f"--drafter {name!r} is not one of {', '.join(DRAFTERS)}")
     for dest, users in DRAFTER_OPTIONS.items():
         if dest in given and name not in users:
             raise InputError(f"--{dest.replace('_', '-')} does not apply to --drafter {name} (it applies to "
                              f"--drafter {' / '.join(users)}); drop it")
-    lm_drafts = _lm_drafts(values.get("lm_drafts"))
+    lm_drafts = _lm_drafts(values["lm_drafts"])
     if "lm" in given and name not in ("ngram", "parallel") and not lm_drafts:
         raise InputError(f"--lm does not apply to --drafter {name} without --lm-drafts (it applies to --drafter "
                          "ngram / parallel and to LM drafts); drop it")
@@ -179,12 +179,11 @@ def _configure(values: dict, given: set) -> DrafterSpec:
             if dest in given:
                 raise InputError(f"--{dest.replace('_', '-')} does not apply to --method bpd unless --lookahead-pool "
                                  "runs a Jacobi window (or use --method lookahead); add --lookahead-pool or drop it")
-    ctx = values.get("context_ngrams")
-    ctx = 0 if ctx is None else ctx
+    ctx = values["context_ngrams"]
     if ctx < 0:
         raise InputError(f"--context-ngrams {ctx}: give the longest suffix to match (>= 1), or 0 for off")
-    vocab = values.get("draft_vocab")
-    if vocab not in (None, "auto"):
+    vocab = values["draft_vocab"]
+    if vocab != "auto":
         try:
             vocab = int(vocab)
         except ValueError:
@@ -197,7 +196,7 @@ def _configure(values: dict, given: set) -> DrafterSpec:
         from latticedraft.decoding.methods.lookahead import options_from
 
         look = options_from(values, given)
-    declared = {f.name: f.default if values.get(dest) is None else values[dest] for dest, f, _ in flags(DrafterSpec)}
+    declared = {f.name: values[dest] for dest, f, _ in flags(DrafterSpec)}
     tree = declared["tree"]
     if values.get("verify") == "batched" and tree == "auto":
         if "tree" in given:
@@ -255,8 +254,8 @@ def _configure(values: dict, given: set) -> DrafterSpec:
 
 def _lm_drafts(value) -> int | str:
     """``--lm-drafts``: a number of tokens (0 = off) or "auto"."""
-    if value is None or value == "auto":
-        return 0 if value is None else "auto"
+    if value == "auto":
+        return value
     try:
         depth = int(value)
     except (TypeError, ValueError):
@@ -320,7 +319,10 @@ def _sources(session, spec: DrafterSpec, fresh: bool = False) -> tuple:
         value = getattr(spec, src.field)
         if value:
             module, cls = src.proposer.split(":")
-            build = lambda: getattr(importlib.import_module(module), cls)(value)  # noqa: E731
+
+            def build(module=module, cls=cls, value=value):  # this iteration's source, called at once or memoised
+                return getattr(importlib.import_module(module), cls)(value)
+
             out.append(build() if fresh else session.once(("source", src.field, value), build))
     return tuple(out)
 

@@ -82,7 +82,7 @@ class ModelProposer(Proposer):
                 out.append(Proposal.empty())
                 continue
             x = lm.next_logits(history, room=n)
-            toks, probs = np.zeros((1, n), dtype=np.int64), np.zeros((1, n))
+            toks, probs, chance = np.zeros((1, n), dtype=np.int64), np.zeros((1, n)), np.zeros((1, n))
             sampler = None if step.samplers is None else step.samplers[j]
             qs = None if sampler is None else np.zeros((1, n, sampler.vocab_size))
             t, whole = 0, 1.0  # tokens drafted; the chance all of them are accepted
@@ -94,14 +94,15 @@ class ModelProposer(Proposer):
                     qs[0, t] = sampler.probs(x[None], [np.concatenate([history, toks[0, :t]])])[0]
                     toks[0, t] = sampler.draw(qs[0, t])
                     probs[0, t] = qs[0, t, toks[0, t]]
-                whole *= float(self.calibration.rate(probs[0, t]))
+                chance[0, t] = self.calibration.rate(probs[0, t])
+                whole *= chance[0, t]
                 t += 1
                 if t == n or whole < self.confidence:
                     break
                 x = lm.push(int(toks[0, t - 1]))
             lm.rewind()
             self.drafted[i] = (toks[0, :t], probs[0, :t])
-            rates = self.calibration.rate(probs[:, :t]) if step.acceptance is not None and sampler is None else None
+            rates = chance[:, :t] if step.acceptance is not None and sampler is None else None
             out.append(Proposal(toks[:, :t], q=None if qs is None else qs[:, :t], rates=rates))
         return out
 

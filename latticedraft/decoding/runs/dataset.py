@@ -218,7 +218,7 @@ def encode_shard(session, plan: OutputPlan, prompts: list[Prompt], max_new_token
                       names=[f"--prompts id {p.id!r} (line {p.line})" for p in todo])
     row_of = {p.id: k for k, p in enumerate(prompts)}
     fit = lambda later, names: fit_prompts(session.model, later, max_new_tokens, truncate_left, names)  # noqa: E731
-    return ShardWork(mine, todo, ids, [row_of[p.id] for p in todo], Conversations(session, todo, chat, fit))
+    return ShardWork(mine, todo, ids, [row_of[p.id] for p in todo], Conversations(session, todo, fit))
 
 
 def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, options, max_new_tokens: int,

@@ -8,7 +8,7 @@ template. Plain ``prompt`` and ``messages`` records have one turn. ``Conversatio
 prompt's answers; ``rounds`` drives any decoder through them, a round per turn, so the prompts
 of a round still decode together in batches.
 
-    >>> talk = Conversations(session, prompts, chat=True, fit=lambda ids, names: ids)  # doctest: +SKIP
+    >>> talk = Conversations(session, prompts, fit=lambda ids, names: ids)  # doctest: +SKIP
     >>> rounds(first_ids, decode_round, talk, on_final=write)                         # doctest: +SKIP
 """
 
@@ -40,12 +40,13 @@ def messages_after(turns: list[str], answers: list, tokenizer) -> list[dict]:
 
 class Conversations:
     """Each prompt's answers so far. ``session``: its tokenizer and chat template; ``prompts``: the
-    decoded prompts (``Prompt``s or strings); ``fit(ids, names)``: a later turn's ids (a list of
+    decoded prompts (``Prompt``s or strings; a chat record only where the run is a chat, as
+    ``chat.prompt_ids`` refuses it otherwise); ``fit(ids, names)``: a later turn's ids (a list of
     int64[t]) made to fit the model (``prompt_length.fit_prompts`` with the run's settings)."""
 
-    def __init__(self, session, prompts: list, chat: bool, fit: Callable[[list, list], list]):
+    def __init__(self, session, prompts: list, fit: Callable[[list, list], list]):
         self.session, self.prompts, self.fit = session, prompts, fit
-        self.turns = [user_turns(p) if chat else [p if isinstance(p, str) else p.text] for p in prompts]
+        self.turns = [user_turns(p) for p in prompts]
         self.results: list[list] = [[] for _ in prompts]  # prompt -> its turns' DecodeResults so far
 
     def done(self, i: int, result) -> np.ndarray | None:
