@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from latticedraft.atomic import write_atomic
+from latticedraft.decoding.dynamo.config import VARIANTS, DynamoConfig, variant
 from latticedraft.decoding.dynamo.evaluate import sample_base
 from latticedraft.decoding.dynamo.generate import generate
-from latticedraft.decoding.dynamo.sampler import VARIANTS, DynamoConfig, step_distribution, variant
+from latticedraft.decoding.dynamo.sampler import step_distribution
 from latticedraft.decoding.runs.prompt_set import read_prompts
 from latticedraft.decoding.runs.session import Session
 from latticedraft.lm.cooccurrence import resolve_table

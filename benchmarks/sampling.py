@@ -3,8 +3,9 @@ perplexity of what they sample, at each temperature.
 
 Rows (all at the same temperature, top-k 50 / top-p 1.0, generate's defaults, unless noted):
 HF ``generate(do_sample=True)``; HF assisted generation with ``--draft-model`` (sampling);
-our lossless speculative sampling with the heads (top1), with the draft model (gamma 4) and
-with trees (parallel-base, 4 sampled paths); MTAD (approximate; the paper's top-20 / top-p 0.9
+our lossless sampling (the run's Gumbel noise shared by drafts and verification,
+``accept/sampling.py``): what ``decode --do-sample`` runs by default, the heads (top1), the draft
+model (gamma 4) and the 4 best paths of the heads' perturbed lattice (parallel-base); MTAD (approximate; the paper's top-20 / top-p 0.9
 warping, gamma 4, 8 beams) at tau 0.1 and 0.5; DynaMo (approximate; its own defaults, this
 temperature). Prompts one at a time (the first ``--num-prompts`` of data/prompts.jsonl, as
 benchmarks/decode.py); rows round-robin ``--repeats`` times after an untimed warm-up round;
@@ -42,8 +43,8 @@ from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.decoding.accept.sampling import SamplingOptions  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
-ROWS = ("HF generate(do_sample)", "HF assisted (draft model)", "ours: heads (top1)", "ours: draft model",
-        "ours: tree (4 sampled head paths)", "MTAD tau=0.1", "MTAD tau=0.5", "DynaMo")
+ROWS = ("HF generate(do_sample)", "HF assisted (draft model)", "ours: default (CLI)", "ours: heads (top1)",
+        "ours: draft model", "ours: tree (4 head paths)", "MTAD tau=0.1", "MTAD tau=0.5", "DynaMo")
 
 
 @torch.inference_mode()
@@ -117,10 +118,12 @@ def main(argv=None) -> int:
             kw = dict(method="mtad", options=MtadOptions(tau=tau))
         elif row == "ours: draft model":
             kw = dict(method="bpd", options=DrafterSpec(name="model", gamma=4))
-        elif row == "ours: heads (top1)":  # as `decode --do-sample` configures it (for_sampling: SAMPLED_SLOTS deep)
-            kw = dict(method="bpd", options=DrafterSpec(name="top1", draft_vocab="auto").for_sampling())
+        elif row == "ours: default (CLI)":  # what `decode --do-sample` runs: the fast tree, n-grams and gate
+            kw = dict(method="bpd", options=None)
+        elif row == "ours: heads (top1)":
+            kw = dict(method="bpd", options=DrafterSpec(name="top1", draft_vocab="auto"))
         else:
-            kw = dict(method="bpd", options=DrafterSpec(name="parallel-base", nbest=4, draft_vocab="auto").for_sampling())
+            kw = dict(method="bpd", options=DrafterSpec(name="parallel-base", nbest=4, draft_vocab="auto"))
         outs, calls = [], 0
         for i, p in enumerate(ids):
             r = s.decode([p], max_new_tokens=a.max_new_tokens, sampling=smp, first_row=i, **kw)
@@ -129,7 +132,7 @@ def main(argv=None) -> int:
         return outs, calls
 
     def dynamo_row(T):
-        from latticedraft.decoding.dynamo.sampler import DynamoConfig
+        from latticedraft.decoding.dynamo.config import DynamoConfig
         from latticedraft.decoding.dynamo.generate import generate
 
         res = generate(dyn[0], [p.tolist() for p in ids], DynamoConfig(temperature=T), dyn[1],

@@ -187,9 +187,7 @@ def main(argv=None) -> int:
         names = [n for n in names if n == "HF greedy" or n in a.only]
     if a.batch_size > 1:
         names += [f"HF batched greedy b={a.batch_size}", f"ours: default (CLI) b={a.batch_size}"]
-    sampled = {name: (who, method, opts.for_sampling() if hasattr(opts, "for_sampling") else opts)
-               for name, (who, method, opts) in {"ours: lossless sampling": default,
-                                                 "ours: lossless sampling n-grams": ngrams}.items()}
+    sampled = {"ours: lossless sampling": default, "ours: lossless sampling n-grams": ngrams}  # as `--do-sample`
     for T in a.temperatures:
         names += [f"HF sampling T={T}"] + [f"{k} T={T}" for k in sampled]
     sess = {"base": sb, "heads": sh}

@@ -87,51 +87,45 @@ def self_draft_args(p: argparse.ArgumentParser) -> None:
 
 
 def sampling_args(p: argparse.ArgumentParser) -> None:
-    """generate's sampling flags, its meanings and defaults (``--method bpd`` and ``lookahead``
-    with ``--do-sample``; ``--method mtad`` always samples, default top-k 20 / top-p 0.9)."""
+    """``--do-sample`` and generate's sampling flags as ``registry.SamplingSettings`` declares them,
+    each with the methods' defaults (``--method bpd`` and ``lookahead`` sample with ``--do-sample``;
+    ``mtad`` and ``dynamo`` always)."""
+    from latticedraft.decoding import registry
+
     g = p.add_argument_group("sampling (--do-sample: as generate(do_sample=True), same meanings and defaults)")
     g.add_argument("--do-sample", action="store_true",
                    help="sample instead of decoding greedily; --method bpd and lookahead sample losslessly "
-                        "(speculative sampling: the output has the target's sampling distribution)")
-    g.add_argument("--temperature", type=float, default=None, help="softmax temperature (default 1.0; dynamo 0.7)")
-    g.add_argument("--top-k", type=int, default=None, help="keep the K most likely tokens, 0 = off (default 50; mtad 20)")
-    g.add_argument("--top-p", type=float, default=None, help="nucleus filter, 1 = off (default 1.0; mtad 0.9)")
-    g.add_argument("--seed", type=int, default=0, help="sampling seed; row r draws from default_rng([S, r]) (default 0)")
-    g.add_argument("--repetition-penalty", type=float, default=None,
-                   help="generate's repetition penalty, 1 = off (default 1.0; dynamo 1.1)")
+                        "(the output has the target's sampling distribution and, for a seed, the same tokens "
+                        "whatever the drafter or batch)")
+    registry.add_options(g, registry.SamplingSettings, "sampling", notes=sampling_notes(registry.methods().values()))
 
 
-def dynamo_sampler_args(p: argparse.ArgumentParser) -> None:
-    """DynaMo's sampling flags (paper defaults, Appendix A.1); options the parser already has are left to it."""
-    have = set(p._option_string_actions)
+def sampling_notes(methods, dests=None) -> dict:
+    """dest -> " (default D; mtad D', ...)": each sampling flag's default and the methods that differ
+    from it (only ``dests`` where given; one method: its default alone)."""
+    import dataclasses
 
-    def add(flag, **kw):
-        if flag not in have:
-            p.add_argument(flag, **kw)
+    from latticedraft.decoding.registry import SamplingSettings
 
-    g = p.add_argument_group("DynaMo sampling (--method dynamo)")
+    out = {}
+    for f in dataclasses.fields(SamplingSettings):
+        if f.name == "seed" or dests is not None and f.name not in dests:
+            continue
+        own = [(m.name, m.defaults[f.name]) for m in methods if f.name in m.defaults and m.defaults[f.name] != f.default]
+        if len(methods) == 1:
+            out[f.name] = f" (default {own[0][1] if own else f.default})"
+        else:
+            out[f.name] = f" (default {f.default}" + "".join(f"; {n} {v}" for n, v in own) + ")"
+    return out
 
-    def addg(flag, **kw):
-        if flag not in have:
-            g.add_argument(flag, **kw)
 
-    addg("--epsilon-b", type=float, default=0.5, help="back-off threshold ε_b in [0, 1]: 0 always emits n tokens, 1 always one (default 0.5)")
-    addg("--seed", type=int, default=0, help="sampling seed (default 0)")
-    addg("--top-k", type=int, default=None, help="top-k per head (default 50)")
-    addg("--temperature", type=float, default=None, help="softmax temperature (default 0.7)")
-    addg("--repetition-penalty", type=float, default=None, help="divides the probability of repeated tokens (default 1.1)")
-    addg("--alpha-c", type=float, default=1.0, help="co-occurrence mask exponent α_c (default 1.0)")
-    addg("--unseen-weight", type=float, default=0.5, help="co-occurrence mask of pairs/triples the corpus lacks (default 0.5; 0 = hard)")
-    addg("--max-n", type=int, default=None, help="most tokens per call (default: the model's heads, at most 3)")
-    addg("--no-cooccurrence", action="store_true", help="turn co-occurrence masking off")
-    addg("--no-adaptive-threshold", action="store_true", help="turn Otsu adaptive thresholding off")
-    addg("--no-blur", action="store_true", help="no Gaussian blur before Otsu")
-    addg("--variant", choices=["CO+AT+G3", "CO+AT", "CO", "CO-0.5+AT+G3", "AT+G3"],
-         help="an ablation variant (sets the three technique flags and α_c)")
-    addg("--cooccurrence", default="auto", metavar="PATH",
-         help="co-occurrence table (file or LM build dir); auto: the bundled build's or one counted on stdlib:train")
-    add("--tokenizer", default=None, metavar="PATH", help="tokenizer (default: beside the model, else data/tokenizer)")
-    add("--device", default=None, help="torch device (default cpu)")
+def dynamo_args(p: argparse.ArgumentParser) -> None:
+    """DynaMo's own options, as ``DynamoOptions`` declares them (it samples with generate's flags,
+    ``sampling_args``)."""
+    from latticedraft.decoding.methods.dynamo import DynamoOptions
+    from latticedraft.decoding.registry import add_options
+
+    add_options(p.add_argument_group("DynaMo sampling (--method dynamo)"), DynamoOptions, "dynamo")
 
 
 def parse_ids(values, opt: str = "token ids") -> list[int] | None:

@@ -120,7 +120,9 @@ def sampling_for(a, method):
             if given(a, dest):
                 raise InputError(f"{flag(a, dest)} does not apply without --do-sample: --method {method.name} "
                                  "decodes greedily; add --do-sample to sample")
-    return registry.sampling_options(method, option_values(a))
+    from latticedraft.decoding.accept.sampling import sampling_options
+
+    return sampling_options(method, option_values(a))
 
 
 def check_model_limits(a, model) -> None:

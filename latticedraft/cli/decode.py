@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from latticedraft.cli.args import (common_model_args, drafter_args, dynamo_sampler_args, gamma_arg, lookahead_args,
+from latticedraft.cli.args import (common_model_args, drafter_args, dynamo_args, gamma_arg, lookahead_args,
                                    method_arg, mtad_args, sampling_args, self_draft_args, tree_args)
 from latticedraft.cli.checks import check_model_limits, check_ranges, method_options, refuse_given
 from latticedraft.decoding import registry
@@ -205,5 +205,5 @@ def add_parser(groups) -> None:
     self_draft_args(p)
     gamma_arg(p)
     sampling_args(p)
-    dynamo_sampler_args(p)
+    dynamo_args(p)
     p.set_defaults(func=run)

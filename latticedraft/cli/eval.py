@@ -9,7 +9,7 @@ from pathlib import Path
 from latticedraft.cli.args import (
     common_model_args,
     drafter_args,
-    dynamo_sampler_args,
+    dynamo_args,
     gamma_arg,
     lookahead_args,
     sampling_args,
@@ -20,7 +20,7 @@ from latticedraft.cli.args import (
 
 def _dynamo_eval_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``eval --method dynamo`` (the ablation); options the parser already has are left to it."""
-    dynamo_sampler_args(p)
+    dynamo_args(p)
     have = set(p._option_string_actions)
     g = p.add_argument_group("DynaMo ablation (--method dynamo)")
     for flag, kw in [
@@ -42,7 +42,7 @@ def _dynamo_eval_args(p: argparse.ArgumentParser) -> None:
 def _cmd_eval_dynamo(a, base) -> int:
     """``eval --method dynamo``: ε_b × variants ablation, quality proxy, held-out perplexities; table + PNG."""
     from latticedraft.decoding.dynamo.evaluate import EPSILONS, evaluate
-    from latticedraft.decoding.dynamo.sampler import VARIANTS
+    from latticedraft.decoding.dynamo.config import VARIANTS
 
     set_threads(a)
     res, paths = evaluate(

@@ -8,9 +8,8 @@ Each step, for the rows still decoding (a batch; rows leave as they finish):
    call computed where it wants;
 2. **plan**: ``planning.draft_tree.TreePlanner`` merges a row's proposals into the paths to
    verify (every path, or the nodes that maximise expected tokens per second under the measured
-   step cost); with lossless sampling a sampling drafter's paths are verified as drawn, while
-   deterministic paths of the history (context and LM n-grams, suffix drafts) are planned as in
-   greedy decoding: they are one-hot attempts, whichever of them the plan keeps;
+   step cost), under lossless sampling too: there every token is the target's argmax under the
+   run's Gumbel noise (``accept/sampling.py``), so drafts and plans never change the output;
 3. **verify**: one target call over every row's tree (``gpu/verify/verifier.py``), which also
    computes the heads at the last accepted node for the next step (Stern et al.: predicting and
    verifying share the call) -- unless the head gate skips them for a step;
@@ -93,21 +92,18 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
             from latticedraft.decoding.accept.sampling import SpeculativeRule
 
             rule = SpeculativeRule(sampling)
-    drawn = sampling is not None and any(p.samples for p in proposers)  # paths verified as drawn, with their q
-    if drawn and sum(1 for p in proposers if p.name != "none") > 1:
-        raise InputError("lossless sampling verifies a sampling drafter's paths as drawn, alone; got "
-                         + ", ".join(p.name for p in proposers))
     if not isinstance(verifier, Verifier):
         verifier = Verifier.for_model(model, req.verify, num_heads=None if uses_heads else 1)
     verifier.begin()
     planner = planner or TreePlanner("fixed")
     vocab = None if verifier.draft_vocab is None else verifier.draft_vocab.ids
     samplers = None
-    if sampling is not None:
-        from latticedraft.decoding.accept.sampling import DraftSampler
+    if sampling is not None:  # each row's view of the rule's noise (a rule without one: the seed's)
+        from latticedraft.decoding.accept.sampling import DraftSampler, GumbelNoise
 
         V = hf.model_vocab_size(getattr(model, "base", model))
-        samplers = [DraftSampler(sampling, rule.draws, r, V) for r in row_ids]
+        noise = getattr(rule, "noise", None) or GumbelNoise(sampling.seed)
+        samplers = [DraftSampler(sampling, noise, r, V) for r in row_ids]
     done_cb = None if on_done is None else (lambda i, seq: on_done(i, DecodeResult.one(
         seq, verifier.mode, verifier.mode_reason, verifier.peak_cache_bytes)))
     state_rows = Rows(prompts, max_new_tokens, req.eos_token_id, on_tokens, done_cb)
@@ -172,23 +168,18 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
         props = [p.propose(step) for p in proposers] or [[Proposal.empty() for _ in live]]
         by_row = [[pp[j] for pp in props] for j in range(len(live))]
         drafts, qs, sides, hidden, nodes = [], [], [], [], []
-        plans = planner.plan_rows(by_row, step.rooms) if not drawn else None
+        plans = planner.plan_rows(by_row, step.rooms)
         for j, mine in enumerate(by_row):
-            if drawn:  # verified as drawn: the one source's paths and their q
-                prop = next((x for x in mine if x.tokens.size), mine[0])
-                drafts.append(prop.tokens)
-                qs.append(prop.q)
-                nodes.append(1 + _prefixes(prop.tokens))
-            else:
-                drafts.append(plans[j].drafts)
-                nodes.append(plans[j].nodes)
+            drafts.append(plans[j].drafts)
+            nodes.append(plans[j].nodes)
+            qs.append(next((x.q for x in mine if x.q is not None), None))  # (MTAD's rule reads its q)
             sides.append(next((x.side for x in mine if x.side is not None), None))
             hidden.append(next((x.hidden for x in mine if x.hidden is not None), None))
             if sides[-1] is not None:
                 nodes[-1] += sides[-1].size
         timing["draft"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        choose = rule.for_step(step.rows, drafts, qs if drawn else None, step.histories)
+        choose = rule.for_step(step.rows, drafts, qs if any(q is not None for q in qs) else None, step.histories)
 
         def want_heads(accepted, bonus, step=step):
             nxt = [np.concatenate([h, np.asarray(a, dtype=np.int64), [int(x)]])
@@ -242,14 +233,3 @@ def _keep_rows(keep: list[int], b: int, state, heads: torch.Tensor, proposers) -
     for p in proposers:
         p.retire(keep)
     return heads[torch.as_tensor(keep, dtype=torch.long, device=heads.device)]
-
-
-def _prefixes(paths: np.ndarray) -> int:
-    """Distinct non-empty prefixes of paths int64[p, d] (negative = end): the tree nodes below the root."""
-    seen = set()
-    for row in np.atleast_2d(paths).tolist():
-        for k, t in enumerate(row):
-            if t < 0:
-                break
-            seen.add(tuple(row[: k + 1]))
-    return len(seen)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -28,14 +29,13 @@ DATASET = ("resume", "skip_bad", "sort_by_length", "quiet_ranks")  # options of 
 # options every method reads (where to decode, what, how much, how to report)
 COMMON = ("method", "model", "tokenizer", "device", "threads", "prompt", "prompts", "chat", "max_new_tokens",
           "truncate_left", "batch_size", "json", "output", *DATASET, "verbose")
-SAMPLING = ("do_sample", "temperature", "top_k", "top_p", "seed", "repetition_penalty")  # generate's flags
 
 
 @dataclass(frozen=True)
 class Request:
-    """What a decode call asks of any method. rows: the run-wide id of each prompt (seeds: row r of
-    seed s draws from ``default_rng([s, r])``, whatever batch it lands in; None: first_row,
-    first_row + 1, ...); first_row: the position of the call's first prompt in the caller's
+    """What a decode call asks of any method. rows: the run-wide id of each prompt (row r of seed s
+    samples with the noise of ``default_rng([s, r, t])`` at position t, whatever batch it lands in;
+    None: first_row, first_row + 1, ...); first_row: the position of the call's first prompt in the caller's
     prompt list (what proposers key per-call state by, such as the oracle's references);
     sampling: ``SamplingOptions`` (None: greedy; a method that always samples uses its own
     defaults); on_tokens(i, new_ids) streams row i's tokens; record_steps keeps per-step records."""
@@ -156,12 +156,14 @@ def cli_defaults(cls, changed_only: bool = True, by_dest: bool = False) -> dict:
             if not changed_only or fl.cli is not _SAME}
 
 
-def add_options(group, cls, name: str) -> None:
-    """Add the options of ``cls`` declared in group ``name`` to an argparse (group) ``group``."""
+def add_options(group, cls, name: str, notes: dict | None = None, skip=()) -> None:
+    """Add the options of ``cls`` declared in group ``name`` to an argparse (group) ``group``;
+    notes: dest -> text appended to the help (where defaults differ by method); skip: dests left out."""
+    notes = notes or {}
     for dest, f, fl in flags(cls):
-        if fl.group == name:
-            group.add_argument("--" + dest.replace("_", "-"), dest=dest, help=fl.help, default=_cli_default(f, fl),
-                               **fl.argparse)
+        if fl.group == name and dest not in skip:
+            group.add_argument("--" + dest.replace("_", "-"), dest=dest, help=fl.help + notes.get(dest, ""),
+                               default=_cli_default(f, fl), **fl.argparse)
 
 
 def methods() -> dict[str, Method]:
@@ -185,19 +187,57 @@ def readers(dest: str) -> list[str]:
     return [m.name for m in methods().values() if m.reads(dest)]
 
 
-def sampling_options(method: Method, values: dict):
-    """``SamplingOptions`` of ``--do-sample`` and generate's flags (``values``: dest -> value, None =
-    the method's default), or None for greedy decoding; a method that always samples needs no
-    ``--do-sample``; one that never samples gets None."""
-    from latticedraft.decoding.accept.sampling import SamplingOptions
+@dataclass(frozen=True)
+class SamplingSettings:
+    """generate's sampling settings, each field its flag (group "sampling"): temperature > 0; top_k
+    >= 0 (0 = off); 0 < top_p <= 1 (1 = off); repetition_penalty > 0 (1 = off); seed: row r's
+    noise at position t comes from ``numpy.random.default_rng([seed, r, t])``. The CLI's default of
+    every flag but ``--seed`` is None: the method's default, which is generate's (the field's)
+    unless ``Method.defaults`` says otherwise. ``accept.sampling.SamplingOptions`` adds what turns logits into p."""
 
+    temperature: float = option(1.0, cli=None, group="sampling", type=float, help="softmax temperature")
+    top_k: int = option(50, cli=None, group="sampling", type=int, metavar="K",
+                        help="keep the K most likely tokens, 0 = off")
+    top_p: float = option(1.0, cli=None, group="sampling", type=float, metavar="P", help="nucleus filter, 1 = off")
+    seed: int = option(0, group="sampling", type=int, metavar="S",
+                       help="sampling seed; row r's noise at position t is default_rng([S, r, t]) (default 0)")
+    repetition_penalty: float = option(1.0, cli=None, group="sampling", type=float,
+                                       help="generate's repetition penalty, 1 = off")
+
+    def __post_init__(self):
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise InputError(f"--temperature {self.temperature} must be a finite number > 0")
+        if self.top_k < 0:
+            raise InputError(f"--top-k {self.top_k} must be >= 0 (0 = no top-k filter)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InputError(f"--top-p {self.top_p} must be in (0, 1] (1 = no nucleus filter)")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise InputError(f"--repetition-penalty {self.repetition_penalty} must be a finite number > 0 (1 = off)")
+        check_seed(self.seed)
+
+
+def check_seed(seed) -> None:
+    """A seed numpy's generators take: an integer in [0, 2**63)."""
+    if isinstance(seed, bool) or not hasattr(seed, "__index__") or not 0 <= int(seed) < 2**63:
+        raise InputError(f"--seed {seed} must be an integer in [0, 2**63); e.g. --seed 0")
+
+
+def method_defaults(method: Method) -> dict:
+    """field -> the sampling default of ``method``: generate's, or the method's own."""
+    return {**{f.name: f.default for f in dataclasses.fields(SamplingSettings)}, **method.defaults}
+
+
+def settings_for(method: Method, values: dict) -> dict | None:
+    """The sampling settings of ``--do-sample`` and generate's flags (``values``: dest -> value, None
+    = the method's default) as ``SamplingSettings`` keywords, or None for greedy decoding; a method
+    that always samples needs no ``--do-sample``; one that never samples gets None. (Checked when
+    ``SamplingOptions`` is built from them.)"""
     if method.sampling == "never" or not (values.get("do_sample") or method.sampling == "always"):
         return None
-    d = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0, **method.defaults}
-    pick = {k: d[k] if values.get(k) is None else values[k] for k in d}
-    return SamplingOptions(temperature=pick["temperature"], top_k=pick["top_k"], top_p=pick["top_p"],
-                           seed=0 if values.get("seed") is None else values["seed"],
-                           repetition_penalty=pick["repetition_penalty"])
+    return {k: d if values.get(k) is None else values[k] for k, d in method_defaults(method).items()}
+
+
+SAMPLING = ("do_sample", *dests(SamplingSettings))  # generate's flags
 
 
 def sampling_label(sampling) -> str:

@@ -104,7 +104,6 @@ def _records(bundle, capsys):  # noqa: F811
     (["--method", "bpd", "--temperature", "0.7"], "--temperature"),
     (["--method", "bpd", "--do-sample", "--repetition-penalty", "0"], "--repetition-penalty"),
     (["--method", "bpd", "--do-sample", "--drafter", "oracle"], "--drafter oracle"),
-    (["--method", "bpd", "--do-sample", "--lookahead-pool"], "--lookahead-pool"),
     (["--method", "bpd", "--drafter", "model"], "--draft-model"),
     (["--method", "bpd", "--gamma", "3"], "--gamma"),
     (["--method", "mtad"], "--draft-model"),

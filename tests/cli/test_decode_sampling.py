@@ -1,5 +1,5 @@
-"""``decode --do-sample`` (lossless speculative sampling), ``--drafter model`` and ``--method
-mtad`` end to end on the tiny saved bundle of ``tests/cli/test_decode.py``."""
+"""``decode --do-sample`` (lossless sampling), ``--drafter model`` and ``--method mtad`` end to end
+on the tiny saved bundle of ``tests/cli/test_decode.py``."""
 
 import json
 
@@ -32,6 +32,26 @@ def test_do_sample_is_seeded_and_batch_independent(bundle, capsys):  # noqa: F81
     assert run(3, 1) == first and run(4, 3) != first
 
 
+def test_every_lossless_decoder_samples_the_same_tokens_and_a_run_repeats(bundle, capsys):  # noqa: F811
+    """For a seed, the default (heads, n-grams, cost-aware tree, head gate), other drafters, batches and
+    lookahead emit the same tokens: the plain sampler's under the run's noise. The default's plan
+    follows measured time, and the tokens still repeat run after run."""
+    from latticedraft.decoding.accept.sampling import SamplingOptions
+    from latticedraft.decoding.runs.loaders import load_model
+    from tests.decoding.tiny import sampled_reference
+
+    args = ["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"), "--do-sample",
+            "--temperature", "0.9", "--seed", "11", "--max-new-tokens", "12", "--json"]
+    default = _json(capsys, args + ["--batch-size", "2"])
+    model = load_model(str(bundle / "heads"))
+    opts = SamplingOptions(temperature=0.9, seed=11)
+    want = [sampled_reference(model, r["prompt_ids"], 12, opts, row=i) for i, r in enumerate(default)]
+    assert [r["tokens"] for r in default] == want
+    for more in (["--batch-size", "2"], ["--drafter", "top1", "--tree", "fixed"], ["--drafter", "none"],
+                 ["--method", "lookahead"]):
+        assert [r["tokens"] for r in _json(capsys, args + more)] == want, more
+
+
 def test_do_sample_on_a_model_without_heads_drafts_its_ngrams(bundle, capsys):  # noqa: F811
     """The default drafter on a plain causal LM samples with the context n-grams (as --drafter none
     does, same tokens); another head drafter named on it is refused in one line."""
@@ -42,7 +62,7 @@ def test_do_sample_on_a_model_without_heads_drafts_its_ngrams(bundle, capsys):  
     assert [r["tokens"] for r in default] == [r["tokens"] for r in none]
     assert main(args + ["--drafter", "parallel-base"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --drafter parallel-base samples from multi-token heads") and "\n" not in err
+    assert err.startswith("error: --drafter parallel-base drafts from multi-token heads") and "\n" not in err
 
 
 @pytest.mark.slow

@@ -137,7 +137,6 @@ def test_out_under_a_file_is_refused_before_any_work(tmp_path, capsys, cmd):
 
 @pytest.mark.parametrize("args,needle", [
     (["--drafter", "top1", "--lm", "/nonexistent", "--lm-drafts", "0"], "--lm"),
-    (["--do-sample", "--lm-drafts", "2"], "--lm-drafts 2"),
     (["--drafter", "parallel-base", "--rescorer", "/nonexistent"], "--rescorer"),
     (["--temperature", "0.3"], "--temperature"),
     (["--top-k", "5"], "--top-k"),

@@ -90,6 +90,23 @@ def reference(model, prompt, max_new_tokens, eos=None):
     return toks
 
 
+def sampled_reference(model, prompt, max_new_tokens, opts, row: int = 0):
+    """Plain sampling of ``prompt`` by row ``row`` of a run with ``opts`` (``SamplingOptions``):
+    one full forward per token; the token at position t is the argmax of log p + the row's Gumbel
+    noise at t (``accept.sampling``), p after generate's processors. What every lossless decoder
+    must emit under sampling, token for token."""
+    from latticedraft.decoding.accept.sampling import GumbelNoise, coupled_choice
+
+    base, noise, ids = getattr(model, "base", model), GumbelNoise(opts.seed), [int(t) for t in prompt]
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = base(torch.as_tensor([ids])).logits[:, -1]
+        ctx = [np.asarray(ids)] if opts.repetition_penalty != 1.0 else None
+        p = opts.probs(logits, ctx)[0]
+        ids.append(coupled_choice(p, noise.at(row, len(ids), p.shape[0])))
+    return ids[len(prompt):]
+
+
 def prompts(n: int, seed: int = 0, lengths=(3, 9, 5, 14), vocab: int = VOCAB):
     rng = np.random.default_rng(seed)
     return [rng.integers(1, vocab, size=lengths[i % len(lengths)]).astype(np.int64) for i in range(n)]

@@ -1,70 +1,50 @@
-"""Lossless speculative sampling over a draft tree (Leviathan et al. 2023; SpecInfer's
-multi-step speculative sampling, Miao et al. 2024), one-hot drafts as the special case.
+"""Lossless sampling over a draft tree by shared Gumbel noise: the emitted tokens are a function of
+the seed, the row, the position and the target alone, whatever was drafted.
 
-At a walked node the target's distribution is p (float64[V]); the node's *attempts* are the
-draft tokens tried there, in order, each with the distribution q it was drawn from (None:
-one-hot, a deterministic draft such as a lookahead n-gram or a rescored lattice path). Starting
-from the residual r = p, attempt (x, q) is accepted with probability min(1, r(x) / q(x)); on
-rejection r <- norm(max(0, r - q)) and the next attempt is tried; when all are rejected the
-token is drawn from r. Each attempt is one step of ordinary speculative sampling with target r,
-so the emitted token is distributed exactly as p whenever every attempt x_i was drawn from its
-q_i independently of the attempts before it: i.i.d. samples of one q (p sampled paths of a
-drafter) or distinct deterministic tokens (q = one-hot(x): accept with r(x), residual = r with
-x removed, Algorithm 4 of Fu et al. 2024). A one-hot attempt whose token has no residual mass
-is skipped without a draw (a repeat of a rejected token).
+Row r of a run with seed s has, at every absolute position t of its sequence, a vector of
+Gumbel(0, 1) noise g_t float64[V] from ``numpy.random.default_rng([s, r, t])`` (``GumbelNoise``).
+At a walked node whose next token sits at position t, the target's distribution is p (float64[V],
+after generate's processors) and the token is argmax over p's support of log p + g_t: by the
+Gumbel-max theorem a draw from p, independent of the draws before it since g_t is. So the
+output is ancestral sampling from the target, exactly, and every lossless decoder emits the same
+tokens for the same seed and row: verification is greedy on the perturbed scores (a draft token is
+kept where it equals the target's perturbed argmax), and any draft, plan or gate is allowed,
+however it was chosen.
 
-Where the walk goes: an accepted token that is a child of the node moves the walk there, and
-that child's attempts are the next tokens of the drafts through it (still i.i.d. from q(. |
-prefix) for sampled paths: their continuations never influenced the decision above). The
-bonus token after the last accepted node is the residual draw, or a draw from p after a fully
-accepted path. So every emitted token has the target's sampling distribution.
+Drafters draft with the same noise: a drafter's distribution q for position t is perturbed the
+same way (``DraftSampler.scores``: log q + g_t), and its perturbed argmax equals the target's
+whenever q is close to p (with probability at least (1 - TV) / (1 + TV), TV the total variation
+between them); the heads' lattice is built over perturbed scores, so every greedy drafter (top-1,
+rescored, p-best paths) drafts under sampling. Deterministic drafts (n-grams) are kept with
+probability p(x), as in speculative sampling's one-hot case.
 
 p is the target's distribution after the logits processing ``generate(do_sample=True)``
 applies (transformers' own processors, in its order: repetition penalty, temperature, top-k,
-top-p; top_k = 0, top_p = 1 and repetition_penalty = 1 switch those off), in float64.
+top-p; top_k = 0, top_p = 1 and repetition_penalty = 1 switch those off), in float64. The noise
+differs from transformers' own random stream, so the tokens differ from ``generate``'s for the
+same seed; their distribution is the same.
 
-Randomness comes from a ``draws`` object with ``bernoulli(row, prob) -> bool`` and
-``categorical(row, probs) -> int``; ``SeededDraws`` gives row r of a run with seed s its own
-``numpy.random.default_rng([s, r])``, so outputs repeat and do not depend on the batch. Tests
-pass a source that enumerates every outcome to get exact output distributions.
-
-    >>> p = np.array([0.5, 0.3, 0.2])
-    >>> accept(p, [(1, None), (0, None)], row=0, draws=SeededDraws(0))    # doctest: +SKIP
+    >>> noise = GumbelNoise(seed=0)
+    >>> coupled_choice(np.array([0.5, 0.3, 0.2]), noise.at(row=0, position=12, vocab_size=3))  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from latticedraft.decoding.registry import SamplingSettings, settings_for
 from latticedraft.errors import InputError
 from latticedraft.gpu.verify.sparse_logits import SparseLogits
 
 
 @dataclass(frozen=True)
-class SamplingOptions:
-    """generate's sampling settings and defaults: temperature > 0; top_k >= 0 (0 = off);
-    0 < top_p <= 1 (1 = off); repetition_penalty > 0 (1 = off); seed: row r draws from
-    ``default_rng([seed, r])``."""
-
-    temperature: float = 1.0
-    top_k: int = 50
-    top_p: float = 1.0
-    seed: int = 0
-    repetition_penalty: float = 1.0
-
-    def __post_init__(self):
-        if not (np.isfinite(self.temperature) and self.temperature > 0):
-            raise InputError(f"--temperature {self.temperature} must be a finite number > 0")
-        if self.top_k < 0:
-            raise InputError(f"--top-k {self.top_k} must be >= 0 (0 = no top-k filter)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InputError(f"--top-p {self.top_p} must be in (0, 1] (1 = no nucleus filter)")
-        if not (np.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise InputError(f"--repetition-penalty {self.repetition_penalty} must be a finite number > 0 (1 = off)")
-        check_seed(self.seed)
+class SamplingOptions(SamplingSettings):
+    """generate's sampling settings (``SamplingSettings``: the fields, their ranges and flags) with
+    what turns the target's logits into p."""
 
     def processors(self):
         """transformers' processors and warpers that ``generate(do_sample=True)`` builds for
@@ -208,14 +188,15 @@ class SamplingOptions:
         return self.__dict__["_built"]
 
 
-def check_seed(seed) -> None:
-    """A seed numpy's generators take: an integer in [0, 2**63)."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < 2**63:
-        raise InputError(f"--seed {seed} must be an integer in [0, 2**63); e.g. --seed 0")
+def sampling_options(method, values: dict) -> SamplingOptions | None:
+    """``SamplingOptions`` of ``--do-sample`` and generate's flags for ``method`` (a ``registry.Method``;
+    values: dest -> value, None = the method's default), or None for greedy decoding."""
+    kw = settings_for(method, values)
+    return None if kw is None else SamplingOptions(**kw)
 
 
 class SeededDraws:
-    """Per-row generators ``default_rng([seed, row])``, created on first use."""
+    """Per-row generators ``default_rng([seed, row])``, created on first use (MTAD's end tokens)."""
 
     def __init__(self, seed: int):
         self.seed = int(seed)
@@ -226,9 +207,6 @@ class SeededDraws:
             self.rngs[row] = np.random.default_rng([self.seed, int(row)])
         return self.rngs[row]
 
-    def bernoulli(self, row: int, prob: float) -> bool:
-        return bool(self._rng(row).random() < prob)
-
     def categorical(self, row: int, probs: np.ndarray) -> int:
         # over the support only (a top-k keeps ~50 of V): the same partial sums as over the whole
         # row (adding 0.0 is exact), so the same token for the same uniform draw
@@ -238,62 +216,52 @@ class SeededDraws:
         return int(support[min(i, len(support) - 1)])
 
 
-def accept(p: np.ndarray, attempts, row: int, draws) -> int:
-    """Multi-step speculative sampling at one node: p float64[V] the target's distribution;
-    ``attempts`` the (token, q float64[V] or None = one-hot) tried there, in order. Returns the
-    emitted token: an accepted attempt or a draw from the last residual."""
-    residual = np.array(p, dtype=np.float64)
-    for x, q in attempts:
-        x = int(x)
-        mass = residual.sum()
-        if q is None:
-            if residual[x] <= 0:  # a one-hot repeat of a rejected token (or of no mass): nothing to try
-                continue
-            if draws.bernoulli(row, residual[x] / mass):
-                return x
-            residual[x] = 0.0
-            continue
-        r = residual / mass
-        if draws.bernoulli(row, min(1.0, r[x] / q[x])):
-            return x
-        residual = np.maximum(r - q, 0.0)
-        if residual.sum() <= 0:  # r == q: rejection had probability 0
-            return x
-    if residual.sum() <= 0:  # every token with mass was tried and (measure-zero) rejected
-        return int(attempts[-1][0])
-    return draws.categorical(row, residual / residual.sum())
+class GumbelNoise:
+    """The run's sampling noise: row r's position t has Gumbel(0, 1) float64[V] from
+    ``default_rng([seed, r, t])``; the last ``KEEP`` vectors asked for are kept (a step reads a
+    few positions per row, and the next step the same ones again)."""
+
+    KEEP = 64
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+        self.kept: OrderedDict = OrderedDict()
+
+    def at(self, row: int, position: int, vocab_size: int) -> np.ndarray:
+        key = (int(row), int(position), int(vocab_size))
+        g = self.kept.get(key)
+        if g is None:
+            g = np.random.default_rng([self.seed, key[0], key[1]]).gumbel(size=key[2])
+            self.kept[key] = g
+            if len(self.kept) > self.KEEP:
+                self.kept.popitem(last=False)
+        return g
 
 
-def attempts_at(drafts: np.ndarray, qs, prefix) -> list:
-    """The attempts at the node ``prefix`` (draft tokens from the root, int[t]) of one row's
-    drafts int64[p, d] (negative = end): the t-th token of every draft that starts with
-    ``prefix``, in draft order, with its q (``qs`` float64[p, d, V], or None: one-hot)."""
-    t = len(prefix)
-    drafts = np.atleast_2d(np.asarray(drafts, dtype=np.int64))
-    if drafts.shape[1] <= t:
-        return []
-    match = (drafts[:, :t] == np.asarray(prefix, dtype=np.int64)[None]).all(axis=1) & (drafts[:, t] >= 0)
-    return [(int(drafts[j, t]), None if qs is None else qs[j, t]) for j in np.flatnonzero(match)]
+def coupled_choice(p: np.ndarray, g: np.ndarray) -> int:
+    """The token of distribution p float64[V] under noise g float64[V]: argmax over p's support
+    of log p + g (a draw from p when g is Gumbel(0, 1) noise independent of p)."""
+    support = np.flatnonzero(p > 0)
+    return int(support[np.argmax(np.log(p[support]) + g[support])])
 
 
 class SpeculativeRule:
-    """Lossless speculative sampling as an acceptance rule (``accept/rule.py``): ``for_step``
-    binds one verify call's drafts into the verifier's ``choose`` (see ``gpu/verify/verifier.py``).
+    """Lossless sampling as an acceptance rule (``accept/rule.py``): at every walked node the
+    target's perturbed argmax (``coupled_choice``), so a draft token is kept where it equals it.
 
-    options: ``SamplingOptions`` (what turns the target's logits into p); draws: the random
-    source (default ``SeededDraws(options.seed)``)."""
+    options: ``SamplingOptions`` (what turns the target's logits into p); noise: ``GumbelNoise``
+    (default: of ``options.seed``)."""
 
     lossless = True
 
-    def __init__(self, options: SamplingOptions, draws=None):
+    def __init__(self, options: SamplingOptions, noise: GumbelNoise | None = None):
         self.options = options
-        self.draws = draws if draws is not None else SeededDraws(options.seed)
+        self.noise = noise if noise is not None else GumbelNoise(options.seed)
 
     def for_step(self, rows, drafts=None, qs=None, histories=None):
-        """``choose`` for one verify call. rows[i]: the run-wide row id of batch row i (its
-        draws); drafts[i]: int64[p, d] verified after its root (None: prefill, no drafts);
-        qs[i]: float64[p, d, V] or None (one-hot); histories[i]: the tokens before the node's
-        prefix (prompt + output + root), for the repetition penalty."""
+        """``choose`` for one verify call. rows[i]: the run-wide row id of batch row i (its noise);
+        histories[i]: the tokens before the node's prefix (prompt + output + root; the prompt at
+        the prefill), whose length is the position of a root child. Drafts play no part."""
 
         def choose(batch_rows, logits, prefixes, logits_at=None):
             ctx = None
@@ -301,23 +269,22 @@ class SpeculativeRule:
                 ctx = [np.concatenate([np.asarray(histories[r], dtype=np.int64), np.asarray(pre, dtype=np.int64)])
                        for r, pre in zip(batch_rows, prefixes)]
             p = self.options.probs(logits, ctx)
-            out = []
-            for j, (r, pre) in enumerate(zip(batch_rows, prefixes)):
-                att = [] if drafts is None else attempts_at(drafts[r], None if qs is None else qs[r], pre)
-                out.append(accept(p[j], att, rows[r], self.draws))
-            return np.asarray(out, dtype=np.int64)
+            V = p.shape[1]
+            return np.asarray([coupled_choice(p[j], self.noise.at(rows[r], len(histories[r]) + len(pre), V))
+                               for j, (r, pre) in enumerate(zip(batch_rows, prefixes))], dtype=np.int64)
 
         choose.top_k = self.options.top_k_reads()  # the verifier may screen the rest out
         return choose
 
 
 class DraftSampler:
-    """What a drafter needs to draw sampled drafts for one row: q = ``probs(logits)`` over the
-    target's vocabulary (the same processors as p, so that q is close to p), ``draw(q)`` a token
-    from the row's random source. vocab_size: V of the target; row: the run-wide row id."""
+    """What a drafter needs to draft for one row under sampling: q = ``probs(logits)`` over the
+    target's vocabulary (the same processors as p, so that q is close to p) and the row's noise,
+    with which ``scores(q, t)`` perturbs q for position t and ``draw(q, t)`` picks its token.
+    vocab_size: V of the target; row: the run-wide row id."""
 
-    def __init__(self, options: SamplingOptions, draws, row: int, vocab_size: int):
-        self.options, self.draws, self.row, self.vocab_size = options, draws, int(row), int(vocab_size)
+    def __init__(self, options: SamplingOptions, noise: GumbelNoise, row: int, vocab_size: int):
+        self.options, self.noise, self.row, self.vocab_size = options, noise, int(row), int(vocab_size)
 
     def probs(self, logits: torch.Tensor, contexts=None, columns=None) -> np.ndarray:
         """logits [m, V'] -> q float64[m, V]; columns: the token id of each of the V' columns
@@ -337,5 +304,11 @@ class DraftSampler:
             logits = full
         return self.options.probs(logits, contexts)
 
-    def draw(self, q: np.ndarray) -> int:
-        return self.draws.categorical(self.row, q)
+    def scores(self, q: np.ndarray, position: int) -> np.ndarray:
+        """log q + the noise of ``position``: float64[V], -inf outside q's support."""
+        with np.errstate(divide="ignore"):
+            return np.log(q) + self.noise.at(self.row, position, self.vocab_size)
+
+    def draw(self, q: np.ndarray, position: int) -> int:
+        """q's token for ``position``: its perturbed argmax (the target's wherever q = p)."""
+        return coupled_choice(q, self.noise.at(self.row, position, self.vocab_size))

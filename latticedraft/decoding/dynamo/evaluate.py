@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from latticedraft.atomic import atomic_file, write_atomic
-from latticedraft.decoding.dynamo.sampler import VARIANTS, DynamoConfig, variant
+from latticedraft.decoding.dynamo.config import VARIANTS, DynamoConfig, variant
 from latticedraft.decoding.dynamo.generate import generate
 from latticedraft.decoding.dynamo.metrics import continuation_perplexity, distinct_n, repetition_rate
 from latticedraft.errors import InputError

@@ -19,7 +19,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from latticedraft.decoding.dynamo.sampler import DynamoConfig, sample_from, step_distribution
+from latticedraft.decoding.dynamo.config import DynamoConfig
+from latticedraft.decoding.dynamo.sampler import sample_from, step_distribution
 from latticedraft.decoding.rows import Rows
 from latticedraft.decoding.runs.prompt_length import checked_prompts
 from latticedraft.errors import InputError, ModelError

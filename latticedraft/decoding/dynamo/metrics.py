@@ -61,7 +61,8 @@ def multi_token_perplexity(model, texts: Sequence[Sequence[int]], window: int = 
     import torch
     from dataclasses import replace
 
-    from latticedraft.decoding.dynamo.sampler import DynamoConfig, step_distribution
+    from latticedraft.decoding.dynamo.config import DynamoConfig
+    from latticedraft.decoding.dynamo.sampler import step_distribution
 
     config = config or DynamoConfig()
     wins = [w for t in texts for w in windows(t, window)]

@@ -360,7 +360,7 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
          f"k = {c['k']}, p = {c['nbest']}, h = {c['heads']} heads" + _pruning(c),
          "", f"Model `{c['model']}`; alphas {c['alphas']}; machine: {results['machine']['processor']}, "
          f"{results['machine']['cpu_count']} CPUs. " + (
-             f"Sampled losslessly (speculative sampling) with {smp}: outputs are draws from the target's "
+             f"Sampled losslessly (Gumbel-coupled verification) with {smp}: outputs are draws from the target's "
              "distribution, not equal to greedy." if smp else
              f"Every output equals greedy decoding: **{'yes' if results['all_exact'] else 'NO'}**."), "",
          "## Table 4: block efficiency (relative % vs Base)", "",

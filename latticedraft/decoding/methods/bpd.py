@@ -6,9 +6,9 @@ draft model (``--drafter model``), plus, optionally, context n-grams (prompt loo
 LM's most likely continuation (``--lm-drafts``), the ``SOURCES`` (suffix drafts from earlier
 outputs, ``--suffix-drafts``) and a lookahead window + pool; the draft tree is
 fixed (every path) or cost-aware (``--tree auto``), with the head gate where context n-grams can
-carry a step alone. With ``sampling`` the drafter draws its paths and the loop accepts by lossless
-speculative sampling (no tree choice, context or LM n-grams or pool: choices that look at the
-drawn tokens would bias them).
+carry a step alone. With ``sampling`` the same: every drafter drafts under the run's Gumbel noise
+and verification keeps what equals the target's perturbed argmax (``accept/sampling.py``), so
+every choice greedy decoding makes is lossless there too.
 
 ``DrafterSpec`` holds the drafting options as plain values and declares their flags; a new draft
 source is its proposer module, one ``DrafterSpec`` field and one ``SOURCES`` line; ``METHOD`` is
@@ -28,11 +28,6 @@ from latticedraft.decoding.registry import Method, Request, cli_defaults, flags,
 from latticedraft.decoding.runs.loaders import plain_model
 from latticedraft.errors import InputError
 
-# Heads drafted from when sampling and --slots is not given: a drawn path is accepted token by token
-# with probability sum(min(p, q)) (~0.45 per token at T = 1 with the bundled heads), so a token at
-# depth 4 is reached on ~4% of steps while every drafted slot costs a head, a draw and a tree node
-# each step (benchmarks/sampling.py: the same tokens per call with 3 slots as with 7, docs/sampling.md)
-SAMPLED_SLOTS = 3
 DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none")
 HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")
 # which drafters read a drafting option (the others are refused it)
@@ -118,16 +113,6 @@ class DrafterSpec:
         "also draft what followed the longest match (N..1 tokens) of the output's end in the session's earlier "
         "outputs and this call's prompts (a suffix array; a data-set run's later batches learn from the earlier); "
         "0 = off"))
-
-    def for_sampling(self) -> "DrafterSpec":
-        """This drafter as lossless sampling verifies it: every drafted path as drawn, ``SAMPLED_SLOTS``
-        deep unless ``slots`` says otherwise; without a drafter (``none``), the deterministic paths of
-        the history (context and LM n-grams, suffix drafts) planned as in greedy decoding (one-hot
-        attempts). No lookahead pool either way."""
-        if self.name == "none":
-            return replace(self, lookahead=None)
-        return replace(self, tree="fixed", context_ngrams=0, lookahead=None, lm_drafts=0,
-                       slots=SAMPLED_SLOTS if self.slots is None else self.slots, **{x.field: 0 for x in SOURCES})
 
     def fast(self) -> "DrafterSpec":
         """This drafter with the fastest measured tree, context and vocabulary settings."""
@@ -227,28 +212,12 @@ def _configure(values: dict, given: set) -> DrafterSpec:
         if spec.name == "oracle":
             raise InputError("--drafter oracle drafts the greedy output; it has nothing to offer sampling "
                              "(choose another drafter)")
-        why = ("--do-sample verifies a drafter's sampled paths as drawn (no cost-aware tree, context n-grams, LM "
-               "drafts, suffix drafts or lookahead pool beside them: choices that look at sampled tokens would bias "
-               "them; --drafter none plans its context and LM n-grams as in greedy decoding)")
-        if pool:
-            raise InputError(f"--lookahead-pool does not apply here: {why}; drop it")
         if spec.name in HEAD_DRAFTERS and plain_model(values.get("model")):
             if "drafter" in given:
-                raise InputError(f"--drafter {name} samples from multi-token heads, and --model {values.get('model')} "
+                raise InputError(f"--drafter {name} drafts from multi-token heads, and --model {values.get('model')} "
                                  "has none (no heads_config.json), so it would draft nothing; use --drafter none "
                                  "(context and LM n-grams) or a head directory built for this model")
             spec = replace(spec, name="none")  # the default drafter on a plain model: the n-grams, as in greedy
-        if spec.name == "none":
-            return spec.for_sampling()
-        if "context_ngrams" in given and ctx:
-            raise InputError(f"--context-ngrams {ctx} does not apply here: {why}; drop it")
-        if "lm_drafts" in given and lm_drafts:
-            raise InputError(f"--lm-drafts {lm_drafts} does not apply here: {why}; drop it")
-        for src in SOURCES:
-            if src.field in given and getattr(spec, src.field):
-                raise InputError(f"--{src.field.replace('_', '-')} {getattr(spec, src.field)} does not apply here: "
-                                 f"{why}; drop it")
-        spec = spec.for_sampling()
     return spec
 
 

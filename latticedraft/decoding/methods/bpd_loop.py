@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from latticedraft.decoding.registry import Request
-from latticedraft.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -48,8 +47,8 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
     context n-grams the greedy loop); plan: ``BpdPlan`` (default: the fixed tree, nothing beside
     the drafter); request: ``registry.Request`` (budget, end ids, ``verify`` mode, rows and
     ``first_row``, streaming, ``in_flight`` for a continuous batch of head and context drafts,
-    on_done; ``sampling`` for lossless sampling, whose random source a ``rule`` may bring:
-    ``accept.sampling.SpeculativeRule(sampling, draws)``)."""
+    on_done; ``sampling`` for lossless sampling, whose noise a ``rule`` may bring:
+    ``accept.sampling.SpeculativeRule(sampling, noise)``)."""
     from latticedraft.decoding.loop import speculative_decode
     from latticedraft.decoding.planning.draft_tree import TreePlanner
     from latticedraft.decoding.planning.head_gate import GatedHeads, HeadGate
@@ -65,13 +64,6 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
     req = Request() if request is None else request
     tree, context, lookahead, lm, cost = plan.tree, plan.context, plan.lookahead, plan.lm, plan.cost
     source = None if drafter is None else drafter if isinstance(drafter, Proposer) else HeadProposer(drafter)
-    if req.sampling is not None and lookahead is not None:
-        raise InputError("lossless sampling takes no lookahead pool beside the drafter; drop it")
-    if req.sampling is not None and source is not None and (tree != "fixed" or context is not None or lm is not None
-                                                            or plan.extra):
-        raise InputError("lossless sampling verifies a drafter's paths as drawn: use tree='fixed' without "
-                         "context n-grams, LM drafts or other draft sources beside it (without a drafter they "
-                         "are planned as in greedy decoding)")
     from_heads = source is not None and source.uses_heads
     proposers = [source] if source is not None else []
     ctx = ContextProposer(context) if context is not None else None

@@ -3,47 +3,61 @@ entry: its options, their checks, its label and settings. APPROXIMATE sampling."
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, replace
 
-from latticedraft.decoding.registry import Method, sampling_options
+from latticedraft.decoding.dynamo.config import VARIANTS, DynamoConfig, variant
+from latticedraft.decoding.registry import Method, configure, dests, option
 from latticedraft.errors import InputError
-
-if TYPE_CHECKING:
-    from latticedraft.decoding.dynamo.sampler import DynamoConfig
-
-OPTIONS = ("epsilon_b", "alpha_c", "unseen_weight", "max_n", "no_cooccurrence", "no_adaptive_threshold", "no_blur",
-           "variant", "cooccurrence")
 
 
 @dataclass(frozen=True)
 class DynamoOptions:
-    """config: the sampler's settings; table: ``--cooccurrence``, a co-occurrence file or LM build
-    directory ("auto": the bundled build's, or counts made once on stdlib:train)."""
+    """DynaMo's own options, each declaring its flag (the paper's defaults, Appendix A.1), and the
+    generate settings it samples with (``sampling``: ``SamplingOptions``; its temperature, top-k and
+    repetition penalty, whose DynaMo defaults are ``METHOD.defaults``); ``config``: the sampler's
+    ``DynamoConfig`` of both. ``cooccurrence``: a co-occurrence file or LM build directory ("auto":
+    the bundled build's, or counts made once on stdlib:train)."""
 
-    config: DynamoConfig
-    table: str = "auto"
+    epsilon_b: float = option(DynamoConfig.epsilon_b, group="dynamo", type=float, metavar="EPS",
+                              help="back-off threshold ε_b in [0, 1]: 0 always emits n tokens, 1 always one")
+    alpha_c: float = option(DynamoConfig.alpha_c, group="dynamo", type=float, metavar="A",
+                            help="co-occurrence mask exponent α_c")
+    unseen_weight: float = option(DynamoConfig.unseen_weight, group="dynamo", type=float, metavar="W",
+                                  help="co-occurrence mask of pairs/triples the corpus lacks (0 = hard)")
+    max_n: int | None = option(DynamoConfig.max_n, group="dynamo", type=int, metavar="N",
+                               help="most tokens per call (default: the model's heads)")
+    no_cooccurrence: bool = option(False, group="dynamo", action="store_true", help="turn co-occurrence masking off")
+    no_adaptive_threshold: bool = option(False, group="dynamo", action="store_true",
+                                         help="turn Otsu adaptive thresholding off")
+    no_blur: bool = option(False, group="dynamo", action="store_true", help="no Gaussian blur before Otsu")
+    variant: str | None = option(None, group="dynamo", choices=VARIANTS,
+                                 help="an ablation variant (sets the three technique flags and α_c)")
+    cooccurrence: str = option("auto", group="dynamo", metavar="PATH", help=(
+        "co-occurrence table (file or LM build dir); auto: the bundled build's or one counted on stdlib:train"))
+    sampling: object = None
+
+    @property
+    def config(self) -> DynamoConfig:
+        s = self.sampling
+        cfg = DynamoConfig(epsilon_b=self.epsilon_b, top_k=s.top_k, temperature=s.temperature,
+                           repetition_penalty=s.repetition_penalty, cooccurrence=not self.no_cooccurrence,
+                           alpha_c=self.alpha_c, unseen_weight=self.unseen_weight,
+                           adaptive_threshold=not self.no_adaptive_threshold, blur=not self.no_blur, max_n=self.max_n)
+        return variant(self.variant, cfg.epsilon_b, cfg) if self.variant else cfg
 
 
 def _configure(values: dict, given: set) -> DynamoOptions:
-    from latticedraft.decoding.dynamo.sampler import VARIANTS, DynamoConfig, variant
+    from latticedraft.decoding.accept.sampling import sampling_options
 
     if "top_p" in given:
         raise InputError("--top-p does not apply to --method dynamo: it samples each head's top-k (--top-k, "
                          "--temperature); drop --top-p")
-    s = sampling_options(METHOD, values)  # generate's ranges for temperature, top-k, repetition penalty, seed
-    pick = lambda k, d: d if values.get(k) is None else values[k]  # noqa: E731
-    cfg = DynamoConfig(epsilon_b=pick("epsilon_b", 0.5), top_k=s.top_k, temperature=s.temperature,
-                       repetition_penalty=s.repetition_penalty, cooccurrence=not values.get("no_cooccurrence"),
-                       alpha_c=pick("alpha_c", 1.0), unseen_weight=pick("unseen_weight", 0.5),
-                       adaptive_threshold=not values.get("no_adaptive_threshold"), blur=not values.get("no_blur"),
-                       max_n=values.get("max_n"))
-    if values.get("variant"):
-        if values["variant"] not in VARIANTS:
-            raise InputError(f"--variant {values['variant']!r} is not one of {', '.join(VARIANTS)}")
-        cfg = variant(values["variant"], cfg.epsilon_b, cfg)
-    cfg.validate()
-    return DynamoOptions(cfg, pick("cooccurrence", "auto"))
+    if values.get("variant") and values["variant"] not in VARIANTS:
+        raise InputError(f"--variant {values['variant']!r} is not one of {', '.join(VARIANTS)}")
+    # generate's ranges for temperature, top-k, repetition penalty, seed; then DynaMo's own
+    o = replace(configure(DynamoOptions, values), sampling=sampling_options(METHOD, values))
+    o.config.validate()
+    return o
 
 
 def _label(o: DynamoOptions, sampling) -> str:
@@ -52,7 +66,7 @@ def _label(o: DynamoOptions, sampling) -> str:
 
 
 def _settings(o: DynamoOptions, sampling) -> dict:
-    return {**asdict(o.config), "cooccurrence": o.table, "seed": sampling.seed}
+    return {**asdict(o.config), "cooccurrence": o.cooccurrence, "seed": sampling.seed}
 
 
 def _table(session, o: DynamoOptions):
@@ -63,7 +77,7 @@ def _table(session, o: DynamoOptions):
 
     if not (o.config.cooccurrence and o.config.alpha_c > 0):
         return None
-    cooc = session.cooccurrence(o.table)
+    cooc = session.cooccurrence(o.cooccurrence)
     cooc.check(vocab_size=vocab_size(session.model), fingerprint=fingerprint(session.tokenizer))
     return cooc
 
@@ -95,14 +109,14 @@ METHOD = Method(
             "back-off); APPROXIMATE sampling, needs DynaMo heads (default data/heads-dynamo)",
     lossless=False,
     sampling="always",
-    options=OPTIONS,
+    options=dests(DynamoOptions),
     configure=_configure,
     label=_label,
     settings=_settings,
     run=_run,
     prepare=_prepare,
     check=_check,
-    defaults={"temperature": 0.7, "top_k": 50, "repetition_penalty": 1.1},
+    defaults={k: getattr(DynamoConfig, k) for k in ("temperature", "top_k", "repetition_penalty")},
     files=lambda o: ("cooccurrence",),
     default_model="heads-dynamo",
 )

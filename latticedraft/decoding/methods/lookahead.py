@@ -97,17 +97,16 @@ def read_lookahead_config(path) -> dict:
 
 def lookahead_decode(model, prompts: list, *, W: int = 15, N: int = 5, G: int = 15, max_new_tokens: int = 64,
                      eos_token_id=None, prompt_as_reference: bool = False, seed: int = 0, verify: str = "auto",
-                     on_tokens=None, first_row: int = 0, rows: list | None = None, sampling=None, draws=None,
+                     on_tokens=None, first_row: int = 0, rows: list | None = None, sampling=None,
                      kv_cache: str = "auto"):
     """Lookahead decoding of every prompt; greedy output equals ``generate(do_sample=False)``.
 
     model: any causal LM (or a BlockwiseModel: only its base head is used). W, N, G: window
     columns, n-gram size, pool candidates per key (paper defaults for 7B models: 15, 5, 15).
     verify: "auto" | "tree" | "batched" (``verify.choose_mode``). first_row: index of prompts[0]
-    in the whole prompt set (seeds each row's window and draws; ``rows`` gives every prompt's id).
-    sampling: ``SamplingOptions`` for lossless sampling (None: greedy); draws: its random source.
+    in the whole prompt set (seeds each row's window and noise; ``rows`` gives every prompt's id).
+    sampling: ``SamplingOptions`` for lossless sampling (None: greedy).
     kv_cache: "auto" | "full" | "rolling"."""
-    from latticedraft.decoding.accept.sampling import SpeculativeRule
     from latticedraft.decoding.loop import speculative_decode
     from latticedraft.decoding.proposers.lookahead import LookaheadProposer
     from latticedraft.gpu.models import hf
@@ -118,9 +117,8 @@ def lookahead_decode(model, prompts: list, *, W: int = 15, N: int = 5, G: int = 
     V = hf.model_vocab_size(getattr(model, "base", model))
     req = Request(max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, sampling=sampling, verify=verify,
                   rows=rows, first_row=first_row, on_tokens=on_tokens)
-    rule = None if sampling is None or draws is None else SpeculativeRule(sampling, draws)
     res = speculative_decode(Verifier.for_model(model, verify, num_heads=1, kv_cache=kv_cache), prompts,
-                             [LookaheadProposer(opts, V)], req, rule=rule)
+                             [LookaheadProposer(opts, V)], req)
     res.verify_reason += f"; lookahead W={W} N={N} G={G}" + ("" if sampling is None else f"; sampling {sampling}")
     return res
 

@@ -10,9 +10,10 @@ One decode call, for b live rows (batch order; rows leave as they finish)::
 
 A proposal's paths start after the root (the token the target chose last, not yet verified:
 the last entry of ``step.histories[j]``); path k's token t sits t + 1 places after the root.
-Greedy verification keeps the longest path prefix equal to the target's argmax, so any paths are
-exact; lossless sampling needs each sampled token's draft distribution ``q`` (deterministic
-paths, ``q`` None, are verified as one-hot drafts).
+Verification keeps the longest path prefix equal to the target's argmax (under sampling, its
+argmax under the run's Gumbel noise, ``accept/sampling.py``), so any paths are exact; a proposer
+drafts well under sampling by perturbing its own distribution with the same noise
+(``Step.samplers``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ EMPTY = np.zeros((1, 0), dtype=np.int64)
 @dataclass
 class StepRows:
     """The rows of a decode call. index: each row's position in the call's prompt list (per-call
-    state such as the oracle's references); rows: run-wide row ids (seeds: row r of seed s draws
-    from ``default_rng([s, r])`` whatever batch it is in); prompts: int64[t] each."""
+    state such as the oracle's references); rows: run-wide row ids (row r of seed s samples with
+    the noise of ``default_rng([s, r, t])`` at position t, whatever batch it is in); prompts:
+    int64[t] each."""
 
     index: list[int]
     rows: list[int]
@@ -44,7 +46,7 @@ class Step:
     may still accept; head_logits: [b, h-1, V'] the extra heads at the root (slot j = token j + 1
     after it; columns = ``vocab`` ids when a reduced draft vocabulary is set), or None when this
     step computed no heads; samplers: one ``accept.sampling.DraftSampler`` per row when sampling
-    (None: greedy); acceptance: the ``planning.acceptance.AcceptanceModel`` the auto tree rates
+    (its processors and noise; None: greedy); acceptance: the ``planning.acceptance.AcceptanceModel`` the auto tree rates
     paths with (None: the tree verifies every path, no rates needed)."""
 
     index: list[int]
@@ -59,8 +61,8 @@ class Step:
 
 @dataclass
 class Proposal:
-    """One row's paths. tokens: int64[p, d] (negative = end of path); q: float64[p, d, V] the
-    distribution each token was drawn from (None: deterministic); rates: float[p, d] conditional
+    """One row's paths. tokens: int64[p, d] (negative = end of path); q: float64[p, d] the draft's
+    joint prefix probabilities, for a rule that reads them (MTAD's; None otherwise); rates: float[p, d] conditional
     acceptance rates for the cost-aware tree (None where unrated); side: a ``SideBranch`` riding
     along in the verify call (lookahead's Jacobi window); sausage: the lattice the paths came
     from; hidden: [1 + d, H] states of [root, path 0] at the verifier's first layer (split
@@ -80,16 +82,13 @@ class Proposal:
 
 
 class Proposer:
-    """Base class: proposes nothing. ``uses_heads``: reads ``Step.head_logits``; ``samples``: under
-    sampling it draws its paths from a q (``Proposal.q``; the others propose deterministic paths of
-    the history, one-hot attempts); ``stem``: set by proposers that run the model's first layers
+    """Base class: proposes nothing. ``uses_heads``: reads ``Step.head_logits``; ``stem``: set by proposers that run the model's first layers
     themselves (split verification); ``admits``: its per-row state is keyed by the prompt
     (``start`` makes it for every prompt of the call), so prompts may join a running batch
     (``loop.speculative_decode``'s ``Request.in_flight``)."""
 
     name = "none"
     uses_heads = False
-    samples = False
     stem = None
     admits = False  # per-row state keyed by the prompt only: rows may join a running batch (``Request.in_flight``)
 

@@ -1,8 +1,9 @@
 """Classic speculative decoding's draft source: an auxiliary causal LM with the target's vocabulary.
 
 ``ModelProposer`` drafts up to ``gamma`` tokens after each row's history, greedily (its argmax:
-exact greedy decoding) or, for lossless sampling, each drawn from its distribution after the
-sampling processors (q). Every row keeps its own KV cache (``gpu.models.incremental.IncrementalLM``),
+exact greedy decoding) or, under sampling, its argmax perturbed by the run's Gumbel noise for the
+position it drafts (after the sampling processors: the target's sampled token wherever the two
+agree, ``accept/sampling.py``). Every row keeps its own KV cache (``gpu.models.incremental.IncrementalLM``),
 so a step feeds only the tokens accepted since the last one.
 
 A draft ends early where it is unlikely to be accepted: each token's chance is read from the
@@ -51,12 +52,11 @@ class ModelProposer(Proposer):
     vocabulary; confidence: stop drafting once the calibrated chance that the whole draft so far
     is accepted is below it (0: always ``gamma`` tokens). A token's draft probability is the
     draft model's for it (after the sampling processors when sampling). Under the cost-aware tree
-    (``step.acceptance`` set) each greedy draft token carries its calibrated chance as its rate, so
+    (``step.acceptance`` set) each draft token carries its calibrated chance as its rate, so
     the tree verifies only the prefix worth its step cost. ``calibration`` lives as long as the
     proposer (across decode calls)."""
 
     name = "model"
-    samples = True  # under sampling: paths drawn from q
 
     def __init__(self, draft_model, gamma: int = 4, confidence: float = 0.2):
         if gamma < 1:
@@ -84,16 +84,15 @@ class ModelProposer(Proposer):
             x = lm.next_logits(history, room=n)
             toks, probs, chance = np.zeros((1, n), dtype=np.int64), np.zeros((1, n)), np.zeros((1, n))
             sampler = None if step.samplers is None else step.samplers[j]
-            qs = None if sampler is None else np.zeros((1, n, sampler.vocab_size))
             t, whole = 0, 1.0  # tokens drafted; the chance all of them are accepted
             while True:
                 if sampler is None:
                     toks[0, t] = int(torch.argmax(x))
                     probs[0, t] = float(torch.softmax(x.float(), -1)[toks[0, t]])
-                else:
-                    qs[0, t] = sampler.probs(x[None], [np.concatenate([history, toks[0, :t]])])[0]
-                    toks[0, t] = sampler.draw(qs[0, t])
-                    probs[0, t] = qs[0, t, toks[0, t]]
+                else:  # its token under the run's noise for the position it drafts
+                    q = sampler.probs(x[None], [np.concatenate([history, toks[0, :t]])])[0]
+                    toks[0, t] = sampler.draw(q, len(history) + t)
+                    probs[0, t] = q[toks[0, t]]
                 chance[0, t] = self.calibration.rate(probs[0, t])
                 whole *= chance[0, t]
                 t += 1
@@ -102,8 +101,8 @@ class ModelProposer(Proposer):
                 x = lm.push(int(toks[0, t - 1]))
             lm.rewind()
             self.drafted[i] = (toks[0, :t], probs[0, :t])
-            rates = chance[:, :t] if step.acceptance is not None and sampler is None else None
-            out.append(Proposal(toks[:, :t], q=None if qs is None else qs[:, :t], rates=rates))
+            rates = chance[:, :t] if step.acceptance is not None else None
+            out.append(Proposal(toks[:, :t], rates=rates))
         return out
 
     def update(self, step: Step, accepted, bonus, side_argmax) -> None:

@@ -6,7 +6,6 @@
         lattice(head_logits [h-1, V']) -> Sausage         # top-k + pruning (LatticeOptions)
         draft(sausage, history: int64[t]) -> Drafts       # tokens int64[p, d], scores float32[p]
         spawn(row: int) -> Drafter                        # per-sequence copy (own state)
-        sample(head_logits, vocab, history, sampler, room)  # lossless sampling: (tokens, q or None)
 
 The sausage's slot j holds candidates for the token j + 1 places after the root (the token
 the base model already chose, the last entry of ``history``). Every drafter is exact by
@@ -17,14 +16,11 @@ with a small LM), ``ngram`` (global n-gram rescoring, p = 1), ``parallel`` (p be
 paths), ``parallel-base`` (p best paths of the un-rescored lattice), ``oracle`` (best path
 given the true continuation; an evaluation upper bound).
 
-Sampling (``sample``): drafters with a distribution draw their drafts from it and return it as
-q (``accept/sampling.py`` then accepts with min(1, p/q)): ``top1`` one path and
-``parallel-base`` ``nbest`` i.i.d. paths from the heads' softmax (after the sampling warpers),
-``neural`` from its interpolated distribution. The lattice rescorers (``ngram``, ``parallel``)
-and ``oracle`` keep their deterministic paths: a path that is a function of the heads' logits
-and the history is a draw from a point mass, so it is verified as a one-hot draft (q =
-one-hot), which is exact, while sampling a path from the rescored lattice's normalised
-distribution would need that distribution over all k^h paths.
+Sampling: the same drafters draft from the heads' scores perturbed by the run's Gumbel noise
+(``HeadProposer``: log q_j + g_t, q_j head j's distribution after the sampling processors, g_t the
+noise of the position it drafts; ``accept/sampling.py``), whose argmax is the target's sampled
+token wherever the head agrees with the target; verification keeps what equals it, so any path is
+exact here too.
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from latticedraft.decoding.proposers.base import EMPTY, Proposal, Proposer, Step, StepRows, as_paths
+from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows, as_paths
 from latticedraft.errors import InputError
 from latticedraft.gpu.models.incremental import IncrementalLM
 from latticedraft.lattice.oracle import oracle_path
@@ -125,34 +121,6 @@ class Drafter:
     def spawn(self, row: int = 0) -> "Drafter":
         return self
 
-    def sample(self, head_logits, vocab, history: np.ndarray, sampler, room: int):
-        """Drafts for lossless sampling: (tokens int64[p, d], q float64[p, d, V] the distribution
-        each token was drawn from, or None: deterministic drafts, verified as one-hot), d <= room
-        (nothing is drawn past it). head_logits ``[h-1, V']`` as ``lattice``; sampler: a
-        ``spec_sampling.DraftSampler``. Default: this drafter's deterministic paths."""
-        d = self.draft(self.lattice(head_logits, vocab), history)
-        return np.atleast_2d(np.asarray(getattr(d, "tokens", d), dtype=np.int64))[:, :room], None
-
-
-def sample_head_paths(head_logits, vocab, history: np.ndarray, sampler, paths: int):
-    """``paths`` i.i.d. drafts from the heads: token j of each is drawn from the softmax of head
-    j + 1 after the sampling processors. Returns (int64[paths, h-1], float64[paths, h-1, V])."""
-    h = head_logits.shape[0]
-    rep = sampler.options.repetition_penalty != 1.0
-    shared = None if rep else sampler.probs(torch.as_tensor(head_logits), columns=vocab)  # [h-1, V]
-    toks = np.zeros((paths, h), dtype=np.int64)
-    qs = np.zeros((paths, h, sampler.vocab_size))
-    for i in range(paths):
-        for j in range(h):
-            if rep:
-                ctx = [np.concatenate([history, toks[i, :j]])]
-                q = sampler.probs(torch.as_tensor(head_logits[j : j + 1]), ctx, columns=vocab)[0]
-            else:
-                q = shared[j]
-            qs[i, j] = q
-            toks[i, j] = sampler.draw(q)
-    return toks, qs
-
 
 def _one(tokens) -> Drafts:
     t = np.asarray(tokens, dtype=np.int64)[None]
@@ -167,15 +135,6 @@ class Top1Drafter(Drafter):
     def draft(self, sausage, history):
         return _one(sausage.top1())
 
-    def sample(self, head_logits, vocab, history, sampler, room):
-        return sample_head_paths(_slots(head_logits, self.options, room), vocab, history, sampler, 1)
-
-
-def _slots(head_logits, options, room: int):
-    """The heads drafted from: the first ``options.slots`` (all: None), at most ``room``."""
-    n = room if options.slots is None else min(options.slots, room)
-    return head_logits[:n]
-
 
 class ParallelBaseDrafter(Drafter):
     """Parallel BPD over the original lattice: the p best paths by head scores."""
@@ -188,10 +147,6 @@ class ParallelBaseDrafter(Drafter):
 
     def draft(self, sausage, history):
         return base_drafts(sausage, self.nbest)
-
-    def sample(self, head_logits, vocab, history, sampler, room):
-        """A tree of ``nbest`` i.i.d. sampled paths (SpecInfer's sampled token tree)."""
-        return sample_head_paths(_slots(head_logits, self.options, room), vocab, history, sampler, self.nbest)
 
 
 class NgramDrafter(Drafter):
@@ -290,26 +245,6 @@ class NeuralDrafter(Drafter):
         self.lm.rewind()
         return _one(path)
 
-    def sample(self, head_logits, vocab, history, sampler, room):
-        history = np.asarray(history, dtype=np.int64)
-        head_logits = _slots(head_logits, self.options, room)
-        h, V = head_logits.shape[0], sampler.vocab_size
-        head_logp = torch.log_softmax(torch.as_tensor(head_logits).double(), dim=-1)
-        full = torch.full((h, V), -float("inf"), dtype=torch.float64)
-        full[:, torch.as_tensor(vocab) if vocab is not None else torch.arange(head_logp.shape[-1])] = head_logp
-        r = self.lm.next_logits(history, room=h)
-        toks = np.zeros((1, h), dtype=np.int64)
-        qs = np.zeros((1, h, V))
-        for j in range(h):
-            score = full[j] + self.alpha * torch.log_softmax(r.double(), dim=-1)[:V]
-            ctx = [np.concatenate([history, toks[0, :j]])]
-            qs[0, j] = sampler.probs(score[None], ctx)[0]
-            toks[0, j] = sampler.draw(qs[0, j])
-            if j + 1 < h:
-                r = self.lm.push(int(toks[0, j]))
-        self.lm.rewind()
-        return toks, qs
-
 
 def make_drafter(
     name: str,
@@ -353,11 +288,11 @@ def make_drafter(
 
 
 class HeadProposer(Proposer):
-    """Paths from the heads' lattice (or, sampling, drawn from the heads) by one ``Drafter`` per
-    row; a row whose step computed no heads (the head gate, no room) proposes nothing."""
+    """Paths from the heads' lattice (sampling: the lattice of their perturbed scores, ``perturbed``)
+    by one ``Drafter`` per row; a row whose step computed no heads (the head gate, no room)
+    proposes nothing."""
 
     name = "heads"
-    samples = True  # under sampling: paths drawn from q
     admits = True
     uses_heads = True
 
@@ -382,18 +317,28 @@ class HeadProposer(Proposer):
         out = []
         for j, i in enumerate(step.index):
             d, history = self.rows[i], step.histories[j]
-            if step.samplers is not None:
-                toks, q = (d.sample(heads[j], step.vocab, history, step.samplers[j], step.rooms[j])
-                           if step.rooms[j] > 0 else (EMPTY, None))
-                out.append(Proposal(as_paths(toks), q=q, heads=True))
-                continue
+            scores = heads[j] if step.samplers is None else perturbed(heads[j], step.vocab, history, step.samplers[j])
             t0 = time.perf_counter()
-            sausage = d.lattice(heads[j], step.vocab)
+            sausage = d.lattice(scores, step.vocab)
             self.lattice_seconds += time.perf_counter() - t0
             toks = as_paths(d.draft(sausage, history))
             rates = None if step.acceptance is None else step.acceptance.head_rates(draft_probs(sausage, toks))
             out.append(Proposal(toks, rates=rates, sausage=sausage, heads=True))
         return out
+
+
+def perturbed(head_logits: torch.Tensor, vocab, history: np.ndarray, sampler) -> torch.Tensor:
+    """The heads' scores under sampling: slot j's distribution q_j after the sampling processors
+    (the repetition penalty reads the history), perturbed by the noise of the position it drafts
+    (``DraftSampler.scores``; slot j drafts position len(history) + j): float32 [h-1, V'] over the
+    columns ``vocab`` (None: all), a large negative number where q_j is 0."""
+    h = head_logits.shape[0]
+    ctx = [history] * h if sampler.options.repetition_penalty != 1.0 else None
+    q = sampler.probs(torch.as_tensor(head_logits), ctx, columns=None if vocab is None else vocab.cpu().numpy())
+    out = np.stack([sampler.scores(q[j], len(history) + j) for j in range(h)])
+    if vocab is not None:
+        out = out[:, vocab.cpu().numpy()]
+    return torch.as_tensor(np.maximum(out, -1e30), dtype=torch.float32)
 
 
 def draft_probs(sausage, drafts: np.ndarray) -> np.ndarray:

@@ -90,7 +90,6 @@ class MtadProposer(Proposer):
     row, ``default_rng([seed, row, 1])``, so the verification's draws do not depend on it."""
 
     name = "mtad"
-    samples = True  # under sampling: paths drawn from q
 
     def __init__(self, draft_model, gamma: int = 4, beams: int = 8):
         check_mtad(gamma, beams, 0.0)

@@ -140,7 +140,9 @@ class Session:
             raise InputError(f"--method {m.name} decodes greedily; the sampling options apply to --method "
                              + ", ".join(n for n, x in registry.methods().items() if x.sampling != "never"))
         if sampling is None and m.sampling == "always":
-            sampling = registry.sampling_options(m, {})
+            from latticedraft.decoding.accept.sampling import sampling_options
+
+            sampling = sampling_options(m, {})
         if batch_size < 1:
             raise InputError(f"--batch-size must be >= 1, got {batch_size}")
         prompt_ids = fit_prompts(self.model, prompt_ids, max_new_tokens)  # every prompt, before the first batch

@@ -1,35 +1,36 @@
-"""Lossless speculative sampling (``accept/sampling.py`` on the one loop): exact distributions.
+"""Lossless sampling by shared Gumbel noise (``accept/sampling.py`` on the one loop).
 
-Exactness by enumeration, as for lookahead (``test_lookahead_sampling.py``): the real decoder
-runs once per outcome path of every random decision (draft draws, accepts, residual draws),
-each path weighted by its probability, which gives the exact distribution of the first 3
-emitted tokens; it must equal the target's own sampling distribution (transformers' logits
-processors, full forwards) to 1e-9. Tiny LLaMA, V = 8, float64. Supports are kept small (top-k,
-top-p, one or two draft slots) so the number of paths stays in the hundreds.
+Every lossless decoder must emit, token for token, what plain sampling emits with the same noise
+(``tests.decoding.tiny.sampled_reference``: one full forward per token, the argmax of log p + the
+row's noise at that position): whatever it drafts, however it plans, whatever batch. That plain
+sampler draws from p (the Gumbel-max theorem, checked here on counts), and p is generate's own
+(processors equal transformers' bit for bit, below); a slow end-to-end test counts 20 000 seeded
+continuations against the target's exact distribution. Tiny models, V = 8 where distributions
+are enumerated.
 """
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
+from transformers import GenerationConfig
 
-from latticedraft.decoding.methods.bpd_loop import bpd_decode
-from latticedraft.decoding.registry import Request
+from latticedraft.decoding.accept.sampling import GumbelNoise, SamplingOptions, coupled_choice
+from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
-from latticedraft.decoding.accept.sampling import SamplingOptions, SpeculativeRule, accept, attempts_at
+from latticedraft.decoding.registry import Request
 from latticedraft.gpu.models.blockwise import BlockwiseModel
-from tests.decoding.proposers.test_lookahead_sampling import enumerate_outcomes, target_distribution
-from tests.decoding.tiny import reference, tiny_model
+from tests.decoding.tiny import reference, sampled_reference, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 V = 8
 PROMPT = np.array([1, 2, 3, 1, 2, 3, 1, 2], dtype=np.int64)
 
 
-def heads_model(num_heads: int, arch: str = "llama", dtype=torch.float64):
-    m = BlockwiseModel.from_base(tiny_model(arch, dtype, seed=3, vocab=V), num_heads, seed=0)
+def heads_model(num_heads: int, arch: str = "llama", dtype=torch.float64, vocab: int = V):
+    m = BlockwiseModel.from_base(tiny_model(arch, dtype, seed=3, vocab=vocab), num_heads, seed=0)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for prm in m.heads.parameters():
@@ -37,143 +38,146 @@ def heads_model(num_heads: int, arch: str = "llama", dtype=torch.float64):
     return m.eval()
 
 
-def assert_exact(run, base, opts, prompt=PROMPT):
-    got, paths = enumerate_outcomes(run)
-    want = target_distribution(base, prompt, opts)
-    assert set(got) <= set(want)
-    assert max(abs(got.get(s, 0.0) - want[s]) for s in want) < 1e-9
-    return paths
+class Replay:
+    """Random source for exact enumeration (MTAD's end tokens): decision i takes option
+    ``forced[i]`` (0 past the end) among those of positive probability; ``weight`` is the product
+    of their probabilities, ``log`` holds (chosen, number of options) per decision."""
+
+    def __init__(self, forced):
+        self.forced, self.log, self.weight = list(forced), [], 1.0
+
+    def categorical(self, row, probs):
+        options = [k for k, q in enumerate(probs) if q > 0]
+        c = self.forced[len(self.log)] if len(self.log) < len(self.forced) else 0
+        self.log.append((c, len(options)))
+        self.weight *= float(probs[options[c]])
+        return options[c]
 
 
-@pytest.mark.parametrize("q_kind", ["sampled", "one-hot", "mixed"])
-def test_one_node_distribution_equals_p(q_kind):
-    """accept alone: i.i.d. attempts from q, deterministic ones, and both, give exactly p."""
-    rng = np.random.default_rng(0)
-    p = rng.dirichlet(np.ones(5))
-    q = rng.dirichlet(np.ones(5))
-    q[1] = 0.0
-    q /= q.sum()
-    support = np.flatnonzero(q)
-    for n in (1, 2, 3):
-        acc = np.zeros(5)
-        for xs in np.ndindex(*(len(support),) * n):  # every ordered draw of n attempts from q
-            toks = support[list(xs)]
-            w = float(np.prod(q[toks])) if q_kind != "one-hot" else 1.0 / len(support) ** n
-            att = [(t, None if q_kind == "one-hot" or (q_kind == "mixed" and k % 2) else q)
-                   for k, t in enumerate(toks)]
-            if q_kind == "mixed":  # one-hot attempts are not draws: weight only the sampled ones
-                w = float(np.prod([q[t] for k, t in enumerate(toks) if not k % 2])) / len(support) ** (n // 2)
-            dist, _ = enumerate_outcomes(lambda d: accept(p, att, 0, d))
-            for tok, pr in dist.items():
-                acc[tok] += w * pr
-        np.testing.assert_allclose(acc, p, rtol=0, atol=1e-12)
+def enumerate_outcomes(run):
+    """Call ``run(draws)`` once per outcome path of its decisions; {result: probability}."""
+    dist, forced = defaultdict(float), []
+    while True:
+        r = Replay(forced)
+        dist[run(r)] += r.weight
+        open_at = [i for i, (c, n) in enumerate(r.log) if c < n - 1]
+        if not open_at:
+            return dict(dist)
+        i = open_at[-1]
+        forced = [c for c, _ in r.log[:i]] + [r.log[i][0] + 1]
 
 
-def test_attempts_follow_the_drafts_through_a_node():
-    drafts = np.array([[4, 1, 2], [4, 3, -1], [5, 1, 1], [4, 1, 7]])
-    qs = np.arange(4 * 3 * 2, dtype=float).reshape(4, 3, 2)
-    assert [t for t, _ in attempts_at(drafts, None, ())] == [4, 4, 5, 4]
-    assert [t for t, _ in attempts_at(drafts, None, (4,))] == [1, 3, 1]
-    att = attempts_at(drafts, qs, (4, 1))
-    assert [t for t, _ in att] == [2, 7] and np.array_equal(att[1][1], qs[3, 2])
-    assert attempts_at(drafts, None, (4, 3)) == []
+def target_distribution(model, prompt, opts: SamplingOptions, length: int = 3) -> dict:
+    """P(first ``length`` tokens) of ``model`` sampling with generate's own logits processors
+    (one full forward per prefix of positive probability)."""
+    procs = model._get_logits_processor(GenerationConfig(do_sample=True, temperature=opts.temperature,
+                                                         top_k=opts.top_k, top_p=opts.top_p,
+                                                         repetition_penalty=opts.repetition_penalty),
+                                     input_ids_seq_length=len(prompt))
+    dist = {}
+
+    def walk(seq: tuple, prob: float):
+        if len(seq) == length:
+            dist[seq] = prob
+            return
+        ids = torch.as_tensor([list(prompt) + list(seq)])
+        with torch.no_grad():
+            logits = model(ids).logits[:, -1].to(torch.float64)
+        p = torch.softmax(procs(ids, logits), dim=-1)[0].tolist()
+        for tok in range(len(p)):
+            if p[tok] > 0:
+                walk(seq + (tok,), prob * p[tok])
+
+    walk((), 1.0)
+    return dist
 
 
-@pytest.mark.parametrize("drafter,heads,verify,opts", [
-    ("top1", 3, "tree", SamplingOptions(temperature=0.7, top_k=2, top_p=1.0)),
-    ("parallel-base", 2, "tree", SamplingOptions(temperature=1.0, top_k=2, top_p=1.0)),  # tree: p = 4 paths
-    ("top1", 2, "batched", SamplingOptions(temperature=1.3, top_k=0, top_p=0.45)),
-    ("ngram-like one-hot", 2, "tree", SamplingOptions(temperature=1.0, top_k=3, top_p=1.0)),
-])
-def test_head_drafts_first_three_tokens_have_the_target_distribution(drafter, heads, verify, opts):
-    model = heads_model(heads)
-    if drafter == "ngram-like one-hot":  # deterministic paths (how rescored lattices are verified)
-        d = make_drafter("parallel-base", options=LatticeOptions(k=3), nbest=3)
-        d.sample = lambda h, v, hist, s, room: (np.atleast_2d(d.draft(d.lattice(h, v), hist).tokens)[:, :room], None)
-    else:
-        d = make_drafter(drafter, options=LatticeOptions(k=4), nbest=4)
-
-    def run(draws):
-        r = bpd_decode(model, [PROMPT], d, request=Request(max_new_tokens=3, sampling=opts, verify=verify),
-                       rule=SpeculativeRule(opts, draws))
-        return tuple(r.sequences[0].tokens.tolist())
-
-    assert_exact(run, model.base, opts)
+def test_the_perturbed_argmax_draws_from_p():
+    """Gumbel-max: over 60 000 positions of one row the chosen tokens follow p (chi-square), never
+    a token without mass; the noise repeats by (seed, row, position) and differs between them."""
+    p = np.array([0.35, 0.0, 0.05, 0.3, 0.2, 0.1])
+    noise = GumbelNoise(seed=4)
+    counts = np.bincount([coupled_choice(p, noise.at(0, t, 6)) for t in range(60000)], minlength=6)
+    assert counts[1] == 0
+    support = p > 0
+    assert chisquare(counts[support], p[support] * counts.sum()).pvalue > 1e-3
+    assert np.array_equal(noise.at(2, 7, 6), GumbelNoise(seed=4).at(2, 7, 6))
+    assert not np.array_equal(noise.at(2, 7, 6), noise.at(3, 7, 6))
+    assert not np.array_equal(noise.at(2, 7, 6), noise.at(2, 8, 6))
 
 
-@pytest.mark.parametrize("confidence", [0.0, 0.7])
-def test_model_drafter_first_three_tokens_have_the_target_distribution(confidence):
-    """(confidence 0.7 ends some drafts early: a draft's length may follow its own draws.)"""
-    target = tiny_model("llama", torch.float64, seed=3, vocab=V)
-    draft = tiny_model("llama", torch.float64, seed=9, vocab=V)
-    opts = SamplingOptions(temperature=0.8, top_k=2, top_p=1.0)
-    d = make_drafter("model", draft_model=draft, gamma=2, confidence=confidence)
-
-    def run(draws):
-        r = bpd_decode(target, [PROMPT], d, request=Request(max_new_tokens=3, sampling=opts),
-                       rule=SpeculativeRule(opts, draws))
-        return tuple(r.sequences[0].tokens.tolist())
-
-    assert_exact(run, target, opts)
-
-
-@pytest.mark.parametrize("tree", ["fixed", "auto"])
-def test_context_and_suffix_drafts_without_a_drafter_keep_the_target_distribution(tree):
-    """Without a drafter, context n-grams and suffix drafts (two deterministic sources of the
-    history) are planned as in greedy decoding, the cost-aware tree included: one-hot attempts,
-    exact whichever paths the plan keeps."""
-    from latticedraft.decoding.methods.bpd_loop import BpdPlan
+def _suffix_and_context():
     from latticedraft.decoding.proposers.context import ContextNgrams
     from latticedraft.decoding.proposers.suffix import SuffixProposer
+
+    return dict(context=ContextNgrams(max_ngram=3), extra=(SuffixProposer(3),))
+
+
+CASES = {  # name -> (drafter factory(model), plan keywords, verify)
+    "top1": (lambda m: make_drafter("top1", options=LatticeOptions(k=4)), {}, "tree"),
+    "parallel-base, 4 paths": (lambda m: make_drafter("parallel-base", options=LatticeOptions(k=4), nbest=4), {}, "tree"),
+    "top1, batched rows": (lambda m: make_drafter("top1", options=LatticeOptions(k=4)), {}, "batched"),
+    "neural rescorer": (lambda m: make_drafter("neural", options=LatticeOptions(k=4), alpha=0.7,
+                                               rescorer=tiny_model("gpt2", torch.float64, seed=5, vocab=V)), {}, "tree"),
+    "draft model": (lambda m: make_drafter("model", draft_model=tiny_model("llama", torch.float64, seed=9, vocab=V),
+                                           gamma=3), {}, "tree"),
+    "no drafter: context n-grams + suffix drafts": (lambda m: None, "ngrams", "tree"),
+    "heads + n-grams, auto tree, head gate": (lambda m: make_drafter("parallel-base", options=LatticeOptions(k=4),
+                                                                     nbest=4), "auto", "tree"),
+    "heads + lookahead pool": (lambda m: make_drafter("top1", options=LatticeOptions(k=4)), "pool", "tree"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("opts", [SamplingOptions(temperature=0.8, top_k=3, top_p=1.0, seed=5),
+                                  SamplingOptions(temperature=1.2, top_k=0, top_p=0.9, seed=6, repetition_penalty=1.4)],
+                         ids=["top-k", "top-p+repetition"])
+def test_every_drafter_emits_the_plain_samplers_tokens(case, opts):
+    """Under sampling, each drafter (sampled heads, rescored heads, a draft model, n-grams, a
+    lookahead pool, and heads with n-grams under the cost-aware tree and the head gate) emits exactly the tokens of plain sampling
+    with the same noise, for every row of a batch: drafts and plans change the speed only."""
+    from latticedraft.decoding.planning.head_gate import HeadGate
     from latticedraft.gpu.verify.cost_model import CostModel
 
+    model = heads_model(3)
+    factory, plan_kw, verify = CASES[case]
+    if plan_kw == "ngrams":
+        plan = BpdPlan(**_suffix_and_context())
+    elif plan_kw == "pool":
+        from latticedraft.decoding.methods.lookahead import LookaheadOptions
+
+        plan = BpdPlan(lookahead=LookaheadOptions(W=2, N=2, G=3, prompt_as_reference=True))
+    elif plan_kw == "auto":
+        plan = BpdPlan(tree="auto", cost=CostModel((1, 2, 4, 8), (1.0, 1.2, 1.5, 2.5)), gate=HeadGate(),
+                       **_suffix_and_context())
+    else:
+        plan = BpdPlan()
+    rng = np.random.default_rng(2)
+    prompts = [PROMPT, rng.integers(0, V, size=5), rng.integers(0, V, size=11)]
+    r = bpd_decode(model, prompts, factory(model), plan,
+                   Request(max_new_tokens=16, sampling=opts, verify=verify, first_row=3))
+    for i, (p, q) in enumerate(zip(prompts, r.sequences)):
+        assert q.tokens.tolist() == sampled_reference(model, p, 16, opts, row=3 + i)
+    if case != "top1, batched rows":
+        assert sum(sum(q.accepted_drafts) for q in r.sequences) > 0  # drafts were kept on the way
+
+
+def test_a_draft_model_equal_to_the_target_has_every_draft_kept():
+    """The same noise in drafting and verification: a draft model equal to the target drafts the
+    target's sampled tokens, so every drafted token is kept (and the output is the plain sampler's)."""
     target = tiny_model("llama", torch.float64, seed=3, vocab=V)
-    opts = SamplingOptions(temperature=0.9, top_k=3, top_p=1.0)
-    cost = CostModel((1, 2, 4, 8), (1.0, 1.2, 1.5, 2.5)) if tree == "auto" else None
-    counts = []
-
-    def run(draws):
-        plan = BpdPlan(tree=tree, cost=cost, context=ContextNgrams(max_ngram=3), extra=(SuffixProposer(3),))
-        r = bpd_decode(target, [PROMPT], None, plan, Request(max_new_tokens=3, sampling=opts, record_steps=True),
-                       rule=SpeculativeRule(opts, draws))
-        counts.append(max(r.sequences[0].tree_nodes, default=1))
-        return tuple(r.sequences[0].tokens.tolist())
-
-    assert_exact(run, target, opts)
-    assert max(counts) > 2  # the drafts were verified, not only the root
-
-
-def test_repetition_penalty_is_in_p_and_q():
-    model = heads_model(2)
-    opts = SamplingOptions(temperature=1.0, top_k=2, top_p=1.0, repetition_penalty=1.8)
-    d = make_drafter("top1", options=LatticeOptions(k=4))
-
-    def run(draws):
-        return tuple(bpd_decode(model, [PROMPT], d, request=Request(max_new_tokens=3, sampling=opts),
-                                rule=SpeculativeRule(opts, draws)).sequences[0]
-                     .tokens.tolist())
-
-    assert_exact(run, model.base, opts)
-
-
-def test_neural_drafter_first_three_tokens_have_the_target_distribution():
-    model = heads_model(2)
-    resc = tiny_model("gpt2", torch.float64, seed=5, vocab=V)
-    opts = SamplingOptions(temperature=1.0, top_k=2, top_p=1.0)
-    d = make_drafter("neural", options=LatticeOptions(k=4), rescorer=resc, alpha=0.7)
-
-    def run(draws):
-        return tuple(bpd_decode(model, [PROMPT], d, request=Request(max_new_tokens=3, sampling=opts),
-                                rule=SpeculativeRule(opts, draws)).sequences[0]
-                     .tokens.tolist())
-
-    assert_exact(run, model.base, opts)
+    opts = SamplingOptions(temperature=1.0, top_k=0, top_p=1.0, seed=1)
+    r = bpd_decode(target, [PROMPT], make_drafter("model", draft_model=target, gamma=4, confidence=0.0),
+                   request=Request(max_new_tokens=21, sampling=opts))
+    q = r.sequences[0]
+    assert q.accepted_drafts == [4] * 4  # 1 (prefill) + 4 steps of 4 kept + 1 = 21
+    assert q.tokens.tolist() == sampled_reference(target, PROMPT, 21, opts)
 
 
 @pytest.mark.slow
 def test_chi_square_of_20000_seeded_continuations():
-    """End to end, seeded: 20 000 two-token continuations (rows of batches of 50, tree drafts
-    of 4 paths) against the target's exact distribution, by a chi-square test."""
+    """End to end, seeded: 20 000 two-token continuations (rows of batches of 500, 4 rescored-lattice
+    paths per step) against the target's exact distribution, by a chi-square test."""
     model = heads_model(2, dtype=torch.float32)
     opts = SamplingOptions(temperature=1.0, top_k=4, top_p=1.0, seed=11)
     d = make_drafter("parallel-base", options=LatticeOptions(k=4), nbest=4)
@@ -288,7 +292,9 @@ def test_mtad_with_tau_at_least_one_is_ordinary_sampling(verify):
                        rule=MtadRule(opts, tau=1.0, draws=draws))
         return tuple(r.sequences[0].tokens.tolist())
 
-    assert_exact(run, target, opts)
+    got = enumerate_outcomes(run)
+    want = target_distribution(target, PROMPT, opts)
+    assert set(got) <= set(want) and max(abs(got.get(k, 0.0) - want[k]) for k in want) < 1e-9
 
 
 def test_mtad_accepts_every_draft_when_q_is_p():

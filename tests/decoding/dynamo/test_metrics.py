@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.dynamo.sampler import DynamoConfig
+from latticedraft.decoding.dynamo.config import DynamoConfig
 from latticedraft.decoding.dynamo.metrics import (
     continuation_perplexity,
     distinct_n,

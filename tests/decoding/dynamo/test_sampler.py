@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.decoding.dynamo.sampler import DynamoConfig, adaptive_keep, gaussian_blur, sample_from, step_distribution, variant
+from latticedraft.decoding.dynamo.config import DynamoConfig, variant
+from latticedraft.decoding.dynamo.sampler import adaptive_keep, gaussian_blur, sample_from, step_distribution
 from latticedraft.decoding.dynamo.generate import generate as dynamo_generate
 from latticedraft.errors import InputError, ModelError
 from latticedraft.lm.cooccurrence import CooccurrenceStats

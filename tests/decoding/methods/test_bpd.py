@@ -1,47 +1,26 @@
 """``decoding/methods/bpd.py``'s option handling (what ``--do-sample`` changes in a drafter's settings) and
 its warm-up at prepare."""
 
-from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from latticedraft.decoding.methods.bpd import METHOD, SAMPLED_SLOTS, DrafterSpec
+from latticedraft.decoding.methods.bpd import METHOD, DrafterSpec
 from latticedraft.errors import InputError
 
 
-def test_sampling_drafts_sampled_slots_deep_unless_slots_is_given():
-    spec = METHOD.configure({"drafter": "top1", "do_sample": True, "tree": "auto", "context_ngrams": 0}, {"drafter"})
-    assert (spec.slots, spec.tree, spec.context_ngrams) == (SAMPLED_SLOTS, "fixed", 0)
-    given = METHOD.configure({"drafter": "top1", "do_sample": True, "slots": 6}, {"drafter", "slots"})
-    assert given.slots == 6
-    assert METHOD.configure({"drafter": "top1"}, {"drafter"}).slots is None  # greedy: every head
-    assert DrafterSpec("parallel-base", slots=2).for_sampling().slots == 2
-
-
-def test_sampled_slots_beyond_the_models_heads_draft_from_all_of_them():
-    """A 3-head model (2 drafting heads) under ``--do-sample``'s default 3 slots drafts 2 deep."""
-    from latticedraft.decoding.accept.sampling import SamplingOptions
-    from latticedraft.decoding.methods.bpd_loop import bpd_decode
-    from latticedraft.decoding.registry import Request
-    from latticedraft.decoding.proposers.heads import make_drafter
-    from tests.decoding.tiny import blockwise, prompts
-
-    model = blockwise("llama", num_heads=3)
-    spec = DrafterSpec("top1").for_sampling()
-    r = bpd_decode(
-        model,
-        prompts(2),
-        make_drafter("top1", options=spec.lattice_options()),
-        request=Request(max_new_tokens=12, sampling=SamplingOptions(seed=3)),
-    )
-    assert all(len(q.tokens) == 12 for q in r.sequences)
-    assert r.block_efficiency <= 3.0  # the root and at most 2 drafted tokens per call
+def test_sampling_keeps_every_drafting_setting():
+    """Under ``--do-sample`` the drafter, tree, n-grams and slots are those of greedy decoding (every
+    draft is lossless under the shared noise); the oracle, which drafts the greedy output, is refused."""
+    values = {"drafter": "top1", "tree": "auto", "context_ngrams": 3, "lm_drafts": 2, "suffix_drafts": 2}
+    assert METHOD.configure({**values, "do_sample": True}, set(values)) == METHOD.configure(values, set(values))
+    with pytest.raises(InputError, match="--drafter oracle drafts the greedy output"):
+        METHOD.configure({"drafter": "oracle", "do_sample": True}, {"drafter"})
 
 
 def test_lm_drafts_option():
-    """``--lm-drafts``: a depth, 0 for off, or auto; refused under sampling; ``--lm`` applies to any
-    drafter while LM drafts are on."""
+    """``--lm-drafts``: a depth, 0 for off, or auto; ``--lm`` applies to any drafter while LM drafts
+    are on."""
     import pytest
 
     from latticedraft.errors import InputError
@@ -53,14 +32,11 @@ def test_lm_drafts_option():
     assert METHOD.configure({"drafter": "none"}, set()) == DrafterSpec("none").fast()
     assert DrafterSpec("none").lm_drafts == 0  # the paper's drafter, built directly: off
     assert DrafterSpec("none").fast().lm_drafts == "auto"
-    assert DrafterSpec("top1").fast().for_sampling().lm_drafts == 0
-    assert DrafterSpec("none").fast().for_sampling() == replace(DrafterSpec("none").fast(), lookahead=None)
-    assert conf(lm_drafts=2, do_sample=True).lm_drafts == 2  # no drafter: its n-grams are planned as greedy
+    assert conf(lm_drafts=2, do_sample=True).lm_drafts == 2
     assert conf(lm_drafts=3, lm="/some/lm").lm_drafts == 3
     for values, needle in (
         ({"lm_drafts": "x"}, "--lm-drafts 'x'"),
         ({"lm_drafts": -1}, "--lm-drafts -1"),
-        ({"drafter": "top1", "lm_drafts": 2, "do_sample": True}, "--lm-drafts 2 does not apply here"),
         ({"lm": "/some/lm", "lm_drafts": 0}, "--lm does not apply to --drafter none without --lm-drafts"),
     ):
         with pytest.raises(InputError, match=needle):
@@ -76,10 +52,10 @@ def test_sampling_a_model_without_heads_drafts_its_ngrams_unless_a_head_drafter_
     values = {"drafter": "top1", "do_sample": True, "model": str(plain), "context_ngrams": 4, "lm_drafts": "auto"}
     spec = METHOD.configure(values, set())
     assert (spec.name, spec.context_ngrams, spec.lm_drafts) == ("none", 4, "auto")
-    with pytest.raises(InputError, match=r"--drafter top1 samples from multi-token heads, and --model .*plain has"):
+    with pytest.raises(InputError, match=r"--drafter top1 drafts from multi-token heads, and --model .*plain has"):
         METHOD.configure(values, {"drafter"})
     heads = METHOD.configure({**values, "model": None}, set())  # the default model has heads: they draft
-    assert (heads.name, heads.context_ngrams) == ("top1", 0)
+    assert (heads.name, heads.context_ngrams) == ("top1", 4)  # the n-grams beside them
     assert METHOD.configure({**values, "do_sample": False}, set()).name == "top1"  # greedy keeps it (n-grams beside)
 
 
