@@ -317,28 +317,38 @@ class HeadProposer(Proposer):
         out = []
         for j, i in enumerate(step.index):
             d, history = self.rows[i], step.histories[j]
-            scores = heads[j] if step.samplers is None else perturbed(heads[j], step.vocab, history, step.samplers[j])
+            scores, q = (heads[j], None) if step.samplers is None else perturbed(heads[j], step.vocab, history,
+                                                                                 step.samplers[j])
             t0 = time.perf_counter()
             sausage = d.lattice(scores, step.vocab)
             self.lattice_seconds += time.perf_counter() - t0
             toks = as_paths(d.draft(sausage, history))
-            rates = None if step.acceptance is None else step.acceptance.head_rates(draft_probs(sausage, toks))
+            rates = None
+            if step.acceptance is not None:  # rated by the heads' own probability of each token (sampling: q's)
+                rates = step.acceptance.head_rates(draft_probs(sausage, toks) if q is None else q_probs(q, toks))
             out.append(Proposal(toks, rates=rates, sausage=sausage, heads=True))
         return out
 
 
-def perturbed(head_logits: torch.Tensor, vocab, history: np.ndarray, sampler) -> torch.Tensor:
+def perturbed(head_logits: torch.Tensor, vocab, history: np.ndarray, sampler) -> tuple[torch.Tensor, np.ndarray]:
     """The heads' scores under sampling: slot j's distribution q_j after the sampling processors
     (the repetition penalty reads the history), perturbed by the noise of the position it drafts
     (``DraftSampler.scores``; slot j drafts position len(history) + j): float32 [h-1, V'] over the
-    columns ``vocab`` (None: all), a large negative number where q_j is 0."""
+    columns ``vocab`` (None: all), a large negative number where q_j is 0; and q float64[h-1, V]."""
     h = head_logits.shape[0]
     ctx = [history] * h if sampler.options.repetition_penalty != 1.0 else None
     q = sampler.probs(torch.as_tensor(head_logits), ctx, columns=None if vocab is None else vocab.cpu().numpy())
     out = np.stack([sampler.scores(q[j], len(history) + j) for j in range(h)])
     if vocab is not None:
         out = out[:, vocab.cpu().numpy()]
-    return torch.as_tensor(np.maximum(out, -1e30), dtype=torch.float32)
+    return torch.as_tensor(np.maximum(out, -1e30), dtype=torch.float32), q
+
+
+def q_probs(q: np.ndarray, drafts: np.ndarray) -> np.ndarray:
+    """q_j of every draft token: float[p, d] from q float64[h-1, V] (0 at the end of a path)."""
+    p, d = drafts.shape
+    cols = np.arange(d)[None, :].repeat(p, 0)
+    return np.where(drafts >= 0, q[np.minimum(cols, q.shape[0] - 1), np.maximum(drafts, 0)], 0.0)
 
 
 def draft_probs(sausage, drafts: np.ndarray) -> np.ndarray:
