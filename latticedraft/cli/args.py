@@ -100,22 +100,19 @@ def sampling_args(p: argparse.ArgumentParser) -> None:
     registry.add_options(g, registry.SamplingSettings, "sampling", notes=sampling_notes(registry.methods().values()))
 
 
-def sampling_notes(methods, dests=None) -> dict:
-    """dest -> " (default D; mtad D', ...)": each sampling flag's default and the methods that differ
-    from it (only ``dests`` where given; one method: its default alone)."""
+def sampling_notes(methods) -> dict:
+    """dest -> " (default D; mtad D', ...)": each sampling flag's default (generate's) and the
+    methods whose own default differs (``Method.defaults``); ``--seed`` states its own."""
     import dataclasses
 
     from latticedraft.decoding.registry import SamplingSettings
 
     out = {}
     for f in dataclasses.fields(SamplingSettings):
-        if f.name == "seed" or dests is not None and f.name not in dests:
-            continue
-        own = [(m.name, m.defaults[f.name]) for m in methods if f.name in m.defaults and m.defaults[f.name] != f.default]
-        if len(methods) == 1:
-            out[f.name] = f" (default {own[0][1] if own else f.default})"
-        else:
-            out[f.name] = f" (default {f.default}" + "".join(f"; {n} {v}" for n, v in own) + ")"
+        if f.name != "seed":
+            own = "".join(f"; {m.name} {m.defaults[f.name]}" for m in methods
+                          if m.defaults.get(f.name, f.default) != f.default)
+            out[f.name] = f" (default {f.default}{own})"
     return out
 
 

@@ -35,8 +35,8 @@ COMMON = ("method", "model", "tokenizer", "device", "threads", "prompt", "prompt
 class Request:
     """What a decode call asks of any method. rows: the run-wide id of each prompt (row r of seed s
     samples with the noise of ``default_rng([s, r, t])`` at position t, whatever batch it lands in;
-    None: first_row, first_row + 1, ...); first_row: the position of the call's first prompt in the caller's
-    prompt list (what proposers key per-call state by, such as the oracle's references);
+    None: first_row, first_row + 1, ...); first_row: the position of the call's first prompt in
+    the caller's prompt list (what proposers key per-call state by, such as the oracle's references);
     sampling: ``SamplingOptions`` (None: greedy; a method that always samples uses its own
     defaults); on_tokens(i, new_ids) streams row i's tokens; record_steps keeps per-step records."""
 
@@ -156,12 +156,12 @@ def cli_defaults(cls, changed_only: bool = True, by_dest: bool = False) -> dict:
             if not changed_only or fl.cli is not _SAME}
 
 
-def add_options(group, cls, name: str, notes: dict | None = None, skip=()) -> None:
+def add_options(group, cls, name: str, notes: dict | None = None) -> None:
     """Add the options of ``cls`` declared in group ``name`` to an argparse (group) ``group``;
-    notes: dest -> text appended to the help (where defaults differ by method); skip: dests left out."""
+    notes: dest -> text appended to the help (where defaults differ by method)."""
     notes = notes or {}
     for dest, f, fl in flags(cls):
-        if fl.group == name and dest not in skip:
+        if fl.group == name:
             group.add_argument("--" + dest.replace("_", "-"), dest=dest, help=fl.help + notes.get(dest, ""),
                                default=_cli_default(f, fl), **fl.argparse)
 
@@ -193,7 +193,8 @@ class SamplingSettings:
     >= 0 (0 = off); 0 < top_p <= 1 (1 = off); repetition_penalty > 0 (1 = off); seed: row r's
     noise at position t comes from ``numpy.random.default_rng([seed, r, t])``. The CLI's default of
     every flag but ``--seed`` is None: the method's default, which is generate's (the field's)
-    unless ``Method.defaults`` says otherwise. ``accept.sampling.SamplingOptions`` adds what turns logits into p."""
+    unless ``Method.defaults`` says otherwise. ``accept.sampling.SamplingOptions`` adds what turns
+    logits into p."""
 
     temperature: float = option(1.0, cli=None, group="sampling", type=float, help="softmax temperature")
     top_k: int = option(50, cli=None, group="sampling", type=int, metavar="K",

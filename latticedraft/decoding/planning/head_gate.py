@@ -116,10 +116,9 @@ def _per_second(tokens: np.ndarray, seconds: np.ndarray) -> np.ndarray:
 class GatedHeads:
     """The gate in the decode loop: before a step's heads are computed, ``decide`` looks up the
     longest context match of every live row's next history (``proposers.context.ContextProposer``
-    keeps those searches for the step; None: every step in bucket 0) and asks the gate; ``observe``
-    then credits the step's tokens and wall-clock seconds to the arm that ran it. A batch's first
-    step drafts from the heads the prefill computes, unless the gate's policy is ``OFF``
-    (``prefill_heads``)."""
+    keeps those searches for the step) and asks the gate; ``observe`` then credits the step's
+    tokens and wall-clock seconds to the arm that ran it. A batch's first step drafts from the
+    heads the prefill computes, unless the gate's policy is ``OFF`` (``prefill_heads``)."""
 
     def __init__(self, gate: HeadGate, context):
         self.gate, self.context = gate, context
@@ -134,8 +133,6 @@ class GatedHeads:
         self.match, self.heads = self._longest(index, histories), heads
 
     def _longest(self, index, histories) -> int:
-        if self.context is None:  # no context n-grams (sampling with only LM or suffix drafts): one bucket
-            return 0
         return min((self.context.match(i, h) for i, h in zip(index, histories)), default=0)
 
     def decide(self, index: list[int], histories: list) -> bool:

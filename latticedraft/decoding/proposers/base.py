@@ -46,8 +46,8 @@ class Step:
     may still accept; head_logits: [b, h-1, V'] the extra heads at the root (slot j = token j + 1
     after it; columns = ``vocab`` ids when a reduced draft vocabulary is set), or None when this
     step computed no heads; samplers: one ``accept.sampling.DraftSampler`` per row when sampling
-    (its processors and noise; None: greedy); acceptance: the ``planning.acceptance.AcceptanceModel`` the auto tree rates
-    paths with (None: the tree verifies every path, no rates needed)."""
+    (its processors and noise; None: greedy); acceptance: the ``planning.acceptance.AcceptanceModel``
+    the auto tree rates paths with (None: the tree verifies every path, no rates needed)."""
 
     index: list[int]
     rows: list[int]
@@ -62,8 +62,8 @@ class Step:
 @dataclass
 class Proposal:
     """One row's paths. tokens: int64[p, d] (negative = end of path); q: float64[p, d] the draft's
-    joint prefix probabilities, for a rule that reads them (MTAD's; None otherwise); rates: float[p, d] conditional
-    acceptance rates for the cost-aware tree (None where unrated); side: a ``SideBranch`` riding
+    joint prefix probabilities, for a rule that reads them (MTAD's; None otherwise); rates:
+    float[p, d] conditional acceptance rates for the cost-aware tree (None where unrated); side: a ``SideBranch`` riding
     along in the verify call (lookahead's Jacobi window); sausage: the lattice the paths came
     from; hidden: [1 + d, H] states of [root, path 0] at the verifier's first layer (split
     verification from stored layer-l states, Kangaroo); heads: drafted from the heads."""
@@ -82,8 +82,8 @@ class Proposal:
 
 
 class Proposer:
-    """Base class: proposes nothing. ``uses_heads``: reads ``Step.head_logits``; ``stem``: set by proposers that run the model's first layers
-    themselves (split verification); ``admits``: its per-row state is keyed by the prompt
+    """Base class: proposes nothing. ``uses_heads``: reads ``Step.head_logits``; ``stem``: set by
+    proposers that run the model's first layers themselves (split verification); ``admits``: its per-row state is keyed by the prompt
     (``start`` makes it for every prompt of the call), so prompts may join a running batch
     (``loop.speculative_decode``'s ``Request.in_flight``)."""
 

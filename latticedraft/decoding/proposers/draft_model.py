@@ -3,8 +3,8 @@
 ``ModelProposer`` drafts up to ``gamma`` tokens after each row's history, greedily (its argmax:
 exact greedy decoding) or, under sampling, its argmax perturbed by the run's Gumbel noise for the
 position it drafts (after the sampling processors: the target's sampled token wherever the two
-agree, ``accept/sampling.py``). Every row keeps its own KV cache (``gpu.models.incremental.IncrementalLM``),
-so a step feeds only the tokens accepted since the last one.
+agree, ``accept/sampling.py``). Every row keeps its own KV cache
+(``gpu.models.incremental.IncrementalLM``), so a step feeds only the tokens accepted since the last one.
 
 A draft ends early where it is unlikely to be accepted: each token's chance is read from the
 draft model's own probability for it, calibrated online against what the target accepted

@@ -335,12 +335,12 @@ def perturbed(head_logits: torch.Tensor, vocab, history: np.ndarray, sampler) ->
     (the repetition penalty reads the history), perturbed by the noise of the position it drafts
     (``DraftSampler.scores``; slot j drafts position len(history) + j): float32 [h-1, V'] over the
     columns ``vocab`` (None: all), a large negative number where q_j is 0; and q float64[h-1, V]."""
-    h = head_logits.shape[0]
+    h, cols = head_logits.shape[0], None if vocab is None else vocab.cpu().numpy()
     ctx = [history] * h if sampler.options.repetition_penalty != 1.0 else None
-    q = sampler.probs(torch.as_tensor(head_logits), ctx, columns=None if vocab is None else vocab.cpu().numpy())
+    q = sampler.probs(torch.as_tensor(head_logits), ctx, columns=cols)
     out = np.stack([sampler.scores(q[j], len(history) + j) for j in range(h)])
-    if vocab is not None:
-        out = out[:, vocab.cpu().numpy()]
+    if cols is not None:
+        out = out[:, cols]
     return torch.as_tensor(np.maximum(out, -1e30), dtype=torch.float32), q
 
 
