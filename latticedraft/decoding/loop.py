@@ -201,6 +201,7 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
         # what every tree size pays: the step's time outside the verify call (drafting, bookkeeping)
         # and the heads inside it (the cost model's T(n) leaves them out)
         planner.overhead = 0.8 * planner.overhead + 0.2 * max(t1 - t_step - (t1 - t0) + h, 0.0)
+        planner.observe(res.accepted)
         for p in proposers:
             p.update(step, res.accepted, res.bonus, res.side_argmax)
         done = []

@@ -277,7 +277,8 @@ def _run(session, prompts: list, spec: DrafterSpec, req, warm_up: bool = False) 
                    acceptance=ses.acceptance(session, spec) if spec.tree == "auto" else None,
                    draft_vocab=ses.draft_vocab(session, spec.draft_vocab) if spec.name in HEAD_DRAFTERS else None,
                    gate=HeadGate() if warm_up else ses.gate(session, spec), lookahead=spec.lookahead,
-                   lm=ses.lm_drafts(session, spec), extra=_sources(session, spec, fresh=warm_up))
+                   lm=ses.lm_drafts(session, spec), extra=_sources(session, spec, fresh=warm_up),
+                   correction=None if warm_up or spec.tree != "auto" else ses.correction(session, spec, req.sampling))
     return bpd_decode(session.model, prompts, ses.proposer(session, spec, refs, fresh=warm_up), plan, req)
 
 

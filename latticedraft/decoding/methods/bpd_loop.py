@@ -24,7 +24,8 @@ class BpdPlan:
     as one more path, or None; extra: more ``Proposer``s whose paths join the tree
     (``methods.bpd.SOURCES``); lookahead: ``LookaheadOptions`` of a window + pool riding along;
     draft_vocab: token ids the extra heads project onto (None: all); kv_cache: "auto" | "full" |
-    "rolling"."""
+    "rolling"; correction: a ``planning.acceptance.RateCorrection`` the auto tree corrects the
+    rates with and teaches as it runs (None: the rates as fitted)."""
 
     tree: str = "fixed"
     acceptance: object = None
@@ -36,6 +37,7 @@ class BpdPlan:
     lookahead: object = None
     draft_vocab: object = None
     kv_cache: str = "auto"
+    correction: object = None
 
 
 def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, request: Request | None = None, *,
@@ -85,6 +87,6 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
     if policy == "auto" and cost is None:
         rows = len(prompts) if req.in_flight is None else min(req.in_flight, len(prompts))
         cost = CostModel.for_batch(verifier, rows)
-    planner = TreePlanner(policy, plan.acceptance, cost)
+    planner = TreePlanner(policy, plan.acceptance, cost, correction=plan.correction)
     gated = GatedHeads(plan.gate or HeadGate(), ctx) if tree == "auto" and ctx is not None and from_heads else None
     return speculative_decode(verifier, prompts, proposers, req, rule=rule, planner=planner, gate=gated)

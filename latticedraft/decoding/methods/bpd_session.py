@@ -55,6 +55,15 @@ def gate(session, spec):
     return session.once(("gate", repr(spec)), HeadGate)
 
 
+def correction(session, spec, sampling):
+    """The ``RateCorrection`` of ``spec``'s auto tree at these sampling settings (None: greedy)
+    for this session: what the fitted rates missed carries over between calls, as the gate's
+    measurements do."""
+    from latticedraft.decoding.planning.acceptance import RateCorrection
+
+    return session.once(("correction", repr(spec), repr(sampling)), RateCorrection)
+
+
 def swap_gate(session, spec, new):
     """Make ``new`` the ``HeadGate`` of ``spec`` for the calls that follow; returns the one it
     replaces (a pass that should neither follow nor teach the session's gate brings its own)."""

@@ -176,6 +176,45 @@ def _count_tree(s, g: np.ndarray, drafts: np.ndarray, hit: np.ndarray, seen: np.
         hit[j, b] += node[j] == g[j]
 
 
+class RateCorrection:
+    """The fitted rates corrected online by what verification kept, per draft source.
+
+    The tables above are fitted once, on held-out greedy decodes. Where a run differs from that
+    data -- lossless sampling, where a draft token is kept only when it is the target's argmax
+    under the run's Gumbel noise, which a greedy-fitted rate overestimates; chat where the
+    calibration prompts were code -- the planner's trees are sized for acceptance that does not
+    come. Per source s (the position of its proposal in a step's list: the drafter, context
+    n-grams, the LM...; each rated from its own table, each off in its own way) and
+    ``HEAD_EDGES`` bin b of the predicted rate r, this keeps ``kept[s, b]`` (tokens verification
+    kept) and ``expected[s, b]`` (the sum of r over the nodes tried), counted over verified nodes
+    whose parent was kept, both smoothed by ``PRIOR_WEIGHT`` pseudo-observations at the bin's
+    middle (ratio 1 before any data): ``corrected(r) = min(r * kept / expected, 1)``. Counts decay
+    towards the prior by ``decay`` per step, so the correction follows the text."""
+
+    def __init__(self, decay: float = 0.99, sources: int = 8):
+        self.prior = np.tile(PRIOR_WEIGHT * _bin_mid(), (sources, 1))
+        self.decay = float(decay)
+        self.kept, self.expected = self.prior.copy(), self.prior.copy()
+
+    def corrected(self, rates, source: int = 0) -> np.ndarray:
+        """The corrected rates of source ``source``'s predicted rates ``rates`` float[d]: float[d]
+        in [0, 1]."""
+        r = np.asarray(rates, dtype=np.float64)
+        s, b = min(source, len(self.prior) - 1), head_bins(r)
+        return np.minimum(r * self.kept[s, b] / self.expected[s, b], 1.0)
+
+    def observe(self, rates: np.ndarray, kept: np.ndarray, sources: np.ndarray | None = None) -> None:
+        """One step's verified nodes whose parent was kept: their predicted (uncorrected) rates
+        float[n], whether each was kept bool[n], and their sources int[n] (None: all 0)."""
+        self.kept = self.decay * self.kept + (1 - self.decay) * self.prior
+        self.expected = self.decay * self.expected + (1 - self.decay) * self.prior
+        r = np.asarray(rates, dtype=np.float64)
+        s = np.zeros(len(r), dtype=np.int64) if sources is None else np.minimum(sources, len(self.prior) - 1)
+        b = head_bins(r)
+        np.add.at(self.expected, (s, b), r)
+        np.add.at(self.kept, (s, b), np.asarray(kept, dtype=np.float64))
+
+
 def cached(key_parts: dict, build) -> AcceptanceModel:
     """The model stored under a hash of ``key_parts`` in ``cache_dir()/acceptance``, else
     ``build()`` (then stored)."""

@@ -14,9 +14,12 @@ never grows along a path) for the n that maximises
 -- expected tokens per second, the dynamic-tree idea of SpecInfer / Sequoia / EAGLE-2 applied to
 the rescored lattice. ``overhead`` is the per-step time that does not grow with n: outside the
 verify call (drafting, bookkeeping) and the extra heads inside it, measured by the decode loop
-as it runs. In a batched step the rows'
-trees are padded to the largest, so one n serves every row (``plan_rows``). The ``fixed`` policy verifies
-every candidate path, as given.
+as it runs. In a batched step the rows' trees are padded to the largest, so one n serves every
+row (``plan_rows``). The rates were fitted on held-out greedy decodes; a ``RateCorrection``
+rescales each source's rates by what verification has kept of them so far in the run
+(``observe``), so a tree planned under sampling, or on text unlike the calibration prompts, is
+sized for the acceptance that actually comes. The ``fixed`` policy verifies every candidate
+path, as given.
 
     >>> plan = TreePlanner("fixed").plan([Proposal(np.array([[4, 5]]))])
     >>> plan.drafts.tolist(), plan.nodes
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from latticedraft.decoding.planning.acceptance import AcceptanceModel
+from latticedraft.decoding.planning.acceptance import AcceptanceModel, RateCorrection
 from latticedraft.errors import InputError
 
 POLICIES = ("auto", "fixed")
@@ -48,10 +51,12 @@ class Plan:
 class TreePlanner:
     """policy: "auto" | "fixed"; acceptance and cost: the calibrated rates the proposers rate
     their paths with and the measured ``CostModel`` (``auto`` needs the cost model; acceptance
-    defaults to the uncalibrated prior); max_nodes caps the tree (root included)."""
+    defaults to the uncalibrated prior); max_nodes caps the tree (root included); correction: a
+    ``RateCorrection`` the auto tree corrects every rate with and teaches from what each step
+    kept (``observe``; None: the rates as given)."""
 
     def __init__(self, policy: str = "auto", acceptance: AcceptanceModel | None = None, cost=None,
-                 max_nodes: int = 64):
+                 max_nodes: int = 64, correction: RateCorrection | None = None):
         if policy not in POLICIES:
             raise InputError(f"--tree {policy!r} is not one of {', '.join(POLICIES)}")
         if policy == "auto" and cost is None:
@@ -65,6 +70,8 @@ class TreePlanner:
             n = np.arange(1, max_nodes + 1)
             self._T = np.asarray(cost.seconds(n), dtype=np.float64)  # _T[n - 1] = T(n)
         self.overhead = 0.0
+        self.correction = correction
+        self._chosen: list = []  # per row of the last auto plan: (parent, token, raw rate, chosen node ids)
 
     def plan(self, proposals: list, room: int | None = None) -> Plan:
         """The paths to verify after the root, at most ``room`` tokens deep, from one step's
@@ -80,24 +87,55 @@ class TreePlanner:
         only where it has fewer)."""
         tries = [self._trie(props, room) for props, room in zip(proposals, rooms)]
         if self.policy == "fixed":
-            return [_as_plan([t for t, _ in cands], None) for cands in tries]
-        tries = [_nodes(cands) for cands in tries]
-        most = max((len(P) for _, _, P in tries), default=0)
+            return [_as_plan([t for t, _, _ in cands], None) for cands in tries]
+        correct = None if self.correction is None else self.correction.corrected
+        tries = [_nodes(cands, correct) for cands in tries]
+        most = max((len(P) for _, _, P, _ in tries), default=0)
         total = np.zeros(min(most, self.max_nodes - 1) + 1)  # total[m]: every row with m drafted nodes
         gains = []
-        for _, _, P in tries:
+        for _, _, P, _ in tries:
             g = 1.0 + np.concatenate([[0.0], np.cumsum(np.sort(P)[::-1])])[: len(total)]
             gains.append(g)
             total += np.concatenate([g, np.full(len(total) - len(g), g[-1])])
         sizes = np.arange(1, len(total) + 1)
         m = int(np.argmax(total / (self._T[sizes - 1] + self.overhead)))
-        return [_top_paths(parent, token, P, m, float(g[min(m, len(g) - 1)]))
-                for (parent, token, P), g in zip(tries, gains)]
+        plans = []
+        self._chosen = []
+        for (parent, token, P, raw), g in zip(tries, gains):
+            plan, chosen = _top_paths(parent, token, P, m, float(g[min(m, len(g) - 1)]))
+            plans.append(plan)
+            self._chosen.append((parent, token, raw, chosen))
+        return plans
+
+    def observe(self, accepted: list) -> None:
+        """Teach the correction what the last ``plan_rows`` kept: accepted[j], the draft tokens row
+        j accepted (int[n_j]). Counted: every verified node whose parent was kept (the root or an
+        accepted node), kept when it is the next accepted token."""
+        if self.correction is None or not self._chosen:
+            return
+        rates, kept, sources = [], [], []
+        for (parent, token, raw, chosen), acc in zip(self._chosen, accepted):
+            child = {(parent[c], token[c]): c for c in chosen}
+            path, node = {0}, 0  # the kept nodes, root included
+            for t in np.asarray(acc).tolist():
+                node = child.get((node, int(t)))
+                if node is None:
+                    break  # (a token from outside this plan: a side branch's)
+                path.add(node)
+            for c in chosen:
+                if parent[c] in path:
+                    rates.append(raw[c][0])
+                    sources.append(raw[c][1])
+                    kept.append(c in path)
+        self._chosen = []
+        if rates:
+            self.correction.observe(np.asarray(rates), np.asarray(kept), np.asarray(sources))
 
     def _trie(self, proposals: list, room) -> list:
-        """The candidate paths of one row: [(tokens int64[d], rates float64[d] or None)]."""
+        """The candidate paths of one row: [(tokens int64[d], rates float64[d] or None, source: the
+        position of the path's proposal in ``proposals``)]."""
         cands = []
-        for prop in proposals:
+        for source, prop in enumerate(proposals):
             for r, row in enumerate(np.atleast_2d(prop.tokens)):
                 neg = np.flatnonzero(row < 0)
                 d = neg[0] if len(neg) else len(row)  # a negative token ends a path
@@ -105,18 +143,21 @@ class TreePlanner:
                 rates = None if prop.rates is None else np.asarray(prop.rates[r, :d], dtype=np.float64)
                 if self.policy == "auto" and rates is None:
                     rates = np.full(d, 0.5)  # an unrated source: the uncalibrated prior of a context token
-                cands.append((row[:d], rates))
+                cands.append((row[:d], rates, source))
         return cands
 
 
-def _nodes(cands: list) -> tuple[list, list, np.ndarray]:
-    """The trie over candidate paths: (parent, token, P) per node after the root (node ids from 1;
-    index 0 of parent/token is the root); a node proposed by several paths keeps the highest P."""
+def _nodes(cands: list, correct=None) -> tuple[list, list, np.ndarray, list]:
+    """The trie over candidate paths: (parent, token, P, raw) per node after the root (node ids
+    from 1; index 0 of parent/token/raw is the root); P multiplies the rates along the path,
+    each corrected by ``correct(rates, source)`` (None: as given); a node proposed by several
+    paths keeps the highest P, and raw is that path's (uncorrected rate of its token, source)."""
     key: dict[tuple[int, int], int] = {}
-    parent, token, prob = [-1], [-1], [1.0]
-    for toks, rates in cands:
+    parent, token, prob, raw = [-1], [-1], [1.0], [(1.0, 0)]
+    for toks, rates, source in cands:
         node, p = 0, 1.0
-        for t, r in zip(toks.tolist(), rates.tolist()):
+        fixed = rates if correct is None else correct(rates, source)
+        for t, r, r0 in zip(toks.tolist(), fixed.tolist(), rates.tolist()):
             p *= r
             nxt = key.get((node, t))
             if nxt is None:
@@ -125,17 +166,19 @@ def _nodes(cands: list) -> tuple[list, list, np.ndarray]:
                 parent.append(node)
                 token.append(t)
                 prob.append(p)
+                raw.append((r0, source))
             elif p > prob[nxt]:
-                prob[nxt] = p
+                prob[nxt], raw[nxt] = p, (r0, source)
             node = nxt
-    return parent, token, np.asarray(prob[1:])
+    return parent, token, np.asarray(prob[1:]), raw
 
 
-def _top_paths(parent: list, token: list, P: np.ndarray, m: int, expected: float) -> Plan:
+def _top_paths(parent: list, token: list, P: np.ndarray, m: int, expected: float) -> tuple[Plan, set]:
     """The plan verifying the m most probable nodes (an ancestor-closed set: P never grows along
-    a path, and a stable sort keeps parents, which precede children, first on ties)."""
+    a path, and a stable sort keeps parents, which precede children, first on ties), and the
+    ids of those nodes."""
     if len(P) == 0:
-        return Plan(np.zeros((1, 0), np.int64), 1, 1.0)
+        return Plan(np.zeros((1, 0), np.int64), 1, 1.0), set()
     order = np.argsort(-P, kind="stable")[:m]
     chosen = set((order + 1).tolist())
     chosen = {c for c in chosen if _closed(c, parent, chosen)}
@@ -147,7 +190,7 @@ def _top_paths(parent: list, token: list, P: np.ndarray, m: int, expected: float
             path.append(token[node])
             node = parent[node]
         paths.append(np.asarray(path[::-1], dtype=np.int64))
-    return _as_plan(paths, expected)
+    return _as_plan(paths, expected), chosen
 
 
 def _closed(node: int, parent: list, chosen: set) -> bool:

@@ -60,8 +60,10 @@ def test_sampling_a_model_without_heads_drafts_its_ngrams_unless_a_head_drafter_
 
 
 def test_the_warm_up_at_prepare_teaches_neither_the_gate_nor_the_suffix_memory():
-    """``prepare`` decodes a warm-up prompt (T(n), acceptance rates); the session's head gate and
-    suffix drafts start the first real call as if it had not run."""
+    """``prepare`` decodes a warm-up prompt (T(n), acceptance rates); the session's head gate,
+    suffix drafts and rate correction start the first real call as if it had not run; the
+    correction then learns from the calls, one per sampling setting."""
+    from latticedraft.decoding.accept.sampling import SamplingOptions
     from latticedraft.decoding.methods import bpd, bpd_session
     from latticedraft.decoding.runs.session import Session
 
@@ -71,5 +73,14 @@ def test_the_warm_up_at_prepare_teaches_neither_the_gate_nor_the_suffix_memory()
     gate, (suffix,) = bpd_session.gate(s, spec), bpd._sources(s, spec)
     assert gate.steps.sum() == 0 and gate.decisions.sum() == 0
     assert suffix.seen == {} and suffix.drafts.memory == []
-    s.decode([np.asarray(s.tokenizer.encode("def f(x):\n").ids)], "bpd", spec, max_new_tokens=8)
+    greedy = bpd_session.correction(s, spec, None)
+    assert np.array_equal(greedy.expected, greedy.prior) and np.array_equal(greedy.kept, greedy.prior)
+    prompt = np.asarray(s.tokenizer.encode("def f(x):\n").ids)
+    s.decode([prompt], "bpd", spec, max_new_tokens=8)
     assert gate.steps.sum() > 0 and len(suffix.seen) == 1
+    assert greedy.expected.sum() > greedy.prior.sum()  # it saw the call's verified nodes
+    sampled = bpd_session.correction(s, spec, SamplingOptions(seed=1))
+    assert sampled is not greedy and np.array_equal(sampled.expected, sampled.prior)
+    taught = greedy.expected.copy()
+    s.decode([prompt], "bpd", spec, max_new_tokens=8, sampling=SamplingOptions(seed=1))
+    assert sampled.expected.sum() > sampled.prior.sum() and np.array_equal(greedy.expected, taught)

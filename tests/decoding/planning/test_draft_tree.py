@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
-from latticedraft.decoding.planning.acceptance import AcceptanceModel
+from latticedraft.decoding.planning.acceptance import AcceptanceModel, RateCorrection
 from latticedraft.decoding.proposers.base import Proposal, Step
 from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
 from latticedraft.decoding.proposers.heads import draft_probs
@@ -133,3 +133,65 @@ def test_rows_of_a_batch_share_one_tree_size():
     assert [p.nodes for p in plans] == [1 + min(m, len(P)) for P in Ps] == [6, 5]
     assert planner.plan([poor]).nodes == 2  # alone, the poor row would verify one node
     assert TreePlanner("fixed").plan_rows([[rich], [poor]], [2, None])[0].drafts.shape == (2, 2)
+
+
+def test_rate_correction_starts_neutral_and_learns_per_bin():
+    c = RateCorrection(decay=1.0)
+    r = np.array([0.05, 0.5, 0.97])
+    assert np.allclose(c.corrected(r), r)  # ratio 1 before any data
+    c.observe(np.full(40, 0.5), np.zeros(40, dtype=bool))  # 40 misses at 0.5
+    fixed = c.corrected(r)
+    assert fixed[1] < 0.1 * 0.5 and fixed[0] == pytest.approx(0.05) and fixed[2] == pytest.approx(0.97)
+    c.observe(np.full(400, 0.6), np.ones(400, dtype=bool))  # every 0.6 kept
+    assert c.corrected(np.array([0.6]))[0] == pytest.approx(0.6 * (400 + 2.6) / (240 + 2.6))
+    assert c.corrected(np.array([0.69]))[0] == 1.0  # capped
+
+
+def test_observe_counts_the_nodes_whose_parent_was_kept():
+    """Tree 1 -> 2 -> 3 and 1 -> 4, plus 5: the target kept [1, 2]. Counted: 1 and 5 (under the
+    root), 2 and 4 (under 1), 3 (under 2); kept: 1 and 2."""
+    c = RateCorrection(decay=1.0)
+    planner = TreePlanner("auto", cost=curve(1.0, 0.0), correction=c)
+    prop = Proposal(np.array([[1, 2, 3], [1, 4, -1], [5, -1, -1]]),
+                    rates=np.array([[0.9, 0.8, 0.6], [0.9, 0.3, 0], [0.15, 0, 0]]))
+    plan = planner.plan([prop])
+    assert plan.nodes == 6
+    before = (c.kept.copy(), c.expected.copy())
+    planner.observe([np.array([1, 2])])
+    added = c.expected - before[1]
+    from latticedraft.decoding.planning.acceptance import head_bins
+    want = np.zeros_like(added)  # [sources, bins]: one source here, 0
+    np.add.at(want[0], head_bins(np.array([0.9, 0.15, 0.8, 0.3, 0.6])), [0.9, 0.15, 0.8, 0.3, 0.6])
+    assert np.allclose(added, want)
+    hits = np.zeros_like(added)
+    np.add.at(hits[0], head_bins(np.array([0.9, 0.8])), 1.0)
+    assert np.allclose(c.kept - before[0], hits)
+    planner.observe([np.array([1, 2])])  # nothing planned since: nothing counted twice
+    assert np.allclose(c.expected - before[1], want)
+
+
+def test_a_correction_that_saw_misses_plans_a_smaller_tree():
+    """Rates the run does not bear out (every 0.5-0.9 token missed) shrink the tree; without the
+    correction the same proposal verifies every node."""
+    drafts = np.arange(1, 13).reshape(3, 4)
+    prop = Proposal(drafts, rates=np.full(drafts.shape, 0.85))
+    plain = TreePlanner("auto", cost=curve(1.0, 0.08))
+    c = RateCorrection(decay=1.0)
+    c.observe(np.full(200, 0.85), np.zeros(200, dtype=bool))
+    taught = TreePlanner("auto", cost=curve(1.0, 0.08), correction=c)
+    assert taught.plan([prop]).nodes < plain.plan([prop]).nodes
+
+
+def test_each_source_is_corrected_on_its_own():
+    """Misses of the first proposal's 0.85 tokens correct that source only: the second
+    proposal's 0.85 tokens keep their rate, and the tree keeps them."""
+    c = RateCorrection(decay=1.0)
+    planner = TreePlanner("auto", cost=curve(1.0, 0.08), correction=c)
+    first = Proposal(np.array([[1, 2, 3]]), rates=np.full((1, 3), 0.85))
+    second = Proposal(np.array([[4, 5, 6]]), rates=np.full((1, 3), 0.85))
+    for _ in range(50):
+        planner.plan([first, second])
+        planner.observe([np.array([4, 5, 6])])  # the second source's path, every time
+    assert c.corrected(np.array([0.85]), 0)[0] < 0.3 and c.corrected(np.array([0.85]), 1)[0] > 0.85
+    kept = prefixes([row[row >= 0].tolist() for row in planner.plan([first, second]).drafts])
+    assert (4, 5, 6) in kept and (1,) not in kept
