@@ -11,7 +11,6 @@ from pathlib import Path
 from latticedraft.cli.args import (common_model_args, drafter_args, dynamo_args, gamma_arg, lookahead_args,
                                    method_arg, mtad_args, sampling_args, self_draft_args, tree_args)
 from latticedraft.cli.checks import check_model_limits, check_ranges, method_options, refuse_given
-from latticedraft.decoding import registry
 from latticedraft.errors import InputError
 
 
@@ -81,7 +80,7 @@ def _check_output(a) -> None:
     """The data-set options need ``--output``; ``--output`` needs ``--prompts``; streaming text
     decodes one prompt at a time."""
     if a.output is None:
-        refuse_given(a, registry.DATASET, "it applies to a data set run, decode --prompts IN.jsonl --output OUT.jsonl")
+        refuse_given(a, tuple(DATASET), "it applies to a data set run, decode --prompts IN.jsonl --output OUT.jsonl")
         if not a.json:
             refuse_given(a, ("batch_size",), "prompts are decoded one at a time when streaming text; add --json "
                                              "or --output OUT.jsonl to decode them in batches")
@@ -160,6 +159,16 @@ class TextStream:
             self.shown = text
 
 
+DATASET = {  # dest -> help of the switches of a data-set run (decode --output)
+    "resume": "skip prompts that already have a complete record in OUT (same settings required); a torn last "
+              "line is decoded again",
+    "skip_bad": "leave out malformed lines, empty prompts and duplicate ids (counted on stderr) instead of "
+                "refusing the file",
+    "sort_by_length": "batch prompts of similar token length together; OUT still follows the input order",
+    "quiet_ranks": "under torchrun, only rank 0 shows a progress bar and a summary",
+}
+
+
 def add_parser(groups) -> None:
     p = groups.add_parser("decode", help="generate with parallel BPD (exactly the greedy output, fewer model calls)",
                           description="Generate with blockwise parallel decoding; the output equals greedy decoding.")
@@ -187,16 +196,8 @@ def add_parser(groups) -> None:
     d.add_argument("-o", "--output", default=None, metavar="OUT.jsonl",
                    help="append one JSON record per prompt (with its id and the settings fingerprint) as each "
                         "batch completes, then order them as the prompts; - writes standard output")
-    d.add_argument("--resume", action="store_true",
-                   help="skip prompts that already have a complete record in OUT (same settings required); "
-                        "a torn last line is decoded again")
-    d.add_argument("--skip-bad", action="store_true",
-                   help="leave out malformed lines, empty prompts and duplicate ids (counted on stderr) instead "
-                        "of refusing the file")
-    d.add_argument("--sort-by-length", action="store_true",
-                   help="batch prompts of similar token length together; OUT still follows the input order")
-    d.add_argument("--quiet-ranks", action="store_true",
-                   help="under torchrun, only rank 0 shows a progress bar and a summary")
+    for dest, text in DATASET.items():
+        d.add_argument("--" + dest.replace("_", "-"), action="store_true", help=text)
     common_model_args(p)
     drafter_args(p)
     tree_args(p)

@@ -6,9 +6,10 @@ of them switches on method names. Adding a method touches its own module (which 
 ``METHOD``, ``decoding/methods/<name>.py``) and one name in ``MODULES``. A method module imports
 no torch at import time (its decoder's modules load when it runs), so ``--help`` stays quick.
 
-Options are named by their ``argparse`` destination (``--top-k`` is ``top_k``). ``COMMON``
-options apply to every method; ``SAMPLING`` ones to the methods that sample; the rest belong to
-the methods that list them. ``Method.configure(values, given)`` turns option values (dest ->
+Options are named by their ``argparse`` destination (``--top-k`` is ``top_k``). An option a
+method lists (``Method.options``) belongs to the methods that list it; ``SAMPLING`` ones to the
+methods that sample; every other option of a command (where to decode, what, how much, how to
+report) applies to every method. ``Method.configure(values, given)`` turns option values (dest ->
 value, ``None`` where the method's own default applies) into the method's options object,
 refusing bad values in one line; ``given`` (the dests the user set) lets it refuse options that
 do not apply to a sub-choice (a ``--drafter`` that reads no ``--lm``).
@@ -17,6 +18,7 @@ do not apply to a sub-choice (a ``--drafter`` that reads no ``--lm``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import math
 from dataclasses import dataclass, field
@@ -25,10 +27,6 @@ from typing import Any, Callable
 from latticedraft.errors import InputError
 
 MODULES = ("bpd", "greedy", "lookahead", "mtad", "kangaroo", "ppd", "dynamo")  # decoding/methods/<name>.py
-DATASET = ("resume", "skip_bad", "sort_by_length", "quiet_ranks")  # options of a data-set run (decode --output)
-# options every method reads (where to decode, what, how much, how to report)
-COMMON = ("method", "model", "tokenizer", "device", "threads", "prompt", "prompts", "chat", "max_new_tokens",
-          "truncate_left", "batch_size", "json", "output", *DATASET, "verbose")
 
 
 @dataclass(frozen=True)
@@ -56,8 +54,8 @@ class Request:
 class Method:
     """name: the ``--method`` value; summary: one line for help texts; lossless: the output
     equals greedy decoding (or, sampling, has the target's distribution); sampling: "never" |
-    "optional" (``--do-sample``) | "always"; options: the option dests it reads beyond ``COMMON``
-    (and ``SAMPLING`` where it samples); batched: decodes several prompts per call.
+    "optional" (``--do-sample``) | "always"; options: the method-specific option dests it reads
+    (beside ``SAMPLING`` where it samples, and every option no method lists); batched: decodes several prompts per call.
 
     configure(values, given) -> options object; label(options, sampling) -> str (the records'
     ``method``); settings(options, sampling) -> dict (plain values that decide the output: the
@@ -89,7 +87,11 @@ class Method:
         return batch_size > 1 and prompts > batch_size and self.continuous(options)
 
     def reads(self, dest: str) -> bool:
-        return dest in COMMON or dest in self.options or (self.sampling != "never" and dest in SAMPLING)
+        """Whether option ``dest`` applies to this method: one it lists, a sampling option where it
+        samples, or one that no method lists (an option of every method)."""
+        if dest in self.options or (self.sampling != "never" and dest in SAMPLING):
+            return True
+        return dest not in SAMPLING and dest not in method_options()
 
     def uses_file(self, dest: str, options) -> bool:
         """Whether file option ``dest`` (``lm``, ``rescorer``, ``draft_model``...) decides the output."""
@@ -173,6 +175,12 @@ def methods() -> dict[str, Method]:
         m = importlib.import_module(f"latticedraft.decoding.methods.{name}").METHOD
         out[m.name] = m
     return out
+
+
+@functools.cache
+def method_options() -> frozenset:
+    """Every option dest some method lists (``Method.options``): the method-specific ones."""
+    return frozenset(dest for m in methods().values() for dest in m.options)
 
 
 def get(name: str) -> Method:
