@@ -71,7 +71,7 @@ class TreePlanner:
             self._T = np.asarray(cost.seconds(n), dtype=np.float64)  # _T[n - 1] = T(n)
         self.overhead = 0.0
         self.correction = correction
-        self._chosen: list = []  # per row of the last auto plan: (parent, token, raw rate, chosen node ids)
+        self._chosen: list = []  # per row of the last auto plan: (parent, token, (raw rate, source), chosen ids)
 
     def plan(self, proposals: list, room: int | None = None) -> Plan:
         """The paths to verify after the root, at most ``room`` tokens deep, from one step's
