@@ -104,8 +104,9 @@ _SAME = object()
 @dataclass(frozen=True)
 class Flag:
     """The command-line side of an options field (``option``): flag, help, the group it is listed
-    in, the CLI's default (where it differs from the library's), argparse's keywords, and whether
-    the acceptance rates fitted for a drafter depend on it (``fit``: part of their cache key)."""
+    in, the CLI's default (where it differs from the library's), argparse's keywords, whether
+    the acceptance rates fitted for a drafter depend on it (``fit``: part of their cache key), and
+    which sub-choices read it (``only``: e.g. the ``--drafter`` values; empty: all)."""
 
     flag: str
     help: str
@@ -113,14 +114,17 @@ class Flag:
     cli: Any
     argparse: dict
     fit: bool = True
+    only: tuple = ()
 
 
-def option(default, help: str, *, group: str, flag: str | None = None, cli=_SAME, fit: bool = True, **argparse):
+def option(default, help: str, *, group: str, flag: str | None = None, cli=_SAME, fit: bool = True,
+           only: tuple = (), **argparse):
     """A field of a method's options dataclass that declares its command-line option once: ``--flag``
     (default: the field name with dashes; its dest is the flag's), ``help``, ``group`` (which
     ``add_options`` call lists it), ``cli``: the CLI's default where it differs from the library's
-    ``default``; ``argparse``: ``type``, ``choices``, ``metavar``."""
-    return field(default=default, metadata={"cli": Flag(flag, help, group, cli, argparse, fit)})
+    ``default``; ``only``: the sub-choices that read it (the method refuses it for the others);
+    ``argparse``: ``type``, ``choices``, ``metavar``."""
+    return field(default=default, metadata={"cli": Flag(flag, help, group, cli, argparse, fit, tuple(only))})
 
 
 def flags(cls) -> list[tuple[str, dataclasses.Field, Flag]]:

@@ -30,13 +30,8 @@ from latticedraft.errors import InputError
 
 DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none")
 HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")
-# which drafters read a drafting option (the others are refused it)
-DRAFTER_OPTIONS = {
-    "rescorer": ("neural",), "alpha": ("ngram", "parallel", "neural"),
-    "nbest": ("parallel", "parallel-base"), "draft_model": ("model",), "gamma": ("model",),
-    "draft_confidence": ("model",),
-    **{d: HEAD_DRAFTERS for d in ("k", "prune", "eps", "backoff", "slots", "draft_vocab")},
-}
+# which drafters read the options DrafterSpec does not declare (its own declare ``only``)
+FILE_OPTIONS = {"rescorer": ("neural",), "draft_model": ("model",), "gamma": ("model",)}
 LOOKAHEAD_POOL = (*LOOKAHEAD_DESTS, "lookahead_config")  # what --lookahead-pool reads
 
 
@@ -80,29 +75,33 @@ class DrafterSpec:
         "the un-rescored lattice; neural = Algorithm 2; oracle = best lattice path given the greedy output; model = "
         "an auxiliary draft model (--draft-model DIR, classic speculative decoding); none = no head drafts (with "
         "--context-ngrams: prompt lookup on latticedraft's verifier)"))
-    k: int = option(16, group="drafting", type=int, help="candidates per head in the lattice")
-    prune: str = option("none", group="drafting", choices=["none", "static", "otsu"], help="lattice pruning")
-    eps: float = option(0.001, group="drafting", type=float, help="static pruning threshold, a probability")
-    backoff: float | None = option(None, group="drafting", type=float, metavar="EPS_B",
+    k: int = option(16, group="drafting", only=HEAD_DRAFTERS, type=int, help="candidates per head in the lattice")
+    prune: str = option("none", group="drafting", only=HEAD_DRAFTERS, choices=["none", "static", "otsu"],
+                        help="lattice pruning")
+    eps: float = option(0.001, group="drafting", only=HEAD_DRAFTERS, type=float,
+                        help="static pruning threshold, a probability")
+    backoff: float | None = option(None, group="drafting", only=HEAD_DRAFTERS, type=float, metavar="EPS_B",
                                    help="cut the lattice at the first head whose best probability is below EPS_B")
-    slots: int | None = option(None, group="drafting", type=int, metavar="D",
+    slots: int | None = option(None, group="drafting", only=HEAD_DRAFTERS, type=int, metavar="D",
                                help="draft from the first D extra heads only; the others are not computed "
                                     "(default: all)")
-    alpha: float = option(1.0, group="drafting", type=float, help="interpolation weight of the rescoring LM")
-    nbest: int = option(16, group="drafting", type=int, help="drafts verified per step for parallel drafters")
+    alpha: float = option(1.0, group="drafting", only=("ngram", "parallel", "neural"), type=float,
+                          help="interpolation weight of the rescoring LM")
+    nbest: int = option(16, group="drafting", only=("parallel", "parallel-base"), type=int,
+                        help="drafts verified per step for parallel drafters")
     tree: str = option("fixed", cli="auto", fit=False, group="tree", choices=["auto", "fixed"], help=(
         "auto: verify the nodes that maximise expected tokens per second under the measured step cost T(n); "
         "fixed: every drafted path"))
     context_ngrams: int = option(0, cli=3, group="tree", type=int, metavar="N", help=(
         "also draft what followed earlier matches of the last N..1 tokens in the prompt and output (prompt "
         "lookup); 0 = off"))
-    draft_vocab: int | str | None = option(None, cli="auto", group="tree", metavar="V", help=(
+    draft_vocab: int | str | None = option(None, cli="auto", group="tree", only=HEAD_DRAFTERS, metavar="V", help=(
         "the extra heads project onto the V most frequent tokens (draft_vocab.json beside the heads); 0 = the full "
         f"vocabulary; verification always uses all (default auto: {AUTO_DRAFT_VOCAB} where the heads ship a "
         "ranking, else all)"))
     lookahead: object = None
     gamma: int = 4
-    draft_confidence: float = option(0.2, group="drafting", type=float, metavar="P", help=(
+    draft_confidence: float = option(0.2, group="drafting", only=("model",), type=float, metavar="P", help=(
         "--drafter model: stop drafting once the chance that the whole draft is accepted falls below P (each "
         "token's chance: its draft probability, calibrated on what the target accepted so far; 0 = always --gamma "
         "tokens)"))
@@ -150,7 +149,8 @@ def _configure(values: dict, given: set) -> DrafterSpec:
     name = values["drafter"]
     if name not in DRAFTERS:
         raise InputError(f"--drafter {name!r} is not one of {', '.join(DRAFTERS)}")
-    for dest, users in DRAFTER_OPTIONS.items():
+    only = {**FILE_OPTIONS, **{dest: fl.only for dest, _, fl in flags(DrafterSpec) if fl.only}}
+    for dest, users in only.items():
         if dest in given and name not in users:
             raise InputError(f"--{dest.replace('_', '-')} does not apply to --drafter {name} (it applies to "
                              f"--drafter {' / '.join(users)}); drop it")

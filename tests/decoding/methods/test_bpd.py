@@ -84,3 +84,20 @@ def test_the_warm_up_at_prepare_teaches_neither_the_gate_nor_the_suffix_memory()
     taught = greedy.expected.copy()
     s.decode([prompt], "bpd", spec, max_new_tokens=8, sampling=SamplingOptions(seed=1))
     assert sampled.expected.sum() > sampled.prior.sum() and np.array_equal(greedy.expected, taught)
+
+
+@pytest.mark.parametrize("dest,reader,other", [
+    ("k", "top1", "none"), ("slots", "parallel", "model"), ("draft_vocab", "neural", "none"),
+    ("alpha", "ngram", "parallel-base"), ("nbest", "parallel-base", "top1"), ("draft_confidence", "model", "top1"),
+    ("rescorer", "neural", "ngram"), ("gamma", "model", "parallel"),
+])
+def test_a_drafting_option_applies_to_the_drafters_its_declaration_names(dest, reader, other):
+    """Which ``--drafter`` values read an option comes from its ``option(..., only=...)``
+    declaration (or, for the file options DrafterSpec does not hold, ``FILE_OPTIONS``)."""
+    value = {"k": 4, "slots": 2, "draft_vocab": 0, "alpha": 0.5, "nbest": 2, "draft_confidence": 0.3,
+             "rescorer": "/r", "gamma": 3}[dest]
+    extra = {"draft_model": "/d"} if reader == "model" else {}  # (what --drafter model needs)
+    METHOD.configure({"drafter": reader, dest: value, **extra}, {dest, *extra})
+    flag = "--" + dest.replace("_", "-")
+    with pytest.raises(InputError, match=f"{flag} does not apply to --drafter {other} "):
+        METHOD.configure({"drafter": other, dest: value}, {dest})
