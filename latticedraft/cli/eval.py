@@ -18,23 +18,29 @@ from latticedraft.cli.args import (
 )
 
 
+ABLATION_FLAGS = {  # flag -> argparse keywords of the DynaMo ablation's own options (eval --method dynamo)
+    "--epsilons": dict(type=float, nargs="+", default=None, help="ε_b grid (default 0.0 0.1 … 1.0)"),
+    "--variants": dict(nargs="+", default=None, help="variants (default CO+AT+G3 CO+AT CO CO-0.5+AT+G3 AT+G3)"),
+    "--seeds": dict(type=int, nargs="+", default=[0], help="sampling seeds per prompt (default 0)"),
+    "--heldout-tokens": dict(type=int, default=16384, help="held-out tokens for PPL_n / PPL_1:n (0: skip)"),
+    "--dynamic-tokens": dict(type=int, default=2048, help="held-out tokens for PPL_d per ε_b (default 2048)"),
+}
+ABLATION = tuple(f[2:].replace("-", "_") for f in ABLATION_FLAGS)  # their dests (refused for --method bpd)
+SHARED_FLAGS = {  # flag -> argparse keywords of options the ablation shares with eval --method bpd
+    "--num-prompts": dict(type=int, default=20, help="first N prompts of the file (default 20)"),
+    "--out": dict(type=Path, default=Path("dynamo-eval"), help="output directory (default ./dynamo-eval)"),
+    "--max-new-tokens": dict(type=int, default=48, help="tokens per generation (default 48)"),
+    "--prompts": dict(default=None, help="prompt JSONL (default data/prompts.jsonl)"),
+    "--model": dict(default=None, help="DynaMo head checkpoint (default data/heads-dynamo)"),
+}
+
+
 def _dynamo_eval_args(p: argparse.ArgumentParser) -> None:
     """Flags of ``eval --method dynamo`` (the ablation); options the parser already has are left to it."""
     dynamo_args(p)
     have = set(p._option_string_actions)
     g = p.add_argument_group("DynaMo ablation (--method dynamo)")
-    for flag, kw in [
-        ("--epsilons", dict(type=float, nargs="+", default=None, help="ε_b grid (default 0.0 0.1 … 1.0)")),
-        ("--variants", dict(nargs="+", default=None, help="variants (default CO+AT+G3 CO+AT CO CO-0.5+AT+G3 AT+G3)")),
-        ("--seeds", dict(type=int, nargs="+", default=[0], help="sampling seeds per prompt (default 0)")),
-        ("--num-prompts", dict(type=int, default=20, help="first N prompts of the file (default 20)")),
-        ("--heldout-tokens", dict(type=int, default=16384, help="held-out tokens for PPL_n / PPL_1:n (0: skip)")),
-        ("--dynamic-tokens", dict(type=int, default=2048, help="held-out tokens for PPL_d per ε_b (default 2048)")),
-        ("--out", dict(type=Path, default=Path("dynamo-eval"), help="output directory (default ./dynamo-eval)")),
-        ("--max-new-tokens", dict(type=int, default=48, help="tokens per generation (default 48)")),
-        ("--prompts", dict(default=None, help="prompt JSONL (default data/prompts.jsonl)")),
-        ("--model", dict(default=None, help="DynaMo head checkpoint (default data/heads-dynamo)")),
-    ]:
+    for flag, kw in {**ABLATION_FLAGS, **SHARED_FLAGS}.items():
         if flag not in have:
             g.add_argument(flag, **kw)
 
@@ -56,7 +62,6 @@ def _cmd_eval_dynamo(a, base) -> int:
     return 0
 
 
-ABLATION = ("epsilons", "variants", "seeds", "heldout_tokens", "dynamic_tokens")  # eval --method dynamo's own
 TABLES = ("alphas", "lm2", "rescorers", "batch_size", "skip", "truncate_left")  # eval --method bpd's own
 ROWS = ("bpd", "lookahead", "kangaroo", "ppd")  # the methods of eval --method bpd's rows
 
