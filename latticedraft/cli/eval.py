@@ -62,7 +62,17 @@ def _cmd_eval_dynamo(a, base) -> int:
     return 0
 
 
-TABLES = ("alphas", "lm2", "rescorers", "batch_size", "skip", "truncate_left")  # eval --method bpd's own
+TABLE_FLAGS = {  # flag -> argparse keywords of eval --method bpd's own options (refused for the ablation)
+    "--skip": dict(type=int, default=0, help="skip the first N prompts (the tuning split of `tune`)"),
+    "--truncate-left": dict(type=int, default=None, metavar="N",
+                            help="keep the last N tokens of each prompt (default: refuse a prompt that does not fit)"),
+    "--batch-size": dict(type=int, default=4, help="prompts decoded together (default 4)"),
+    "--alphas": dict(default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (else --alpha for all)"),
+    "--lm2": dict(default=None, metavar="DIR", help="2-gram build for Table 3 (default: the --lm model)"),
+    "--rescorers": dict(nargs="+", default=None, metavar="LABEL=DIR",
+                        help="neural rescorers, one Table 4 column each (default: --rescorer)"),
+}
+TABLES = tuple(f[2:].replace("-", "_") for f in TABLE_FLAGS)  # their dests
 ROWS = ("bpd", "lookahead", "kangaroo", "ppd")  # the methods of eval --method bpd's rows
 
 
@@ -151,15 +161,9 @@ def add_parser(groups) -> None:
                         "wrote there")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="{\"prompt\", \"reference\"?} per line (default data/prompts.jsonl)")
     p.add_argument("--num-prompts", type=int, default=20, help="prompts evaluated (default 20)")
-    p.add_argument("--skip", type=int, default=0, help="skip the first N prompts (the tuning split of `tune`)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
-    p.add_argument("--truncate-left", type=int, default=None, metavar="N",
-                   help="keep the last N tokens of each prompt (default: refuse a prompt that does not fit)")
-    p.add_argument("--batch-size", type=int, default=4, help="prompts decoded together (default 4)")
-    p.add_argument("--alphas", default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (else --alpha for all)")
-    p.add_argument("--lm2", default=None, metavar="DIR", help="2-gram build for Table 3 (default: the --lm model)")
-    p.add_argument("--rescorers", nargs="+", default=None, metavar="LABEL=DIR",
-                   help="neural rescorers, one Table 4 column each (default: --rescorer)")
+    for flag, kw in TABLE_FLAGS.items():
+        p.add_argument(flag, **kw)
     p.add_argument("-o", "--out", type=Path, default=Path("out/eval"),
                    help="output directory for results.json, results.md and the figures (default ./out/eval)")
     common_model_args(p)
