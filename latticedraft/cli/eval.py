@@ -18,6 +18,11 @@ from latticedraft.cli.args import (
 )
 
 
+def _dests(flags) -> tuple:
+    """The argparse destinations of long flags (``--heldout-tokens`` -> ``heldout_tokens``)."""
+    return tuple(f[2:].replace("-", "_") for f in flags)
+
+
 ABLATION_FLAGS = {  # flag -> argparse keywords of the DynaMo ablation's own options (eval --method dynamo)
     "--epsilons": dict(type=float, nargs="+", default=None, help="ε_b grid (default 0.0 0.1 … 1.0)"),
     "--variants": dict(nargs="+", default=None, help="variants (default CO+AT+G3 CO+AT CO CO-0.5+AT+G3 AT+G3)"),
@@ -25,7 +30,7 @@ ABLATION_FLAGS = {  # flag -> argparse keywords of the DynaMo ablation's own opt
     "--heldout-tokens": dict(type=int, default=16384, help="held-out tokens for PPL_n / PPL_1:n (0: skip)"),
     "--dynamic-tokens": dict(type=int, default=2048, help="held-out tokens for PPL_d per ε_b (default 2048)"),
 }
-ABLATION = tuple(f[2:].replace("-", "_") for f in ABLATION_FLAGS)  # their dests (refused for --method bpd)
+ABLATION = _dests(ABLATION_FLAGS)  # their dests (refused for --method bpd)
 SHARED_FLAGS = {  # flag -> argparse keywords of options the ablation shares with eval --method bpd
     "--num-prompts": dict(type=int, default=20, help="first N prompts of the file (default 20)"),
     "--out": dict(type=Path, default=Path("dynamo-eval"), help="output directory (default ./dynamo-eval)"),
@@ -72,7 +77,7 @@ TABLE_FLAGS = {  # flag -> argparse keywords of eval --method bpd's own options 
     "--rescorers": dict(nargs="+", default=None, metavar="LABEL=DIR",
                         help="neural rescorers, one Table 4 column each (default: --rescorer)"),
 }
-TABLES = tuple(f[2:].replace("-", "_") for f in TABLE_FLAGS)  # their dests
+TABLES = _dests(TABLE_FLAGS)  # their dests
 ROWS = ("bpd", "lookahead", "kangaroo", "ppd")  # the methods of eval --method bpd's rows
 
 

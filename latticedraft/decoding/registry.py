@@ -55,7 +55,8 @@ class Method:
     """name: the ``--method`` value; summary: one line for help texts; lossless: the output
     equals greedy decoding (or, sampling, has the target's distribution); sampling: "never" |
     "optional" (``--do-sample``) | "always"; options: the method-specific option dests it reads
-    (beside ``SAMPLING`` where it samples, and every option no method lists); batched: decodes several prompts per call.
+    (beside ``SAMPLING`` where it samples, and every option no method lists); batched: decodes
+    several prompts per call.
 
     configure(values, given) -> options object; label(options, sampling) -> str (the records'
     ``method``); settings(options, sampling) -> dict (plain values that decide the output: the

@@ -63,10 +63,11 @@ class Step:
 class Proposal:
     """One row's paths. tokens: int64[p, d] (negative = end of path); q: float64[p, d] the draft's
     joint prefix probabilities, for a rule that reads them (MTAD's; None otherwise); rates:
-    float[p, d] conditional acceptance rates for the cost-aware tree (None where unrated); side: a ``SideBranch`` riding
-    along in the verify call (lookahead's Jacobi window); sausage: the lattice the paths came
-    from; hidden: [1 + d, H] states of [root, path 0] at the verifier's first layer (split
-    verification from stored layer-l states, Kangaroo); heads: drafted from the heads."""
+    float[p, d] conditional acceptance rates for the cost-aware tree (None where unrated); side:
+    a ``SideBranch`` riding along in the verify call (lookahead's Jacobi window); sausage: the
+    lattice the paths came from; hidden: [1 + d, H] states of [root, path 0] at the verifier's
+    first layer (split verification from stored layer-l states, Kangaroo); heads: drafted from
+    the heads."""
 
     tokens: np.ndarray
     q: np.ndarray | None = None
@@ -83,9 +84,9 @@ class Proposal:
 
 class Proposer:
     """Base class: proposes nothing. ``uses_heads``: reads ``Step.head_logits``; ``stem``: set by
-    proposers that run the model's first layers themselves (split verification); ``admits``: its per-row state is keyed by the prompt
-    (``start`` makes it for every prompt of the call), so prompts may join a running batch
-    (``loop.speculative_decode``'s ``Request.in_flight``)."""
+    proposers that run the model's first layers themselves (split verification); ``admits``: its
+    per-row state is keyed by the prompt (``start`` makes it for every prompt of the call), so
+    prompts may join a running batch (``loop.speculative_decode``'s ``Request.in_flight``)."""
 
     name = "none"
     uses_heads = False
