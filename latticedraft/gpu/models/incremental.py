@@ -5,10 +5,10 @@
 logits (float, [V] per row; V: the model's vocabulary), unprocessed. ``Beams`` forks that cache
 into w rows (one per beam) and feeds one token per beam per call ([w] -> [w, V]).
 
-Two paths give the same numbers: models ``lean_stack`` accepts (an unwrapped GPT-2, LLaMA or
-Mistral; see ``gpu.verify.lean``) run through ``LeanStack`` over the in-place ``KVCache``, without
-transformers' per-call work; others through transformers' forward over a ``DynamicCache``
-(passed as ``hf.cache_arg``). ``calls`` counts forwards of either path.
+Both keep their keys and values in one ``kv.KVCache``. Two paths give the same numbers: models
+``lean_stack`` accepts (an unwrapped GPT-2, LLaMA or Mistral; see ``gpu.verify.lean``) run
+through ``LeanStack``, without transformers' per-call work; others through transformers' forward
+over the same cache (``KVCache.transformers_cache``). ``calls`` counts forwards of either path.
 
     >>> lm = IncrementalLM(model)                        # doctest: +SKIP
     >>> x = lm.next_logits(np.array([5, 8, 13]), room=2) # [V]: after the history; 2 pushes to come
@@ -23,10 +23,9 @@ import numpy as np
 import torch
 
 from latticedraft.gpu.models.hf import cache_arg
-from latticedraft.gpu.verify.dynamic_cache import cache_length, crop_to
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.masks import causal_mask
-from latticedraft.gpu.verify.modes import position_limit, sliding_window
+from latticedraft.gpu.verify.modes import base_config, position_limit, sliding_window
 
 
 class IncrementalLM:
@@ -36,8 +35,8 @@ class IncrementalLM:
     token; ``rewind()`` crops back to the last history fed; ``beams()`` forks the cache for beam
     search. A model with fewer positions than the history + the tokens to be pushed sees the
     latest positions only (drafts only: the cache then starts over each step). ``calls`` counts
-    forwards. Models ``lean_stack`` accepts run through ``LeanStack`` over a ``KVCache`` (the
-    same numbers as transformers' forward without its per-call work); others through transformers."""
+    forwards. Models ``lean_stack`` accepts run through ``LeanStack`` (the same numbers as
+    transformers' forward without its per-call work); others through transformers."""
 
     def __init__(self, model, stack="auto"):
         """stack: ``lean_stack(model)``, shared by several instances ("auto": built here)."""
@@ -47,27 +46,32 @@ class IncrementalLM:
         self.limit, self.window = position_limit(model), sliding_window(model)
         self.stack = lean_stack(model) if isinstance(stack, str) else stack
 
-    @torch.inference_mode()
     def _run(self, ids: np.ndarray) -> torch.Tensor:
         ids = np.asarray(ids, dtype=np.int64)
-        x = torch.as_tensor(ids[None], device=self.device)
-        self.calls += 1
         self.fed = np.concatenate([self.fed, ids])
-        if self.stack is None:
-            from transformers import DynamicCache
-
-            if self.cache is None:
-                self.cache = DynamicCache()
-            return self.model(input_ids=x, use_cache=True, **cache_arg(self.cache)).logits[0, -1]
         if self.cache is None:
-            self.cache = KVCache(1, self.stack.num_layers, self.device, capacity=len(ids) + 16)
-        n = len(ids)
-        start = self.cache.reserve(n)
-        pos = torch.arange(start, start + n, device=self.device)[None]
-        mask = causal_mask(start, n, self.window, self.device)
-        h = self.stack.run(self.stack.embed(x, pos), 0, self.stack.num_layers, mask, pos, self.cache)
-        self.cache.append_valid(np.ones((1, n), dtype=bool), pos.cpu().numpy())
-        return self.stack.unembed(self.stack.norm(h[0, -1]))
+            layers = self.stack.num_layers if self.stack is not None else int(base_config(self.model).num_hidden_layers)
+            self.cache = KVCache(1, layers, self.device, capacity=len(ids) + 16)
+        return self.feed(self.cache, torch.as_tensor(ids[None], device=self.device))[0]
+
+    @torch.inference_mode()
+    def feed(self, cache: KVCache, x: torch.Tensor) -> torch.Tensor:
+        """Run tokens x int64[b, n] after the slots of ``cache`` (every row equally long, no padding)
+        and keep them; raw logits [b, V] after each row's last token."""
+        self.calls += 1
+        b, n = x.shape
+        start = cache.reserve(n)
+        pos = torch.as_tensor(cache.next_pos[:, None] + np.arange(n), device=self.device)
+        if self.stack is None:
+            logits = self.model(input_ids=x, position_ids=pos, use_cache=True,
+                                **cache_arg(cache.transformers_cache())).logits[:, -1]
+        else:
+            stack = self.stack
+            h = stack.run(stack.embed(x, pos), 0, stack.num_layers, causal_mask(start, n, self.window, self.device),
+                          pos, cache)
+            logits = stack.unembed(stack.norm(h[:, -1]))
+        cache.append_valid(np.ones((b, n), dtype=bool), pos.cpu().numpy())
+        return logits
 
     def next_logits(self, history: np.ndarray, room: int = 0) -> torch.Tensor:
         """Raw logits [V] after ``history`` (int64[t], t >= 1); room: tokens to be pushed after it."""
@@ -91,12 +95,8 @@ class IncrementalLM:
     def rewind(self, n: int | None = None) -> None:
         """Crop back to the first n tokens (default: the history of the last ``next_logits``)."""
         n = self.mark if n is None else n
-        if self.stack is None:
-            crop_to(self.cache, n)
-            assert cache_length(self.cache) == n
-        else:
-            self.cache.truncate(n)
-            self.cache.next_pos[:] = n
+        self.cache.truncate(n)
+        self.cache.next_pos[:] = n
         self.fed = self.fed[:n]
 
     def beams(self) -> "Beams":
@@ -111,34 +111,14 @@ class Beams:
 
     def __init__(self, lm: IncrementalLM):
         self.lm = lm
-        if lm.stack is None:
-            from transformers import DynamicCache
-
-            self.cache = DynamicCache()
-            for i, layer in enumerate(lm.cache.layers):
-                self.cache.update(layer.keys, layer.values, i)  # a copy of the history's keys and values
-        else:
-            self.cache = lm.cache.fork(np.zeros(1, dtype=np.int64))
+        self.cache = lm.cache.fork(np.zeros(1, dtype=np.int64))
 
     def keep(self, rows: np.ndarray) -> None:
-        if self.lm.stack is None:
-            self.cache.reorder_cache(torch.as_tensor(rows, device=self.lm.device))
-        else:
-            self.cache.select_rows(np.asarray(rows, dtype=np.int64))
+        self.cache.select_rows(np.asarray(rows, dtype=np.int64))
 
-    @torch.inference_mode()
     def step(self, tokens: np.ndarray) -> torch.Tensor:
-        lm = self.lm
-        x = torch.as_tensor(np.asarray(tokens, dtype=np.int64)[:, None], device=lm.device)  # [w, 1]
-        lm.calls += 1
-        if lm.stack is None:
-            return lm.model(input_ids=x, use_cache=True, **cache_arg(self.cache)).logits[:, -1]
-        cache, stack = self.cache, lm.stack
-        pos = torch.as_tensor(cache.next_pos[:, None].copy(), device=lm.device)  # [w, 1] (equal: no padding)
-        start = cache.reserve(1)
-        h = stack.run(stack.embed(x, pos), 0, stack.num_layers, causal_mask(start, 1, lm.window, lm.device), pos, cache)
-        cache.append_valid(np.ones((len(tokens), 1), dtype=bool), pos.cpu().numpy())
-        return stack.unembed(stack.norm(h[:, -1]))
+        x = torch.as_tensor(np.asarray(tokens, dtype=np.int64)[:, None], device=self.lm.device)  # [w, 1]
+        return self.lm.feed(self.cache, x)
 
 
 def lean_stack(model):

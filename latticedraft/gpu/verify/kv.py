@@ -24,6 +24,11 @@ moves the kept ones to their slots in one scatter for every layer -- nothing whe
 already there (a row whose positions have not wrapped yet and that accepted its written prefix).
 Slot order is then not position order; masks are built from ``pos`` (tree mode).
 
+Models that build their own masks (the batched fallback; the incremental LM over a model the lean
+stack does not run) take ``transformers_cache()``: the same store shown as transformers'
+``DynamicCache``, whose layers write the reserved nodes in place. There slot distances must equal
+position distances, which ``left_align`` restores after rows accepted different numbers of nodes.
+
     >>> c = KVCache(batch=1, layers=2, device="cpu")
     >>> start = c.reserve(3)           # then every layer: K, V = c.write(layer, k, v)
 """
@@ -32,6 +37,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from latticedraft.errors import InputError
 
@@ -39,8 +46,7 @@ from latticedraft.errors import InputError
 class KVCache:
     """batch rows; layers: decoder layers held (``first_layer`` .. ``first_layer + layers - 1``:
     the split verifier's range, one of PPD's or Kangaroo's); window: W for a rolling buffer (None:
-    every position kept). The one KV cache of the layers latticedraft runs itself (the batched
-    fallback, which leaves masks to the model, keeps transformers' own: ``dynamic_cache.SlotCache``)."""
+    every position kept). The one KV cache of every verification mode and of the incremental LM."""
 
     def __init__(self, batch: int, layers: int, device="cpu", window: int | None = None, first_layer: int = 0,
                  capacity: int = 64):
@@ -71,8 +77,19 @@ class KVCache:
 
     @property
     def cache(self) -> "KVCache":
-        """What a transformers forward takes as its cache (this object: ``update``, ``get_seq_length``)."""
+        """What a transformers forward under latticedraft's own 4-D masks takes as its cache (this
+        object: ``update``, ``get_seq_length``)."""
         return self
+
+    def transformers_cache(self) -> DynamicCache:
+        """This cache as transformers' ``DynamicCache``, for a forward whose model builds its own masks
+        from it: each layer shows slots [0, length) and writes the reserved nodes in place (``write``).
+        Build one per forward, after ``reserve``; the store is not copied."""
+        if self.first_layer or self.rolling:
+            raise InputError("transformers_cache: only a cache of every layer without a rolling buffer")
+        cache = DynamicCache()
+        cache.layers = [_InPlaceLayer(self, i) for i in range(self.layers)]
+        return cache
 
     def nbytes(self) -> int:
         """Bytes of keys and values in use (the current forward's nodes included)."""
@@ -256,6 +273,22 @@ class KVCache:
         self.length = self.end = length
         self.batch = b1 + b2
 
+    def left_align(self) -> None:
+        """Move each row's valid slots to the right end of [0, length) (invalid ones first, order
+        kept), so that slot distances equal position distances: models that build causal and
+        sliding-window masks from slot indices need it (``transformers_cache``)."""
+        order = np.argsort(self.valid, axis=1, kind="stable")  # False sorts first
+        if (order == np.arange(self.length)).all():
+            return
+        if self.store is not None:
+            L, two, b, h, _, d = self.store.shape
+            idx = torch.from_numpy(order).to(self.store.device)[None, None, :, None, :, None]
+            held = self.store[..., : self.length, :]
+            held.copy_(torch.gather(held, 4, idx.expand(L, two, b, h, self.length, d)))
+        rows = np.arange(self.batch)[:, None]
+        self._valid[:, : self.length] = self.valid[rows, order]
+        self._pos[:, : self.length] = self.pos[rows, order]
+
     def truncate(self, length: int) -> None:
         """Drop the slots from ``length`` on (a forward whose nodes are all discarded)."""
         self.length = self.end = int(length)
@@ -275,6 +308,23 @@ class KVCache:
             self._set_store(self.store[:, :, torch.from_numpy(rows).to(self.store.device)])
         self._valid, self._pos, self.next_pos = self._valid[rows], self._pos[rows], self.next_pos[rows]
         self.batch = len(rows)
+
+
+class _InPlaceLayer(DynamicLayer):
+    """Layer ``layer`` of a ``KVCache`` as transformers' cache layer: ``keys``/``values`` are views of
+    the slots in use, and ``update`` writes into the reserved ones instead of concatenating."""
+
+    def __init__(self, kv: KVCache, layer: int):
+        super().__init__()
+        self.kv, self.layer = kv, layer
+        if kv.store is not None:
+            self.keys, self.values = kv._k[layer][:, :, : kv.length], kv._v[layer][:, :, : kv.length]
+            self.device, self.is_initialized = kv.store.device, True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.keys, self.values = self.kv.write(self.layer, key_states, value_states)
+        self.device, self.is_initialized = key_states.device, True
+        return self.keys, self.values
 
 
 def _host(x) -> np.ndarray:

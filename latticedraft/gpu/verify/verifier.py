@@ -13,7 +13,8 @@ in every result:
   proposer runs the first l layers of the prompt too (its ``stem``, at the prefill).
 - ``"batched"``: the fallback for models whose attention takes no custom 4-D mask (flash
   attention, mixed sliding/full layers): every draft is a batch row ``[root, draft...]`` over a
-  copy of the row's cache (``dynamic_cache.SlotCache``), with a 2-D padding mask.
+  copy of the row's cache (the same ``kv.KVCache``, shown to the model as transformers'
+  ``DynamicCache``), with a 2-D padding mask.
 
 Tree and split verification run the model's layers through ``lean.LeanStack`` where it writes
 them out (GPT-2, LLaMA, Mistral: no per-call wrappers, rotary tables built once, keys and values
@@ -63,7 +64,6 @@ from latticedraft.gpu.models import hf
 from latticedraft.gpu.verify import lean
 from latticedraft.gpu.verify.forward import DraftVocab, Forward, hf_forward, lazy_logits_ok
 from latticedraft.gpu.verify.kv import KVCache
-from latticedraft.gpu.verify.dynamic_cache import SlotCache
 from latticedraft.gpu.verify.modes import (base_config, check_verifiable, choose_kv_cache, choose_mode, model_device,
                                            model_dtype, position_limit, sliding_window)
 from latticedraft.gpu.verify.masks import attention_bias, causal, visible
@@ -175,10 +175,7 @@ class Verifier:
         self.timing = dict.fromkeys(STEP_PARTS, 0.0)
 
     def new_state(self, batch: int):
-        """An empty cache for ``batch`` rows: a ``KVCache`` (tree and split modes) or a ``SlotCache``
-        (the batched fallback)."""
-        if self.mode == "batched":
-            return SlotCache.empty(batch, self.device)
+        """An empty ``KVCache`` for ``batch`` rows (of the verified layers; a rolling buffer where chosen)."""
         return KVCache(batch, self.num_layers - self.from_layer, self.device,
                        window=self.window if self.rolling else None, first_layer=self.from_layer)
 
@@ -227,7 +224,9 @@ class Verifier:
             last = torch.full((b,), (n - 1) % self.window, dtype=torch.long)
             return (state, *self._prefill_result(out, last, choose, b, heads))
         if self.mode == "batched":
-            out = hf_forward(self.model, ids, valid.long(), pos, state.cache, lazy=self.lazy, num_heads=self.num_heads)
+            state.reserve(n)
+            out = hf_forward(self.model, ids, valid.long(), pos, state.transformers_cache(), lazy=self.lazy,
+                             num_heads=self.num_heads)
             self._track(state)
         else:
             none = np.zeros((b, 0), dtype=bool)
@@ -416,14 +415,16 @@ class Verifier:
                 neg = np.nonzero(seq[i, j] < 0)[0]
                 if len(neg):
                     seq[i, j, neg[0]:] = -1
+        state.left_align()  # the model's masks see slot order: after rows kept different counts or joined
         start = state.length
         if q > 1:  # one row per draft, each over a copy of its row's cache (q = 1: the cache itself)
-            state.repeat_rows(q)
+            state.select_rows(np.repeat(np.arange(b), q))
         flat = torch.as_tensor(seq.reshape(b * q, 1 + d), device=dev)
-        live = flat >= 0
-        mask = torch.cat([state.valid, torch.ones_like(live)], dim=1).long()
-        q_pos = self._clamp(state.next_pos[:, None] + torch.arange(1 + d, device=dev)[None])
-        out = hf_forward(self.model, flat.clamp(min=0), mask, q_pos, state.cache, num_heads=self.num_heads)
+        mask = torch.from_numpy(np.concatenate([state.valid, np.ones((b * q, 1 + d), dtype=bool)], axis=1))
+        q_pos = torch.from_numpy(self._clamp(state.next_pos[:, None] + np.arange(1 + d)[None]))
+        state.reserve(1 + d)
+        out = hf_forward(self.model, flat.clamp(min=0), mask.long().to(dev), q_pos.to(dev), state.transformers_cache(),
+                         num_heads=self.num_heads)
         self._track(state)
         argmax_all = out.logits.argmax(dim=-1).view(b, q, 1 + d).cpu().numpy()
         side_argmax = None if sides is None else [
@@ -443,12 +444,8 @@ class Verifier:
                     nacc[i], best[i] = k, j
         sel = torch.as_tensor(np.arange(b) * q + best, device=dev)
         if q > 1:
-            state.select_rows(sel)
-        m = int(nacc.max()) + 1
-        keep = torch.arange(m, device=dev)[None].expand(b, m).contiguous()
-        keep_valid = keep <= torch.as_tensor(nacc, device=dev)[:, None]
-        state.commit(start, keep, keep_valid)
-        state.left_align()
+            state.select_rows(sel.cpu().numpy())
+        state.commit_prefix(start, nacc + 1)
         bonus = argmax[np.arange(b), best, nacc] if choose is None else sampled
         nodes = torch.zeros(b * q, dtype=torch.long, device=dev)
         nodes[sel] = torch.as_tensor(nacc, device=dev)
