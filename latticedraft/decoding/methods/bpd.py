@@ -23,15 +23,18 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from latticedraft.decoding.methods.lookahead import DESTS as LOOKAHEAD_DESTS
-from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB, AUTO_LM_DRAFTS
+from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB, AUTO_LM_DRAFTS, DRAFTER_FILES
 from latticedraft.decoding.registry import Method, Request, cli_defaults, flags, option, sampling_label
 from latticedraft.decoding.runs.loaders import plain_model
 from latticedraft.errors import InputError
 
 DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none")
 HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")
-# which drafters read the options DrafterSpec does not declare (its own declare ``only``)
-FILE_OPTIONS = {"rescorer": ("neural",), "draft_model": ("model",), "gamma": ("model",)}
+# which drafters read the options DrafterSpec does not declare (its own declare ``only``): their
+# files but the LM (which LM drafts read too: refused in ``_configure``), and the draft model's --gamma
+LM_READERS = tuple(d for d, f in DRAFTER_FILES.items() if f == "lm")
+FILE_OPTIONS = {**{dest: tuple(d for d, f in DRAFTER_FILES.items() if f == dest)
+                   for dest in set(DRAFTER_FILES.values()) - {"lm"}}, "gamma": ("model",)}
 LOOKAHEAD_POOL = (*LOOKAHEAD_DESTS, "lookahead_config")  # what --lookahead-pool reads
 
 
@@ -155,9 +158,9 @@ def _configure(values: dict, given: set) -> DrafterSpec:
             raise InputError(f"--{dest.replace('_', '-')} does not apply to --drafter {name} (it applies to "
                              f"--drafter {' / '.join(users)}); drop it")
     lm_drafts = _lm_drafts(values["lm_drafts"])
-    if "lm" in given and name not in ("ngram", "parallel") and not lm_drafts:
+    if "lm" in given and name not in LM_READERS and not lm_drafts:
         raise InputError(f"--lm does not apply to --drafter {name} without --lm-drafts (it applies to --drafter "
-                         "ngram / parallel and to LM drafts); drop it")
+                         f"{' / '.join(LM_READERS)} and to LM drafts); drop it")
     pool = bool(values.get("lookahead_pool"))
     if not pool:
         for dest in LOOKAHEAD_POOL:
@@ -312,7 +315,6 @@ METHOD = Method(
     prepare=_prepare,
     check=_check,
     continuous=lambda spec: spec.name in ("none", *HEAD_DRAFTERS) and spec.lookahead is None,
-    files=lambda spec: ({"ngram": ("lm",), "parallel": ("lm",), "neural": ("rescorer",), "model": ("draft_model",)}
-                        .get(spec.name, ()) + (("lm",) if spec.lm_drafts and spec.name not in ("ngram", "parallel")
-                                               else ())),
+    files=lambda spec: tuple(dict.fromkeys(
+        ([DRAFTER_FILES[spec.name]] if spec.name in DRAFTER_FILES else []) + (["lm"] if spec.lm_drafts else []))),
 )

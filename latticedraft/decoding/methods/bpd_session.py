@@ -16,6 +16,8 @@ from latticedraft.paths import data_dir
 
 AUTO_DRAFT_VOCAB = 1024  # V' of the bundled heads: 80% of corpus tokens, projection 8x cheaper
 AUTO_LM_DRAFTS = 3  # tokens of the n-gram LM's continuation: deeper ones measured slower (docs/speed.md)
+# the file each drafter reads (loaded here, fingerprinted in ``--output``); LM drafts read the LM too
+DRAFTER_FILES = {"ngram": "lm", "parallel": "lm", "neural": "rescorer", "model": "draft_model"}
 CALIBRATION_PROMPTS = slice(30, 42)  # the tuning split (Appendix E): never in the benchmark or eval prompts
 
 
@@ -31,7 +33,7 @@ def proposer(session, spec, references=None, fresh: bool = False):
         build = lambda: make_drafter("model", draft_model=session.draft_model, gamma=spec.gamma,  # noqa: E731
                                      confidence=spec.draft_confidence)
         return build() if fresh else session.once(("draft_model_proposer", spec.gamma, spec.draft_confidence), build)
-    lm = session.lm if spec.name in ("ngram", "parallel") else None
+    lm = session.lm if DRAFTER_FILES.get(spec.name) == "lm" else None
     rescorer = session.rescorer if spec.name == "neural" else None
     return make_drafter(spec.name, options=spec.lattice_options(), lm=lm, rescorer=rescorer, alpha=spec.alpha,
                         nbest=spec.nbest, references=references)
@@ -164,7 +166,7 @@ def _fit_acceptance(session, spec):
 def load(session, spec) -> None:
     """Load and check what ``spec`` drafts from: the LM's tables and kernels, the rescorer, the draft
     model, the draft vocabulary, the LM drafts' tables (``methods/bpd.py`` then warms the tree up)."""
-    if spec.name in ("ngram", "parallel"):
+    if DRAFTER_FILES.get(spec.name) == "lm":
         from latticedraft.lattice.lm_tables import lm_arrays
         from latticedraft.lattice.search import warm_up
 
