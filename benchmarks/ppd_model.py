@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     quiet_libraries(a.verbose)
 
     s = Session(a.model, threads=1)
-    from latticedraft.gpu.verify.layer_split import LayerSplit
+    from latticedraft.gpu.models.layer_split import LayerSplit
 
     split = LayerSplit(s.model)
     d = split.num_layers

@@ -38,7 +38,7 @@ from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.loaders import encode
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
-from latticedraft.gpu.verify.layer_split import LayerSplit  # noqa: E402
+from latticedraft.gpu.models.layer_split import LayerSplit  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 

@@ -390,7 +390,7 @@ def _train_self_draft(name: str) -> None:
     import torch
 
     from latticedraft.gpu.train.data import encode_files
-    from latticedraft.gpu.verify.layer_split import LayerSplit
+    from latticedraft.gpu.models.layer_split import LayerSplit
     from latticedraft.gpu.train.self_draft import adapter_loss, exit_heads_loss, train_adapter, train_exit_heads
     from latticedraft.gpu.train.loop import OptimConfig
 

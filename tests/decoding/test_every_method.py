@@ -27,7 +27,7 @@ def bundle(tmp_path_factory):
 
     from latticedraft.gpu.models.adapter import KangarooAdapter, save_adapter
     from latticedraft.gpu.models.blockwise import BlockwiseModel
-    from latticedraft.gpu.verify.layer_split import LayerSplit
+    from latticedraft.gpu.models.layer_split import LayerSplit
 
     d = tmp_path_factory.mktemp("every-method")
     torch.manual_seed(0)

@@ -158,7 +158,7 @@ def is_bundled_base(model) -> bool:
     and embedding rows (``adapter.fingerprint_mismatch``), in float32 or cast to half precision."""
     from latticedraft.errors import ModelError
     from latticedraft.gpu.models.adapter import fingerprint_mismatch
-    from latticedraft.gpu.verify.layer_split import LayerSplit
+    from latticedraft.gpu.models.layer_split import LayerSplit
 
     bundled = _bundled_fingerprint()
     if bundled is None:
@@ -177,7 +177,7 @@ def is_bundled_base(model) -> bool:
 def _bundled_fingerprint() -> dict | None:
     from latticedraft.gpu.models import hf
     from latticedraft.gpu.models.adapter import base_fingerprint
-    from latticedraft.gpu.verify.layer_split import LayerSplit
+    from latticedraft.gpu.models.layer_split import LayerSplit
     from latticedraft.paths import data_dir
 
     where = data_dir() / "base"

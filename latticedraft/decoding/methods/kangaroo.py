@@ -65,7 +65,7 @@ def kangaroo_decode(model, prompts: list, adapter, *, gamma: int = 6, eta: float
     for that base (its ``exit_layer`` is l). prompts: int sequences (>= 1 token each)."""
     from latticedraft.decoding.loop import speculative_decode
     from latticedraft.decoding.proposers.kangaroo import KangarooProposer
-    from latticedraft.gpu.verify.layer_split import LayerSplit
+    from latticedraft.gpu.models.layer_split import LayerSplit
     from latticedraft.gpu.verify.verifier import Verifier
 
     proposer = KangarooProposer(LayerSplit(model), adapter, gamma, eta)

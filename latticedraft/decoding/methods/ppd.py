@@ -38,7 +38,7 @@ def _settings(o: PPDOptions, sampling) -> dict:
 
 def _prepare(session, o: PPDOptions, batch_size: int) -> None:
     from latticedraft.decoding.self_draft.ppd import check_candidates, check_dbar
-    from latticedraft.gpu.verify.layer_split import LayerSplit
+    from latticedraft.gpu.models.layer_split import LayerSplit
 
     d = LayerSplit(session.model).num_layers
     check_dbar(o.dbar or d // 2, d)

@@ -9,7 +9,7 @@ import torch
 from latticedraft.decoding.proposers.base import Proposal, Proposer, Step
 from latticedraft.errors import InputError
 from latticedraft.gpu.verify.kv import KVCache
-from latticedraft.gpu.verify.layer_split import LayerSplit
+from latticedraft.gpu.models.layer_split import LayerSplit
 from latticedraft.gpu.verify.split_cache import drop_rows
 
 

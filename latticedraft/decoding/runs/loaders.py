@@ -190,7 +190,7 @@ def end_ids(model, tokenizer) -> list[int] | None:
 def load_adapter_for(model, path=None):
     """Kangaroo's adapter for ``model`` (default ``data/adapter-kangaroo``)."""
     from latticedraft.gpu.models.adapter import load_adapter
-    from latticedraft.gpu.verify.layer_split import LayerSplit
+    from latticedraft.gpu.models.layer_split import LayerSplit
 
     return load_adapter(Path(path) if path else data_dir() / "adapter-kangaroo", LayerSplit(model))
 
@@ -200,6 +200,6 @@ def load_exit_heads_for(model, path):
     if path is None:
         return None
     from latticedraft.gpu.models.exit_heads import load_exit_heads
-    from latticedraft.gpu.verify.layer_split import LayerSplit
+    from latticedraft.gpu.models.layer_split import LayerSplit
 
     return load_exit_heads(path, LayerSplit(model))

@@ -34,7 +34,7 @@ from latticedraft.decoding.rows import Rows
 from latticedraft.decoding.runs.prompt_length import checked_prompts
 from latticedraft.errors import InputError
 from latticedraft.gpu.verify.kv import KVCache
-from latticedraft.gpu.verify.layer_split import LayerSplit
+from latticedraft.gpu.models.layer_split import LayerSplit
 from latticedraft.gpu.verify.split_cache import drop_rows, prefill
 
 

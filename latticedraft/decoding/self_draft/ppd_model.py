@@ -99,7 +99,7 @@ def match_rates(model, sequences: list[tuple[np.ndarray, int]], ks=(1, 3, 5), ex
     positions whose final greedy token is among the top-k at layer dbar (shared final norm +
     LM head, or ``exit_head(h [n, H], dbar) -> logits``). Returns {"rates": {dbar: {k: p}},
     "positions": count}."""
-    from latticedraft.gpu.verify.layer_split import LayerSplit
+    from latticedraft.gpu.models.layer_split import LayerSplit
 
     split = LayerSplit(model)
     d = split.num_layers

@@ -22,7 +22,7 @@ from torch import nn
 
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu.models import hf
-from latticedraft.gpu.verify.layer_split import LayerSplit
+from latticedraft.gpu.models.layer_split import LayerSplit
 
 CONFIG = "adapter.json"
 WEIGHTS = "adapter.safetensors"

@@ -15,7 +15,7 @@ from torch import nn
 
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu.models.adapter import base_fingerprint, fingerprint_mismatch
-from latticedraft.gpu.verify.layer_split import LayerSplit
+from latticedraft.gpu.models.layer_split import LayerSplit
 
 CONFIG = "exit_heads.json"
 WEIGHTS = "exit_heads.safetensors"

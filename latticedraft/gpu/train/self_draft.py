@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from latticedraft.gpu.train.data import TokenWindows, encode_files
-from latticedraft.gpu.verify.layer_split import LayerSplit
+from latticedraft.gpu.models.layer_split import LayerSplit
 from latticedraft.gpu.train.loop import OptimConfig, TrainResult, finish_dir, run_training, write_json_atomic
 from latticedraft.outputs import ADAPTER, EXIT_HEADS, OutputKind, claim_dir
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from latticedraft.gpu.verify.layer_split import LayerSplit
+from latticedraft.gpu.models.layer_split import LayerSplit
 from latticedraft.memo import kept, weights_key
 
 FUSE_BYTES = 64 << 20  # fuse the projections of models whose fused copies take at most this

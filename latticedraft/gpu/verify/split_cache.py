@@ -13,7 +13,7 @@ import torch
 
 from latticedraft.errors import InputError
 from latticedraft.gpu.verify.kv import KVCache
-from latticedraft.gpu.verify.layer_split import LayerSplit
+from latticedraft.gpu.models.layer_split import LayerSplit
 from latticedraft.gpu.verify.masks import causal
 
 

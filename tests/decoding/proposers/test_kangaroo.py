@@ -10,7 +10,7 @@ import torch
 from latticedraft.decoding.methods.kangaroo import kangaroo_decode
 from latticedraft.errors import InputError, ModelError
 from latticedraft.gpu.models.adapter import KangarooAdapter, load_adapter, save_adapter
-from latticedraft.gpu.verify.layer_split import LayerSplit
+from latticedraft.gpu.models.layer_split import LayerSplit
 from tests.decoding.tiny import prompts, reference, tiny_model
 
 

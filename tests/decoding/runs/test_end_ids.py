@@ -49,7 +49,7 @@ def bundle(tmp_path_factory):
     one that hits the second, one that runs to the budget."""
     from latticedraft.gpu.models.adapter import KangarooAdapter, save_adapter
     from latticedraft.gpu.models.blockwise import BlockwiseModel
-    from latticedraft.gpu.verify.layer_split import LayerSplit
+    from latticedraft.gpu.models.layer_split import LayerSplit
 
     d = tmp_path_factory.mktemp("end-ids")
     tok = load_tokenizer(TOKENIZER)

@@ -10,7 +10,7 @@ from transformers import DynamicCache
 from latticedraft.errors import InputError
 from latticedraft.gpu.models.hf import cache_arg
 from latticedraft.gpu.verify.kv import KVCache
-from latticedraft.gpu.verify.layer_split import LayerSplit
+from latticedraft.gpu.models.layer_split import LayerSplit
 from tests.decoding.tiny import tiny_model
 
 
