@@ -7,7 +7,7 @@ tokens emitted and the nodes verified (root + Jacobi window + candidate trie), a
 
     tokens/s = sum of tokens over steps / sum of T(nodes) over steps
 
-with ``T(n)`` the measured step-cost curve (``gpu.cost_model.CostModel``, batch 1: how
+with ``T(n)`` the measured step-cost curve (``gpu.verify.cost_model.CostModel``, batch 1: how
 ``decode`` runs). The argmax of that table is written as JSON:
 
     {"lookahead": {"W": 7, "N": 4, "G": 7, "prompt_as_reference": true},

@@ -103,7 +103,7 @@ def lookahead_decode(model, prompts: list, *, W: int = 15, N: int = 5, G: int = 
 
     model: any causal LM (or a BlockwiseModel: only its base head is used). W, N, G: window
     columns, n-gram size, pool candidates per key (paper defaults for 7B models: 15, 5, 15).
-    verify: "auto" | "tree" | "batched" (``verify.choose_mode``). first_row: index of prompts[0]
+    verify: "auto" | "tree" | "batched" (``gpu.verify.modes.choose_mode``). first_row: index of prompts[0]
     in the whole prompt set (seeds each row's window and noise; ``rows`` gives every prompt's id).
     sampling: ``SamplingOptions`` for lossless sampling (None: greedy).
     kv_cache: "auto" | "full" | "rolling"."""
