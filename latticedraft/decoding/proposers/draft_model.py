@@ -8,8 +8,10 @@ agree, ``accept/sampling.py``). Every row keeps its own KV cache
 
 A draft ends early where it is unlikely to be accepted: each token's chance is read from the
 draft model's own probability for it, calibrated online against what the target accepted
-(``AcceptanceCalibration``: per probability bin, as the heads' rates are); the draft stops once
-the chance that every token so far is accepted falls below ``confidence``. (transformers' assisted
+(``planning.acceptance.RateCorrection`` over the draft probability, never decaying: per
+probability bin, the tokens kept over the probabilities tried, as the tree's rates are
+corrected); the draft stops once the chance that every token so far is accepted falls below
+``confidence``. (transformers' assisted
 generation stops at a raw draft probability below ``assistant_confidence_threshold``, 0.4, and
 tunes that threshold as it goes; a raw threshold stops a draft model whose probabilities are flat
 but right, such as the bundled one, after its first token.)
@@ -20,31 +22,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from latticedraft.decoding.planning.acceptance import HEAD_EDGES, PRIOR_WEIGHT, head_bins
+from latticedraft.decoding.planning.acceptance import RateCorrection
 from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows
 from latticedraft.errors import InputError
 from latticedraft.gpu.models.incremental import IncrementalLM, lean_stack
-
-
-class AcceptanceCalibration:
-    """How often a draft token whose draft probability fell in each ``HEAD_EDGES`` bin was accepted
-    (counted where every token before it was), smoothed towards the bin's middle probability with
-    ``PRIOR_WEIGHT`` pseudo-observations: ``rate(probs)`` float[d] for probabilities float[d]."""
-
-    def __init__(self):
-        mid = 0.5 * (HEAD_EDGES[:-1] + np.minimum(HEAD_EDGES[1:], 1.0))
-        self.hits, self.tried = PRIOR_WEIGHT * mid, np.full(len(mid), PRIOR_WEIGHT)
-
-    def rate(self, probs) -> np.ndarray:
-        b = head_bins(np.asarray(probs, dtype=np.float64))
-        return self.hits[b] / self.tried[b]
-
-    def observe(self, probs: np.ndarray, kept: int) -> None:
-        """A draft whose tokens had draft probabilities ``probs`` (float[d]) kept its first ``kept``."""
-        tried = np.asarray(probs[: kept + 1], dtype=np.float64)
-        b = head_bins(tried)
-        np.add.at(self.tried, b, 1.0)
-        np.add.at(self.hits, b[:kept], 1.0)
 
 
 class ModelProposer(Proposer):
@@ -65,7 +46,7 @@ class ModelProposer(Proposer):
             raise InputError(f"--draft-confidence {confidence}: give a probability in [0, 1) (0 = off)")
         self.draft_model, self.gamma, self.confidence = draft_model, int(gamma), float(confidence)
         self.lms: dict[int, IncrementalLM] = {}
-        self.calibration = AcceptanceCalibration()
+        self.calibration = RateCorrection(decay=1.0, sources=1)  # draft probability -> chance of acceptance
         self.drafted: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row -> (tokens, draft probabilities) of this step
 
     def start(self, rows: StepRows) -> None:
@@ -93,7 +74,7 @@ class ModelProposer(Proposer):
                     q = sampler.probs(x[None], [np.concatenate([history, toks[0, :t]])])[0]
                     toks[0, t] = sampler.draw(q, len(history) + t)
                     probs[0, t] = q[toks[0, t]]
-                chance[0, t] = self.calibration.rate(probs[0, t])
+                chance[0, t] = self.calibration.corrected([probs[0, t]])[0]
                 whole *= chance[0, t]
                 t += 1
                 if t == n or whole < self.confidence:
@@ -114,7 +95,5 @@ class ModelProposer(Proposer):
             kept = np.concatenate([np.asarray(accepted[j], dtype=np.int64), np.asarray(bonus[j]).reshape(-1)])
             m = min(len(toks), len(kept))  # the target's tokens are known this far
             miss = np.flatnonzero(toks[:m] != kept[:m])
-            if len(miss):
-                self.calibration.observe(probs, int(miss[0]))
-            else:
-                self.calibration.observe(probs[:m], m)
+            tried = int(miss[0]) + 1 if len(miss) else m  # tokens the target decided: kept ones, the first miss
+            self.calibration.observe(probs[:tried], np.arange(tried) < tried - (1 if len(miss) else 0))

@@ -227,17 +227,26 @@ def test_model_drafter_greedy_equals_generate(arch, batch):
     assert same.block_efficiency > 3.0  # a draft model equal to the target: every draft accepted
 
 
-def test_acceptance_calibration_starts_at_the_draft_probability_and_follows_what_was_kept():
-    from latticedraft.decoding.planning.acceptance import head_bins
-    from latticedraft.decoding.proposers.draft_model import AcceptanceCalibration
+def test_the_draft_models_calibration_starts_at_the_draft_probability_and_follows_what_was_kept():
+    """The draft model's calibration is a never-decaying ``RateCorrection`` of its draft
+    probabilities, taught by ``update`` with the tokens the target decided: those kept, then the
+    first miss (the tokens after it are untried)."""
+    from latticedraft.decoding.planning.acceptance import PRIOR_WEIGHT, head_bins
+    from latticedraft.decoding.proposers.base import Step, StepRows
 
-    c = AcceptanceCalibration()
-    assert c.rate([0.33, 0.97]).tolist() == pytest.approx([0.35, 0.975])  # the bins' middles
+    d = make_drafter("model", draft_model=tiny_model("llama", torch.float32, seed=2, vocab=64), gamma=4)
+    c = d.calibration
+    assert c.corrected([0.33, 0.97]).tolist() == pytest.approx([0.33, 0.97])  # no data: the probability itself
+    step, bin97 = Step([0], [0], [np.array([1, 2])], [8]), head_bins(0.97)
+    prior = c.expected[0, bin97]
     for _ in range(200):
-        c.observe(np.array([0.33, 0.33, 0.33]), kept=3)  # flat but right: every token kept
-        c.observe(np.array([0.97, 0.97]), kept=0)  # sure but wrong: the first token missed, the second untried
-    assert c.rate([0.33])[0] > 0.95 and c.rate([0.97])[0] < 0.05
-    assert c.tried[head_bins(0.97)] == pytest.approx(4 + 200)  # the prior's 4, then first tokens only
+        d.drafted = {0: (np.array([5, 6, 7]), np.full(3, 0.33))}  # flat but right: every token kept
+        d.update(step, [np.array([5, 6, 7])], np.array([9]), None)
+        d.drafted = {0: (np.array([5, 6]), np.full(2, 0.97))}  # sure but wrong: the first missed, the second untried
+        d.update(step, [np.array([], dtype=np.int64)], np.array([4]), None)
+    assert c.corrected([0.33])[0] > 0.95 and c.corrected([0.97])[0] < 0.05
+    assert c.expected[0, bin97] == pytest.approx(prior + 200 * 0.97)  # first tokens only
+    assert prior == pytest.approx(PRIOR_WEIGHT * 0.975)
 
 
 @pytest.mark.parametrize("tree", ["fixed", "auto"])
@@ -262,10 +271,13 @@ def test_draft_confidence_ends_the_draft_and_rates_its_tokens(tree):
         step = Step([0], [0], [history], [8], acceptance=AcceptanceModel.prior())
         prop = d.propose(step)[0]
         assert prop.tokens.shape == (1, want) and prop.tokens[0, 0] == int(logits.argmax())
-        assert prop.rates[0, 0] == pytest.approx(float(d.calibration.rate([p0])[0]))
-        tried = d.calibration.tried.sum()
+        assert prop.rates[0, 0] == pytest.approx(float(d.calibration.corrected([p0])[0]))
+        kept, expected = d.calibration.kept.sum(), d.calibration.expected.sum()
         d.update(step, [prop.tokens[0, :1]], np.array([7]), None)  # kept the first token, then the target's 7
-        assert d.calibration.tried.sum() == tried + min(2, want) and d.calibration.hits.sum() > 0
+        tried = min(2, want)  # the target decided the first two drafted tokens: kept, then kept or missed
+        hit = tried == 2 and prop.tokens[0, 1] == 7
+        assert d.calibration.kept.sum() == pytest.approx(kept + 1 + hit)
+        assert d.calibration.expected.sum() == pytest.approx(expected + d.drafted[0][1][:tried].sum())
     rng = np.random.default_rng(3)
     prompts = [rng.integers(1, 64, size=n) for n in (5, 11, 3)]
     cost = CostModel((1, 2, 4, 8), (1.0, 1.2, 1.5, 2.5)) if tree == "auto" else None
