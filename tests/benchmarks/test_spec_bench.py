@@ -27,9 +27,8 @@ def test_sample_questions_draws_every_category(tmp_path):
     assert got == b.sample_questions(f, 2, seed=0) and got != b.sample_questions(f, 2, seed=1)
 
 
-@pytest.mark.slow
-def test_every_greedy_row_equals_hf_greedy(tmp_path, capsys):
-    import spec_bench as b
+def tiny_chat_model(tmp_path):
+    """A random 2-layer Llama with the bundled tokenizer and a chat template, saved in tmp_path/chat."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from latticedraft.paths import data_dir
@@ -43,10 +42,24 @@ def test_every_greedy_row_equals_hf_greedy(tmp_path, capsys):
     shutil.copy(data_dir() / "tokenizer" / "tokenizer.json", model / "tokenizer.json")
     (model / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": TEMPLATE, "eos_token": "<|endoftext|>"}))
+    return model
+
+
+def question_file(tmp_path, categories):
+    """One question per category (a second turn for writing) in tmp_path/q.jsonl."""
     qs = tmp_path / "q.jsonl"
     turns = lambda i, c: [f"Question {i} about {c}?"] + (["And a second turn?"] if c == "writing" else [])  # noqa: E731
     qs.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": turns(i, c)}) + "\n"
-                          for i, c in enumerate(["writing", *b.CATEGORIES[1:]])))
+                          for i, c in enumerate(categories)))
+    return qs
+
+
+@pytest.mark.slow
+def test_every_greedy_row_equals_hf_greedy(tmp_path, capsys):
+    import spec_bench as b
+
+    model = tiny_chat_model(tmp_path)
+    qs = question_file(tmp_path, ["writing", *b.CATEGORIES[1:]])
     out = tmp_path / "sb.json"
     assert b.main(["--model", str(model), "--questions", str(qs), "--per-category", "1", "--code-count", "1",
                    "--max-new-tokens", "6", "--batch-size", "4", "--temperatures", "0.7", "--threads", "1",
