@@ -10,8 +10,6 @@ Example::
     >>> t = build_tree(7, np.array([[1, 2, 3], [1, 2, 4], [5, 6, 7]]))
     >>> t.tokens.tolist(), t.depth.tolist()
     ([7, 1, 2, 3, 4, 5, 6, 7], [0, 1, 2, 3, 3, 1, 2, 3])
-    >>> accept_path(t, np.array([1, 2, 4, 0, 0, 9, 9, 9]))   # argmax of the target per node
-    ([0, 1, 2, 4], 0)
 """
 
 from __future__ import annotations
@@ -92,22 +90,6 @@ def main_path(tree: DraftTree) -> np.ndarray:
     while k < tree.size and tree.parent[k] == k - 1:
         k += 1
     return np.arange(k, dtype=np.int64)
-
-
-def accept_path(tree: DraftTree, argmax: np.ndarray) -> tuple[list[int], int]:
-    """Longest root path whose every token equals the target's argmax at its parent.
-
-    argmax: int[n], the target model's greedy next token after each node.
-    Returns (node indices from the root, the bonus token = argmax at the last node).
-    """
-    path = [0]
-    node = 0
-    while True:
-        nxt = tree.children[node].get(int(argmax[node]))
-        if nxt is None:
-            return path, int(argmax[node])
-        path.append(nxt)
-        node = nxt
 
 
 @dataclass(frozen=True)

@@ -426,27 +426,16 @@ class Verifier:
         out = hf_forward(self.model, flat.clamp(min=0), mask.long().to(dev), q_pos.to(dev), state.transformers_cache(),
                          num_heads=self.num_heads)
         self._track(state)
-        argmax_all = out.logits.argmax(dim=-1).view(b, q, 1 + d).cpu().numpy()
-        side_argmax = None if sides is None else [
-            np.asarray([argmax_all[i, p + j, len(c)] for j, c in enumerate(chains[i])], dtype=np.int64)
-            for i in range(b)]
-        argmax = argmax_all[:, :p]
-        best = np.zeros(b, dtype=np.int64)
-        nacc = np.zeros(b, dtype=np.int64)
-        if choose is not None:
-            best, nacc, sampled = walk_batched(seq[:, :p], out.logits.view(b, q, 1 + d, -1), choose)
-        for i in range(b if choose is None else 0):
-            for j in range(p):
-                k = 0
-                while k < d and seq[i, j, 1 + k] >= 0 and seq[i, j, 1 + k] == argmax[i, j, k]:
-                    k += 1
-                if k > nacc[i]:
-                    nacc[i], best[i] = k, j
+        side_argmax = None
+        if sides is not None:
+            argmax_all = out.logits.argmax(dim=-1).view(b, q, 1 + d).cpu().numpy()
+            side_argmax = [np.asarray([argmax_all[i, p + j, len(c)] for j, c in enumerate(chains[i])], dtype=np.int64)
+                           for i in range(b)]
+        best, nacc, bonus = walk_batched(seq[:, :p], out.logits.view(b, q, 1 + d, -1), choose)
         sel = torch.as_tensor(np.arange(b) * q + best, device=dev)
         if q > 1:
             state.select_rows(sel.cpu().numpy())
         state.commit_prefix(start, nacc + 1)
-        bonus = argmax[np.arange(b), best, nacc] if choose is None else sampled
         nodes = torch.zeros(b * q, dtype=torch.long, device=dev)
         nodes[sel] = torch.as_tensor(nacc, device=dev)
         accepted = [seq[i, best[i], 1 : 1 + nacc[i]].copy() for i in range(b)]

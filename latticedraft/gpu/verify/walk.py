@@ -52,11 +52,17 @@ def node_of(tree, prefix) -> int:
     return node
 
 
-def walk_batched(seq: np.ndarray, logits: torch.Tensor, choose) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``walk`` with ``choose`` over drafts laid out as batch rows: seq int64[b, p, 1 + d]
-    (root, draft, -1 after its end), logits [b, p, 1 + d, V]. The drafts of a row become a
-    trie; trie node -> (the first draft holding that prefix, position). Returns the draft whose
-    prefix was accepted, the accepted length and the chosen bonus token, each int64[b]."""
+def greedy_choice(rows, logits: torch.Tensor, prefixes, logits_at) -> np.ndarray:
+    """Greedy acceptance as a ``choose``: the target's argmax at each walked node (int64[m])."""
+    return logits.argmax(dim=-1).cpu().numpy()
+
+
+def walk_batched(seq: np.ndarray, logits: torch.Tensor, choose=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``walk`` with ``choose`` (None: ``greedy_choice``) over drafts laid out as batch rows: seq
+    int64[b, p, 1 + d] (root, draft, -1 after its end), logits [b, p, 1 + d, V]. The drafts of a
+    row become a trie; trie node -> (the first draft holding that prefix, position). Returns the
+    draft whose prefix was accepted, the accepted length and the chosen bonus token, each int64[b]."""
+    choose = greedy_choice if choose is None else choose
     b, p, _ = seq.shape
     trees = [build_tree(int(seq[i, 0, 0]), seq[i, :, 1:]) for i in range(b)]
     where = []

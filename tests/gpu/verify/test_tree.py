@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from latticedraft.errors import InputError
-from latticedraft.gpu.verify.tree import accept_path, build_tree, pack_trees
+from latticedraft.gpu.verify.tree import build_tree, pack_trees
 
 
 def test_shared_prefixes_become_one_node():
@@ -25,16 +25,6 @@ def test_ancestors_are_the_path_to_the_root():
 def test_identical_drafts_and_negative_tokens():
     t = build_tree(3, np.array([[4, 5, -1], [4, 5, -1], [4, -1, 6]]))
     assert t.tokens.tolist() == [3, 4, 5]  # -1 ends a draft; duplicates merge
-
-
-def test_accept_longest_matching_path_and_bonus():
-    t = build_tree(7, np.array([[1, 2, 3], [1, 2, 4], [5, 6, 7]]))
-    # argmax after root is 1, after node1 (tok 1) is 2, after node2 (tok 2) is 4, after node4 is 0
-    argmax = np.array([1, 2, 4, 0, 8, 9, 9, 9])
-    path, bonus = accept_path(t, argmax)
-    assert path == [0, 1, 2, 4] and bonus == 8
-    path, bonus = accept_path(t, np.array([11] * 8))
-    assert path == [0] and bonus == 11
 
 
 def test_pack_pads_with_self_attending_nodes():
