@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.eval import hf_baselines  # noqa: E402
 from latticedraft.decoding.methods import bpd_session  # noqa: E402
-from latticedraft.decoding.planning.head_gate import BLOCK, HeadGate  # noqa: E402
+from latticedraft.decoding.planning.head_gate import GATED, HeadGate  # noqa: E402
 from latticedraft.decoding.runs.session import Session  # noqa: E402
 from latticedraft.quiet import add_verbose_arg, quiet_libraries  # noqa: E402
 from spec_bench import CATEGORIES, QUESTIONS, cli_default, sample_questions  # noqa: E402  (benchmarks/)
@@ -53,7 +53,8 @@ class HeadsEveryStep(HeadGate):
         return True
 
     def _next_block(self) -> None:
-        self.this, self.left = np.zeros(2), BLOCK
+        super()._next_block()
+        self.policy = GATED  # (the prefill computes heads unless the policy is OFF)
 
 
 def tree_nodes(drafts: np.ndarray) -> int:

@@ -71,7 +71,7 @@ class TreePlanner:
             self._T = np.asarray(cost.seconds(n), dtype=np.float64)  # _T[n - 1] = T(n)
         self.overhead = 0.0
         self.correction = correction
-        self._chosen: list = []  # per row of the last auto plan: (parent, token, (raw rate, source), chosen ids)
+        self._chosen: list = []  # with a correction, per row of the last auto plan: (parent, token, raw, chosen ids)
 
     def plan(self, proposals: list, room: int | None = None) -> Plan:
         """The paths to verify after the root, at most ``room`` tokens deep, from one step's
@@ -104,14 +104,15 @@ class TreePlanner:
         for (parent, token, P, raw), g in zip(tries, gains):
             plan, chosen = _top_paths(parent, token, P, m, float(g[min(m, len(g) - 1)]))
             plans.append(plan)
-            self._chosen.append((parent, token, raw, chosen))
+            if self.correction is not None:  # what observe counts
+                self._chosen.append((parent, token, raw, chosen))
         return plans
 
     def observe(self, accepted: list) -> None:
         """Teach the correction what the last ``plan_rows`` kept: accepted[j], the draft tokens row
         j accepted (int[n_j]). Counted: every verified node whose parent was kept (the root or an
         accepted node), kept when it is the next accepted token."""
-        if self.correction is None or not self._chosen:
+        if not self._chosen:
             return
         rates, kept, sources = [], [], []
         for (parent, token, raw, chosen), acc in zip(self._chosen, accepted):

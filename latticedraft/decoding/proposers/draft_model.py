@@ -11,10 +11,10 @@ draft model's own probability for it, calibrated online against what the target 
 (``planning.acceptance.RateCorrection`` over the draft probability, never decaying: per
 probability bin, the tokens kept over the probabilities tried, as the tree's rates are
 corrected); the draft stops once the chance that every token so far is accepted falls below
-``confidence``. (transformers' assisted
-generation stops at a raw draft probability below ``assistant_confidence_threshold``, 0.4, and
-tunes that threshold as it goes; a raw threshold stops a draft model whose probabilities are flat
-but right, such as the bundled one, after its first token.)
+``confidence``. (transformers' assisted generation stops at a raw draft probability below
+``assistant_confidence_threshold``, 0.4, and tunes that threshold as it goes; a raw threshold
+stops a draft model whose probabilities are flat but right, such as the bundled one, after its
+first token.)
 """
 
 from __future__ import annotations
@@ -95,5 +95,6 @@ class ModelProposer(Proposer):
             kept = np.concatenate([np.asarray(accepted[j], dtype=np.int64), np.asarray(bonus[j]).reshape(-1)])
             m = min(len(toks), len(kept))  # the target's tokens are known this far
             miss = np.flatnonzero(toks[:m] != kept[:m])
-            tried = int(miss[0]) + 1 if len(miss) else m  # tokens the target decided: kept ones, the first miss
-            self.calibration.observe(probs[:tried], np.arange(tried) < tried - (1 if len(miss) else 0))
+            hits = int(miss[0]) if len(miss) else m  # tokens kept; the target decided those and the first miss
+            tried = min(hits + 1, m)
+            self.calibration.observe(probs[:tried], np.arange(tried) < hits)

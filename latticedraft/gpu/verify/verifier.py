@@ -432,9 +432,10 @@ class Verifier:
             side_argmax = [np.asarray([argmax_all[i, p + j, len(c)] for j, c in enumerate(chains[i])], dtype=np.int64)
                            for i in range(b)]
         best, nacc, bonus = walk_batched(seq[:, :p], out.logits.view(b, q, 1 + d, -1), choose)
-        sel = torch.as_tensor(np.arange(b) * q + best, device=dev)
+        rows = np.arange(b) * q + best  # the forward row of each row's kept draft
         if q > 1:
-            state.select_rows(sel.cpu().numpy())
+            state.select_rows(rows)
+        sel = torch.as_tensor(rows, device=dev)
         state.commit_prefix(start, nacc + 1)
         nodes = torch.zeros(b * q, dtype=torch.long, device=dev)
         nodes[sel] = torch.as_tensor(nacc, device=dev)
