@@ -37,3 +37,20 @@ def test_the_lm_built_with_the_models_tokenizer_is_chosen(tmp_path, monkeypatch)
     (lm / "c-4gram" / "manifest.json").write_text("{not json")
     (bundled / "manifest.json").unlink()
     assert lm_for(tok) == bundled  # a missing bundled build stays the default (set-up builds it)
+
+
+def test_a_rescorer_of_another_vocabulary_is_refused_by_name():
+    """The default rescorer was made for the bundled model: with another model's tokenizer the
+    error names the rescorer and how to make one, not the (right) tokenizer."""
+    from tokenizers import Tokenizer, models
+
+    from latticedraft.decoding.runs.loaders import default_rescorer_dir, load_rescorer
+    from latticedraft.errors import InputError
+
+    if not (default_rescorer_dir() / "config.json").is_file():
+        pytest.skip("bundled rescorer missing (run scripts/setup.sh)")
+    other = Tokenizer(models.WordLevel({f"w{i}": i for i in range(300)}, unk_token="w0"))
+    with pytest.raises(InputError, match=r"--rescorer .*rescorer-small \(the default neural rescorer.* vocabulary "
+                                         r"of 8192 tokens but this model's tokenizer has 300; pass --rescorer DIR"):
+        load_rescorer(tokenizer=other)
+    assert load_rescorer(tokenizer=load_tokenizer(TOKENIZER)).config.vocab_size == 8192
