@@ -67,6 +67,31 @@ def test_layer_ranges_and_cached_steps_compose(arch):
     torch.testing.assert_close(stack.unembed(stack.norm(h))[0, -1], full, atol=1e-10, rtol=0)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_prompt_into_an_empty_cache_runs_attentions_causal_kernel(arch, monkeypatch):
+    """``CAUSAL`` gives transformers' logits at every position (its SDPA attention runs an unpadded
+    prompt with ``is_causal`` too), and the verifier's prefill chooses it only where no row is padded."""
+    from latticedraft.gpu.verify import lean
+    from latticedraft.gpu.verify.verifier import Verifier
+
+    model = tiny_model(arch, torch.float32, seed=5, layers=3)
+    ids = torch.randint(1, 64, (2, 11), generator=torch.Generator().manual_seed(2))
+    pos = torch.arange(11).expand(2, -1)
+    stack = LeanStack(model)
+    cache = KVCache(2, stack.num_layers)
+    cache.reserve(11)
+    got = stack.unembed(stack.norm(stack.run(stack.embed(ids, pos), 0, stack.num_layers, lean.CAUSAL, pos, cache)))
+    torch.testing.assert_close(got, model(input_ids=ids).logits, atol=TOL[torch.float32], rtol=0)
+    masks = []
+    run = LeanStack.run
+    monkeypatch.setattr(LeanStack, "run", lambda self, h, lo, hi, mask, *a: masks.append(mask) or run(
+        self, h, lo, hi, mask, *a))
+    verifier = Verifier(model)
+    verifier.prefill([ids[0].numpy(), ids[1].numpy()])  # equal lengths: no padding
+    verifier.prefill([ids[0].numpy(), ids[1, 3:].numpy()])  # left padding: the mask
+    assert masks[0] is lean.CAUSAL and isinstance(masks[1], torch.Tensor)
+
+
 def test_what_is_not_written_out_is_said():
     assert supports(tiny_model("llama")) is None
     m = tiny_model("llama")
