@@ -3,7 +3,8 @@ in a fresh clone's CI): chat questions through the CLI's default decode, through
 through its self-distilled heads (``data/heads-smollm2``, batch 1 and 2) equal HF ``generate``
 greedy on the same token ids, every turn of a two-turn question too (the second asked after
 SmolLM2's own answer), and a short answer stops at SmolLM2's own end token ``<|im_end|>`` (id 2),
-not at ``<|endoftext|>`` (id 0)."""
+not at ``<|endoftext|>`` (id 0). Every lossless method of the decoder table, batch 1 and 4, equals
+it on prompts written for this test, and what SmolLM2 has no files for is refused in one line."""
 
 from __future__ import annotations
 
@@ -45,3 +46,59 @@ def test_chat_decodes_equal_hf_greedy_and_stop_at_im_end(tmp_path, capsys):
         first, second = recs[0]["turns"]
         assert first["tokens"][-1] == 2 and len(first["tokens"]) < 24 and "Paris" in first["text"]
         assert first["text"].strip() in tok.decode(second["prompt_ids"])  # turn 2 follows SmolLM2's own answer
+
+
+UNSEEN = ["Write a haiku about a lighthouse keeper who collects seashells.",
+          "In Rust, write a function that returns the second largest element of a slice of i64, or None.",
+          "Translate into French: The museum closes early on Tuesdays because of maintenance.",
+          "A train leaves at 14:05 and arrives at 17:50. How long is the journey in minutes?"]
+LOSSLESS = {"bpd default (heads)": ["--model", "HEADS"], "bpd top1": ["--model", "HEADS", "--drafter", "top1"],
+            "bpd ngram": ["--model", "HEADS", "--drafter", "ngram"],
+            "bpd parallel-base": ["--model", "HEADS", "--drafter", "parallel-base"],
+            "bpd oracle": ["--model", "HEADS", "--drafter", "oracle"],
+            "bpd context n-grams": ["--drafter", "none", "--context-ngrams", "3"],
+            "bpd lookahead pool": ["--model", "HEADS", "--lookahead-pool"],
+            "bpd suffix drafts": ["--model", "HEADS", "--suffix-drafts", "4"],
+            "bpd batched verification": ["--model", "HEADS", "--verify", "batched"],
+            "lookahead": ["--method", "lookahead"], "ppd": ["--method", "ppd"]}
+
+
+@pytest.fixture(scope="module")
+def unseen_greedy(tmp_path_factory):
+    """The four prompts as a --chat file, and HF greedy's 16 tokens after each one's template ids."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    f = tmp_path_factory.mktemp("unseen") / "p.jsonl"
+    f.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in UNSEEN))
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2_dir())).eval()
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir()))
+    want = []
+    for p in UNSEEN:
+        ids = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_tensors="pt")
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        with torch.no_grad():
+            g = base.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
+        want.append(g[0, ids.shape[1]:].tolist())
+    return f, want
+
+
+@pytest.mark.parametrize("batch", ["1", "4"])
+@pytest.mark.parametrize("name", list(LOSSLESS))
+def test_every_lossless_method_equals_hf_greedy_on_unseen_prompts(name, batch, unseen_greedy, capsys):
+    prompts, want = unseen_greedy
+    args = [str(data_dir() / "heads-smollm2") if a == "HEADS" else a for a in LOSSLESS[name]]
+    args = args if "--model" in args else ["--model", str(smollm2_dir()), *args]
+    rc = main(["decode", "--prompts", str(prompts), "--chat", "--json", "--max-new-tokens", "16", "--threads", "2",
+               "--batch-size", batch, *args])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert [json.loads(x)["tokens"] for x in out.out.strip().splitlines()] == want
+
+
+@pytest.mark.parametrize("args, needs", [(["--method", "kangaroo"], "adapter"), (["--method", "dynamo"], "heads"),
+                                         (["--drafter", "neural"], "--rescorer")])
+def test_what_smollm2_lacks_is_refused_in_one_line(args, needs, unseen_greedy, capsys):
+    rc = main(["decode", "--model", str(smollm2_dir()), "--prompts", str(unseen_greedy[0]), "--chat", "--json",
+               "--max-new-tokens", "4", *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc != 0 and len(err) == 1 and needs in err[0], err

@@ -39,7 +39,7 @@ from latticedraft.gpu.models.layer_split import LayerSplit
 from latticedraft.memo import kept, weights_key
 
 FUSE_BYTES = 64 << 20  # fuse the projections of models whose fused copies take at most this
-CAUSAL = "causal"  # ``run``'s mask for n tokens into an empty cache (K = n), no padding: each sees itself and those before
+CAUSAL = "causal"  # ``run``'s mask for a prompt into an empty cache (K = n), no padding: token i sees 0..i
 
 
 def stack_for(model) -> "LeanStack":
@@ -113,13 +113,13 @@ class LeanStack:
         """The output projection (the LM head): [.., H] -> [.., V]."""
         return self.split.head
 
-    def run(self, h: torch.Tensor, lo: int, hi: int, mask: torch.Tensor | None, pos: torch.Tensor,
+    def run(self, h: torch.Tensor, lo: int, hi: int, mask: torch.Tensor | str | None, pos: torch.Tensor,
             cache) -> torch.Tensor:
         """Layers ``lo..hi-1`` on h [b, n, H] at positions pos int64[b, n]; mask bool[b, 1, n, K]
         (K = the cache's slots after ``cache.reserve(n)``; None: every slot visible; ``CAUSAL``: K = n
-        and token i sees slots 0..i); each layer's
-        keys and values go to ``cache.write(layer - cache.first_layer, ...)``. A boolean mask is
-        turned once into the additive one (0 or -inf) that attention would make of it in every layer."""
+        and token i sees slots 0..i); each layer's keys and values go to ``cache.write(layer -
+        cache.first_layer, ...)``. A boolean mask is turned once into the additive one (0 or -inf)
+        that attention would make of it in every layer."""
         if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, float("-inf"))
         if self.gpt2:
