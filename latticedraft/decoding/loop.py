@@ -43,6 +43,22 @@ from latticedraft.errors import InputError
 from latticedraft.gpu.models import hf
 from latticedraft.gpu.verify.verifier import Verifier
 
+PAD_SHARE = 0.25  # prompts share a prefill call while its left padding adds at most this share to their tokens
+
+
+def prefill_group(lengths) -> int:
+    """How many of the waiting prompts (their token lengths, in order) the next prefill call takes:
+    as many as keep the call's left padding within ``PAD_SHARE`` of their own tokens, at least one.
+    A long prompt beside short ones is prefilled alone instead of padding each short one to its
+    length (then every row pays the long one's prefill, and attention needs a mask)."""
+    k, top, total = 1, int(lengths[0]), int(lengths[0])
+    while k < len(lengths):
+        t, s = max(top, int(lengths[k])), total + int(lengths[k])
+        if (k + 1) * t - s > PAD_SHARE * s:
+            break
+        k, top, total = k + 1, t, s
+    return k
+
 
 @torch.inference_mode()
 def speculative_decode(verifier, prompts: list, proposers=(), request: Request | None = None, *, rule=None,
@@ -67,7 +83,8 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
     ``in_flight`` prompts start; whenever rows finish, the next prompts are prefilled on their own
     and join the running batch in the freed rows (``append_rows`` of the cache), so drafting rows that
     finish at different steps do not leave the batch running short until the slowest is done.
-    Needs proposers whose per-row state is keyed by the prompt (``Proposer.admits``)."""
+    Needs proposers whose per-row state is keyed by the prompt (``Proposer.admits``); with them,
+    prompts of unlike lengths are also prefilled in separate calls (``prefill_group``)."""
     req = Request() if request is None else request
     model = verifier.model if isinstance(verifier, Verifier) else verifier
     max_new_tokens, sampling, on_tokens, on_done = req.max_new_tokens, req.sampling, req.on_tokens, req.on_done
@@ -114,6 +131,7 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
     stem = next((p.stem for p in proposers if p.stem is not None), None)
 
     timing["prefill"] = 0.0
+    joins = all(p.admits for p in proposers)  # rows may join a running batch (and a starting one)
     waiting = list(range(b))  # prompts not started yet, in order
     state_rows.live = []  # (``admit`` starts them)
     state, heads, roots = None, None, []
@@ -127,6 +145,8 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
         fresh = not state_rows.live
         while waiting and len(state_rows.live) < in_flight:
             new = waiting[: in_flight - len(state_rows.live)]
+            if joins:  # prompts of unlike lengths in separate calls (rows joining before the first step)
+                new = new[: prefill_group([len(prompts[i]) for i in new])]
             del waiting[: len(new)]
             t0 = time.perf_counter()
             ps = [prompts[i] for i in new]

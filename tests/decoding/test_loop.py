@@ -386,6 +386,25 @@ def test_a_continuous_batch_equals_generate_row_by_row(arch, verify, toy_lm):
     assert [s.tokens.tolist() for s in one.sequences] == [x[:1] for x in refs]
 
 
+def test_prompts_of_unlike_lengths_are_prefilled_apart():
+    """A prefill call takes prompts while its padding stays within PAD_SHARE of their tokens: a long
+    prompt is not padded onto short ones; the rows still equal ``generate`` and start together."""
+    from latticedraft.decoding import loop
+    from latticedraft.gpu.verify.verifier import Verifier
+
+    assert [loop.prefill_group(x) for x in ([40, 926, 50, 60], [926, 50], [50, 60], [100] * 4, [100, 90, 80, 20])] \
+        == [1, 1, 2, 4, 3]
+    model = tiny_model("llama", torch.float32, seed=2)
+    ps = prompts(4, seed=3, lengths=(3, 40, 4, 5))
+    calls = []
+    verifier = Verifier.for_model(model)
+    prefill = verifier.prefill
+    verifier.prefill = lambda rows, **kw: calls.append(len(rows)) or prefill(rows, **kw)
+    r = loop.speculative_decode(verifier, ps, [], Request(max_new_tokens=MAX_NEW))
+    assert calls == [1, 1, 2]
+    assert [s.tokens.tolist() for s in r.sequences] == [reference(model, p, MAX_NEW) for p in ps]
+
+
 def test_a_continuous_batch_with_eos_and_sampling_repeats_the_fixed_batch_rows():
     """Lossless sampling draws per row (seed, row), so a row emits the same tokens in a continuous
     batch as alone; an EOS ends rows early and frees their rows."""
