@@ -43,7 +43,7 @@ from latticedraft.errors import InputError
 from latticedraft.gpu.models import hf
 from latticedraft.gpu.verify.verifier import Verifier
 
-PAD_SHARE = 0.25  # prompts share a prefill call while its left padding adds at most this share to their tokens
+PAD_SHARE = 0.25  # prompts share a prefill call while its left padding adds at most this to their tokens
 
 
 def prefill_group(lengths) -> int:

@@ -9,7 +9,7 @@ projections, rotary embedding, scaled-dot-product attention, MLP) with
 - the rotary cos/sin of every position computed once (by the model's own rotary module) and
   gathered per call;
 - a boolean attention mask [b, 1, n, K] (True = attend), or none where every cached slot is
-  visible (one node, no padding, all inside the window), or ``CAUSAL`` for a prompt into an empty
+  visible (one node, no padding, all inside the window), or ``masks.CAUSAL`` for a prompt into an empty
   cache without padding: attention's own causal kernel then, as transformers' SDPA attention runs
   such a prompt (with a mask it takes another kernel: 343 against 220 ms of SmolLM2's 926-token
   prefill on a 2-core CPU);
@@ -36,10 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from latticedraft.gpu.models.layer_split import LayerSplit
+from latticedraft.gpu.verify.masks import CAUSAL
 from latticedraft.memo import kept, weights_key
 
 FUSE_BYTES = 64 << 20  # fuse the projections of models whose fused copies take at most this
-CAUSAL = "causal"  # ``run``'s mask for a prompt into an empty cache (K = n), no padding: token i sees 0..i
 
 
 def stack_for(model) -> "LeanStack":

@@ -15,6 +15,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+CAUSAL = "causal"  # a prompt into an empty cache (K = N), no padding, inside the window: attention's own causal kernel
+
+
+def causal_only(allowed: np.ndarray) -> bool:
+    """Whether allowed bool[b, N, K] is ``CAUSAL``: K = N and query i sees exactly slots 0..i in
+    every row (then ``LeanStack.run`` takes ``CAUSAL`` instead of the mask)."""
+    b, n, k = allowed.shape
+    return n == k and n > 1 and bool((allowed == np.tri(n, dtype=bool)).all())
+
 
 def attention_bias(allowed, dtype: torch.dtype, device=None) -> torch.Tensor:
     """bool[b, N, K] (True = may attend) -> additive float mask [b, 1, N, K] (0 or dtype min); a
@@ -63,12 +72,14 @@ def causal(valid):
     return np.tril(np.ones((n, n), dtype=bool))[None] & valid[:, None, :]
 
 
-def causal_mask(start: int, n: int, window: int | None, device) -> torch.Tensor | None:
+def causal_mask(start: int, n: int, window: int | None, device) -> torch.Tensor | str | None:
     """One sequence whose slot = position: which of slots 0..start+n-1 the n tokens at positions
     start.. see, bool[1, 1, n, start + n], causal and inside the window; None where every slot is
-    visible (the models' default)."""
+    visible (the models' default); ``CAUSAL`` for a first call (start 0) inside the window."""
     if n == 1 and (window is None or start < window):
         return None
+    if start == 0 and (window is None or n <= window):
+        return CAUSAL
     k = torch.arange(start + n, device=device)[None]  # [1, start + n]
     q = k[:, start:]  # [1, n]
     return window_mask(k[:, None, :] <= q[:, :, None], q, k, window)[:, None]

@@ -66,7 +66,7 @@ from latticedraft.gpu.verify.forward import DraftVocab, Forward, hf_forward, laz
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.modes import (base_config, check_verifiable, choose_kv_cache, choose_mode, model_device,
                                            model_dtype, position_limit, sliding_window)
-from latticedraft.gpu.verify.masks import attention_bias, causal, visible
+from latticedraft.gpu.verify.masks import CAUSAL, attention_bias, causal, causal_only, visible
 from latticedraft.gpu.verify.prefill import chunked_prefill
 from latticedraft.gpu.verify.screened_argmax import argmax_projection, median_seconds
 from latticedraft.gpu.verify.screened_topk import topk_projection
@@ -188,7 +188,7 @@ class Verifier:
             bias = attention_bias(allowed, self.dtype, self.device)
             out = hf_forward(self.model, x, bias, pos, state.cache, lazy=self.lazy, num_heads=self.num_heads)
         else:
-            mask = None if allowed.all() else lean.CAUSAL if _causal_only(allowed) else \
+            mask = None if allowed.all() else CAUSAL if causal_only(allowed) else \
                 torch.from_numpy(allowed).to(self.device)[:, None]
             h = x if x.dtype.is_floating_point else self.stack.embed(x, pos)
             h = self.stack.run(h, self.from_layer, self.num_layers, mask, pos, state)
@@ -444,10 +444,3 @@ class Verifier:
         bonus = bonus.astype(np.int64)
         heads = self._heads(out, nodes, want_heads, accepted, bonus)
         return StepResult(accepted, bonus, heads[sel] if heads.shape[1] else heads[:b], side_argmax)
-
-
-def _causal_only(allowed: np.ndarray) -> bool:
-    """Whether allowed bool[b, n, K] is a prompt into an empty cache without padding: K = n and
-    token i sees exactly slots 0..i in every row."""
-    b, n, k = allowed.shape
-    return n == k and n > 1 and bool((allowed == np.tri(n, dtype=bool)).all())

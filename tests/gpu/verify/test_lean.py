@@ -71,7 +71,7 @@ def test_layer_ranges_and_cached_steps_compose(arch):
 def test_a_prompt_into_an_empty_cache_runs_attentions_causal_kernel(arch, monkeypatch):
     """``CAUSAL`` gives transformers' logits at every position (its SDPA attention runs an unpadded
     prompt with ``is_causal`` too), and the verifier's prefill chooses it only where no row is padded."""
-    from latticedraft.gpu.verify import lean
+    from latticedraft.gpu.verify.masks import CAUSAL
     from latticedraft.gpu.verify.verifier import Verifier
 
     model = tiny_model(arch, torch.float32, seed=5, layers=3)
@@ -80,7 +80,7 @@ def test_a_prompt_into_an_empty_cache_runs_attentions_causal_kernel(arch, monkey
     stack = LeanStack(model)
     cache = KVCache(2, stack.num_layers)
     cache.reserve(11)
-    got = stack.unembed(stack.norm(stack.run(stack.embed(ids, pos), 0, stack.num_layers, lean.CAUSAL, pos, cache)))
+    got = stack.unembed(stack.norm(stack.run(stack.embed(ids, pos), 0, stack.num_layers, CAUSAL, pos, cache)))
     torch.testing.assert_close(got, model(input_ids=ids).logits, atol=TOL[torch.float32], rtol=0)
     masks = []
     run = LeanStack.run
@@ -89,7 +89,7 @@ def test_a_prompt_into_an_empty_cache_runs_attentions_causal_kernel(arch, monkey
     verifier = Verifier(model)
     verifier.prefill([ids[0].numpy(), ids[1].numpy()])  # equal lengths: no padding
     verifier.prefill([ids[0].numpy(), ids[1, 3:].numpy()])  # left padding: the mask
-    assert masks[0] is lean.CAUSAL and isinstance(masks[1], torch.Tensor)
+    assert masks[0] is CAUSAL and isinstance(masks[1], torch.Tensor)
 
 
 def test_what_is_not_written_out_is_said():

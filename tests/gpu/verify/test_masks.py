@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.gpu.verify.masks import attention_bias, causal, causal_mask, visible
+from latticedraft.gpu.verify.masks import CAUSAL, attention_bias, causal, causal_mask, visible
 
 
 def naive(key_valid, key_pos, q_pos, new, window, self_visible):
@@ -45,7 +45,8 @@ def test_causal_hides_padding_and_the_future():
     assert np.array_equal(causal(torch.as_tensor(valid)).numpy(), want)
 
 
-@pytest.mark.parametrize("start,n,window", [(0, 1, None), (5, 1, None), (3, 4, None), (6, 3, 4), (2, 1, 4), (9, 1, 4)])
+@pytest.mark.parametrize("start,n,window", [(0, 1, None), (5, 1, None), (3, 4, None), (6, 3, 4), (2, 1, 4), (9, 1, 4),
+                                            (0, 5, None), (0, 3, 4), (0, 6, 4)])
 def test_causal_mask_of_one_sequence(start, n, window):
     m = causal_mask(start, n, window, "cpu")
     q = np.arange(start, start + n)[:, None]
@@ -53,6 +54,8 @@ def test_causal_mask_of_one_sequence(start, n, window):
     want = (k <= q) & (True if window is None else k > q - window)
     if m is None:
         assert want.all()
+    elif m is CAUSAL:  # a first call inside the window: attention's causal kernel
+        assert start == 0 and n > 1 and np.array_equal(want, np.tri(n, dtype=bool))
     else:
         assert m.shape == (1, 1, n, start + n) and np.array_equal(m[0, 0].numpy(), want)
 
