@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import sys
 import time
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.eval import hf_baselines  # noqa: E402
+from latticedraft.decoding.eval.evaluate import machine  # noqa: E402
 from latticedraft.decoding.methods import bpd_session  # noqa: E402
 from latticedraft.decoding.planning.head_gate import GATED, HeadGate  # noqa: E402
 from latticedraft.decoding.runs.session import Session  # noqa: E402
@@ -126,8 +126,7 @@ def main(argv=None) -> int:
                          "exact": all(np.array_equal(q.tokens, t) for q, t in zip(r.sequences, ref))})
     res = {"benchmark": "chat_steps", "model": sess.base_dir, "heads": a.heads, "questions": len(ids),
            "max_new_tokens": a.max_new_tokens, "threads": a.threads, "load_average": os.getloadavg(),
-           "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                       "cpu_count": os.cpu_count(), "torch": torch.__version__}, "rows": out_rows}
+           "machine": {**machine(), "torch": torch.__version__}, "rows": out_rows}
     write_atomic(Path(a.out), json.dumps(res, indent=1) + "\n")
     print(f"\n{len(ids)} Spec-Bench questions (first turns) x {a.max_new_tokens} new tokens, one pass per row, "
           f"{a.threads} threads, load average {res['load_average'][0]:.2f}")

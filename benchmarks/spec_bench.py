@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -50,6 +49,7 @@ from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.accept.sampling import SamplingOptions  # noqa: E402
 from latticedraft.decoding.methods.bpd import DrafterSpec  # noqa: E402
 from latticedraft.decoding.eval import hf_baselines  # noqa: E402
+from latticedraft.decoding.eval.evaluate import machine  # noqa: E402
 from latticedraft.decoding.rows import cut_at_end  # noqa: E402
 from latticedraft.decoding.runs.session import Session  # noqa: E402
 
@@ -307,8 +307,7 @@ def main(argv=None) -> int:
     out = {"benchmark": "spec_bench", "model": a.model, "heads": a.heads, "lm": a.lm or str(lm_for(sb.tokenizer)), "draft_model": a.draft_model,
            "questions": [q["question_id"] for q in qs], "turns": a.turns, "per_category": a.per_category, "seed": a.seed,
            "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "load_average": os.getloadavg(),
-           "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                       "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "machine": {**machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                        "device": a.device or "cpu"},
            "rows": results}
     write_atomic(Path(a.out), json.dumps(out, indent=1) + "\n")
