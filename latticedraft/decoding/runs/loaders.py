@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from latticedraft.errors import InputError, ModelError
+from latticedraft.errors import InputError
 from latticedraft.paths import data_dir, default_lm_dir
 
 EOS_TEXT = "<|endoftext|>"
@@ -126,15 +126,11 @@ def load_rescorer(path=None, device=None, tokenizer=None):
     if not p.exists():
         raise InputError(f"neural rescorer {p} not found; pass --rescorer DIR (a causal LM with the model's vocabulary)")
     m = hf.load_causal_lm(p, device=device)
-    if tokenizer is not None:
-        try:
-            hf.check_tokenizer_fits(tokenizer, m, where=str(p))
-        except ModelError as e:  # the model's tokenizer is right; the rescorer is the one that does not fit
-            nt, nm = tokenizer.get_vocab_size(with_added_tokens=True), hf.model_vocab_size(m)
-            given = "" if path is not None else " (the default neural rescorer, made for the bundled model)"
-            raise InputError(f"--rescorer {p}{given} has a vocabulary of {nm} tokens but this model's tokenizer has "
-                             f"{nt}; pass --rescorer DIR, a causal LM trained with this model's tokenizer "
-                             "(`latticedraft train lm --tokenizer MODEL_DIR ...`)") from e
+    if tokenizer is not None:  # the model's tokenizer is right: the rescorer is what does not fit
+        given = "" if path is not None else " (the default neural rescorer, made for the bundled model)"
+        hf.check_tokenizer_fits(tokenizer, m, where=f"--rescorer {p}{given}",
+                                fix="pass --rescorer DIR, a causal LM trained with this model's tokenizer "
+                                    "(`latticedraft train lm --tokenizer MODEL_DIR ...`)")
     return m.eval()
 
 

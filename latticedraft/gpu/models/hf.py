@@ -133,19 +133,20 @@ def model_vocab_size(model: nn.Module) -> int:
     return int(model.get_output_embeddings().weight.shape[0])
 
 
-def check_tokenizer_fits(tokenizer, model: nn.Module, where: str = "the model") -> None:
-    """The tokenizer's vocabulary must be the model's (padding the model's up to a multiple of 128 is allowed)."""
-    check_vocab_fits(tokenizer.get_vocab_size(with_added_tokens=True), model_vocab_size(model), where)
+WRONG_TOKENIZER = "use the tokenizer the model was trained with (its directory's tokenizer.json)"
 
 
-def check_vocab_fits(nt: int, nm: int, where: str = "the model") -> None:
+def check_tokenizer_fits(tokenizer, model: nn.Module, where: str = "the model", fix: str = WRONG_TOKENIZER) -> None:
+    """The tokenizer's vocabulary must be the model's (padding the model's up to a multiple of 128 is
+    allowed); else ``ModelError`` naming ``where`` and ``fix``."""
+    check_vocab_fits(tokenizer.get_vocab_size(with_added_tokens=True), model_vocab_size(model), where, fix)
+
+
+def check_vocab_fits(nt: int, nm: int, where: str = "the model", fix: str = WRONG_TOKENIZER) -> None:
     """``check_tokenizer_fits`` on sizes: a tokenizer of ``nt`` tokens, a model vocabulary of ``nm``."""
     padded = -(-nt // 128) * 128
     if nt > nm or (nt != nm and nm != padded):
-        raise ModelError(
-            f"the tokenizer has {nt} tokens but {where} has a vocabulary of {nm}; "
-            "use the tokenizer the model was trained with (its directory's tokenizer.json)"
-        )
+        raise ModelError(f"the tokenizer has {nt} tokens but {where} has a vocabulary of {nm}; {fix}")
 
 
 def backbone(model: nn.Module) -> nn.Module:

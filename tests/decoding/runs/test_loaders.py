@@ -45,12 +45,12 @@ def test_a_rescorer_of_another_vocabulary_is_refused_by_name():
     from tokenizers import Tokenizer, models
 
     from latticedraft.decoding.runs.loaders import default_rescorer_dir, load_rescorer
-    from latticedraft.errors import InputError
+    from latticedraft.errors import ModelError
 
     if not (default_rescorer_dir() / "config.json").is_file():
         pytest.skip("bundled rescorer missing (run scripts/setup.sh)")
     other = Tokenizer(models.WordLevel({f"w{i}": i for i in range(300)}, unk_token="w0"))
-    with pytest.raises(InputError, match=r"--rescorer .*rescorer-small \(the default neural rescorer.* vocabulary "
-                                         r"of 8192 tokens but this model's tokenizer has 300; pass --rescorer DIR"):
+    with pytest.raises(ModelError, match=r"the tokenizer has 300 tokens but --rescorer .*rescorer-small \(the default "
+                                         r"neural rescorer.*\) has a vocabulary of 8192; pass --rescorer DIR"):
         load_rescorer(tokenizer=other)
     assert load_rescorer(tokenizer=load_tokenizer(TOKENIZER)).config.vocab_size == 8192
