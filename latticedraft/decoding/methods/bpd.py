@@ -30,14 +30,16 @@ from latticedraft.errors import InputError
 
 DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none")
 HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")
-# which drafters read the options DrafterSpec does not declare (its own declare ``only``): their
-# files but the LM (which LM drafts read too: refused in ``_configure``), and the draft model's --gamma
+
+
 def _readers(file: str) -> tuple:
     """The drafters that read ``file`` (``DRAFTER_FILES``)."""
     return tuple(d for d, f in DRAFTER_FILES.items() if f == file)
 
 
 LM_READERS = _readers("lm")
+# which drafters read the options DrafterSpec does not declare (its own declare ``only``): their
+# files but the LM (which LM drafts read too: refused in ``_configure``), and the draft model's --gamma
 FILE_OPTIONS = {**{f: _readers(f) for f in sorted(set(DRAFTER_FILES.values()) - {"lm"})}, "gamma": ("model",)}
 LOOKAHEAD_POOL = (*LOOKAHEAD_DESTS, "lookahead_config")  # what --lookahead-pool reads
 
