@@ -1,0 +1,89 @@
+"""A chat model's own text, for the n-gram LM its decode drafts with: questions it writes itself,
+answered by it, written out as text.
+
+The rows are self-distillation's chat rows (``gpu/train/continuations.py``, ``--distill-chat 1``):
+the model continues its chat template's user-turn header into a question (sampled at T = 1, up to
+``--question-tokens``, cut at its end id), then answers the question through the template, greedily
+by default (what greedy decoding and its drafts meet), to ``--seq-len`` tokens in all; the answer is
+not stopped at its end id, so a row may go on into a turn the model writes next. No data set is
+read. Rows are made in batches by latticedraft's own decode loop and cached under
+``.cache/continuations`` (a killed run keeps its finished batches: run it again to go on). Each row
+is written as its text, special tokens included, one row after another, gzip-compressed and
+atomically (nothing half-written is left behind).
+
+    .venv/bin/python scripts/own_text.py --model .cache/models/smollm2-135m-instruct \\
+        --rows 2560 --seed 1 -o data/smollm2-own-answers.txt.gz
+
+Then ``lm build --corpus ... data/smollm2-own-answers.txt.gz`` (``scripts/build_smollm2.sh``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from latticedraft.atomic import write_atomic  # noqa: E402
+from latticedraft.errors import LatticedraftError  # noqa: E402
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, help="the chat model's HF directory (with a chat template)")
+    p.add_argument("--rows", type=int, default=2560, help="questions the model writes and answers")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per row: the rendered question, then the answer")
+    p.add_argument("--sample-fraction", type=float, default=0.0,
+                   help="share of the answers sampled at T = 1 (the rest greedy)")
+    p.add_argument("--question-tokens", type=int, default=48, help="longest question the model writes, in tokens")
+    p.add_argument("--seed", type=int, default=1, help="seed of the questions and of the sampled answers")
+    p.add_argument("--batch-size", type=int, default=160, help="rows the decode loop continues together")
+    p.add_argument("--cache", default=None, help="continuation cache (default: .cache/continuations)")
+    p.add_argument("-o", "--out", required=True, help="the text file to write (.txt.gz)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    from latticedraft.decoding.runs.continuations import LoopDecoder
+    from latticedraft.gpu.train.continuations import ContinuationSpec, continuations
+
+    out, model = Path(a.out), Path(a.model)
+    try:
+        if not out.name.endswith(".txt.gz"):
+            raise LatticedraftError(f"-o {out}: the text is written gzip-compressed; name it *.txt.gz")
+        if out.exists() and not a.force:
+            raise LatticedraftError(f"-o {out} exists; pass --force to replace it")
+        if not (model / "config.json").is_file():
+            raise LatticedraftError(f"--model {model} holds no config.json; pass an HF model directory "
+                                    "(scripts/build_smollm2.sh makes SmolLM2's)")
+        tokenizer = model / "tokenizer.json"
+        spec = ContinuationSpec(prompts=a.rows, seq_len=a.seq_len, sample_fraction=a.sample_fraction, seed=a.seed,
+                                batch_size=a.batch_size, chat_fraction=1.0, question_tokens=a.question_tokens,
+                                prompt_len=min(ContinuationSpec.prompt_len, a.seq_len - 1))  # no corpus prompts
+        t0 = time.perf_counter()
+        rows = continuations(model, np.zeros(0, dtype=np.int32), spec, tokenizer, LoopDecoder(model, tokenizer),
+                             root=a.cache)
+    except LatticedraftError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from latticedraft.lm.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    text = "".join(tok.decode(r.tolist(), skip_special_tokens=False) + "\n" for r in rows.rows)
+    write_atomic(out, gzip.compress(text.encode("utf-8"), mtime=0))
+    print(json.dumps({"out": str(out), "rows": int(len(rows.rows)), "tokens": int(rows.rows.size),
+                      "bytes": out.stat().st_size, "generated_rows": rows.generated,
+                      "generation_seconds": rows.seconds, "this_run_seconds": round(time.perf_counter() - t0, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

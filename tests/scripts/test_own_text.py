@@ -1,0 +1,79 @@
+"""``scripts/own_text.py``: a chat model's own questions and answers as gzip text, from the
+continuation cache, with one-line refusals and nothing half-written."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from latticedraft.gpu.train.continuations import ContinuationSpec
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAT = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("own_text_script", ROOT / "scripts" / "own_text.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def chat_base(saved_bases, tmp_path):
+    d = tmp_path / "chat-base"
+    shutil.copytree(saved_bases["llama"], d)
+    (d / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT, "eos_token": "<|endoftext|>"}))
+    return d
+
+
+def test_writes_the_chat_rows_as_text(chat_base, tmp_path, capsys):
+    from latticedraft.decoding.runs.continuations import LoopDecoder
+    from latticedraft.gpu.train.continuations import continuations
+    from latticedraft.lm.tokenizer import load_tokenizer
+
+    out = tmp_path / "own.txt.gz"
+    args = ["--model", str(chat_base), "--rows", "3", "--seq-len", "20", "--question-tokens", "6", "--batch-size", "2", "--seed", "5",
+            "--cache", str(tmp_path / "cache"), "-o", str(out)]
+    assert _script().main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["rows"] == 3 and report["tokens"] == 60 and report["generated_rows"] == 3
+    tok = chat_base / "tokenizer.json"
+    spec = ContinuationSpec(prompts=3, prompt_len=19, seq_len=20, sample_fraction=0.0, seed=5, batch_size=2,
+                            chat_fraction=1.0, question_tokens=6)
+    rows = continuations(chat_base, np.zeros(0, np.int32), spec, tok, LoopDecoder(chat_base, tok),
+                         root=tmp_path / "cache")
+    assert rows.generated == 0 and rows.greedy_rows == 3  # served by the cache the script filled; all greedy
+    text = gzip.decompress(out.read_bytes()).decode()
+    t = load_tokenizer(tok)
+    assert text == "".join(t.decode(r.tolist(), skip_special_tokens=False) + "\n" for r in rows.rows)
+    assert text.count("<|endoftext|>assistant\n") >= 3  # each row answers through the template
+    assert _script().main(args[:-2] + ["-o", str(out), "--force"]) == 0  # the cache serves a second run
+
+
+@pytest.mark.parametrize("case, message", [
+    ("name", "name it *.txt.gz"),
+    ("exists", "exists; pass --force to replace it"),
+    ("model", "holds no config.json"),
+])
+def test_bad_input_is_refused_in_one_line(chat_base, tmp_path, capsys, case, message):
+    out = tmp_path / ("own.txt" if case == "name" else "own.txt.gz")
+    if case == "exists":
+        out.write_text("earlier")
+    model = tmp_path / "nowhere" if case == "model" else chat_base
+    assert _script().main(["--model", str(model), "--rows", "2", "--seq-len", "20", "-o", str(out),
+                           "--cache", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and message in err and "\n" not in err
+    assert (out.read_text() == "earlier") if case == "exists" else not out.exists()
+    assert not list(tmp_path.glob(".own*"))  # no temporary file left behind
