@@ -52,6 +52,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     a = parse(argv)
+    from latticedraft.decoding.runs.chat import ChatTemplate
     from latticedraft.decoding.runs.continuations import LoopDecoder
     from latticedraft.gpu.train.continuations import ContinuationSpec, continuations
 
@@ -64,6 +65,7 @@ def main(argv=None) -> int:
         if not (model / "config.json").is_file():
             raise LatticedraftError(f"--model {model} holds no config.json; pass an HF model directory "
                                     "(scripts/build_smollm2.sh makes SmolLM2's)")
+        ChatTemplate.load(model, "--model")  # the questions and answers go through it: refused here, naming --model
         tokenizer = model / "tokenizer.json"
         spec = ContinuationSpec(prompts=a.rows, seq_len=a.seq_len, sample_fraction=a.sample_fraction, seed=a.seed,
                                 batch_size=a.batch_size, chat_fraction=1.0, question_tokens=a.question_tokens,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -43,8 +44,8 @@ def test_writes_the_chat_rows_as_text(chat_base, tmp_path, capsys):
     from latticedraft.lm.tokenizer import load_tokenizer
 
     out = tmp_path / "own.txt.gz"
-    args = ["--model", str(chat_base), "--rows", "3", "--seq-len", "20", "--question-tokens", "6", "--batch-size", "2", "--seed", "5",
-            "--cache", str(tmp_path / "cache"), "-o", str(out)]
+    args = ["--model", str(chat_base), "--rows", "3", "--seq-len", "20", "--question-tokens", "6", "--batch-size", "2",
+            "--seed", "5", "--cache", str(tmp_path / "cache"), "-o", str(out)]
     assert _script().main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["rows"] == 3 and report["tokens"] == 60 and report["generated_rows"] == 3
@@ -58,22 +59,25 @@ def test_writes_the_chat_rows_as_text(chat_base, tmp_path, capsys):
     t = load_tokenizer(tok)
     assert text == "".join(t.decode(r.tolist(), skip_special_tokens=False) + "\n" for r in rows.rows)
     assert text.count("<|endoftext|>assistant\n") >= 3  # each row answers through the template
-    assert _script().main(args[:-2] + ["-o", str(out), "--force"]) == 0  # the cache serves a second run
+    assert _script().main(args + ["--force"]) == 0
+    assert json.loads(capsys.readouterr().out)["generated_rows"] == 0  # the cache serves a second run
+    assert gzip.decompress(out.read_bytes()).decode() == text
 
 
 @pytest.mark.parametrize("case, message", [
-    ("name", "name it *.txt.gz"),
+    ("name", r"name it \*\.txt\.gz"),
     ("exists", "exists; pass --force to replace it"),
     ("model", "holds no config.json"),
+    ("template", "--model: .* has no chat template"),
 ])
-def test_bad_input_is_refused_in_one_line(chat_base, tmp_path, capsys, case, message):
+def test_bad_input_is_refused_in_one_line(chat_base, saved_bases, tmp_path, capsys, case, message):
     out = tmp_path / ("own.txt" if case == "name" else "own.txt.gz")
     if case == "exists":
         out.write_text("earlier")
-    model = tmp_path / "nowhere" if case == "model" else chat_base
+    model = {"model": tmp_path / "nowhere", "template": saved_bases["llama"]}.get(case, chat_base)
     assert _script().main(["--model", str(model), "--rows", "2", "--seq-len", "20", "-o", str(out),
                            "--cache", str(tmp_path / "cache")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and message in err and "\n" not in err
+    assert err.startswith("error: ") and re.search(message, err) and "\n" not in err
     assert (out.read_text() == "earlier") if case == "exists" else not out.exists()
     assert not list(tmp_path.glob(".own*"))  # no temporary file left behind
