@@ -44,7 +44,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--question-tokens", type=int, default=48, help="longest question the model writes, in tokens")
     p.add_argument("--seed", type=int, default=1, help="seed of the questions and of the sampled answers")
     p.add_argument("--batch-size", type=int, default=160, help="rows the decode loop continues together")
-    p.add_argument("--cache", default=None, help="continuation cache (default: .cache/continuations)")
+    p.add_argument("--cache", default=None, help="continuation cache root (None: .cache/continuations)")
     p.add_argument("-o", "--out", required=True, help="the text file to write (.txt.gz)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     return p.parse_args(argv)
@@ -70,6 +70,7 @@ def main(argv=None) -> int:
         spec = ContinuationSpec(prompts=a.rows, seq_len=a.seq_len, sample_fraction=a.sample_fraction, seed=a.seed,
                                 batch_size=a.batch_size, chat_fraction=1.0, question_tokens=a.question_tokens,
                                 prompt_len=min(ContinuationSpec.prompt_len, a.seq_len - 1))  # no corpus prompts
+        spec.validate({"prompts": "--rows", "batch_size": "--batch-size"})  # refused naming this script's options
         t0 = time.perf_counter()
         rows = continuations(model, np.zeros(0, dtype=np.int32), spec, tokenizer, LoopDecoder(model, tokenizer),
                              root=a.cache)

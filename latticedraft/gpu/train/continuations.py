@@ -129,24 +129,33 @@ class ContinuationSpec:
             del d["chat_fraction"], d["question_tokens"]
         return d
 
-    def validate(self) -> None:
+    def validate(self, flags: dict | None = None) -> None:
+        """Refuse settings no run can make, naming each by the option that sets it (``FLAGS``,
+        ``train``'s; ``flags``: field -> option where a caller's differ)."""
+        f = {**FLAGS, **(flags or {})}
         if self.prompts < 1:
-            raise InputError(f"--distill-prompts {self.prompts} must be at least 1")
+            raise InputError(f"{f['prompts']} {self.prompts} must be at least 1")
         if self.prompt_len < 1:
-            raise InputError(f"--prompt-len {self.prompt_len} must be at least 1")
+            raise InputError(f"{f['prompt_len']} {self.prompt_len} must be at least 1")
         if self.seq_len <= self.prompt_len:
-            raise InputError(f"--seq-len {self.seq_len} must exceed --prompt-len {self.prompt_len}: each row is a "
-                             "prompt plus the base's continuation; raise --seq-len or lower --prompt-len")
+            raise InputError(f"{f['seq_len']} {self.seq_len} must exceed {f['prompt_len']} {self.prompt_len}: each row "
+                             f"is a prompt plus the base's continuation; raise {f['seq_len']} or lower {f['prompt_len']}")
         if not 0.0 <= self.sample_fraction <= 1.0:
-            raise InputError(f"--sample-fraction {self.sample_fraction} is not a fraction in [0, 1]")
+            raise InputError(f"{f['sample_fraction']} {self.sample_fraction} is not a fraction in [0, 1]")
         if not (np.isfinite(self.temperature) and self.temperature > 0):
-            raise InputError(f"--distill-temperature {self.temperature} must be a finite number > 0")
+            raise InputError(f"{f['temperature']} {self.temperature} must be a finite number > 0")
         if self.batch_size < 1:
-            raise InputError(f"--gen-batch-size {self.batch_size} must be at least 1")
+            raise InputError(f"{f['batch_size']} {self.batch_size} must be at least 1")
         if not 0.0 <= self.chat_fraction <= 1.0:
-            raise InputError(f"--distill-chat {self.chat_fraction} is not a fraction in [0, 1]")
+            raise InputError(f"{f['chat_fraction']} {self.chat_fraction} is not a fraction in [0, 1]")
         if self.question_tokens < 1:
-            raise InputError(f"--question-tokens {self.question_tokens} must be at least 1")
+            raise InputError(f"{f['question_tokens']} {self.question_tokens} must be at least 1")
+
+
+FLAGS = {"prompts": "--distill-prompts", "prompt_len": "--prompt-len", "seq_len": "--seq-len",
+         "sample_fraction": "--sample-fraction", "temperature": "--distill-temperature",
+         "batch_size": "--gen-batch-size", "chat_fraction": "--distill-chat",
+         "question_tokens": "--question-tokens"}  # the option of each ContinuationSpec field, as ``train`` names them
 
 
 @dataclass
