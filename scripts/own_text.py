@@ -6,13 +6,17 @@ the model continues its chat template's user-turn header into a question (sample
 ``--question-tokens``, cut at its end id), then answers the question through the template, greedily
 by default (what greedy decoding and its drafts meet), to ``--seq-len`` tokens in all; the answer is
 not stopped at its end id, so a row may go on into a turn the model writes next. No data set is
-read. Rows are made in batches by latticedraft's own decode loop and cached under
+read. Rows are made in batches by latticedraft's own decode loop (``--engine loop``) or, on a GPU,
+by the model's forward over a left-padded batch (``--engine plain``: the same greedy text up to
+the rounding of the batch's kernels, many times faster there), and cached under
 ``.cache/continuations`` (a killed run keeps its finished batches: run it again to go on). Each row
 is written as its text, special tokens included, one row after another, gzip-compressed and
 atomically (nothing half-written is left behind).
 
     .venv/bin/python scripts/own_text.py --model .cache/models/smollm2-135m-instruct \\
         --rows 2560 --seed 1 -o data/smollm2-own-answers.txt.gz
+
+On a GPU: ``--engine plain --device cuda --batch-size 2048``.
 
 Then ``lm build --corpus ... data/smollm2-own-answers.txt.gz`` (``scripts/build_smollm2.sh``).
 """
@@ -44,6 +48,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--question-tokens", type=int, default=48, help="longest question the model writes, in tokens")
     p.add_argument("--seed", type=int, default=1, help="seed of the questions and of the sampled answers")
     p.add_argument("--batch-size", type=int, default=160, help="rows the decode loop continues together")
+    p.add_argument("--engine", choices=["loop", "plain"], default="loop",
+                   help="loop: latticedraft's decode loop; plain: the model's forward over a padded batch (for a GPU)")
+    p.add_argument("--device", default=None, help="torch device of the model (None: cpu)")
     p.add_argument("--cache", default=None, help="continuation cache root (None: .cache/continuations)")
     p.add_argument("-o", "--out", required=True, help="the text file to write (.txt.gz)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
@@ -53,7 +60,7 @@ def parse(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     a = parse(argv)
     from latticedraft.decoding.runs.chat import ChatTemplate
-    from latticedraft.decoding.runs.continuations import LoopDecoder
+    from latticedraft.decoding.runs.continuations import LoopDecoder, PlainDecoder
     from latticedraft.gpu.train.continuations import ContinuationSpec, continuations
 
     out, model = Path(a.out), Path(a.model)
@@ -72,8 +79,8 @@ def main(argv=None) -> int:
                                 prompt_len=min(ContinuationSpec.prompt_len, a.seq_len - 1))  # no corpus prompts
         spec.validate({"prompts": "--rows", "batch_size": "--batch-size"})  # refused naming this script's options
         t0 = time.perf_counter()
-        rows = continuations(model, np.zeros(0, dtype=np.int32), spec, tokenizer, LoopDecoder(model, tokenizer),
-                             root=a.cache)
+        engine = {"loop": LoopDecoder, "plain": PlainDecoder}[a.engine](model, tokenizer, device=a.device)
+        rows = continuations(model, np.zeros(0, dtype=np.int32), spec, tokenizer, engine, root=a.cache)
     except LatticedraftError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -83,7 +90,7 @@ def main(argv=None) -> int:
     text = "".join(tok.decode(r.tolist(), skip_special_tokens=False) + "\n" for r in rows.rows)
     write_atomic(out, gzip.compress(text.encode("utf-8"), mtime=0))
     print(json.dumps({"out": str(out), "rows": int(len(rows.rows)), "tokens": int(rows.rows.size),
-                      "bytes": out.stat().st_size, "generated_rows": rows.generated,
+                      "bytes": out.stat().st_size, "engine": a.engine, "generated_rows": rows.generated,
                       "generation_seconds": rows.seconds, "this_run_seconds": round(time.perf_counter() - t0, 1)}))
     return 0
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from latticedraft.gpu.train.continuations import ContinuationSpec
+from latticedraft.gpu.train.continuations import ContinuationSpec, continuations
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -40,7 +40,6 @@ def chat_base(saved_bases, tmp_path):
 
 def test_writes_the_chat_rows_as_text(chat_base, tmp_path, capsys):
     from latticedraft.decoding.runs.continuations import LoopDecoder
-    from latticedraft.gpu.train.continuations import continuations
     from latticedraft.lm.tokenizer import load_tokenizer
 
     out = tmp_path / "own.txt.gz"
@@ -84,3 +83,35 @@ def test_bad_input_is_refused_in_one_line(chat_base, saved_bases, tmp_path, caps
     assert err.startswith("error: ") and re.search(message, err) and "\n" not in err
     assert (out.read_text() == "earlier") if case == "exists" else not out.exists()
     assert not list(tmp_path.glob(".own*"))  # no temporary file left behind
+
+
+def test_the_plain_engine_writes_the_loops_greedy_text(chat_base, tmp_path, capsys):
+    """``--engine plain`` (the model's forward over a padded batch, for a GPU) writes, on the CPU,
+    the same rows as the decode loop, in a cache of its own."""
+    outs = {}
+    for engine in ("loop", "plain"):
+        outs[engine] = tmp_path / f"{engine}.txt.gz"
+        args = ["--model", str(chat_base), "--rows", "3", "--seq-len", "20", "--question-tokens", "6",
+                "--batch-size", "3", "--seed", "5", "--engine", engine, "--cache", str(tmp_path / "cache"),
+                "-o", str(outs[engine])]
+        assert _script().main(args) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["engine"] == engine and report["generated_rows"] == 3
+    from latticedraft.decoding.runs.continuations import LoopDecoder, PlainDecoder
+    from latticedraft.lm.tokenizer import load_tokenizer
+
+    tok = chat_base / "tokenizer.json"
+    spec = ContinuationSpec(prompts=3, prompt_len=19, seq_len=20, sample_fraction=0.0, seed=5, batch_size=3,
+                            chat_fraction=1.0, question_tokens=6)
+    rows = continuations(chat_base, np.zeros(0, np.int32), spec, tok, PlainDecoder(chat_base, tok),
+                         root=tmp_path / "cache")
+    assert rows.generated == 0  # served by the cache the plain run filled
+    t = load_tokenizer(tok)
+    text = "".join(t.decode(r.tolist(), skip_special_tokens=False) + "\n" for r in rows.rows)
+    assert gzip.decompress(outs["plain"].read_bytes()).decode() == text
+    chat, loop = PlainDecoder(chat_base).chat(), LoopDecoder(chat_base, tok)
+    questions = json.loads((Path(rows.where) / "questions.json").read_text())
+    for r, q in enumerate(questions):  # each answer is the loop's greedy answer to its question
+        p = chat.render(q)
+        assert np.array_equal(rows.rows[r, :len(p)], p)
+        assert np.array_equal(rows.rows[r, len(p):], loop([p], 20 - len(p), None, 0, 0)[0]), r

@@ -73,7 +73,9 @@ class BaseDecoder(Protocol):
     end-of-text does not stop a row. ``end_ids()``: the ids that end a sequence (a question ends at
     the first). ``chat()``: the base's ``ChatTurns``, the same object at every call, refused in one
     line naming ``--distill-chat`` where the base has no chat template. The model is loaded at the
-    first decode, so a run the cache serves loads nothing."""
+    first decode, so a run the cache serves loads nothing. ``engine`` (optional, default ``"loop"``,
+    our decode loop; ``"plain"``: the base's forward in a padded batch): the text maker's name, in
+    the cache's key unless it is ``"loop"``, so caches made before engines existed stay valid."""
 
     def __call__(self, prompts: list[np.ndarray], new_tokens: int, temperature: float | None, seed: int,
                  first_row: int) -> np.ndarray: ...
@@ -191,9 +193,13 @@ def _weights_key(base_dir: Path) -> list:
     return out
 
 
-def cache_key(base_dir: Path, tokenizer_fp: str, prompts: np.ndarray, spec: ContinuationSpec) -> str:
-    h = hashlib.sha256(json.dumps({"format": FORMAT, "base": str(base_dir.resolve()), "weights": _weights_key(base_dir),
-                                   "tokenizer": tokenizer_fp, "spec": spec.key()}, sort_keys=True).encode())
+def cache_key(base_dir: Path, tokenizer_fp: str, prompts: np.ndarray, spec: ContinuationSpec,
+              engine: str = "loop") -> str:
+    what = {"format": FORMAT, "base": str(base_dir.resolve()), "weights": _weights_key(base_dir),
+            "tokenizer": tokenizer_fp, "spec": spec.key()}
+    if engine != "loop":
+        what["engine"] = engine
+    h = hashlib.sha256(json.dumps(what, sort_keys=True).encode())
     h.update(np.ascontiguousarray(prompts, dtype=np.int32).tobytes())
     return h.hexdigest()[:24]
 
@@ -216,7 +222,7 @@ def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSp
     prompts = prompts.reshape(len(offsets), spec.prompt_len)
     chat = decoder.chat() if n_chat else None
     key_ids = prompts if chat is None else np.concatenate([chat.header, prompts.reshape(-1)])
-    key = cache_key(base_dir, fingerprint(load_tokenizer(tokenizer_path)), key_ids, spec)
+    key = cache_key(base_dir, fingerprint(load_tokenizer(tokenizer_path)), key_ids, spec, getattr(decoder, "engine", "loop"))
     where = Path(root) if root is not None else cache_dir() / "continuations"
     where = where / key
     where.mkdir(parents=True, exist_ok=True)
