@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -60,3 +61,17 @@ def own_cache(tmp_path, monkeypatch):
     """Continuations and token streams go to a cache of this test, not the checkout's .cache."""
     monkeypatch.setenv("LATTICEDRAFT_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
+
+
+CHAT = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")  # a tiny chat template
+
+
+@pytest.fixture
+def chat_base(saved_bases, tmp_path):
+    """The tiny llama base of ``saved_bases`` with ``CHAT`` as its chat template (end id ``<|endoftext|>``)."""
+    d = tmp_path / "chat-base"
+    shutil.copytree(saved_bases["llama"], d)
+    (d / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT, "eos_token": "<|endoftext|>"}))
+    return d

@@ -106,7 +106,7 @@ def add_parser(groups) -> None:
                                    "into --out. The build happens in a temporary directory renamed into place, "
                                    "so a failed or interrupted build leaves nothing behind.")
     b.add_argument("--corpus", nargs="+", required=True, metavar="FILE",
-                   help="text files (.gz too), directories, stdlib / stdlib:train / stdlib:heldout, or - for "
+                   help="text files (.gz and .xz too), directories, stdlib / stdlib:train / stdlib:heldout, or - for "
                         "standard input")
     b.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
                    help="build directory to create (must not hold a build unless --force)")

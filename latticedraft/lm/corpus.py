@@ -1,6 +1,6 @@
-"""Corpus files: the Python standard library's source, user files (plain or ``.gz``), held-out splits.
+"""Corpus files: the Python standard library's source, user files (plain, ``.gz`` or ``.xz``), held-out splits.
 
-A corpus *spec* is a path (file or directory, searched for ``*.py``, ``*.txt``, ``*.gz``)
+A corpus *spec* is a path (file or directory, searched for ``*.py``, ``*.txt``, ``*.gz``, ``*.xz``)
 or one of the names ``stdlib``, ``stdlib:train`` and ``stdlib:heldout``: the ``.py`` files of
 this interpreter's standard library (test suites excluded), split by file, 5% held out.
 """
@@ -8,6 +8,7 @@ this interpreter's standard library (test suites excluded), split by file, 5% he
 from __future__ import annotations
 
 import gzip
+import lzma
 import hashlib
 import sysconfig
 from pathlib import Path
@@ -60,9 +61,9 @@ def resolve_corpus(specs: Iterable[str | Path]) -> list[Path]:
             continue
         p = Path(s)
         if p.is_dir():
-            found = sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in {".py", ".txt", ".gz"})
+            found = sorted(q for q in p.rglob("*") if q.is_file() and q.suffix in {".py", ".txt", ".gz", ".xz"})
             if not found:
-                raise InputError(f"corpus directory {p} holds no .py, .txt or .gz files; pass the files themselves")
+                raise InputError(f"corpus directory {p} holds no .py, .txt, .gz or .xz files; pass the files themselves")
             out.extend(found)
         elif p.is_file():
             out.append(p)
@@ -75,18 +76,21 @@ def resolve_corpus(specs: Iterable[str | Path]) -> list[Path]:
     return uniq
 
 
+_DECOMPRESS = {".gz": gzip.decompress, ".xz": lzma.decompress}
+
+
 def read_text(path: Path, encoding_errors: str = "strict") -> str:
-    """Read a UTF-8 text file (``.gz`` transparently).
+    """Read a UTF-8 text file (``.gz`` and ``.xz`` transparently).
 
     ``encoding_errors="strict"`` raises ``InputError`` naming the file and byte offset of the
     first invalid byte; ``"replace"`` substitutes U+FFFD.
     """
     try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        raw = _DECOMPRESS.get(path.suffix, bytes)(path.read_bytes())
     except PermissionError as e:
         raise InputError(f"corpus file {path} is not readable ({e.strerror}); fix its permissions") from e
-    except (OSError, EOFError) as e:
-        raise InputError(f"corpus file {path} cannot be read ({e}); is it a valid file or .gz archive?") from e
+    except (OSError, EOFError, lzma.LZMAError) as e:
+        raise InputError(f"corpus file {path} cannot be read ({e}); is it a valid file, .gz or .xz archive?") from e
     try:
         return raw.decode("utf-8", errors=encoding_errors)
     except UnicodeDecodeError as e:

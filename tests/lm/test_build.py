@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import math
 import os
 import shutil
@@ -17,6 +18,7 @@ import pytest
 
 from latticedraft.errors import BuildError, InputError, ModelError
 from latticedraft.lm.build import BuildOptions, build
+from latticedraft.lm.corpus import read_text, resolve_corpus
 from latticedraft.lm.ngram import NgramLM
 from latticedraft.paths import kenlm_tool
 from tests.lm.conftest import synthetic_text
@@ -113,6 +115,14 @@ def test_gzip_corpus_and_discount_fallback(tmp_path):
     assert m["corpus"]["tokens"] >= 8
 
 
+def test_xz_corpus_reads_as_its_text(tmp_path):
+    text = "a b c d\n\ne f g h\n\u00e9 x\n"
+    xz = tmp_path / "tiny.txt.xz"
+    xz.write_bytes(lzma.compress(text.encode()))
+    assert read_text(xz) == text
+    assert resolve_corpus([str(tmp_path)]) == [xz]  # a directory's .xz files are corpus files too
+
+
 # ---- bad input ---------------------------------------------------------------------------------
 
 def test_missing_corpus(tmp_path):
@@ -138,10 +148,11 @@ def test_corpus_read_error(tmp_path):
     assert not (tmp_path / "lm").exists()
 
 
-def test_unreadable_corpus_gz(tmp_path):
-    p = tmp_path / "c.txt.gz"
-    p.write_bytes(b"this is not gzip")
-    with pytest.raises(InputError, match=r"c.txt.gz cannot be read"):
+@pytest.mark.parametrize("name", ["c.txt.gz", "c.txt.xz"])
+def test_unreadable_corpus_archive(tmp_path, name):
+    p = tmp_path / name
+    p.write_bytes(b"this is not an archive")
+    with pytest.raises(InputError, match=rf"{name} cannot be read .*\.gz or \.xz archive"):
         build(_opts(p, tmp_path / "lm"))
 
 

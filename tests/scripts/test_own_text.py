@@ -7,7 +7,6 @@ import gzip
 import importlib.util
 import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +17,6 @@ from latticedraft.gpu.train.continuations import ContinuationSpec, continuations
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ROOT = Path(__file__).resolve().parents[2]
-CHAT = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")
 
 
 def _script():
@@ -27,15 +24,6 @@ def _script():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-@pytest.fixture
-def chat_base(saved_bases, tmp_path):
-    d = tmp_path / "chat-base"
-    shutil.copytree(saved_bases["llama"], d)
-    (d / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT, "eos_token": "<|endoftext|>"}))
-    return d
 
 
 def test_writes_the_chat_rows_as_text(chat_base, tmp_path, capsys):

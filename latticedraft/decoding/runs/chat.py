@@ -50,17 +50,24 @@ class ChatTemplate:
             out = out["input_ids"]
         return np.asarray(out, dtype=np.int64).reshape(-1)
 
+    def around_user_text(self) -> tuple[str, str]:
+        """(before, after): the text a one-message conversation holds around its user message's
+        text, the assistant's turn opened after it (SmolLM2: its system turn and the user turn's
+        header; ``<|im_end|>\n<|im_start|>assistant\n``)."""
+        mark = "\u2063latticedraft-user-text\u2063"
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False,
+                                                  add_generation_prompt=True)
+        if mark not in text:
+            raise InputError("the chat template does not render a user message's text verbatim; "
+                             "the base cannot write chat questions of its own")
+        i = text.index(mark)
+        return text[:i], text[i + len(mark):]
+
     def user_prefix_ids(self) -> np.ndarray:
         """int64[t]: the ids a conversation holds before the text of its first user message (the
         template's default system turn, if any, then the user turn's header): what a model continues
         to write a question of its own."""
-        mark = "\u2063latticedraft-user-text\u2063"
-        text = self.tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False,
-                                                  add_generation_prompt=False)
-        if mark not in text:
-            raise InputError("the chat template does not render a user message's text verbatim; "
-                             "the base cannot write chat questions of its own")
-        ids = self.tokenizer(text[: text.index(mark)], add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer(self.around_user_text()[0], add_special_tokens=False)["input_ids"]
         return np.asarray(ids, dtype=np.int64).reshape(-1)
 
 

@@ -2,6 +2,8 @@
 loop that ``decoding/runs/continuations.py`` passes in): what the rows hold, that greedy rows are
 the base's greedy output, that the cache is keyed and resumable."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -118,23 +120,13 @@ def test_too_short_a_corpus_is_refused(saved_bases, tmp_path):
         continuations(saved_bases["llama"], STREAM[:5], SPEC, _tok(saved_bases["llama"]), root=tmp_path)
 
 
-CHAT = ("{% for m in messages %}<|endoftext|>{{ m['role'] }}\n{{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<|endoftext|>assistant\n{% endif %}")
-
-
-def test_chat_rows_answer_questions_the_base_wrote_itself(saved_bases, tmp_path):
+def test_chat_rows_answer_questions_the_base_wrote_itself(chat_base, tmp_path):
     """--distill-chat: the first rows' prompts are the template's user header continued by the base
     (sampled, cut at the end id) then rendered with the assistant's turn open; greedy chat rows are
     the base's greedy answer; the corpus rows after them are as without chat."""
-    import json
-    import shutil
-
     from transformers import AutoTokenizer
 
-    base_dir = tmp_path / "chat-base"
-    shutil.copytree(saved_bases["llama"], base_dir)
-    (base_dir / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT, "eos_token": "<|endoftext|>"}))
+    base_dir = chat_base
     spec = ContinuationSpec(prompts=8, prompt_len=5, seq_len=24, sample_fraction=0.5, batch_size=2, seed=4,
                             chat_fraction=0.5, question_tokens=6)
     c = continuations(base_dir, STREAM, spec, _tok(base_dir), root=tmp_path / "c")
