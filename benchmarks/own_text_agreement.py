@@ -25,7 +25,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-
 def questions_and_answers(path: Path, before: str, after: str) -> list[tuple[str, str]]:
     """(question, answer text) of each row of one own-text file: a row starts with ``before`` and
     its question ends at ``after`` (rows may hold newlines, so they are cut at ``before``)."""

@@ -15,7 +15,11 @@
 #      itself (--distill-chat 0.75; no data set), the rest continue standard-library code. On an H200
 #      (DEVICE=cuda) the continuations take 363 s and a step 0.14 s (800 steps: 112 s); on this
 #      2-core CPU the continuations alone take hours. data/heads-smollm2 is this command's output
-#      from an H200 (its training.json says so).
+#      from an H200 (its training.json says so). ENGINE=plain makes the continuations with the
+#      model's forward over a padded batch instead of our decode loop (--distill-engine plain): on
+#      the H200 that wrote 16 k tokens/s for own_text.py, so these 590 k tokens would take about 40 s
+#      (estimated, not run; its greedy rows equal the loop's up to rounding, its sampled rows differ).
+#      ENGINE applies to --draft too.
 #   4. with --draft: a distilled draft model for it into .cache/draft/smollm2 (resumable), for
 #      `--drafter model` and HF assisted generation: 2 layers at SmolLM2's width started from its
 #      layers 0 and 29, embeddings and final norm (--init base), trained on the KL to SmolLM2 over
@@ -52,6 +56,7 @@ if [ -n "$want_heads" ]; then
     echo "[smollm2] training self-distilled heads into $HEADS on ${DEVICE:-cpu}" >&2
     $LD train heads --base "$MODEL" --corpus stdlib:train --heads 6 --ffn-dim 768 --token-input \
       --self-distill --distill-chat 0.75 --distill-prompts 2304 --gen-batch-size 512 --seq-len 256 \
+      --distill-engine "${ENGINE:-loop}" \
       --steps 800 --batch-size 16 --lr 2e-3 --checkpoint-every 25 --save-dtype float16 \
       --device "${DEVICE:-cpu}" -o "$HEADS" $RESUME
     # the draft vocabulary: token ids ranked by frequency in the heads' own training rows
@@ -70,6 +75,7 @@ if [ -n "$want_draft" ]; then
     echo "[smollm2] distilling a draft model into $DRAFT on ${DEVICE:-cpu}" >&2
     $LD train draft-model --base "$MODEL" --corpus stdlib:train -o "$DRAFT" --n-layer 2 --n-embd 576 --n-head 9 \
       --init base --distill-chat 0.75 --distill-prompts 384 --gen-batch-size 48 --seq-len 192 --steps 120 \
+      --distill-engine "${ENGINE:-loop}" \
       --batch-size 8 --lr 1e-3 --checkpoint-every 20 --save-dtype float16 --device "${DEVICE:-cpu}" $RESUME
   fi
   echo "[smollm2] draft model: --draft-model $DRAFT" >&2

@@ -14,7 +14,7 @@ from latticedraft.errors import InputError
 
 # the options that say how the base's continuations are made and which loss is used
 DISTILL_OPTIONS = ("distill_text", "distill_loss", "distill_prompts", "prompt_len", "sample_fraction",
-                   "distill_temperature", "gen_batch_size", "distill_chat", "question_tokens")
+                   "distill_temperature", "gen_batch_size", "distill_chat", "question_tokens", "distill_engine")
 
 
 def distill_args(p: argparse.ArgumentParser, switch: bool) -> None:
@@ -46,13 +46,17 @@ def distill_args(p: argparse.ArgumentParser, switch: bool) -> None:
                         "them; the rest are corpus prompts (default 0)")
     g.add_argument("--question-tokens", type=int, default=48,
                    help="longest question the base writes for --distill-chat, in tokens (default 48)")
+    g.add_argument("--distill-engine", choices=["loop", "plain"], default="loop",
+                   help="what continues the prompts: loop, latticedraft's decode loop (default); plain, the base's "
+                        "forward over a left-padded batch, many times faster on a GPU (greedy rows equal the loop's "
+                        "up to the kernels' rounding; a sampled row depends on its batch)")
 
 
 def distill_config(a):
     """The ``DistillConfig`` of the parsed options, or None for ``train heads`` without ``--self-distill``
     (then none of the distillation options may be given)."""
     from latticedraft.cli.checks import refuse_given
-    from latticedraft.decoding.runs.continuations import LoopDecoder
+    from latticedraft.decoding.runs.continuations import LoopDecoder, PlainDecoder
     from latticedraft.gpu.train.continuations import ContinuationSpec
     from latticedraft.gpu.train.distill import DistillConfig
 
@@ -65,9 +69,10 @@ def distill_config(a):
                             question_tokens=a.question_tokens)
     if a.distill_text == "corpus":
         refuse_given(a, ("distill_prompts", "prompt_len", "sample_fraction", "distill_temperature", "gen_batch_size",
-                         "distill_chat", "question_tokens"),
+                         "distill_chat", "question_tokens", "distill_engine"),
                      "--distill-text corpus makes no continuations")
-    cfg = DistillConfig(text=a.distill_text, loss=a.distill_loss, continuation=spec, decoder=LoopDecoder)
+    cfg = DistillConfig(text=a.distill_text, loss=a.distill_loss, continuation=spec,
+                        decoder={"loop": LoopDecoder, "plain": PlainDecoder}[a.distill_engine])
     cfg.validate()
     return cfg
 

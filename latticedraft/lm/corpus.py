@@ -8,8 +8,8 @@ this interpreter's standard library (test suites excluded), split by file, 5% he
 from __future__ import annotations
 
 import gzip
-import lzma
 import hashlib
+import lzma
 import sysconfig
 from pathlib import Path
 from typing import Iterable, Iterator

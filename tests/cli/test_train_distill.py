@@ -2,6 +2,7 @@
 one line, exit 2 and write nothing."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -57,6 +58,24 @@ def test_heads_self_distill_then_draft_model_end_to_end(saved_bases, own_cache, 
     assert json.loads((tmp_path / "d" / "config.json").read_text())["hidden_size"] == 16
 
 
+def test_heads_self_distill_with_the_plain_engine(saved_bases, own_cache, tmp_path, files, capsys):
+    """--distill-engine plain: the base's forward over a padded batch makes the rows; its greedy rows
+    are the loop's, and the engine is part of the recorded settings (the loop's is not)."""
+    import numpy as np
+
+    base = str(saved_bases["llama"])
+    for engine in ("loop", "plain"):
+        rc = main(["train", "heads", "--base", base, "--corpus", *files, "--heads", "3", "--self-distill",
+                   "--distill-engine", engine, "--out", str(tmp_path / engine), *SMALL])
+        assert rc == 0 and "trained 2 steps" in capsys.readouterr().out
+    info = {e: json.loads((tmp_path / e / "training.json").read_text()) for e in ("loop", "plain")}
+    assert info["plain"]["self_distill"]["engine"] == "plain" and "engine" not in info["loop"]["self_distill"]
+    rows = {e: np.concatenate([np.load(f) for f in sorted(Path(info[e]["continuation_cache"]).glob("batch-*.npy"))])
+            for e in ("loop", "plain")}
+    assert rows["loop"].shape == rows["plain"].shape == (8, 24)
+    assert np.array_equal(rows["loop"][:4], rows["plain"][:4])  # the greedy half, token for token
+
+
 @pytest.mark.parametrize("args, match", [
     (["--distill-loss", "hard"], "--distill-loss does not apply here: it refines --self-distill"),
     (["--prompt-len", "16"], "--prompt-len does not apply here"),
@@ -70,6 +89,9 @@ def test_heads_self_distill_then_draft_model_end_to_end(saved_bases, own_cache, 
     (["--self-distill", "--distill-chat", "1.5"], "--distill-chat 1.5 is not a fraction in"),
     (["--self-distill", "--distill-chat", "0.5", "--seq-len", "32", "--prompt-len", "8"], "has no chat template"),
     (["--self-distill", "--question-tokens", "0"], "--question-tokens 0 must be at least 1"),
+    (["--distill-engine", "plain"], "--distill-engine does not apply here: it refines --self-distill"),
+    (["--self-distill", "--distill-text", "corpus", "--distill-engine", "plain"],
+     "--distill-engine does not apply here: --distill-text corpus makes no continuations"),
 ])
 def test_heads_bad_distill_options_are_one_line(saved_bases, tmp_path, files, capsys, args, match):
     argv = ["train", "heads", "--base", str(saved_bases["llama"]), "--corpus", files[0], "--out", str(tmp_path / "h")]

@@ -127,7 +127,7 @@ class PlainDecoder(_ChatOf):
         if temperature is not None:
             gen = torch.Generator(device=dev)
             gen.manual_seed(int(np.random.SeedSequence([seed, first_row]).generate_state(1)[0]))
-        out, cache, new = None, None, []
+        cache, new = None, []
         with torch.inference_mode():
             for t in range(new_tokens):
                 out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,

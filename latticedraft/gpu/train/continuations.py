@@ -222,7 +222,8 @@ def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSp
     prompts = prompts.reshape(len(offsets), spec.prompt_len)
     chat = decoder.chat() if n_chat else None
     key_ids = prompts if chat is None else np.concatenate([chat.header, prompts.reshape(-1)])
-    key = cache_key(base_dir, fingerprint(load_tokenizer(tokenizer_path)), key_ids, spec, getattr(decoder, "engine", "loop"))
+    key = cache_key(base_dir, fingerprint(load_tokenizer(tokenizer_path)), key_ids, spec,
+                    getattr(decoder, "engine", "loop"))
     where = Path(root) if root is not None else cache_dir() / "continuations"
     where = where / key
     where.mkdir(parents=True, exist_ok=True)

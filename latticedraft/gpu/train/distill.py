@@ -36,8 +36,8 @@ class DistillConfig:
     distribution) or ``hard`` (cross-entropy on the text); continuation: how the continuations are
     made (its ``seq_len`` is the training ``--seq-len``); decoder: what makes them,
     ``decoder(base_dir, tokenizer_path, device)`` -> a ``continuations.BaseDecoder`` (the decode
-    loop: ``latticedraft.decoding.runs.continuations.LoopDecoder``), needed by ``text="continuations"``
-    and no part of the settings."""
+    loop: ``latticedraft.decoding.runs.continuations.LoopDecoder``), needed by ``text="continuations"``;
+    of it only its ``engine`` is part of the settings, where it is not the loop."""
 
     text: str = "continuations"
     loss: str = "kl"
@@ -60,6 +60,9 @@ class DistillConfig:
         d = {"text": self.text, "loss": self.loss}
         if self.text == "continuations":
             d["continuation"] = self.continuation.key()
+            engine = getattr(self.decoder, "engine", "loop")
+            if engine != "loop":
+                d["engine"] = engine
         return d
 
 
