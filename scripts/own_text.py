@@ -59,6 +59,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     a = parse(argv)
+    from latticedraft.cli.checks import check_device
     from latticedraft.decoding.runs.chat import ChatTemplate
     from latticedraft.decoding.runs.continuations import LoopDecoder, PlainDecoder
     from latticedraft.gpu.train.continuations import ContinuationSpec, continuations
@@ -72,6 +73,7 @@ def main(argv=None) -> int:
         if not (model / "config.json").is_file():
             raise LatticedraftError(f"--model {model} holds no config.json; pass an HF model directory "
                                     "(scripts/build_smollm2.sh makes SmolLM2's)")
+        check_device(a.device)
         ChatTemplate.load(model, "--model")  # the questions and answers go through it: refused here, naming --model
         tokenizer = model / "tokenizer.json"
         spec = ContinuationSpec(prompts=a.rows, seq_len=a.seq_len, sample_fraction=a.sample_fraction, seed=a.seed,

@@ -58,6 +58,7 @@ def test_writes_the_chat_rows_as_text(chat_base, tmp_path, capsys):
     ("template", "--model: .* has no chat template"),
     ("rows", "--rows 0 must be at least 1"),
     ("batch", "--batch-size 0 must be at least 1"),
+    ("device", "--device 'nowhere' is not a torch device"),
 ])
 def test_bad_input_is_refused_in_one_line(chat_base, saved_bases, tmp_path, capsys, case, message):
     out = tmp_path / ("own.txt" if case == "name" else "own.txt.gz")
@@ -65,8 +66,9 @@ def test_bad_input_is_refused_in_one_line(chat_base, saved_bases, tmp_path, caps
         out.write_text("earlier")
     model = {"model": tmp_path / "nowhere", "template": saved_bases["llama"]}.get(case, chat_base)
     rows, batch = ("0" if case == "rows" else "2"), ("0" if case == "batch" else "2")
+    device = ["--device", "nowhere"] if case == "device" else []
     assert _script().main(["--model", str(model), "--rows", rows, "--batch-size", batch, "--seq-len", "20",
-                           "-o", str(out), "--cache", str(tmp_path / "cache")]) == 2
+                           "-o", str(out), "--cache", str(tmp_path / "cache"), *device]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and re.search(message, err) and "\n" not in err
     assert (out.read_text() == "earlier") if case == "exists" else not out.exists()
