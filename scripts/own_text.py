@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     a = parse(argv)
     from latticedraft.cli.checks import check_device
     from latticedraft.decoding.runs.chat import ChatTemplate
-    from latticedraft.decoding.runs.continuations import LoopDecoder, PlainDecoder
+    from latticedraft.decoding.runs.continuations import ENGINES
     from latticedraft.gpu.train.continuations import ContinuationSpec, continuations
 
     out, model = Path(a.out), Path(a.model)
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
                                 prompt_len=min(ContinuationSpec.prompt_len, a.seq_len - 1))  # no corpus prompts
         spec.validate({"prompts": "--rows", "batch_size": "--batch-size"})  # refused naming this script's options
         t0 = time.perf_counter()
-        engine = {"loop": LoopDecoder, "plain": PlainDecoder}[a.engine](model, tokenizer, device=a.device)
+        engine = ENGINES[a.engine](model, tokenizer, device=a.device)
         rows = continuations(model, np.zeros(0, dtype=np.int32), spec, tokenizer, engine, root=a.cache)
     except LatticedraftError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -56,7 +56,7 @@ def distill_config(a):
     """The ``DistillConfig`` of the parsed options, or None for ``train heads`` without ``--self-distill``
     (then none of the distillation options may be given)."""
     from latticedraft.cli.checks import refuse_given
-    from latticedraft.decoding.runs.continuations import LoopDecoder, PlainDecoder
+    from latticedraft.decoding.runs.continuations import ENGINES
     from latticedraft.gpu.train.continuations import ContinuationSpec
     from latticedraft.gpu.train.distill import DistillConfig
 
@@ -71,8 +71,7 @@ def distill_config(a):
         refuse_given(a, ("distill_prompts", "prompt_len", "sample_fraction", "distill_temperature", "gen_batch_size",
                          "distill_chat", "question_tokens", "distill_engine"),
                      "--distill-text corpus makes no continuations")
-    cfg = DistillConfig(text=a.distill_text, loss=a.distill_loss, continuation=spec,
-                        decoder={"loop": LoopDecoder, "plain": PlainDecoder}[a.distill_engine])
+    cfg = DistillConfig(text=a.distill_text, loss=a.distill_loss, continuation=spec, decoder=ENGINES[a.distill_engine])
     cfg.validate()
     return cfg
 

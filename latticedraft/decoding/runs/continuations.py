@@ -20,11 +20,23 @@ import numpy as np
 from latticedraft.gpu.train.continuations import ChatTurns
 
 
-class _ChatOf:
-    """``chat()``, the base's chat template as ``ChatTurns``, shared by both text makers."""
+class _TextMaker:
+    """What both text makers share: the base in ``base_dir`` (tokenizer at ``tokenizer_path``,
+    None: beside the base) on ``device``, opened at the first decode (``_open`` sets ``_ends``),
+    ``end_ids()`` and ``chat()``."""
 
-    base_dir: Path
-    _chat: ChatTurns | None = None
+    def __init__(self, base_dir, tokenizer_path=None, device=None):
+        self.base_dir, self.tokenizer_path, self.device = Path(base_dir), tokenizer_path, device
+        self._ends: list[int] = []
+        self._chat: ChatTurns | None = None
+
+    def _open(self):
+        raise NotImplementedError
+
+    def end_ids(self) -> Sequence[int]:
+        """The ids that end a sequence, as ``generate`` takes them (``loaders.end_ids``)."""
+        self._open()
+        return self._ends
 
     def chat(self) -> ChatTurns:
         """The base's chat template as ``ChatTurns`` (loaded once; refused in one line naming
@@ -39,17 +51,14 @@ class _ChatOf:
         return self._chat
 
 
-class LoopDecoder(_ChatOf):
+class LoopDecoder(_TextMaker):
     """The base in ``base_dir`` (tokenizer at ``tokenizer_path``, None: beside the base) continuing
     prompts with latticedraft's own loop: ``bpd`` with no drafter, so each row is what ``latticedraft
     decode --drafter none`` writes. The ``Session`` is opened at the first decode (a run the cache
     serves loads no model); end-of-text stops no row."""
 
     engine = "loop"  # the continuation cache's key names the engine where it is not this one
-
-    def __init__(self, base_dir, tokenizer_path=None, device=None):
-        self.base_dir, self.tokenizer_path, self.device = Path(base_dir), tokenizer_path, device
-        self._session, self._ends = None, []
+    _session = None
 
     def _open(self):
         if self._session is None:
@@ -73,13 +82,8 @@ class LoopDecoder(_ChatOf):
                                   batch_size=len(prompts), sampling=sampling, first_row=first_row)
         return np.stack([np.asarray(s.tokens, dtype=np.int64) for s in res.sequences])
 
-    def end_ids(self) -> Sequence[int]:
-        """The ids that end a sequence, as ``generate`` takes them (``loaders.end_ids``)."""
-        self._open()
-        return self._ends
 
-
-class PlainDecoder(_ChatOf):
+class PlainDecoder(_TextMaker):
     """The base in ``base_dir`` continuing prompts with its own forward over one left-padded batch
     (padding masked, positions counted from each row's first token, a KV cache), greedy or sampled
     (top-k and top-p off): the same text as ``LoopDecoder`` up to the rounding that padding and the
@@ -89,10 +93,7 @@ class PlainDecoder(_ChatOf):
     no row."""
 
     engine = "plain"
-
-    def __init__(self, base_dir, tokenizer_path=None, device=None):
-        self.base_dir, self.tokenizer_path, self.device = Path(base_dir), tokenizer_path, device
-        self._model, self._ends = None, []
+    _model = None
 
     def _open(self):
         if self._model is None:
@@ -129,7 +130,7 @@ class PlainDecoder(_ChatOf):
             gen.manual_seed(int(np.random.SeedSequence([seed, first_row]).generate_state(1)[0]))
         cache, new = None, []
         with torch.inference_mode():
-            for t in range(new_tokens):
+            for _ in range(new_tokens):
                 out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
                             logits_to_keep=1, **cache_arg(cache))
                 cache = output_cache(out)
@@ -143,7 +144,5 @@ class PlainDecoder(_ChatOf):
                 mask = torch.cat([mask, mask.new_ones((n, 1))], 1)
         return torch.stack(new, 1).cpu().numpy().astype(np.int64)
 
-    def end_ids(self) -> Sequence[int]:
-        """The ids that end a sequence, as ``generate`` takes them (``loaders.end_ids``)."""
-        self._open()
-        return self._ends
+
+ENGINES = {"loop": LoopDecoder, "plain": PlainDecoder}  # --engine / --distill-engine: name -> text maker

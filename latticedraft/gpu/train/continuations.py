@@ -75,7 +75,7 @@ class BaseDecoder(Protocol):
     line naming ``--distill-chat`` where the base has no chat template. The model is loaded at the
     first decode, so a run the cache serves loads nothing. ``engine`` (optional, default ``"loop"``,
     our decode loop; ``"plain"``: the base's forward in a padded batch): the text maker's name, in
-    the cache's key unless it is ``"loop"``, so caches made before engines existed stay valid."""
+    the cache's key unless it is ``"loop"`` (``engine_setting``)."""
 
     def __call__(self, prompts: list[np.ndarray], new_tokens: int, temperature: float | None, seed: int,
                  first_row: int) -> np.ndarray: ...
@@ -193,12 +193,19 @@ def _weights_key(base_dir: Path) -> list:
     return out
 
 
+def engine_setting(decoder) -> dict:
+    """``{"engine": name}`` for a text maker other than our decode loop (a ``BaseDecoder`` or its
+    factory), ``{}`` for the loop: what the cache's key and a training run's settings record, so
+    those made before engines existed stay valid."""
+    name = getattr(decoder, "engine", "loop")
+    return {} if name == "loop" else {"engine": name}
+
+
 def cache_key(base_dir: Path, tokenizer_fp: str, prompts: np.ndarray, spec: ContinuationSpec,
-              engine: str = "loop") -> str:
+              engine: dict | None = None) -> str:
+    """``engine``: ``engine_setting`` of the text maker."""
     what = {"format": FORMAT, "base": str(base_dir.resolve()), "weights": _weights_key(base_dir),
-            "tokenizer": tokenizer_fp, "spec": spec.key()}
-    if engine != "loop":
-        what["engine"] = engine
+            "tokenizer": tokenizer_fp, "spec": spec.key(), **(engine or {})}
     h = hashlib.sha256(json.dumps(what, sort_keys=True).encode())
     h.update(np.ascontiguousarray(prompts, dtype=np.int32).tobytes())
     return h.hexdigest()[:24]
@@ -222,8 +229,7 @@ def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSp
     prompts = prompts.reshape(len(offsets), spec.prompt_len)
     chat = decoder.chat() if n_chat else None
     key_ids = prompts if chat is None else np.concatenate([chat.header, prompts.reshape(-1)])
-    key = cache_key(base_dir, fingerprint(load_tokenizer(tokenizer_path)), key_ids, spec,
-                    getattr(decoder, "engine", "loop"))
+    key = cache_key(base_dir, fingerprint(load_tokenizer(tokenizer_path)), key_ids, spec, engine_setting(decoder))
     where = Path(root) if root is not None else cache_dir() / "continuations"
     where = where / key
     where.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from latticedraft.errors import InputError
-from latticedraft.gpu.train.continuations import ContinuationSpec, DecoderFactory, continuations
+from latticedraft.gpu.train.continuations import ContinuationSpec, DecoderFactory, continuations, engine_setting
 from latticedraft.gpu.train.data import TokenWindows, encode_files
 
 TEXTS = ("continuations", "corpus")
@@ -60,9 +60,7 @@ class DistillConfig:
         d = {"text": self.text, "loss": self.loss}
         if self.text == "continuations":
             d["continuation"] = self.continuation.key()
-            engine = getattr(self.decoder, "engine", "loop")
-            if engine != "loop":
-                d["engine"] = engine
+            d.update(engine_setting(self.decoder))
         return d
 
 
