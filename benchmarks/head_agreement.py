@@ -48,17 +48,18 @@ from latticedraft.decoding.runs.loaders import encode  # noqa: E402
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.decoding.methods.bpd_session import CALIBRATION_PROMPTS  # noqa: E402
 from latticedraft.decoding.runs.session import Session  # noqa: E402
+from latticedraft.gpu.models.draft_vocab import load_ranked  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 HELDBACK = ROOT / "benchmarks" / "prompts" / "heldback-code.jsonl"
 
 
-def drafter_specs(names: list[str], alpha: float) -> dict[str, DrafterSpec]:
+def drafter_specs(names: list[str], alpha: float, draft_vocab: int | None = None) -> dict[str, DrafterSpec]:
     """The heads-only drafters of the issue (and ``parallel`` with the 4-gram): fixed tree, no
-    context n-grams, full vocabulary."""
-    all_specs = {"top1": DrafterSpec("top1"),
-                 "parallel-base p=8 slots=3": DrafterSpec("parallel-base", nbest=8, slots=3),
-                 "parallel p=8 slots=3": DrafterSpec("parallel", nbest=8, slots=3, alpha=alpha)}
+    context n-grams, the full vocabulary or the heads' ``draft_vocab`` most frequent tokens."""
+    all_specs = {"top1": DrafterSpec("top1", draft_vocab=draft_vocab),
+                 "parallel-base p=8 slots=3": DrafterSpec("parallel-base", nbest=8, slots=3, draft_vocab=draft_vocab),
+                 "parallel p=8 slots=3": DrafterSpec("parallel", nbest=8, slots=3, alpha=alpha, draft_vocab=draft_vocab)}
     short = {"top1": "top1", "parallel-base": "parallel-base p=8 slots=3", "parallel": "parallel p=8 slots=3"}
     return {short[n]: all_specs[short[n]] for n in names}
 
@@ -90,9 +91,11 @@ def pairs(items: list[str] | None, flag: str) -> dict[str, Path]:
 
 
 @torch.no_grad()
-def head_agreement(model, ids: list[np.ndarray], refs: list[np.ndarray], topk: int) -> dict:
+def head_agreement(model, ids: list[np.ndarray], refs: list[np.ndarray], topk: int,
+                   columns: torch.Tensor | None = None) -> dict:
     """Per head j (index j-1): top-1 and top-``topk`` agreement with the greedy token t+j over the
-    continuation positions t (the prompt's last token and on), and the positions counted."""
+    continuation positions t (the prompt's last token and on), and the positions counted; heads
+    2..h choose among the token ids ``columns`` (int64[V']) only where given."""
     h = int(getattr(model, "num_heads", 1))
     top1, topk_hits, n = np.zeros(h), np.zeros(h), np.zeros(h, dtype=np.int64)
     for p, r in zip(ids, refs):
@@ -105,8 +108,11 @@ def head_agreement(model, ids: list[np.ndarray], refs: list[np.ndarray], topk: i
                 continue
             target = torch.as_tensor(text[lo + j : hi + j])
             logits = hl[lo:hi, j - 1].float()
-            top1[j - 1] += (logits.argmax(-1) == target).sum().item()
-            topk_hits[j - 1] += (logits.topk(topk, -1).indices == target[:, None]).any(-1).sum().item()
+            ids_of = (lambda i: i) if columns is None or j == 1 else (lambda i: columns[i])
+            if columns is not None and j > 1:
+                logits = logits[:, columns]
+            top1[j - 1] += (ids_of(logits.argmax(-1)) == target).sum().item()
+            topk_hits[j - 1] += (ids_of(logits.topk(topk, -1).indices) == target[:, None]).any(-1).sum().item()
             n[j - 1] += hi - lo
     return {"top1": [round(float(x), 4) for x in top1 / np.maximum(n, 1)],
             "topk": [round(float(x), 4) for x in topk_hits / np.maximum(n, 1)], "positions": n.tolist()}
@@ -126,7 +132,7 @@ def draft_agreement(draft, ids: list[np.ndarray], refs: list[np.ndarray]) -> dic
 
 
 def measure(heads: dict[str, Path], drafts: dict[str, Path], sets: dict, drafters: list[str], cfg: EvalConfig,
-            topk: int, gamma: int, alpha: float | None, notify=print) -> dict:
+            topk: int, gamma: int, alpha: float | None, notify=print, draft_vocab: int | None = None) -> dict:
     out: dict = {"sets": {}}
     first = next(iter(heads.values())) if heads else None
     for set_label, (file, idx) in sets.items():
@@ -143,10 +149,11 @@ def measure(heads: dict[str, Path], drafts: dict[str, Path], sets: dict, drafter
             s = Session(d, threads=None)
             a = alpha if alpha is not None else _tuned_alpha(d)
             kind = getattr(s.model, "kind", None)
+            cols = None if not draft_vocab else torch.as_tensor(load_ranked(d, draft_vocab))
             r = {"dir": str(d), "kind": kind, "num_heads": int(getattr(s.model, "num_heads", 1)),
-                 "agreement": head_agreement(s.model, ids, refs, topk), "drafters": {}}
+                 "agreement": head_agreement(s.model, ids, refs, topk, cols), "drafters": {}}
             # BPD verifies Stern heads; DynaMo heads decode with their own sampler (agreement only here)
-            for name, spec in (drafter_specs(drafters, a) if kind != "dynamo" else {}).items():
+            for name, spec in (drafter_specs(drafters, a, draft_vocab or None) if kind != "dynamo" else {}).items():
                 run, _ = _run(s, name, ids, refs, "bpd", spec, cfg)
                 r["drafters"][name] = {"block_efficiency": run.block_efficiency, "tokens": run.tokens,
                                        "calls": run.calls, "exact": run.exact, **({"alpha": a} if "parallel " in name
@@ -193,7 +200,8 @@ def table(doc: dict) -> str:
                 L.append(f"| {label} | {r['parameters'] / 1e6:.2f} M | {r['agreement']['top1']:.3f} | "
                          f"{r['tokens_per_call']:.3f} ({r['gamma']}) | {'yes' if r['exact'] else 'NO'} |")
             L.append("")
-    L.append(f"Block efficiency: tokens / target calls, fixed tree, no context n-grams, full vocabulary; all outputs "
+    vocab = f"the heads' {s['draft_vocab']} most frequent tokens" if s.get("draft_vocab") else "full vocabulary"
+    L.append(f"Block efficiency: tokens / target calls, fixed tree, no context n-grams, {vocab}; all outputs "
              f"equal greedy: {'yes' if doc['all_exact'] else 'NO'}.")
     return "\n".join(L)
 
@@ -210,6 +218,9 @@ def main(argv=None) -> int:
     ap.add_argument("--alpha", type=float, default=None, help="parallel's LM weight (default: each model's tuned.json)")
     ap.add_argument("--topk", type=int, default=8, help="k of the top-k agreement (default 8)")
     ap.add_argument("--gamma", type=int, default=4, help="tokens a draft model drafts per step (default 4)")
+    ap.add_argument("--draft-vocab", type=int, default=0, metavar="V",
+                    help="heads choose among their V most frequent tokens (draft_vocab.json), as decode's "
+                         "--draft-vocab; 0 = the full vocabulary (default)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "head_agreement.json")
@@ -220,12 +231,12 @@ def main(argv=None) -> int:
     cfg = EvalConfig(max_new_tokens=a.max_new_tokens, batch_size=1)  # as `latticedraft decode` runs them
     t0 = time.perf_counter()
     res = measure(heads, drafts, prompt_sets(a.prompts), a.drafters, cfg, a.topk, a.gamma, a.alpha,
-                  notify=lambda m: print(m, file=sys.stderr))
+                  notify=lambda m: print(m, file=sys.stderr), draft_vocab=a.draft_vocab)
     exact = all(d["exact"] for row in res["sets"].values() for r in row["heads"].values() for d in r["drafters"].values())
     exact = exact and all(r["exact"] for row in res["sets"].values() for r in row["draft_models"].values())
     doc = {"machine": {**machine(), "platform": platform.platform()},
            "settings": {"max_new_tokens": a.max_new_tokens, "topk": a.topk, "gamma": a.gamma, "tree": "fixed",
-                        "context_ngrams": 0, "draft_vocab": None, "threads": a.threads, "eval": asdict(cfg)},
+                        "context_ngrams": 0, "draft_vocab": a.draft_vocab or None, "threads": a.threads, "eval": asdict(cfg)},
            "seconds": round(time.perf_counter() - t0, 1), "all_exact": exact, **res}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(a.out, json.dumps(doc, indent=1, default=str) + "\n")

@@ -186,7 +186,7 @@ def _train_draft(name: str) -> None:
 
 def stage_draft_vocab() -> None:
     """Token ids of the heads' training corpus ranked by frequency (``--draft-vocab``)."""
-    from latticedraft.decoding.planning.draft_vocab import write_ranked
+    from latticedraft.gpu.models.draft_vocab import write_ranked
     from latticedraft.gpu.train.data import encode_files
     from latticedraft.lm.tokenizer import load_tokenizer
 

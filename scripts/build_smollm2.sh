@@ -61,7 +61,7 @@ if [ -n "$want_heads" ]; then
       --device "${DEVICE:-cpu}" -o "$HEADS" $RESUME
     # the draft vocabulary: token ids ranked by frequency in the heads' own training rows
     .venv/bin/python -c "import glob, json, numpy as np
-from latticedraft.decoding.planning.draft_vocab import write_ranked
+from latticedraft.gpu.models.draft_vocab import write_ranked
 d = json.load(open('$HEADS/training.json'))['continuation_cache']
 rows = np.concatenate([np.load(f) for f in sorted(glob.glob(d + '/batch-*.npy'))])
 write_ranked('$HEADS', rows.reshape(-1), 49152, 'self-distillation rows (chat 0.75, stdlib:train)')"

@@ -41,7 +41,7 @@ def _cmd_train_lm(a) -> int:
 
 def _cmd_train_heads(a) -> int:
     from latticedraft.gpu.train import footprint
-    from latticedraft.gpu.train.heads import check_head_options, train_heads
+    from latticedraft.gpu.train.heads import check_draft_vocab, check_head_options, train_heads
     from latticedraft.lm.corpus import resolve_corpus
     from latticedraft.outputs import HEADS
 
@@ -60,6 +60,7 @@ def _cmd_train_heads(a) -> int:
         raise InputError("train heads needs --heads H (the number of heads), or --early-exit for PPD's per-layer heads")
     check_head_options(a.heads, a.seq_len, a.lambdas)
     distill = distill_config(a)
+    check_draft_vocab(a.draft_vocab, a.kind, a.medusa_lm_head, a.unfreeze, distill)
     base = check_training(a, HEADS, base_dir=a.base)
     at_least(a, "ffn_dim", 1)
     sizes = {"--heads": a.heads, "--batch-size": a.batch_size, "--seq-len": a.seq_len}
@@ -76,7 +77,7 @@ def _cmd_train_heads(a) -> int:
                           medusa_layers=a.medusa_layers, medusa_lm_head=a.medusa_lm_head,
                           tokenizer_path=a.tokenizer, resume=a.resume, save_dtype=a.save_dtype, device=a.device,
                           encoding_errors=a.encoding_errors, stop_after=a.stop_after, force=a.force, distill=distill,
-                          token_input=a.token_input)
+                          token_input=a.token_input, draft_vocab=a.draft_vocab)
     return print_trained(res, "final loss per head")
 
 
@@ -88,7 +89,7 @@ def _cmd_train_exit_heads(a) -> int:
     from latticedraft.lm.corpus import resolve_corpus
     from latticedraft.outputs import EXIT_HEADS
 
-    refuse_given(a, ("heads", "lambdas", "ffn_dim", "self_distill", "token_input"),
+    refuse_given(a, ("heads", "lambdas", "ffn_dim", "self_distill", "token_input", "draft_vocab"),
                  "--early-exit trains one head per layer by distillation")
     if a.kind != "stern" or a.unfreeze:
         from latticedraft.errors import InputError
@@ -179,6 +180,10 @@ def add_parser(groups) -> None:
     p.add_argument("--token-input", action="store_true",
                    help="Stern heads that also read the embedding of the base's greedy next token (EAGLE's token "
                         "input): head j knows token t+1 when it drafts token t+j")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="V",
+                   help="heads 2..h learn to draft among the V most frequent tokens of the training text only "
+                        "(FR-Spec): their projection and loss cost V/vocabulary as much, targets outside are left "
+                        "out; saves the ranking as draft_vocab.json for decode's --draft-vocab (default: all)")
     p.add_argument("--early-exit", action="store_true",
                    help="instead: one early-exit head per layer 1..d-1 for PPD (--method ppd --exit-heads DIR), "
                         "distilled from the full model")

@@ -40,6 +40,10 @@ def optim_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
                    help="replace an earlier output of this command in --out, or discard its unfinished checkpoint "
                         "(a directory holding anything else is refused)")
     g.add_argument("--stop-after", type=int, default=None, help="stop after N steps this run, leaving a checkpoint to --resume")
+    g.add_argument("--autocast", default=None, choices=["bfloat16"],
+                   help="run each forward and loss in bfloat16 under torch.autocast (weights, gradients and the "
+                        "optimizer stay float32): about 2x faster on CPUs with AVX512-BF16/AMX and on GPUs "
+                        "(default: float32)")
     g.add_argument("--save-dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="dtype of the saved weights")
     g.add_argument("--device", default=None, help="torch device (default cpu)")
     g.add_argument("--encoding-errors", default="strict", choices=["strict", "replace"],
@@ -58,7 +62,7 @@ def optim_config(a):
 
     return OptimConfig(steps=a.steps, lr=a.lr, batch_size=a.batch_size, seq_len=a.seq_len, grad_accum=a.grad_accum,
                        warmup_frac=a.warmup_frac, weight_decay=a.weight_decay, checkpoint_every=a.checkpoint_every,
-                       seed=a.seed)
+                       seed=a.seed, autocast=a.autocast)
 
 
 def print_trained(res, loss_label: str) -> int:

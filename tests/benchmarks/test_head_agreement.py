@@ -63,3 +63,26 @@ def test_draft_model_speed_tiny(two_prompts, tmp_path):
                    "--max-new-tokens", "8", "--repeats", "1", "--out", str(out)]) == 0
     r = json.loads(out.read_text())["draft_models"]["d"]
     assert r["exact"] and r["tokens_per_call"] >= 1.0 and r["draft_step_s"] > 0 and r["predicted_speedup"] > 0
+
+
+def test_head_agreement_over_a_draft_vocabulary(two_prompts, tmp_path, capsys):
+    """``--draft-vocab V``: heads 2..h choose among their V most frequent tokens (agreement and the
+    drafters alike); columns holding the whole vocabulary, in any order, agree as the full vocabulary."""
+    import numpy as np
+    import torch
+
+    import head_agreement as b
+    from latticedraft.decoding.runs.session import Session
+
+    out = tmp_path / "ha.json"
+    assert b.main(["--heads", f"h={default_model_dir()}", "--prompts", f"two={two_prompts}", "--max-new-tokens", "8",
+                   "--draft-vocab", "16", "--drafters", "top1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["settings"]["draft_vocab"] == 16 and doc["all_exact"]
+    assert "the heads' 16 most frequent tokens" in capsys.readouterr().out
+    s = Session(default_model_dir(), threads=None)
+    ids = [np.array([5, 9, 12, 40])]
+    refs = [np.array([7, 3, 9, 1, 22, 5])]
+    vocab = s.model.base.get_output_embeddings().weight.shape[0]
+    full = b.head_agreement(s.model, ids, refs, 4)
+    assert b.head_agreement(s.model, ids, refs, 4, torch.randperm(vocab)) == full

@@ -47,6 +47,9 @@ def test_train_lm_then_heads_end_to_end(tmp_path, files, capsys):
     (["--medusa-layers", "2"], "--medusa-layers does not apply here: --kind stern heads are not Medusa heads"),
     (["--kind", "medusa", "--ffn-dim", "64"], "--ffn-dim does not apply here: Medusa heads have no hidden layer"),
     (["--kind", "medusa", "--medusa-layers", "-1"], "--medusa-layers -1 must be a number >= 0"),
+    (["--draft-vocab", "0"], "--draft-vocab 0: give the number of most frequent tokens"),
+    (["--draft-vocab", "8", "--unfreeze"], "--draft-vocab trains heads that project through the frozen base"),
+    (["--draft-vocab", "8", "--self-distill"], "add --distill-loss hard"),
 ])
 def test_train_heads_bad_input_is_one_line(tmp_path, capsys, files, args, match):
     base = tmp_path / "lm"

@@ -76,13 +76,14 @@ def swap_gate(session, spec, new):
 def draft_vocab(session, size: int | str | None):
     """The ``size`` most frequent token ids of the heads' training corpus (int64[size]),
     from ``draft_vocab.json`` beside the head checkpoint; None for None (and for "auto"
-    where the checkpoint has no ranking, or a plain causal LM without heads)."""
-    from latticedraft.decoding.planning.draft_vocab import FILE, load_ranked
+    where the checkpoint has no ranking, or a plain causal LM without heads). "auto" is
+    ``AUTO_DRAFT_VOCAB``, or fewer where the heads were trained on fewer (``trained_size``)."""
+    from latticedraft.gpu.models.draft_vocab import FILE, load_ranked, trained_size
 
     where = Path(session.model_dir) if session.model_dir is not None else default_model_dir()
     if size == "auto":
         usable = getattr(session.model, "num_heads", 1) > 1 and (where / FILE).is_file()
-        size = AUTO_DRAFT_VOCAB if usable else None
+        size = min(AUTO_DRAFT_VOCAB, trained_size(where) or AUTO_DRAFT_VOCAB) if usable else None
     if size is None:
         return None
     return session.once(("draft_vocab", str(where), int(size)), lambda: load_ranked(where, int(size)))

@@ -202,7 +202,7 @@ def train_draft_model(
         base_id = hashlib.sha256(f.read()).hexdigest()[:16]
     key = {"kind": "draft-model", "arch": asdict(arch), "init": init, "base_config": base_id, "tokenizer": fingerprint(tok),
            "tokens": int(text.windows.tokens.size), "distill": distill.settings(),
-           "optim": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"}}
+           "optim": cfg.key()}
 
     def loss_fn(batch):
         if distill.loss == "kl":

@@ -70,27 +70,42 @@ def head_states(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: f
     return out, states, scale
 
 
-def head_logits(bm, states: torch.Tensor, j: int, length: int, scale: float) -> torch.Tensor:
+def head_logits(bm, states: torch.Tensor, j: int, length: int, scale: float,
+                columns: torch.Tensor | None = None) -> torch.Tensor:
     """Head j's logits ``[b, length, V]`` at the first ``length`` positions of ``states`` (its own LM
-    head for Medusa heads, the base's output embedding otherwise). The positions go in as one
+    head for Medusa heads, the base's output embedding otherwise; ``[b, length, V']`` over the token
+    ids ``columns`` int64[V'] when given, whose gathered weights get no gradient). The positions go in as one
     contiguous ``[b * length, 1, H]`` block: a strided view makes ``linear`` a batched product of
     ``b * length`` single rows, each reading the whole ``V x H`` weight (about 10x slower on a CPU,
     and the bulk of a training step on a GPU)."""
     x = states[:, :length, j - 2].reshape(-1, 1, states.shape[-1]).contiguous()
-    return bm.project_heads(x, first=j - 2, grad_scale=scale).view(states.shape[0], length, -1)
+    return bm.project_heads(x, first=j - 2, columns=columns, grad_scale=scale).view(states.shape[0], length, -1)
 
 
-def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: float = 1.0) -> list[torch.Tensor]:
+def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: float = 1.0,
+                draft_vocab: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Mean cross-entropy of every head on ``batch`` (int64[b, s]): element ``j-1`` is head ``j`` predicting
-    token ``t+j`` from position ``t`` (positions ``t < s - j``). Head 1's loss is the base model's own."""
+    token ``t+j`` from position ``t`` (positions ``t < s - j``). Head 1's loss is the base model's own.
+
+    ``draft_vocab`` (int64[V'] token ids; frozen base only): heads 2..h are scored over those V'
+    tokens only (FR-Spec's draft vocabulary), and targets outside them are left out of their mean."""
     s = batch.shape[1]
     out, states, scale = head_states(bm, batch, frozen, stem_grad_scale)
     ce = torch.nn.functional.cross_entropy
     v = out.logits.shape[-1]
     losses = [ce(out.logits[:, :-1].float().reshape(-1, v), batch[:, 1:].reshape(-1))]
+    targets = batch
+    if draft_vocab is not None:
+        if not frozen:
+            raise InputError("a draft vocabulary trains heads on a frozen base (its weights are gathered once)")
+        remap = torch.full((v,), -100, dtype=torch.long, device=batch.device)
+        remap[draft_vocab.to(batch.device)] = torch.arange(len(draft_vocab), device=batch.device)
+        targets = remap[batch]
     for j in range(2, bm.num_heads + 1):
-        logits = head_logits(bm, states, j, s - j, scale).float()
-        losses.append(ce(logits.reshape(-1, v), batch[:, j:].reshape(-1)))
+        logits = head_logits(bm, states, j, s - j, scale, draft_vocab).float()
+        target = targets[:, j:].reshape(-1)
+        # a mean over the targets inside the draft vocabulary (0, not NaN, where a window has none)
+        losses.append(ce(logits.reshape(-1, logits.shape[-1]), target, reduction="sum") / (target >= 0).sum().clamp(min=1))
     return losses
 
 
@@ -135,6 +150,21 @@ def check_head_options(num_heads: int, seq_len: int, lambdas: Sequence[float] | 
     return weights
 
 
+def check_draft_vocab(size: int | None, kind: str, medusa_lm_head: str, unfreeze: bool,
+                      distill: DistillConfig | None) -> None:
+    """``--draft-vocab`` trains through the frozen output embedding with the hard-label loss."""
+    if size is None:
+        return
+    if size < 1:
+        raise InputError(f"--draft-vocab {size}: give the number of most frequent tokens the heads learn (>= 1)")
+    if unfreeze or (kind == "medusa" and medusa_lm_head == "heads"):
+        raise InputError("--draft-vocab trains heads that project through the frozen base's output embedding; drop "
+                         "--unfreeze, and give Medusa heads --medusa-lm-head tied")
+    if distill is not None and distill.loss == "kl":
+        raise InputError("--draft-vocab trains on the text's own tokens; add --distill-loss hard (the KL loss needs "
+                         "the whole vocabulary)")
+
+
 def train_heads(
     base_dir: str | Path,
     corpus: Sequence[Path],
@@ -159,6 +189,7 @@ def train_heads(
     force: bool = False,
     distill: DistillConfig | None = None,
     token_input: bool = False,
+    draft_vocab: int | None = None,
 ) -> TrainResult:
     """Train heads 2..h of a ``BlockwiseModel`` on ``base_dir`` and save them into ``out_dir``.
 
@@ -170,10 +201,12 @@ def train_heads(
     starting from the base's output embedding; "tied": the base's output embedding). ``distill``:
     train on the base's own continuations and/or with the KL loss (``DistillConfig``; None: the
     corpus and its tokens). ``token_input``: Stern heads that also read the base's greedy next
-    token (``SternHeads``).
+    token (``SternHeads``). ``draft_vocab`` V': heads 2..h learn to draft among the V' most frequent
+    tokens of the training text only (``head_losses``; the ranking is saved as ``draft_vocab.json``).
     """
     import hashlib
 
+    from latticedraft.gpu.models import hf
     from latticedraft.gpu.models.blockwise import BlockwiseModel
     from latticedraft.gpu.models.hf import resolve_dtype
     from latticedraft.lm.tokenizer import fingerprint
@@ -182,12 +215,18 @@ def train_heads(
     if distill is not None:
         distill.validate()
     lambdas = check_head_options(num_heads, cfg.seq_len, lambdas)
+    check_draft_vocab(draft_vocab, kind, medusa_lm_head, unfreeze, distill)
     claim_dir(out_dir, HEADS, force=force, resume=resume, inputs={"--base": base_dir, "--tokenizer": tokenizer_path})
     base_dir = Path(base_dir)
     base, tok, tok_path = load_base(base_dir, cfg.seq_len, tokenizer_path, device)
     text = training_text(base_dir, corpus, tok, tok_path, cfg.seq_len, cfg.batch_size, cfg.seed, distill,
                          encoding_errors, device)
     windows = text.windows
+    columns = None
+    if draft_vocab is not None:
+        from latticedraft.gpu.models.draft_vocab import rank_tokens
+
+        columns = torch.from_numpy(rank_tokens(windows.tokens, hf.model_vocab_size(base))[:draft_vocab]).to(device)
     kl = distill is not None and distill.loss == "kl"
     teacher = frozen_copy(base) if kl and unfreeze else None
     bm = BlockwiseModel.from_base(base, num_heads, kind, seed=cfg.seed, ffn_dim=ffn_dim, medusa_layers=medusa_layers,
@@ -205,11 +244,13 @@ def train_heads(
     key = {"kind": kind, "num_heads": num_heads, "ffn_dim": ffn_dim, **medusa, "lambdas": lambdas, "unfreeze": unfreeze,
            "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None, "base_config": base_id,
            "tokenizer": fingerprint(tok), "tokens": int(windows.tokens.size),
-           "optim": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"}}
+           "optim": cfg.key()}
     if distill is not None:
         key["distill"] = distill.settings()
     if token_input:
         key["token_input"] = True
+    if draft_vocab is not None:
+        key["draft_vocab"] = draft_vocab
     scale = lr_stem / lr_base if unfreeze else 1.0
 
     def loss_fn(batch):
@@ -223,7 +264,7 @@ def train_heads(
                     t_logits = teacher(input_ids=batch).logits
             losses, agree = head_kl_losses(bm, batch, t_logits, frozen=not unfreeze, stem_grad_scale=scale)
         else:
-            losses = head_losses(bm, batch, frozen=not unfreeze, stem_grad_scale=scale)
+            losses = head_losses(bm, batch, frozen=not unfreeze, stem_grad_scale=scale, draft_vocab=columns)
         total = sum(lam * l for lam, l in zip(lambdas, losses))
         parts = {f"h{j + 1}": l.item() for j, l in enumerate(losses)}
         parts.update({f"a{j + 1}": a for j, a in enumerate(agree) if j > 0 or unfreeze})
@@ -245,6 +286,10 @@ def train_heads(
         else:
             bm.save_pretrained(stage, base_ref=os.path.relpath(base_dir.resolve(), out.resolve()))
         bm.float()
+        if draft_vocab is not None:
+            from latticedraft.gpu.models.draft_vocab import write_ranked
+
+            write_ranked(stage, windows.tokens, hf.model_vocab_size(base), windows.source, trained=draft_vocab)
         write_json_atomic(stage / "training.json", {
             "kind": kind, "num_heads": num_heads, **medusa, "lambdas": lambdas, "unfreeze": unfreeze,
             "lr_heads": cfg.lr, "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None,
@@ -252,6 +297,7 @@ def train_heads(
             **text.info, "steps": res.steps, "tokens_seen": res.tokens,
             "seconds": res.seconds, "final_loss": res.losses, "resumed_from": res.resumed_from,
             "self_distill": None if distill is None else distill.settings(), "token_input": token_input,
+            "draft_vocab": draft_vocab,
         })
 
     finish_dir(out, write, keep_checkpoint, HEADS)

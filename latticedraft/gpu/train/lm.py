@@ -131,7 +131,7 @@ def train_lm(
     if device is not None:
         model = model.to(device)
     arch_key = {k: v for k, v in asdict(arch).items() if k in ("n_embd", "n_layer", "n_head", "n_positions") or v not in (None, "gpt2")}
-    key = {"kind": "lm", "arch": arch_key, "optim": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"},
+    key = {"kind": "lm", "arch": arch_key, "optim": cfg.key(),
            "tokenizer": fingerprint(tok), "tokens": int(len(tokens))}
     out = Path(out_dir)
     res = run_training(model, [{"params": [p for p in model.parameters() if p.requires_grad]}],

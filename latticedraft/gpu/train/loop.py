@@ -17,7 +17,7 @@ import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -51,6 +51,7 @@ class OptimConfig:
     eps: float = 1e-8
     checkpoint_every: int = 100
     seed: int = 0
+    autocast: str | None = None  # "bfloat16": each forward and loss under torch.autocast; weights stay float32
 
     def validate(self) -> None:
         if self.steps < 1:
@@ -69,6 +70,14 @@ class OptimConfig:
             raise InputError(f"--warmup-frac {self.warmup_frac} must lie in [0, 1] (a fraction of --steps)")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise InputError(f"--weight-decay {self.weight_decay} must be a finite number >= 0")
+        if self.autocast not in (None, "bfloat16"):
+            raise InputError(f"--autocast {self.autocast}: use bfloat16 (or leave it out for float32)")
+
+    def key(self) -> dict:
+        """The settings a checkpoint must share to be resumed (not ``checkpoint_every``; ``autocast``
+        only where set, so float32 runs keep the keys they had)."""
+        return {k: v for k, v in asdict(self).items()
+                if k != "checkpoint_every" and not (k == "autocast" and v is None)}
 
 
 @dataclass
@@ -201,7 +210,8 @@ def _run(module, param_groups, loss_fn, windows, cfg: OptimConfig, out_dir: Path
                 batch = torch.from_numpy(windows.batch(step * cfg.grad_accum + micro))
                 if device is not None:
                     batch = batch.to(device)
-                loss, parts = loss_fn(batch)
+                with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=cfg.autocast is not None):
+                    loss, parts = loss_fn(batch)
                 if not torch.isfinite(loss):
                     bar.close()
                     good = (f"the last good checkpoint (step {last_good}) is kept in {ckpt_path}"

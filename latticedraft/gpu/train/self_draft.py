@@ -76,7 +76,7 @@ def _setup(base_dir, corpus, cfg: OptimConfig, tokenizer_path, device, encoding_
     with open(base_dir / "config.json", "rb") as f:
         base_id = hashlib.sha256(f.read()).hexdigest()[:16]
     key = {"base_config": base_id, "tokenizer": fingerprint(tok), "tokens": int(len(tokens)),
-           "optim": {k: v for k, v in asdict(cfg).items() if k != "checkpoint_every"}}
+           "optim": cfg.key()}
     return split, windows, key, len(tokens)
 
 

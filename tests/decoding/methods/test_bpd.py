@@ -112,3 +112,26 @@ def test_the_files_a_drafter_reads_decide_its_output_fingerprint(drafter, lm_dra
     spec = DrafterSpec(name=drafter, lm_drafts=lm_drafts)
     assert METHOD.files(spec) == files
     assert all(METHOD.uses_file(dest, spec) == (dest in files) for dest in ("lm", "rescorer", "draft_model"))
+
+
+def test_auto_draft_vocabulary_stays_within_what_the_heads_were_trained_on(tmp_path):
+    """``--draft-vocab auto`` is AUTO_DRAFT_VOCAB where the heads ship a ranking, fewer where they were
+    trained on fewer tokens (``train heads --draft-vocab``), and off without a ranking or heads."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB, draft_vocab
+    from latticedraft.gpu.models.draft_vocab import write_ranked
+
+    def session(where, heads=3):
+        return SimpleNamespace(model_dir=where, model=SimpleNamespace(num_heads=heads), once=lambda key, make: make())
+
+    stream = np.arange(4 * AUTO_DRAFT_VOCAB) % (2 * AUTO_DRAFT_VOCAB)
+    write_ranked(tmp_path / "all", stream, 2 * AUTO_DRAFT_VOCAB, "toy")
+    write_ranked(tmp_path / "few", stream, 2 * AUTO_DRAFT_VOCAB, "toy", trained=100)
+    assert len(draft_vocab(session(tmp_path / "all"), "auto")) == AUTO_DRAFT_VOCAB
+    assert len(draft_vocab(session(tmp_path / "few"), "auto")) == 100
+    assert len(draft_vocab(session(tmp_path / "few"), 300)) == 300  # an explicit size is the user's
+    assert draft_vocab(session(tmp_path / "all", heads=1), "auto") is None
+    assert draft_vocab(session(tmp_path / "none"), "auto") is None

@@ -8,7 +8,7 @@ import torch
 from latticedraft.errors import BuildError, InputError, ModelError
 from latticedraft.gpu.models.blockwise import BlockwiseModel
 from latticedraft.gpu.train.data import TokenWindows
-from latticedraft.gpu.train.heads import head_logits, head_losses, train_heads
+from latticedraft.gpu.train.heads import head_logits, head_losses, head_states, train_heads
 from latticedraft.gpu.train.lm import LMArch, train_lm
 from latticedraft.gpu.train.loop import OptimConfig, cosine_lr_lambda, run_training
 from latticedraft.lm.corpus import stdlib_split
@@ -249,3 +249,80 @@ def test_gradient_accumulation_averages_micro_batches(tmp_path):
     # the 2+2 windows of micro-batches 0 and 1 are the 4 windows of batch 0 of the same epoch order
     assert np.array_equal(np.concatenate([w.batch(0), w.batch(1)]), w4.batch(0))
     torch.testing.assert_close(a.weight, b.weight)
+
+
+def test_draft_vocabulary_loss_is_cross_entropy_over_its_columns_alone():
+    """With ``draft_vocab`` the extra heads' loss is the cross-entropy over those columns only, averaged
+    over the targets inside them; a window with none of its targets inside gives 0, not NaN."""
+    torch.manual_seed(0)
+    bm = BlockwiseModel.from_base(make_tiny("llama"), 3, "stern", seed=0)
+    batch = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(1))
+    cols = torch.tensor([5, 3, 11, 40, 2, 60, 7, 1, 90, 33])
+    batch[:, ::2] = cols[batch[:, ::2] % len(cols)]  # half the targets inside the columns
+    got = head_losses(bm, batch, draft_vocab=cols)
+    full = head_losses(bm, batch)
+    assert got[0].item() == pytest.approx(full[0].item())  # head 1 (the base) keeps the whole vocabulary
+    with torch.no_grad():
+        _, states, _ = head_states(bm, batch)
+        for j in (2, 3):
+            logits = head_logits(bm, states, j, 12 - j, 1.0)[..., cols].reshape(-1, len(cols))
+            target = batch[:, j:].reshape(-1)
+            inside = torch.isin(target, cols)
+            index = (target[inside, None] == cols).float().argmax(-1)
+            want = torch.nn.functional.cross_entropy(logits[inside], index)
+            assert 0 < inside.sum() < len(target) and got[j - 1].item() == pytest.approx(want.item(), rel=1e-5)
+    outside = torch.full((1, 12), 4)  # 4 is not a column
+    assert [x.item() for x in head_losses(bm, outside, draft_vocab=cols)[1:]] == [0.0, 0.0]
+    with pytest.raises(InputError, match="frozen base"):
+        head_losses(bm, batch, frozen=False, draft_vocab=cols)
+
+
+def test_train_heads_with_a_draft_vocabulary_saves_its_ranking(tiny_base, corpus, tmp_path):
+    """``draft_vocab=V'`` trains the heads over the V' most frequent tokens of the training text and
+    saves that text's ranking beside them, which decoding's ``--draft-vocab`` reads."""
+    from latticedraft.gpu.models.draft_vocab import load_ranked, rank_tokens, trained_size
+    from latticedraft.gpu.train.data import encode_files
+    from latticedraft.lm.tokenizer import load_tokenizer
+
+    res = train_heads(tiny_base, corpus, tmp_path / "h", 3, "stern", _heads_cfg(steps=2), draft_vocab=64)
+    assert res.finished and all(math.isfinite(v) for v in res.losses.values())
+    stream = encode_files(corpus, load_tokenizer(TOK), "strict")
+    ranked = rank_tokens(stream, 8192)
+    assert np.array_equal(load_ranked(tmp_path / "h", 64), ranked[:64]) and trained_size(tmp_path / "h") == 64
+    assert json.loads((tmp_path / "h" / "training.json").read_text())["draft_vocab"] == 64
+    train_heads(tiny_base, corpus, tmp_path / "all", 3, "stern", _heads_cfg(steps=2))
+    assert not _same_heads(tmp_path / "h", tmp_path / "all")
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(draft_vocab=0), "--draft-vocab 0"),
+    (dict(draft_vocab=8, unfreeze=True), "drop --unfreeze"),
+    (dict(draft_vocab=8, kind="medusa"), "--medusa-lm-head tied"),
+])
+def test_draft_vocabulary_refusals(tiny_base, corpus, tmp_path, kw, match):
+    kind = kw.pop("kind", "stern")
+    with pytest.raises(InputError, match=match):
+        train_heads(tiny_base, corpus, tmp_path / "h", 3, kind, _heads_cfg(), **kw)
+    assert not (tmp_path / "h").exists()
+
+
+def test_autocast_runs_the_loss_in_bfloat16_and_keys_the_checkpoint(tiny_base, corpus, tmp_path):
+    """``autocast="bfloat16"`` runs each loss under torch.autocast; the weights stay float32, and a
+    float32 checkpoint does not resume under it (nor the other way round)."""
+    seen = []
+
+    def loss_fn(b):
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return (lin(b.float() / 100.0) ** 2).mean(), {"loss": 0.0}
+
+    lin = torch.nn.Linear(8, 1)
+    cfg = OptimConfig(steps=2, lr=1e-2, batch_size=2, seq_len=8, autocast="bfloat16")
+    run_training(lin, [{"params": list(lin.parameters())}], loss_fn, _windows(n=64, s=8, b=2), cfg, tmp_path / "l", {})
+    assert seen == [True, True] and lin.weight.dtype == torch.float32
+    assert "autocast" not in OptimConfig(steps=1).key() and OptimConfig(steps=1, autocast="bfloat16").key()["autocast"]
+    with pytest.raises(InputError, match="--autocast float16: use bfloat16"):
+        OptimConfig(steps=1, autocast="float16").validate()
+    train_heads(tiny_base, corpus, tmp_path / "h", 3, "stern", _heads_cfg(steps=2), keep_checkpoint=True)
+    with pytest.raises(ModelError, match="autocast"):
+        train_heads(tiny_base, corpus, tmp_path / "h", 3, "stern", _heads_cfg(steps=2, autocast="bfloat16"),
+                    resume=True)

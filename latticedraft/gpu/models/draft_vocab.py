@@ -3,7 +3,9 @@
 The extra heads may project onto the V' most frequent tokens only (FR-Spec, EAGLE-3), which
 makes their projection and the lattice's log-softmax/top-k V/V' times cheaper. The ranking is
 stored as ``draft_vocab.json`` beside a head checkpoint (``{"corpus", "tokens", "ranked"}``),
-written by ``write_ranked`` (``data/build.sh draft-vocab`` for the bundled heads).
+written by ``write_ranked`` (``data/build.sh draft-vocab`` for the bundled heads, ``train heads
+--draft-vocab`` beside heads trained on the V' most frequent tokens only, which it records as
+``"trained"``).
 """
 
 from __future__ import annotations
@@ -26,11 +28,25 @@ def rank_tokens(stream: np.ndarray, vocab_size: int) -> np.ndarray:
     return order[counts[order] > 0].astype(np.int64)
 
 
-def write_ranked(model_dir: str | Path, stream: np.ndarray, vocab_size: int, corpus: str) -> Path:
+def write_ranked(model_dir: str | Path, stream: np.ndarray, vocab_size: int, corpus: str,
+                 trained: int | None = None) -> Path:
+    """``model_dir/draft_vocab.json`` ranking the tokens of ``stream`` (int[N]); ``trained``: the V' most
+    frequent tokens the heads were trained to draft among (``train heads --draft-vocab``), if any."""
     ranked = rank_tokens(stream, vocab_size)
     out = Path(model_dir) / FILE
-    write_atomic(out, json.dumps({"corpus": corpus, "tokens": int(len(stream)), "ranked": ranked.tolist()}) + "\n")
+    info = {"corpus": corpus, "tokens": int(len(stream)), **({} if trained is None else {"trained": int(trained)})}
+    write_atomic(out, json.dumps({**info, "ranked": ranked.tolist()}) + "\n")
     return out
+
+
+def trained_size(model_dir: str | Path) -> int | None:
+    """The V' the heads in ``model_dir`` were trained to draft among (None: the whole vocabulary, or no ranking)."""
+    path = Path(model_dir) / FILE
+    try:
+        trained = json.loads(path.read_text()).get("trained")
+    except (OSError, ValueError, AttributeError):
+        return None  # load_ranked names what is wrong with the file
+    return trained if isinstance(trained, int) and trained > 0 else None
 
 
 def load_ranked(model_dir: str | Path, size: int) -> np.ndarray:
@@ -40,7 +56,7 @@ def load_ranked(model_dir: str | Path, size: int) -> np.ndarray:
         raise InputError(f"--draft-vocab {size}: give the number of most frequent tokens the heads draft from (>= 1)")
     if not path.is_file():
         raise InputError(f"--draft-vocab needs {path} (token ids ranked by corpus frequency); write it with "
-                         "latticedraft.decoding.planning.draft_vocab.write_ranked, or drop --draft-vocab")
+                         "latticedraft.gpu.models.draft_vocab.write_ranked, or drop --draft-vocab")
     try:
         ranked = np.asarray(json.loads(path.read_text())["ranked"], dtype=np.int64)
     except (OSError, ValueError, KeyError, TypeError) as e:
