@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import random
 import sys
 import time
 from dataclasses import asdict
@@ -45,7 +46,7 @@ from latticedraft.decoding.eval.evaluate import EvalConfig, _run, machine  # noq
 from latticedraft.decoding.runs.prompt_length import fit_prompts  # noqa: E402
 from latticedraft.decoding.methods.bpd import DrafterSpec  # noqa: E402
 from latticedraft.decoding.runs.loaders import encode  # noqa: E402
-from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
+from latticedraft.decoding.runs.prompt_set import read_prompt_set, read_prompts  # noqa: E402
 from latticedraft.decoding.methods.bpd_session import CALIBRATION_PROMPTS  # noqa: E402
 from latticedraft.decoding.runs.session import Session  # noqa: E402
 from latticedraft.gpu.models.draft_vocab import load_ranked  # noqa: E402
@@ -59,7 +60,8 @@ def drafter_specs(names: list[str], alpha: float, draft_vocab: int | None = None
     context n-grams, the full vocabulary or the heads' ``draft_vocab`` most frequent tokens."""
     all_specs = {"top1": DrafterSpec("top1", draft_vocab=draft_vocab),
                  "parallel-base p=8 slots=3": DrafterSpec("parallel-base", nbest=8, slots=3, draft_vocab=draft_vocab),
-                 "parallel p=8 slots=3": DrafterSpec("parallel", nbest=8, slots=3, alpha=alpha, draft_vocab=draft_vocab)}
+                 "parallel p=8 slots=3": DrafterSpec("parallel", nbest=8, slots=3, alpha=alpha,
+                                                     draft_vocab=draft_vocab)}
     short = {"top1": "top1", "parallel-base": "parallel-base p=8 slots=3", "parallel": "parallel p=8 slots=3"}
     return {short[n]: all_specs[short[n]] for n in names}
 
@@ -131,16 +133,30 @@ def draft_agreement(draft, ids: list[np.ndarray], refs: list[np.ndarray]) -> dic
     return {"top1": round(hits / max(n, 1), 4), "positions": n}
 
 
+def prompt_ids(session, file: Path, idx: list[int] | None, chat: bool, sample: int, seed: int):
+    """(indices, int64[t] ids per prompt): the records ``idx`` of ``file`` (None: all; ``sample`` > 0:
+    that many of them drawn with ``seed``), plain text, or chat records (``messages`` or Spec-Bench's
+    ``turns``, the first turn) rendered through the model's chat template with ``chat``."""
+    prompts = read_prompt_set(file)[0] if chat else read_prompts(file)
+    idx = list(range(len(prompts))) if idx is None else idx
+    if sample:
+        idx = sorted(random.Random(seed).sample(idx, min(sample, len(idx))))
+    if not chat:
+        return idx, encode(session.tokenizer, [prompts[i]["prompt"] for i in idx])
+    template = session.chat_template()
+    return idx, [template.ids(prompts[i].messages) if prompts[i].messages is not None
+                 else encode(session.tokenizer, [prompts[i].text])[0] for i in idx]
+
+
 def measure(heads: dict[str, Path], drafts: dict[str, Path], sets: dict, drafters: list[str], cfg: EvalConfig,
-            topk: int, gamma: int, alpha: float | None, notify=print, draft_vocab: int | None = None) -> dict:
+            topk: int, gamma: int, alpha: float | None, notify=print, draft_vocab: int | None = None,
+            chat: bool = False, sample: int = 0, seed: int = 0) -> dict:
     out: dict = {"sets": {}}
     first = next(iter(heads.values())) if heads else None
     for set_label, (file, idx) in sets.items():
-        prompts = read_prompts(file)
-        idx = list(range(len(prompts))) if idx is None else idx
         ref_session = Session(first, threads=None)
-        ids = fit_prompts(ref_session.model, encode(ref_session.tokenizer, [prompts[i]["prompt"] for i in idx]),
-                          cfg.max_new_tokens)
+        idx, ids = prompt_ids(ref_session, file, idx, chat, sample, seed)
+        ids = fit_prompts(ref_session.model, ids, cfg.max_new_tokens)
         greedy, res = _run(ref_session, "greedy", ids, None, "greedy", None, cfg)
         refs = [s.tokens for s in res.sequences]
         row: dict = {"file": str(file), "prompt_indices": idx, "tokens": greedy.tokens, "heads": {}, "draft_models": {}}
@@ -221,6 +237,11 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-vocab", type=int, default=0, metavar="V",
                     help="heads choose among their V most frequent tokens (draft_vocab.json), as decode's "
                          "--draft-vocab; 0 = the full vocabulary (default)")
+    ap.add_argument("--chat", action="store_true",
+                    help="prompt files may hold chat records ({\"messages\": ...} or Spec-Bench's {\"turns\": ...}, "
+                         "the first turn), rendered through the model's chat template")
+    ap.add_argument("--sample", type=int, default=0, metavar="N", help="N prompts of each file, drawn with --seed")
+    ap.add_argument("--seed", type=int, default=0, help="which prompts --sample draws (default 0)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "head_agreement.json")
@@ -231,12 +252,15 @@ def main(argv=None) -> int:
     cfg = EvalConfig(max_new_tokens=a.max_new_tokens, batch_size=1)  # as `latticedraft decode` runs them
     t0 = time.perf_counter()
     res = measure(heads, drafts, prompt_sets(a.prompts), a.drafters, cfg, a.topk, a.gamma, a.alpha,
-                  notify=lambda m: print(m, file=sys.stderr), draft_vocab=a.draft_vocab)
+                  notify=lambda m: print(m, file=sys.stderr), draft_vocab=a.draft_vocab, chat=a.chat,
+                  sample=a.sample, seed=a.seed)
     exact = all(d["exact"] for row in res["sets"].values() for r in row["heads"].values() for d in r["drafters"].values())
     exact = exact and all(r["exact"] for row in res["sets"].values() for r in row["draft_models"].values())
     doc = {"machine": {**machine(), "platform": platform.platform()},
            "settings": {"max_new_tokens": a.max_new_tokens, "topk": a.topk, "gamma": a.gamma, "tree": "fixed",
-                        "context_ngrams": 0, "draft_vocab": a.draft_vocab or None, "threads": a.threads, "eval": asdict(cfg)},
+                        "context_ngrams": 0, "draft_vocab": a.draft_vocab or None, "threads": a.threads, "chat": a.chat,
+                        "sample": a.sample, "seed": a.seed,
+                        "eval": asdict(cfg)},
            "seconds": round(time.perf_counter() - t0, 1), "all_exact": exact, **res}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(a.out, json.dumps(doc, indent=1, default=str) + "\n")

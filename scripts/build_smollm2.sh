@@ -10,22 +10,22 @@
 #      .cache/lm/smollm2-4gram (12.9 M tokens; about 30 s, 1.5 GB of memory, 302 MiB of search
 #      tables):
 #      decode finds it by its tokenizer (loaders.lm_for) for LM drafts and n-gram rescoring without --lm.
-#   3. with --heads: self-distilled Stern heads for it into .cache/heads/smollm2 (resumable: run it
-#      again after an interrupt). 1728 of the 2304 training rows answer chat questions SmolLM2 wrote
-#      itself (--distill-chat 0.75; no data set), the rest continue standard-library code. On an H200
-#      (DEVICE=cuda) the continuations take 363 s and a step 0.14 s (800 steps: 112 s); on this
-#      2-core CPU the continuations alone take hours. data/heads-smollm2 is this command's output
-#      from an H200 (its training.json says so). ENGINE=plain makes the continuations with the
-#      model's forward over a padded batch instead of our decode loop (--distill-engine plain): on
-#      the H200 that wrote 16 k tokens/s for own_text.py, so these 590 k tokens would take about 40 s
-#      (estimated, not run; its greedy rows equal the loop's up to rounding, its sampled rows differ).
-#      ENGINE applies to --draft too.
+#   3. with --heads: Stern heads for it into .cache/heads/smollm2 (resumable: run it again after an
+#      interrupt), trained on SmolLM2's own text above (its greedy answers, so the text's token t+j
+#      is its own greedy token: self-distillation with hard labels, no continuations to make), over
+#      the 8192 most frequent tokens (--draft-vocab) in bfloat16 (--autocast): 800 steps of 16 x 256
+#      tokens, 56 min on this 2-core CPU (3.7-4.2 s a step), 13 MB in float16. data/heads-smollm2 is
+#      this command's output. (The heads before them were self-distilled on an H200 from 2304
+#      continuations, `--self-distill --distill-chat 0.75`, docs/smollm2.md.)
 #   4. with --draft: a distilled draft model for it into .cache/draft/smollm2 (resumable), for
 #      `--drafter model` and HF assisted generation: 2 layers at SmolLM2's width started from its
 #      layers 0 and 29, embeddings and final norm (--init base), trained on the KL to SmolLM2 over
 #      384 of its own continuations (288 of chat questions it wrote itself) x 192 tokens, 120 steps
 #      of 8 rows (final KL 2.34, top-1 agreement 0.37). On this 2-core CPU: continuations 22 min,
-#      training 19 min; 71 MB in float16.
+#      training 19 min; 71 MB in float16. ENGINE=plain makes the continuations with the model's own
+#      forward over a padded batch instead of our decode loop (--distill-engine plain; 16 k tokens/s
+#      on an H200 for own_text.py; its greedy rows equal the loop's up to rounding, its sampled rows
+#      differ).
 # Run after scripts/setup.sh: `bash scripts/build_smollm2.sh [--heads] [--draft]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -54,17 +54,10 @@ if [ -n "$want_heads" ]; then
   RESUME=""; [ -f "$HEADS/checkpoint.pt" ] && RESUME="--resume"
   if [ -n "$RESUME" ] || [ ! -f "$HEADS/heads.safetensors" ]; then
     echo "[smollm2] training self-distilled heads into $HEADS on ${DEVICE:-cpu}" >&2
-    $LD train heads --base "$MODEL" --corpus stdlib:train --heads 6 --ffn-dim 768 --token-input \
-      --self-distill --distill-chat 0.75 --distill-prompts 2304 --gen-batch-size 512 --seq-len 256 \
-      --distill-engine "${ENGINE:-loop}" \
-      --steps 800 --batch-size 16 --lr 2e-3 --checkpoint-every 25 --save-dtype float16 \
-      --device "${DEVICE:-cpu}" -o "$HEADS" $RESUME
-    # the draft vocabulary: token ids ranked by frequency in the heads' own training rows
-    .venv/bin/python -c "import glob, json, numpy as np
-from latticedraft.gpu.models.draft_vocab import write_ranked
-d = json.load(open('$HEADS/training.json'))['continuation_cache']
-rows = np.concatenate([np.load(f) for f in sorted(glob.glob(d + '/batch-*.npy'))])
-write_ranked('$HEADS', rows.reshape(-1), 49152, 'self-distillation rows (chat 0.75, stdlib:train)')"
+    $LD train heads --base "$MODEL" --heads 6 --ffn-dim 768 --token-input \
+      --corpus data/smollm2-own-answers-gpu.txt.xz data/smollm2-own-answers.txt.gz data/smollm2-own-text.txt.gz \
+      --draft-vocab 8192 --autocast bfloat16 --steps 800 --batch-size 16 --seq-len 256 --lr 2e-3 \
+      --checkpoint-every 25 --save-dtype float16 --device "${DEVICE:-cpu}" -o "$HEADS" $RESUME
   fi
   echo "[smollm2] heads: --model $HEADS" >&2
 fi

@@ -86,3 +86,29 @@ def test_head_agreement_over_a_draft_vocabulary(two_prompts, tmp_path, capsys):
     vocab = s.model.base.get_output_embeddings().weight.shape[0]
     full = b.head_agreement(s.model, ids, refs, 4)
     assert b.head_agreement(s.model, ids, refs, 4, torch.randperm(vocab)) == full
+
+
+def test_chat_prompt_sets_render_through_the_template_and_sample_by_seed(chat_base, tmp_path):
+    """``--chat``: chat records (``messages``, Spec-Bench's ``turns``: the first) go through the model's
+    chat template, plain ones stay plain; ``--sample N --seed S`` draws the same N records each time.
+    Without ``--chat`` a chat record is refused in one line."""
+    import numpy as np
+
+    import head_agreement as b
+    from latticedraft.decoding.runs.session import Session
+    from latticedraft.errors import InputError
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"turns": ["Name a colour.", "And another."]}\n{"messages": [{"role": "user", "content": "hi"}]}\n'
+                 '{"prompt": "def f(x):"}\n{"prompt": "import os"}\n')
+    s = Session(chat_base, threads=None)
+    idx, ids = b.prompt_ids(s, f, None, True, 0, 0)
+    t = s.chat_template()
+    assert idx == [0, 1, 2, 3]
+    assert np.array_equal(ids[0], t.ids([{"role": "user", "content": "Name a colour."}]))
+    assert np.array_equal(ids[1], t.ids([{"role": "user", "content": "hi"}]))
+    assert ids[2].tolist() == s.tokenizer.encode("def f(x):").ids
+    drawn = b.prompt_ids(s, f, None, True, 2, 5)[0]
+    assert len(drawn) == 2 and drawn == sorted(drawn) and drawn == b.prompt_ids(s, f, None, True, 2, 5)[0]
+    with pytest.raises(InputError, match="is a chat record"):
+        b.prompt_ids(s, f, None, False, 0, 0)

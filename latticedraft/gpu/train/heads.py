@@ -105,7 +105,8 @@ def head_losses(bm, batch: torch.Tensor, frozen: bool = True, stem_grad_scale: f
         logits = head_logits(bm, states, j, s - j, scale, draft_vocab).float()
         target = targets[:, j:].reshape(-1)
         # a mean over the targets inside the draft vocabulary (0, not NaN, where a window has none)
-        losses.append(ce(logits.reshape(-1, logits.shape[-1]), target, reduction="sum") / (target >= 0).sum().clamp(min=1))
+        total = ce(logits.reshape(-1, logits.shape[-1]), target, reduction="sum")
+        losses.append(total / (target >= 0).sum().clamp(min=1))
     return losses
 
 
