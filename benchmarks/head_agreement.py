@@ -110,11 +110,14 @@ def head_agreement(model, ids: list[np.ndarray], refs: list[np.ndarray], topk: i
                 continue
             target = torch.as_tensor(text[lo + j : hi + j])
             logits = hl[lo:hi, j - 1].float()
-            ids_of = (lambda i: i) if columns is None or j == 1 else (lambda i: columns[i])
-            if columns is not None and j > 1:
+            restrict = columns is not None and j > 1  # head 1 is the base: always the whole vocabulary
+            if restrict:
                 logits = logits[:, columns]
-            top1[j - 1] += (ids_of(logits.argmax(-1)) == target).sum().item()
-            topk_hits[j - 1] += (ids_of(logits.topk(topk, -1).indices) == target[:, None]).any(-1).sum().item()
+            best, top = logits.argmax(-1), logits.topk(topk, -1).indices
+            if restrict:
+                best, top = columns[best], columns[top]
+            top1[j - 1] += (best == target).sum().item()
+            topk_hits[j - 1] += (top == target[:, None]).any(-1).sum().item()
             n[j - 1] += hi - lo
     return {"top1": [round(float(x), 4) for x in top1 / np.maximum(n, 1)],
             "topk": [round(float(x), 4) for x in topk_hits / np.maximum(n, 1)], "positions": n.tolist()}

@@ -82,8 +82,11 @@ def draft_vocab(session, size: int | str | None):
 
     where = Path(session.model_dir) if session.model_dir is not None else default_model_dir()
     if size == "auto":
-        usable = getattr(session.model, "num_heads", 1) > 1 and (where / FILE).is_file()
-        size = min(AUTO_DRAFT_VOCAB, trained_size(where) or AUTO_DRAFT_VOCAB) if usable else None
+        if getattr(session.model, "num_heads", 1) < 2 or not (where / FILE).is_file():
+            return None
+        # the file is read once per session, not at every call
+        size = session.once(("draft_vocab_auto", str(where)),
+                            lambda: min(AUTO_DRAFT_VOCAB, trained_size(where) or AUTO_DRAFT_VOCAB))
     if size is None:
         return None
     return session.once(("draft_vocab", str(where), int(size)), lambda: load_ranked(where, int(size)))
