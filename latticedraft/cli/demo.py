@@ -24,10 +24,12 @@ def _cmd_demo(a) -> int:
         from latticedraft.errors import InputError
         from latticedraft.paths import data_dir, smollm2_dir
 
-        a.model = str(smollm2_dir())
         if not smollm2_dir().is_dir():
-            raise InputError(f"--model smollm2: {a.model} does not exist; run `latticedraft fetch smollm2` (or "
+            raise InputError(f"--model smollm2: {smollm2_dir()} does not exist; run `latticedraft fetch smollm2` (or "
                              "`bash scripts/build_smollm2.sh`, which also builds its 4-gram) first")
+        a.model, why_no_heads = smollm2_model()
+        if why_no_heads:
+            print(f"SmolLM2 without heads: {why_no_heads}", file=sys.stderr)
         a.prompts = a.prompts or str(data_dir() / "chat-prompts.jsonl")
         if not given(a, "threads"):  # the weights set its step (not per-op overhead): every core
             a.threads = None
@@ -44,7 +46,7 @@ def _cmd_demo(a) -> int:
         print(f"interpolation weights from {alphas_file}", file=sys.stderr)
     elif heads:
         print("untuned interpolation weight alpha = 1.0 (write tuned ones with `latticedraft tune --out "
-              "data/heads-stern/tuned.json`)", file=sys.stderr)
+              f"{Path(s.model_dir) / 'tuned.json'}`)", file=sys.stderr)
     summary = run_demo(s, a.prompts, a.num_prompts, a.max_new_tokens, a.out,
                        notify=lambda m: print(m, file=sys.stderr),
                        alphas=read_alphas(alphas_file) if alphas_file else None, chat=chat)
@@ -68,13 +70,32 @@ def _cmd_demo(a) -> int:
     return 0 if ok else 1
 
 
+def smollm2_model() -> tuple[str, str | None]:
+    """What ``--model smollm2`` decodes with: the heads built for it (``data/heads-smollm2``) where their
+    base is the fetched model (``paths.smollm2_dir()``), else that model alone and why (one line)."""
+    import json
+
+    from latticedraft.paths import data_dir, smollm2_dir
+
+    base, heads = smollm2_dir(), data_dir() / "heads-smollm2"
+    try:
+        made_for = (heads / json.loads((heads / "heads_config.json").read_text())["base"]).resolve()
+    except (OSError, ValueError, KeyError, TypeError):
+        return str(base), (f"{heads} holds no heads (`bash scripts/build_smollm2.sh --heads` trains them, about an "
+                           "hour on a 2-core CPU)")
+    if made_for != base.resolve():
+        return str(base), (f"the heads in {heads} sit on {made_for}, not on {base} (decode with "
+                           f"`--model {heads}` where that model is)")
+    return str(heads), None
+
+
 def add_parser(groups) -> None:
     p = groups.add_parser("demo", help="the bundled model: BPD drafters vs greedy, speed and exactness",
                           description="Run the bundled BPD model on held-out standard-library prompts with each "
                                       "drafter and plain greedy decoding; print speed, block efficiency and whether "
                                       "every output equals greedy decoding. --model smollm2 runs the real "
-                                      "pretrained SmolLM2-135M-Instruct (`latticedraft fetch smollm2`) on chat "
-                                      "questions through its chat template.")
+                                      "pretrained SmolLM2-135M-Instruct (`latticedraft fetch smollm2`) with its heads "
+                                      "(data/heads-smollm2) on chat questions through its chat template.")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl",
                    help="prompt set (default data/prompts.jsonl; with --model smollm2 data/chat-prompts.jsonl)")
     p.add_argument("--num-prompts", type=int, default=6, help="prompts (default 6)")

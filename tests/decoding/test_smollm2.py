@@ -102,3 +102,17 @@ def test_what_smollm2_lacks_is_refused_in_one_line(args, needs, unseen_greedy, c
                "--max-new-tokens", "4", *args])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc != 0 and len(err) == 1 and needs in err[0], err
+
+
+def test_the_demo_on_smollm2_runs_its_heads_and_draws_their_lattice(tmp_path, capsys):
+    """``demo --model smollm2``: the rows that draft from heads run on ``data/heads-smollm2``, every row
+    equals greedy, the neural row (the bundled rescorer's vocabulary is not SmolLM2's) is left out
+    with a note, and one step's lattice is drawn."""
+    rc = main(["demo", "--model", "smollm2", "--num-prompts", "1", "--max-new-tokens", "12", "-o", str(tmp_path)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    summary = json.loads((tmp_path / "demo.json").read_text())
+    names = [r["name"] for r in summary["rows"]]
+    assert "latticedraft (default)" in names and "heads only" in names and "neural BPD (paper)" not in names
+    assert summary["all_exact"] and "skipping neural BPD" in out.err
+    assert (tmp_path / "lattice_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -26,7 +26,7 @@ from latticedraft.decoding.planning.head_gate import HeadGate
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.chat import prompt_ids
 from latticedraft.decoding.runs.prompt_set import read_prompt_set
-from latticedraft.errors import InputError
+from latticedraft.errors import InputError, ModelError
 from latticedraft.paths import data_dir
 
 FAST = DrafterSpec("parallel", nbest=8, slots=3).fast()  # the fastest measured (benchmarks/decode.py)
@@ -64,7 +64,7 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
             spec = replace(spec, alpha=alphas[family])
         rows.append((name, what, spec))
     # warm-up (JIT compilation, allocator, first-call costs): one short prompt per method, untimed;
-    # a drafter whose LM or rescorer is missing is left out with a note, not a failure
+    # a drafter whose LM or rescorer is missing or made for another vocabulary is left out with a note
     usable = []
     for row in rows:
         try:
@@ -72,7 +72,7 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
                 session.prepare("bpd", row[2])  # also measures T(n) and fits acceptance rates once (cached)
             _run(session, ids[:1], row[2], 8, False)
             usable.append(row)
-        except InputError as e:
+        except (InputError, ModelError) as e:
             notify(f"  skipping {row[0]}: {e}")
     rows = usable
     results, greedy, step_pic = [], None, None

@@ -53,3 +53,23 @@ def test_a_model_without_heads_demos_its_chat_rows_without_a_lattice(tmp_path):
     assert summary["all_exact"] and summary["lattice_png"] is None
     assert any("skipping heads only" in n and "no heads" in n for n in notes)
     assert summary["sample"]["prompt"].startswith("Explain in two sentences")
+
+
+@pytest.mark.skipif(not default_lm_dir().exists(), reason="bundled 4-gram missing (run scripts/setup.sh)")
+def test_a_rescorer_made_for_another_vocabulary_leaves_only_its_row_out(tmp_path):
+    """Heads on a model with a vocabulary of its own (as SmolLM2's beside the bundled rescorer): the
+    neural row is left out with the rescorer's one-line reason, every other row runs."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    d = save_bpd_bundle(tmp_path, ["def f(x):\n    return", "import os\n"])
+    GPT2LMHeadModel(GPT2Config(vocab_size=512, n_positions=64, n_embd=8, n_layer=1, n_head=2)).save_pretrained(
+        tmp_path / "other")
+    notes = []
+    s = Session(d / "heads", rescorer_dir=tmp_path / "other", threads=1)
+    summary = run_demo(s, prompts_file=d / "prompts.jsonl", num_prompts=2, max_new_tokens=6,
+                       out_dir=tmp_path / "demo", notify=notes.append)
+    names = [r["name"] for r in summary["rows"]]
+    assert "neural BPD (paper)" not in names and "latticedraft (default)" in names and len(names) == 7
+    assert summary["all_exact"]
+    skipped = [n for n in notes if n.strip().startswith("skipping neural BPD")]
+    assert len(skipped) == 1 and "vocabulary" in skipped[0] and "\n" not in skipped[0]
