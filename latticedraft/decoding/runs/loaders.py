@@ -44,6 +44,9 @@ def load_model(model_dir=None, device=None, dtype=None):
     path = Path(model_dir) if model_dir is not None else default_model_dir()
     if not path.exists():
         hint = " (the bundled heads: run `bash scripts/setup.sh` or `bash data/build.sh heads-stern`)" if model_dir is None else ""
+        if model_dir is not None and str(model_dir).lower() == "smollm2":  # the demo's name for it is no directory
+            hint = (" (SmolLM2 is `--model data/heads-smollm2` with its heads, or the directory `latticedraft fetch "
+                    "smollm2` prints)")
         raise InputError(f"model directory {path} does not exist{hint}; pass --model DIR")
     if (path / CONFIG_NAME).is_file():
         return BlockwiseModel.from_pretrained(path, device=device, dtype=dtype)

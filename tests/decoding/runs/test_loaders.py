@@ -54,3 +54,17 @@ def test_a_rescorer_of_another_vocabulary_is_refused_by_name():
                                          r"neural rescorer.*\) has a vocabulary of 8192; pass --rescorer DIR"):
         load_rescorer(tokenizer=other)
     assert load_rescorer(tokenizer=load_tokenizer(TOKENIZER)).config.vocab_size == 8192
+
+
+def test_the_demos_name_for_smollm2_is_no_directory_and_the_error_says_what_is(tmp_path, monkeypatch):
+    from latticedraft.decoding.runs.loaders import load_model
+    from latticedraft.errors import InputError
+
+    monkeypatch.chdir(tmp_path)  # no directory called smollm2 here
+    with pytest.raises(InputError) as e:
+        load_model("smollm2")
+    msg = str(e.value)
+    assert "--model data/heads-smollm2" in msg and "latticedraft fetch smollm2" in msg and "\n" not in msg
+    with pytest.raises(InputError) as e:
+        load_model(tmp_path / "elsewhere")
+    assert "smollm2" not in str(e.value)  # other missing directories get no SmolLM2 hint
