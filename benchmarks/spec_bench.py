@@ -21,7 +21,9 @@ Reported per category and overall (the mean of the six categories' speed-ups, as
 reports it): tokens/s, the speed-up over HF greedy, and the mean accepted tokens per target call
 (tokens / target forward calls, HF's calls counted by a hook). ``--code-count`` held-out code
 prompts (plain text, no template) are reported beside, outside the overall mean. Every greedy row is checked equal
-to HF greedy token for token. Median seconds of ``--repeats``; the load average and machine are
+to HF greedy token for token (the exact column: yes, or how many questions are; ``--dtype bfloat16``
+runs every row, HF's too, in that dtype, where a multi-token verifier may leave HF greedy at a
+near-tie, docs/half-precision.md). Median seconds of ``--repeats``; the load average and machine are
 recorded; the JSON goes to ``--out``.
 
     bash scripts/build_smollm2.sh                                # the model and its 4-gram (once)
@@ -148,6 +150,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", default=None, help="run only these rows (HF greedy always runs)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="the model's weights for every row, HF's included (half precision: a row may leave HF "
+                         "greedy at a near-tie; the exact column then counts the questions it equals)")
     ap.add_argument("--out", default="benchmarks/results/spec_bench.json")
     add_verbose_arg(ap)
     a = ap.parse_args(argv)
@@ -155,8 +160,8 @@ def main(argv=None) -> int:
     if not Path(a.model).is_dir():
         sys.exit(f"error: --model {a.model} does not exist; run `.venv/bin/latticedraft fetch smollm2` first")
 
-    sb = Session(a.model, None, a.lm, None, a.device, a.threads, a.draft_model)
-    sh = Session(a.heads, None, a.lm, None, a.device, a.threads, a.draft_model) if a.heads else None
+    sb = Session(a.model, None, a.lm, None, a.device, a.threads, a.draft_model, dtype=a.dtype)
+    sh = Session(a.heads, None, a.lm, None, a.device, a.threads, a.draft_model, dtype=a.dtype) if a.heads else None
     sb.notify = lambda m: print(m, file=sys.stderr)
     if sh is not None:
         sh.notify = sb.notify
@@ -284,7 +289,8 @@ def main(argv=None) -> int:
             row["tokens_per_s"] = round(toks / sum(v["seconds"] for v in six), 2)
             row["tokens_per_call"] = round(statistics.mean(v["tokens_per_call"] for v in six), 3)
         greedy_row = not ("sampling" in n)
-        row["exact"] = all(np.array_equal(out_of[(n, i)][0], ref[i]) for i in range(len(qs))) if greedy_row else None
+        equal = sum(np.array_equal(out_of[(n, i)][0], ref[i]) for i in range(len(qs)))
+        row["exact"], row["equal_questions"] = (equal == len(qs), int(equal)) if greedy_row else (None, None)
         results.append(row)
     g = results[0]
     for r in results:
@@ -306,7 +312,7 @@ def main(argv=None) -> int:
 
     out = {"benchmark": "spec_bench", "model": a.model, "heads": a.heads, "lm": a.lm or str(lm_for(sb.tokenizer)), "draft_model": a.draft_model,
            "questions": [q["question_id"] for q in qs], "turns": a.turns, "per_category": a.per_category, "seed": a.seed,
-           "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "load_average": os.getloadavg(),
+           "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "dtype": a.dtype, "load_average": os.getloadavg(),
            "machine": {**machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                        "device": a.device or "cpu"},
            "rows": results}
@@ -314,7 +320,7 @@ def main(argv=None) -> int:
     print(f"\nSpec-Bench, {len(qs)} prompts ({a.per_category} questions per category, turns: {a.turns}, "
           f"seed {a.seed}) x {a.max_new_tokens} new "
           f"tokens, median of {a.repeats}, {torch.get_num_threads()} threads, load average "
-          f"{out['load_average'][0]:.2f}, model {a.model}")
+          f"{out['load_average'][0]:.2f}, model {a.model} in {a.dtype}")
     head = " ".join(f"{c[:8]:>8}" for c in CATEGORIES)
     print(f"{'row':<34} {head} {'overall':>8} {'tok/call':>8} {'tok/s':>7} {'x PLD':>6} {'code':>6} {'exact':>5}")
     for r in results:
@@ -322,7 +328,7 @@ def main(argv=None) -> int:
                       for c in CATEGORIES)
         ov = f"{r['speedup_overall']:.2f}x" if r.get("speedup_overall") else "-"
         xs = r.get("vs_prompt_lookup") or r.get("vs_batched_greedy") or r.get("vs_hf_sampling")
-        ex = "-" if r["exact"] is None else ("yes" if r["exact"] else "NO")
+        ex = "-" if r["exact"] is None else ("yes" if r["exact"] else f"{r['equal_questions']}/{len(qs)}")
         tpc = f"{r['tokens_per_call']:.2f}" if r.get("tokens_per_call") else "-"
         code = f"{r['categories'][CODE]['speedup']:.2f}x" if CODE in r["categories"] else "-"
         print(f"{r['name']:<34} {cs} {ov:>8} {tpc:>8} {r['tokens_per_s']:>7.1f} "

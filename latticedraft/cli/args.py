@@ -15,6 +15,15 @@ def common_model_args(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads (default: torch's choice; 1 is fastest for tiny models on a busy CPU)")
 
 
+def dtype_arg(p: argparse.ArgumentParser) -> None:
+    """``--dtype``: the weights the model decodes in (decode only: the demo, eval and tune compare with
+    float32 greedy, which half precision leaves at near-ties)."""
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="the model's weights (default float32). In bfloat16/float16 a kept token is the argmax of "
+                        "the verify forward, which rounds differently from generate's one-token steps: at near-ties "
+                        "the output can leave generate's (docs/half-precision.md)")
+
+
 def drafter_args(p: argparse.ArgumentParser) -> None:
     """``--method bpd``'s drafting options: those ``DrafterSpec`` declares, the files they read, ``--verify``."""
     from latticedraft.decoding.methods.bpd import DrafterSpec

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from latticedraft.cli.args import (common_model_args, drafter_args, dynamo_args, gamma_arg, lookahead_args,
+from latticedraft.cli.args import (common_model_args, drafter_args, dtype_arg, dynamo_args, gamma_arg, lookahead_args,
                                    method_arg, mtad_args, sampling_args, self_draft_args, tree_args)
 from latticedraft.cli.checks import check_model_limits, check_ranges, method_options, refuse_given
 from latticedraft.errors import InputError
@@ -71,7 +71,7 @@ def session_for(a, method, device=None):
 
     model = a.model if a.model is not None or method.default_model is None else str(data_dir() / method.default_model)
     s = Session(model, a.tokenizer, getattr(a, "lm", None), getattr(a, "rescorer", None), device or a.device,
-                a.threads, getattr(a, "draft_model", None))
+                a.threads, getattr(a, "draft_model", None), dtype=getattr(a, "dtype", None))
     s.notify = lambda m: print(m, file=sys.stderr)
     return s
 
@@ -199,6 +199,7 @@ def add_parser(groups) -> None:
     for dest, text in DATASET.items():
         d.add_argument("--" + dest.replace("_", "-"), action="store_true", help=text)
     common_model_args(p)
+    dtype_arg(p)
     drafter_args(p)
     tree_args(p)
     mtad_args(p)

@@ -74,3 +74,19 @@ def test_every_greedy_row_equals_hf_greedy(tmp_path, capsys):
     assert res["questions"][:2] == [0, "0-turn2"] and res["turns"] == "all"  # MT-bench's second turn asked after the first
     assert rows["HF greedy"]["speedup_overall"] == 1.0 and rows["ours: lossless sampling T=0.7"]["vs_hf_sampling"] > 0
     assert "ours: default (CLI)" in capsys.readouterr().out
+
+
+def test_bfloat16_runs_every_row_in_it_and_counts_the_questions_each_equals(tmp_path, capsys):
+    import spec_bench as b
+
+    model = tiny_chat_model(tmp_path)
+    qs = question_file(tmp_path, b.CATEGORIES[1:])
+    out = tmp_path / "sb.json"
+    assert b.main(["--model", str(model), "--questions", str(qs), "--per-category", "1", "--code-count", "0",
+                   "--max-new-tokens", "5", "--threads", "1", "--dtype", "bfloat16", "--only", "ours: greedy loop",
+                   "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    rows = {r["name"]: r for r in res["rows"]}
+    assert res["dtype"] == "bfloat16" and set(rows) == {"HF greedy", "ours: greedy loop"}
+    assert rows["ours: greedy loop"]["equal_questions"] == len(res["questions"]) == 5  # one position per call
+    assert rows["ours: greedy loop"]["exact"] and "in bfloat16" in capsys.readouterr().out

@@ -46,6 +46,21 @@ def test_decode_json_matches_generate_of_the_named_base(bundle, capsys, drafter,
         assert r["block_efficiency"] == pytest.approx(len(r["tokens"]) / r["calls"], abs=1e-3)
 
 
+@pytest.mark.parametrize("method", [["--method", "greedy"], ["--drafter", "top1"]])
+def test_decode_in_bfloat16_equals_generate_in_bfloat16(bundle, capsys, method):
+    """``--dtype bfloat16``: the base and its heads load in bfloat16 and the output is ``generate``'s on the
+    base in bfloat16 (the greedy loop: one position per call; top-1 drafts on this tiny model: no near-ties)."""
+    rc = main(["decode", "--model", str(bundle / "heads"), "--prompts", str(bundle / "prompts.jsonl"), "--dtype",
+               "bfloat16", "--max-new-tokens", "10", "--json", *method])
+    assert rc == 0
+    for line in capsys.readouterr().out.strip().splitlines():
+        r = json.loads(line)
+        m = AutoModelForCausalLM.from_pretrained(r["model"], dtype=torch.bfloat16).eval()
+        x = torch.tensor([r["prompt_ids"]])
+        want = m.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=10, pad_token_id=0)
+        assert r["tokens"] == want[0, x.shape[1]:].tolist()
+
+
 def test_decode_streams_text_and_greedy_method(bundle, capsys):
     assert main(["decode", "--model", str(bundle / "heads"), "--prompt", "def f(x):", "--max-new-tokens", "6"]) == 0
     bpd = capsys.readouterr()

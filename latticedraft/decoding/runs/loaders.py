@@ -148,7 +148,7 @@ def load_draft_model(path, target, device=None, tokenizer=None):
     p = Path(path)
     if not p.exists():
         raise InputError(f"--draft-model {p} does not exist; pass a causal LM directory with the target's tokenizer")
-    m = hf.load_causal_lm(p, device=device).eval()
+    m = hf.load_causal_lm(p, device=device, dtype=next(target.parameters()).dtype).eval()  # the target's dtype
     want, got = hf.model_vocab_size(getattr(target, "base", target)), hf.model_vocab_size(m)
     if want != got:
         raise InputError(f"--draft-model {p} has a vocabulary of {got} tokens, the target {want}; the draft model "

@@ -27,10 +27,12 @@ class Session:
     lm_dir, rescorer_dir, draft_model_dir: as the CLI's options (None: defaults); threads: torch
     CPU threads (None: torch's choice); model: an already loaded model to decode with (a
     ``BlockwiseModel`` or an HF causal LM: ``custom_generate``'s) instead of loading ``model_dir``,
-    which then names where its heads came from (``draft_vocab.json``, the tokenizer beside them)."""
+    which then names where its heads came from (``draft_vocab.json``, the tokenizer beside them);
+    dtype: the weights' dtype when ``model_dir`` is loaded here ("float32" default, "bfloat16",
+    "float16"; the heads and the draft model follow the base)."""
 
     def __init__(self, model_dir=None, tokenizer_path=None, lm_dir=None, rescorer_dir=None, device=None,
-                 threads: int | None = None, draft_model_dir=None, model=None):
+                 threads: int | None = None, draft_model_dir=None, model=None, dtype=None):
         if threads is not None:
             if threads < 1:
                 raise InputError(f"--threads must be >= 1, got {threads}")
@@ -38,7 +40,7 @@ class Session:
 
             torch.set_num_threads(threads)  # tiny models: per-op thread sync costs more than it saves
         self.model_dir = model_dir
-        self.model = load_model(model_dir, device=device) if model is None else model
+        self.model = load_model(model_dir, device=device, dtype=dtype) if model is None else model
         self.tokenizer = load_tokenizer_for(self.model, model_dir, tokenizer_path)
         self.base_dir = base_dir_of(self.model, model_dir)
         self.lm_dir, self.rescorer_dir, self.device = lm_dir, rescorer_dir, device

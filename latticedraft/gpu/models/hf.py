@@ -47,7 +47,7 @@ def resolve_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     d = getattr(torch, str(dtype), None)
-    if not isinstance(d, torch.dtype):
+    if not isinstance(d, torch.dtype) or not d.is_floating_point:
         raise InputError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16")
     return d
 
@@ -79,8 +79,9 @@ def load_causal_lm(path: str | Path, device=None, dtype=None) -> nn.Module:
     if not progress_enabled():
         hf_logging.disable_progress_bar()
     p = check_model_dir(path)
+    dtype = resolve_dtype(dtype)  # a bad name is the caller's, not the directory's
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(str(p), dtype=resolve_dtype(dtype), output_loading_info=True)
+        model, info = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype, output_loading_info=True)
     except Exception as e:  # safetensors, json, size mismatches: any failure here is a bad directory
         raise ModelError(f"model directory {p} cannot be loaded as a causal LM ({brief(e)}); "
                          "check its config.json and weights, or re-save the model") from e

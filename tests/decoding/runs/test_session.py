@@ -47,3 +47,17 @@ def test_auto_with_a_named_lm_of_another_vocabulary_is_refused(monkeypatch):
     s.lm_dir = str(default_lm_dir())
     with pytest.raises(ModelError, match="another vocabulary"):
         lm_drafts(s, DrafterSpec("none", lm_drafts="auto"))
+
+
+def test_the_dtype_applies_to_the_base_its_heads_and_the_draft_model(tmp_path):
+    import torch
+
+    from tests.decoding.tiny import save_bpd_bundle
+
+    d = save_bpd_bundle(tmp_path, ["def f(x):\n"], rescorer=True)
+    s = Session(d / "heads", draft_model_dir=d / "resc", dtype="bfloat16", threads=1)
+    assert {p.dtype for p in s.model.parameters()} == {torch.bfloat16}  # the base and the heads
+    assert {p.dtype for p in s.draft_model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in Session(d / "heads", threads=1).model.parameters()} == {torch.float32}
+    with pytest.raises(InputError, match="unknown dtype"):
+        Session(d / "heads", dtype="int8", threads=1)
