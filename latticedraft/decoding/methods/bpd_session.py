@@ -139,14 +139,7 @@ def _fit_acceptance(session, spec):
     lm = lm_drafts(session, spec)
     if not recs or spec.name in ("oracle", "model") or (spec.name == "none" and lm is None):
         return None  # the planner falls back to the uncalibrated prior (no head lattices or LM drafts to fit)
-    weights = [p for p in Path(session.base_dir).glob("*.safetensors")]
-    if session.model_dir is not None or default_model_dir().exists():
-        weights += list(Path(session.model_dir or default_model_dir()).glob("*.safetensors"))
-    key = {"weights": sorted((str(w.resolve()), w.stat().st_size, w.stat().st_mtime_ns) for w in weights),
-           "spec": spec.acceptance_key(),
-           "lm_drafts": None if lm is None else {"depth": lm[0].depth, "lm": str(session.lm.build_dir.resolve()),
-                                            "built": session.lm.manifest.get("built_at")},
-           "prompts": [r["prompt"] for r in recs]}
+    key = acceptance_key(session, spec, lm, [r["prompt"] for r in recs])
     calib = replace(spec, tree="fixed", context_ngrams=0, lookahead=None)
 
     def build():
@@ -165,6 +158,20 @@ def _fit_acceptance(session, spec):
         return calibrate(decode, ids, context=spec.context(), lm=lm)
 
     return cached(key, build)
+
+
+def acceptance_key(session, spec, lm, prompts: list[str]) -> dict:
+    """What fitted rates depend on: the weights' files and the dtype they run in (a bfloat16
+    verifier rounds its argmax differently), the lattice settings, the LM drafts and the prompts."""
+    weights = [p for p in Path(session.base_dir).glob("*.safetensors")]
+    if session.model_dir is not None or default_model_dir().exists():
+        weights += list(Path(session.model_dir or default_model_dir()).glob("*.safetensors"))
+    return {"weights": sorted((str(w.resolve()), w.stat().st_size, w.stat().st_mtime_ns) for w in weights),
+            "dtype": str(next(session.model.parameters()).dtype),
+            "spec": spec.acceptance_key(),
+            "lm_drafts": None if lm is None else {"depth": lm[0].depth, "lm": str(session.lm.build_dir.resolve()),
+                                             "built": session.lm.manifest.get("built_at")},
+            "prompts": prompts}
 
 
 def load(session, spec) -> None:
