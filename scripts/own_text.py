@@ -51,6 +51,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--engine", choices=["loop", "plain"], default="loop",
                    help="loop: latticedraft's decode loop; plain: the model's forward over a padded batch (for a GPU)")
     p.add_argument("--device", default=None, help="torch device of the model (None: cpu)")
+    p.add_argument("--prompts", default=None, metavar="FILE.jsonl",
+                   help="answer these prompts (records with a \"prompt\" text, scripts/task_prompts.py writes them) "
+                        "instead of questions the model writes; each row is the rendered prompt and its greedy "
+                        "answer of --answer-tokens, cut after its end id")
+    p.add_argument("--answer-tokens", type=int, default=128, help="with --prompts: tokens of each answer at most")
     p.add_argument("--cache", default=None, help="continuation cache root (None: .cache/continuations)")
     p.add_argument("-o", "--out", required=True, help="the text file to write (.txt.gz)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
@@ -65,6 +70,7 @@ def main(argv=None) -> int:
     from latticedraft.gpu.train.continuations import ContinuationSpec, continuations
 
     out, model = Path(a.out), Path(a.model)
+    t0 = time.perf_counter()
     try:
         if not out.name.endswith(".txt.gz"):
             raise LatticedraftError(f"-o {out}: the text is written gzip-compressed; name it *.txt.gz")
@@ -74,27 +80,107 @@ def main(argv=None) -> int:
             raise LatticedraftError(f"--model {model} holds no config.json; pass an HF model directory "
                                     "(scripts/build_smollm2.sh makes SmolLM2's)")
         check_device(a.device)
-        ChatTemplate.load(model, "--model")  # the questions and answers go through it: refused here, naming --model
+        template = ChatTemplate.load(model, "--model")  # the questions and answers go through it: refused here, naming --model
         tokenizer = model / "tokenizer.json"
+        if a.prompts is not None:
+            rows, generated, seconds = answers(model, tokenizer, template, read_prompt_texts(a.prompts), a)
+            return write_rows(out, tokenizer, rows, {"engine": a.engine, "generated_batches": generated,
+                                                     "generation_seconds": seconds,
+                                                     "this_run_seconds": round(time.perf_counter() - t0, 1)})
         spec = ContinuationSpec(prompts=a.rows, seq_len=a.seq_len, sample_fraction=a.sample_fraction, seed=a.seed,
                                 batch_size=a.batch_size, chat_fraction=1.0, question_tokens=a.question_tokens,
                                 prompt_len=min(ContinuationSpec.prompt_len, a.seq_len - 1))  # no corpus prompts
         spec.validate({"prompts": "--rows", "batch_size": "--batch-size"})  # refused naming this script's options
-        t0 = time.perf_counter()
         engine = ENGINES[a.engine](model, tokenizer, device=a.device)
         rows = continuations(model, np.zeros(0, dtype=np.int32), spec, tokenizer, engine, root=a.cache)
     except LatticedraftError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    return write_rows(out, tokenizer, list(rows.rows), {"engine": a.engine, "generated_rows": rows.generated,
+                                                        "generation_seconds": rows.seconds,
+                                                        "this_run_seconds": round(time.perf_counter() - t0, 1)})
+
+
+def write_rows(out: Path, tokenizer: Path, rows: list, info: dict) -> int:
+    """Each row's text (special tokens kept) on its own line, gzip-compressed, atomically."""
     from latticedraft.lm.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
-    text = "".join(tok.decode(r.tolist(), skip_special_tokens=False) + "\n" for r in rows.rows)
+    text = "".join(tok.decode(np.asarray(r).tolist(), skip_special_tokens=False) + "\n" for r in rows)
     write_atomic(out, gzip.compress(text.encode("utf-8"), mtime=0))
-    print(json.dumps({"out": str(out), "rows": int(len(rows.rows)), "tokens": int(rows.rows.size),
-                      "bytes": out.stat().st_size, "engine": a.engine, "generated_rows": rows.generated,
-                      "generation_seconds": rows.seconds, "this_run_seconds": round(time.perf_counter() - t0, 1)}))
+    print(json.dumps({"out": str(out), "rows": len(rows), "tokens": int(sum(len(r) for r in rows)),
+                      "bytes": out.stat().st_size, **info}))
     return 0
+
+
+def read_prompt_texts(path: str) -> list[str]:
+    """The "prompt" texts of a JSON-lines file, refused in one line where a record has none."""
+    texts = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise LatticedraftError(f"--prompts {path}: cannot read it ({e}); pass a JSON-lines file") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or not rec["prompt"].strip():
+            raise LatticedraftError(f"--prompts {path}:{n}: not a JSON object with a \"prompt\" text; "
+                                    "write one per line (scripts/task_prompts.py does)")
+        texts.append(rec["prompt"])
+    if not texts:
+        raise LatticedraftError(f"--prompts {path} holds no prompts")
+    return texts
+
+
+def answers(model: Path, tokenizer: Path, template, texts: list[str], a) -> tuple[list, int, float]:
+    """The model's greedy answers to ``texts`` (each one user message through its chat template):
+    per prompt int64[t + n], the rendered prompt then its answer of at most ``a.answer_tokens``
+    tokens, cut after the first end id. Made ``a.batch_size`` prompts at a time in order of length,
+    each batch's answers cached as one .npy under the continuation cache (a killed run goes on where
+    it stopped). Returns (rows in the file's order, batches made in this run, their seconds)."""
+    import hashlib
+
+    from latticedraft.atomic import atomic_file
+    from latticedraft.decoding.runs.continuations import ENGINES
+    from latticedraft.gpu.train.continuations import engine_setting
+    from latticedraft.paths import cache_dir
+
+    if a.answer_tokens < 1:
+        raise LatticedraftError(f"--answer-tokens {a.answer_tokens} must be at least 1")
+    rendered = [template.ids([{"role": "user", "content": t}]) for t in texts]
+    engine = ENGINES[a.engine](model, tokenizer, device=a.device)
+    weights = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in model.glob("*.safetensors"))
+    key = hashlib.sha256(json.dumps({"answers": 1, "weights": weights, "tokens": a.answer_tokens,
+                                     "batch": a.batch_size, **engine_setting(engine)}).encode())
+    for r in rendered:
+        key.update(r.tobytes() + b"|")
+    where = (Path(a.cache) if a.cache else cache_dir() / "continuations") / f"answers-{key.hexdigest()[:24]}"
+    where.mkdir(parents=True, exist_ok=True)
+    order = sorted(range(len(rendered)), key=lambda i: len(rendered[i]))
+    new, made, seconds = {}, 0, 0.0
+    for s in range(0, len(order), a.batch_size):
+        idx = order[s : s + a.batch_size]
+        f = where / f"batch-{s:05d}.npy"
+        if not f.is_file():
+            t0 = time.perf_counter()
+            got = np.asarray(engine([rendered[i] for i in idx], a.answer_tokens, None, a.seed, s), dtype=np.int64)
+            with atomic_file(f, suffix=".npy") as tmp:
+                np.save(tmp, got)
+            seconds += time.perf_counter() - t0
+            made += 1
+            print(f"[own_text] answers {s + len(idx)}/{len(order)} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        for i, row in zip(idx, np.load(f)):
+            new[i] = row
+    ends = set(engine.end_ids())
+    rows = []
+    for i, r in enumerate(rendered):
+        cut = next((j + 1 for j, t in enumerate(new[i].tolist()) if t in ends), len(new[i]))
+        rows.append(np.concatenate([r, new[i][:cut]]))
+    return rows, made, round(seconds, 1)
 
 
 if __name__ == "__main__":

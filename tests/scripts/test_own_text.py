@@ -105,3 +105,49 @@ def test_the_plain_engine_writes_the_loops_greedy_text(chat_base, tmp_path, caps
         p = chat.render(q)
         assert np.array_equal(rows.rows[r, :len(p)], p)
         assert np.array_equal(rows.rows[r, len(p):], loop([p], 20 - len(p), None, 0, 0)[0]), r
+
+
+def _prompt_file(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"prompt": t, "kind": "test"}) + "\n" for t in texts))
+    return path
+
+
+def test_answers_given_prompts_in_their_order_cut_after_the_end(chat_base, tmp_path, capsys):
+    """``--prompts``: each row is the prompt through the template, then the loop's greedy answer to
+    it alone, cut after its first end id; batches go by length and a second run is served by the cache."""
+    from latticedraft.decoding.runs.chat import ChatTemplate
+    from latticedraft.decoding.runs.continuations import LoopDecoder
+    from latticedraft.lm.tokenizer import load_tokenizer
+
+    texts = ["def f(x):", "a much longer prompt than the others, with more words in it", "import os"]
+    out = tmp_path / "answers.txt.gz"
+    args = ["--model", str(chat_base), "--prompts", str(_prompt_file(tmp_path / "p.jsonl", texts)),
+            "--answer-tokens", "12", "--batch-size", "2", "--cache", str(tmp_path / "cache"), "-o", str(out)]
+    assert _script().main(args) == 0
+    assert json.loads(capsys.readouterr().out)["generated_batches"] == 2
+    tok = chat_base / "tokenizer.json"
+    template, loop, t = ChatTemplate.load(chat_base), LoopDecoder(chat_base, tok), load_tokenizer(tok)
+    ends = set(loop.end_ids())
+    want = []
+    for text in texts:
+        p = template.ids([{"role": "user", "content": text}])
+        a = loop([p], 12, None, 0, 0)[0].tolist()
+        cut = next((j + 1 for j, x in enumerate(a) if x in ends), len(a))
+        want.append(t.decode(p.tolist() + a[:cut], skip_special_tokens=False) + "\n")
+    assert gzip.decompress(out.read_bytes()).decode() == "".join(want)
+    assert _script().main(args + ["--force"]) == 0
+    assert json.loads(capsys.readouterr().out)["generated_batches"] == 0
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"text": "no prompt field"}\n', r"p\.jsonl:1: not a JSON object with a \"prompt\" text"),
+    ("\n", "holds no prompts"),
+])
+def test_a_bad_prompt_file_is_refused_in_one_line(chat_base, tmp_path, capsys, content, message):
+    (tmp_path / "p.jsonl").write_text(content)
+    out = tmp_path / "answers.txt.gz"
+    assert _script().main(["--model", str(chat_base), "--prompts", str(tmp_path / "p.jsonl"),
+                           "--cache", str(tmp_path / "cache"), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and re.search(message, err) and "\n" not in err
+    assert not out.exists()
