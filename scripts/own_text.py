@@ -18,6 +18,10 @@ atomically (nothing half-written is left behind).
 
 On a GPU: ``--engine plain --device cuda --batch-size 2048``.
 
+``--prompts FILE.jsonl`` answers given prompts instead (``scripts/task_prompts.py`` writes prompts of
+the kinds users ask): each row is the prompt through the template and the greedy answer, at most
+``--answer-tokens``, cut after its end id; batches of similar length, each cached.
+
 Then ``lm build --corpus ... data/smollm2-own-answers.txt.gz`` (``scripts/build_smollm2.sh``).
 """
 
