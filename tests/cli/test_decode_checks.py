@@ -82,3 +82,15 @@ def test_session_decode_checks_first_too(models_dir, no_expensive_work, method, 
     with pytest.raises(ModelError, match=needle):
         s.decode([np.array([1, 2], dtype=np.int64)], method, options, max_new_tokens=4)
     assert not no_expensive_work.exists() or not any(no_expensive_work.rglob("*"))
+
+
+@pytest.mark.parametrize("args", [["--drafter", "model"], ["--method", "mtad"]])
+def test_a_draft_model_method_without_one_names_where_each_model_gets_its_own(models_dir, no_expensive_work, capsys,
+                                                                              args):
+    """The hint does not send a SmolLM2 user to the bundled model's draft model (another vocabulary)."""
+    _refused(capsys, no_expensive_work, "decode", "--model", models_dir / "llama", "--prompt", "w1 w2",
+             "--max-new-tokens", "4", *args,
+             needle="needs an auxiliary draft model: pass --draft-model DIR, a causal LM with the model's tokenizer")
+    from latticedraft.decoding.runs.loaders import DRAFT_MODEL_HINT
+
+    assert "build_smollm2.sh --draft" in DRAFT_MODEL_HINT and "train draft-model --base" in DRAFT_MODEL_HINT

@@ -25,7 +25,7 @@ import numpy as np
 from latticedraft.decoding.methods.lookahead import DESTS as LOOKAHEAD_DESTS
 from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB, AUTO_LM_DRAFTS, DRAFTER_FILES
 from latticedraft.decoding.registry import Method, Request, cli_defaults, flags, option, sampling_label
-from latticedraft.decoding.runs.loaders import plain_model
+from latticedraft.decoding.runs.loaders import DRAFT_MODEL_HINT, plain_model
 from latticedraft.errors import InputError
 
 DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none")
@@ -216,7 +216,7 @@ def _configure(values: dict, given: set) -> DrafterSpec:
     if "eps" in given and spec.prune == "none":
         raise InputError("--eps applies to --prune static or otsu only; add --prune static or drop --eps")
     if spec.name == "model" and values.get("draft_model") is None:
-        raise InputError("--drafter model needs an auxiliary draft model: pass --draft-model DIR (e.g. data/rescorer-medium)")
+        raise InputError(f"--drafter model needs an auxiliary draft model: {DRAFT_MODEL_HINT}")
     if values.get("do_sample"):
         if spec.name == "oracle":
             raise InputError("--drafter oracle drafts the greedy output; it has nothing to offer sampling "

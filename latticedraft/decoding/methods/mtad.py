@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from latticedraft.decoding.registry import Method, configure, dests, option, sampling_label
+from latticedraft.decoding.runs.loaders import DRAFT_MODEL_HINT
 from latticedraft.errors import InputError
 
 
@@ -29,7 +30,7 @@ class MtadOptions:
 
 def _configure(values: dict, given: set) -> MtadOptions:
     if values.get("draft_model") is None:
-        raise InputError("--method mtad needs an auxiliary draft model: pass --draft-model DIR (e.g. data/rescorer-medium)")
+        raise InputError(f"--method mtad needs an auxiliary draft model: {DRAFT_MODEL_HINT}")
     return configure(MtadOptions, values)
 
 

@@ -18,6 +18,9 @@ from latticedraft.errors import InputError
 from latticedraft.paths import data_dir, default_lm_dir
 
 EOS_TEXT = "<|endoftext|>"
+DRAFT_MODEL_HINT = ("pass --draft-model DIR, a causal LM with the model's tokenizer (the bundled model: "
+                    "data/rescorer-medium; SmolLM2: .cache/draft/smollm2 from `bash scripts/build_smollm2.sh --draft`; "
+                    "another model: `latticedraft train draft-model --base MODEL_DIR ...`)")
 
 
 def default_model_dir() -> Path:
