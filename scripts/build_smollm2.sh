@@ -6,8 +6,11 @@
 #      text (data/smollm2-own-text.txt.gz: the 2304 rows its heads were trained on, which it wrote
 #      itself; data/smollm2-own-answers.txt.gz: its greedy answers to 2560 questions it wrote itself,
 #      made by scripts/own_text.py on this CPU; data/smollm2-own-answers-gpu.txt.xz: 32768 more,
-#      made by scripts/own_text.py --engine plain on an H200, docs/smollm2.md; no data set) into
-#      .cache/lm/smollm2-4gram (12.9 M tokens; about 30 s, 1.5 GB of memory, 302 MiB of search
+#      made by scripts/own_text.py --engine plain on an H200, docs/smollm2.md;
+#      data/smollm2-task-answers.txt.gz: its greedy answers to 1536 prompts of users' task kinds,
+#      translate / summarize / answer from passages / word problems / code, that
+#      scripts/task_prompts.py makes from this machine's text, 31 min here; no data set) into
+#      .cache/lm/smollm2-4gram (13.3 M tokens; about 40 s, 1.5 GB of memory, 322 MiB of search
 #      tables):
 #      decode finds it by its tokenizer (loaders.lm_for) for LM drafts and n-gram rescoring without --lm.
 #   3. with --heads: Stern heads for it into .cache/heads/smollm2 (resumable: run it again after an
@@ -42,7 +45,7 @@ LD=.venv/bin/latticedraft
 CACHE=${LATTICEDRAFT_CACHE:-$PWD/.cache}
 MODEL=$($LD fetch smollm2)
 LM=$CACHE/lm/smollm2-4gram
-LM_ARGS="--corpus stdlib:train data/smollm2-own-text.txt.gz data/smollm2-own-answers.txt.gz data/smollm2-own-answers-gpu.txt.xz --tokenizer $MODEL/tokenizer.json --order 4 --prune 0"
+LM_ARGS="--corpus stdlib:train data/smollm2-own-text.txt.gz data/smollm2-own-answers.txt.gz data/smollm2-own-answers-gpu.txt.xz data/smollm2-task-answers.txt.gz --tokenizer $MODEL/tokenizer.json --order 4 --prune 0"
 want="$(sha256sum "$MODEL/tokenizer.json" | cut -d' ' -f1) $LM_ARGS"
 if [ ! -f "$LM/manifest.json" ] || [ "$(cat "$LM.stamp" 2>/dev/null)" != "$want" ]; then
   echo "[smollm2] building the 4-gram LM with SmolLM2's tokenizer into $LM (about 30 s)" >&2
