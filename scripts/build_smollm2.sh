@@ -14,12 +14,14 @@
 #      tables):
 #      decode finds it by its tokenizer (loaders.lm_for) for LM drafts and n-gram rescoring without --lm.
 #   3. with --heads: Stern heads for it into .cache/heads/smollm2 (resumable: run it again after an
-#      interrupt), trained on SmolLM2's own text above (its greedy answers, so the text's token t+j
-#      is its own greedy token: self-distillation with hard labels, no continuations to make), over
-#      the 8192 most frequent tokens (--draft-vocab) in bfloat16 (--autocast): 800 steps of 16 x 256
-#      tokens, 56 min on this 2-core CPU (3.7-4.2 s a step), 13 MB in float16. data/heads-smollm2 is
-#      this command's output. (The heads before them were self-distilled on an H200 from 2304
-#      continuations, `--self-distill --distill-chat 0.75`, docs/smollm2.md.)
+#      interrupt), trained on SmolLM2's own text above without the GPU-written answers (1.65 M tokens:
+#      its answers to the task prompts, to 2560 questions it wrote itself, and the 2304 rows; its
+#      greedy answers, so the text's token t+j is its own greedy token: self-distillation with hard
+#      labels, no continuations to make), over the 8192 most frequent tokens (--draft-vocab) in
+#      bfloat16 (--autocast): 800 steps of 16 x 256 tokens, 54 min on this 2-core CPU (3.5-4 s a
+#      step), 13 MB in float16. data/heads-smollm2 is this command's output. (The heads before them
+#      learned from all 9.7 M tokens of its answers to its own questions and agreed less on
+#      Spec-Bench's answers, docs/smollm2.md.)
 #   4. with --draft: a distilled draft model for it into .cache/draft/smollm2 (resumable), for
 #      `--drafter model` and HF assisted generation: 2 layers at SmolLM2's width started from its
 #      layers 0 and 29, embeddings and final norm (--init base), trained on the KL to SmolLM2 over
@@ -58,7 +60,7 @@ if [ -n "$want_heads" ]; then
   if [ -n "$RESUME" ] || [ ! -f "$HEADS/heads.safetensors" ]; then
     echo "[smollm2] training self-distilled heads into $HEADS on ${DEVICE:-cpu}" >&2
     $LD train heads --base "$MODEL" --heads 6 --ffn-dim 768 --token-input \
-      --corpus data/smollm2-own-answers-gpu.txt.xz data/smollm2-own-answers.txt.gz data/smollm2-own-text.txt.gz \
+      --corpus data/smollm2-task-answers.txt.gz data/smollm2-own-answers.txt.gz data/smollm2-own-text.txt.gz \
       --draft-vocab 8192 --autocast bfloat16 --steps 800 --batch-size 16 --seq-len 256 --lr 2e-3 \
       --checkpoint-every 25 --save-dtype float16 --device "${DEVICE:-cpu}" -o "$HEADS" $RESUME
   fi
