@@ -39,7 +39,7 @@ NAMES = ["Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hiro", "Ines
          "Maya", "Noah", "Olga", "Pedro", "Quinn", "Rosa", "Sam", "Tara"]
 ITEMS = [("apples", "bag"), ("pencils", "box"), ("cookies", "tray"), ("stickers", "sheet"), ("eggs", "carton"),
          ("marbles", "jar"), ("books", "shelf"), ("cupcakes", "plate")]
-MATH = [  # (template, needs): the numbers a..d are drawn per problem
+MATH = [  # names n, m, an item in its box and the numbers a..d are drawn per problem
     "{n} buys {a} {box}es of {item}. Each {box} holds {b} {item}. {n} gives away {c} {item}. How many {item} "
     "does {n} have left?",
     "{n} earns ${a} an hour and works {b} hours a week. After {c} weeks, {n} spends ${d} on a bike. How much "
@@ -173,6 +173,9 @@ def main(argv=None) -> int:
     out = Path(a.out)
     if out.exists() and not a.force:
         print(f"error: -o {out} exists; pass --force to replace it", file=sys.stderr)
+        return 2
+    if a.count < len(SHARES):
+        print(f"error: --count {a.count}: give at least {len(SHARES)}, one prompt of each kind", file=sys.stderr)
         return 2
     try:
         rows = prompts(a.count, a.seed, a.locale_dir)

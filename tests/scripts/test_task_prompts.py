@@ -60,3 +60,8 @@ def test_no_german_catalogue_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: no German sentences under --locale-dir") and "\n" not in err
     assert not out.exists()
+
+
+def test_too_few_prompts_are_refused(tmp_path, capsys):
+    assert _script().main(["--count", "2", "-o", str(tmp_path / "p.jsonl")]) == 2
+    assert "--count 2: give at least 5" in capsys.readouterr().err and not (tmp_path / "p.jsonl").exists()
