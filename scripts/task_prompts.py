@@ -175,7 +175,7 @@ def main(argv=None) -> int:
         print(f"error: -o {out} exists; pass --force to replace it", file=sys.stderr)
         return 2
     if a.count < len(SHARES):
-        print(f"error: --count {a.count}: give at least {len(SHARES)}, one prompt of each kind", file=sys.stderr)
+        print(f"error: --count {a.count}: give at least {len(SHARES)} (the kinds share them)", file=sys.stderr)
         return 2
     try:
         rows = prompts(a.count, a.seed, a.locale_dir)
