@@ -48,6 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
+from latticedraft.cli.args import DTYPES  # noqa: E402
 from latticedraft.decoding.accept.sampling import SamplingOptions  # noqa: E402
 from latticedraft.decoding.methods.bpd import DrafterSpec  # noqa: E402
 from latticedraft.decoding.eval import hf_baselines  # noqa: E402
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", default=None, help="run only these rows (HF greedy always runs)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+    ap.add_argument("--dtype", default="float32", choices=DTYPES,
                     help="the model's weights for every row, HF's included (half precision: a row may leave HF "
                          "greedy at a near-tie; the exact column then counts the questions it equals)")
     ap.add_argument("--out", default="benchmarks/results/spec_bench.json")

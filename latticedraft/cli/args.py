@@ -6,6 +6,8 @@ import argparse
 import contextlib
 from pathlib import Path
 
+DTYPES = ("float32", "bfloat16", "float16")  # the weights' dtypes every --dtype / --save-dtype offers
+
 
 def common_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, metavar="DIR", help="BPD head checkpoint or HF causal LM (default data/heads-stern)")
@@ -18,7 +20,7 @@ def common_model_args(p: argparse.ArgumentParser) -> None:
 def dtype_arg(p: argparse.ArgumentParser) -> None:
     """``--dtype``: the weights the model decodes in (decode only: the demo, eval and tune compare with
     float32 greedy, which half precision leaves at near-ties)."""
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default=None, choices=DTYPES,
                    help="the model's weights (default float32). In bfloat16/float16 a kept token is the argmax of "
                         "the verify forward, which rounds differently from generate's one-token steps: at near-ties "
                         "the output can leave generate's (docs/half-precision.md)")

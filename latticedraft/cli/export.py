@@ -4,6 +4,8 @@ transformers' ``generate(custom_generate=DIR, trust_remote_code=True)`` runs lat
 
 from __future__ import annotations
 
+from latticedraft.cli.args import DTYPES
+
 
 def _cmd_export_medusa(a) -> int:
     from latticedraft.gpu.models.medusa_io import export_medusa
@@ -37,7 +39,7 @@ def add_parser(groups) -> None:
     p.add_argument("-o", "--out", required=True, metavar="DIR",
                    help="output directory (config.json, model.safetensors, medusa_export.json; not --model)")
     p.add_argument("--force", action="store_true", help="replace an earlier `export medusa` output in --out")
-    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+    p.add_argument("--dtype", default=None, choices=DTYPES,
                    help="dtype of the written weights (default: the dtype the heads are stored in)")
     p.set_defaults(func=_cmd_export_medusa)
     p = verbs.add_parser("custom-generate", help="a directory transformers' generate(custom_generate=DIR) runs "

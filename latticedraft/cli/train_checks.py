@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from latticedraft.cli.args import DTYPES
 from latticedraft.errors import InputError
 
 
@@ -44,7 +45,7 @@ def optim_args(p: argparse.ArgumentParser, steps: int, lr: float) -> None:
                    help="run each forward and loss in bfloat16 under torch.autocast (weights, gradients and the "
                         "optimizer stay float32): about 2x faster on CPUs with AVX512-BF16/AMX and on GPUs "
                         "(default: float32)")
-    g.add_argument("--save-dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="dtype of the saved weights")
+    g.add_argument("--save-dtype", default="float32", choices=DTYPES, help="dtype of the saved weights")
     g.add_argument("--device", default=None, help="torch device (default cpu)")
     g.add_argument("--encoding-errors", default="strict", choices=["strict", "replace"],
                    help="non-UTF-8 bytes in the corpus: fail naming the byte (strict) or replace them")
