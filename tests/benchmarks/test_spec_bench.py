@@ -54,18 +54,23 @@ def question_file(tmp_path, categories):
     return qs
 
 
+def _run(tmp_path, categories, *args) -> tuple[dict, dict]:
+    """spec_bench.py on a tiny chat model, one question of each of ``categories``: (its JSON, rows by name)."""
+    import spec_bench as b
+
+    model, qs, out = tiny_chat_model(tmp_path), question_file(tmp_path, categories), tmp_path / "sb.json"
+    assert b.main(["--model", str(model), "--questions", str(qs), "--per-category", "1", "--threads", "1",
+                   *args, "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    return res, {r["name"]: r for r in res["rows"]}
+
+
 @pytest.mark.slow
 def test_every_greedy_row_equals_hf_greedy(tmp_path, capsys):
     import spec_bench as b
 
-    model = tiny_chat_model(tmp_path)
-    qs = question_file(tmp_path, ["writing", *b.CATEGORIES[1:]])
-    out = tmp_path / "sb.json"
-    assert b.main(["--model", str(model), "--questions", str(qs), "--per-category", "1", "--code-count", "1",
-                   "--max-new-tokens", "6", "--batch-size", "4", "--temperatures", "0.7", "--threads", "1",
-                   "--out", str(out)]) == 0
-    res = json.loads(out.read_text())
-    rows = {r["name"]: r for r in res["rows"]}
+    res, rows = _run(tmp_path, ["writing", *b.CATEGORIES[1:]], "--code-count", "1", "--max-new-tokens", "6",
+                     "--batch-size", "4", "--temperatures", "0.7")
     greedy = [n for n in rows if "sampling" not in n]
     assert {"HF greedy", "HF prompt lookup", "ours: default (CLI)", "ours: lookahead", "HF batched greedy b=4",
             "ours: default (CLI) b=4"} <= set(greedy)
@@ -79,14 +84,8 @@ def test_every_greedy_row_equals_hf_greedy(tmp_path, capsys):
 def test_bfloat16_runs_every_row_in_it_and_counts_the_questions_each_equals(tmp_path, capsys):
     import spec_bench as b
 
-    model = tiny_chat_model(tmp_path)
-    qs = question_file(tmp_path, b.CATEGORIES[1:])
-    out = tmp_path / "sb.json"
-    assert b.main(["--model", str(model), "--questions", str(qs), "--per-category", "1", "--code-count", "0",
-                   "--max-new-tokens", "5", "--threads", "1", "--dtype", "bfloat16", "--only", "ours: greedy loop",
-                   "--out", str(out)]) == 0
-    res = json.loads(out.read_text())
-    rows = {r["name"]: r for r in res["rows"]}
+    res, rows = _run(tmp_path, b.CATEGORIES[1:], "--code-count", "0", "--max-new-tokens", "5", "--dtype", "bfloat16",
+                     "--only", "ours: greedy loop")
     assert res["dtype"] == "bfloat16" and set(rows) == {"HF greedy", "ours: greedy loop"}
     assert rows["ours: greedy loop"]["equal_questions"] == len(res["questions"]) == 5  # one position per call
     assert rows["ours: greedy loop"]["exact"] and "in bfloat16" in capsys.readouterr().out
