@@ -56,8 +56,9 @@ def parse(argv=None) -> argparse.Namespace:
                    help="loop: latticedraft's decode loop; plain: the model's forward over a padded batch (for a GPU)")
     p.add_argument("--device", default=None, help="torch device of the model (None: cpu)")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl",
-                   help="answer these prompts (records with a \"prompt\" text, scripts/task_prompts.py writes them) "
-                        "instead of questions the model writes; each row is the rendered prompt and its greedy "
+                   help="answer these prompts (records as decode --prompts reads them: a \"prompt\", chat \"messages\" or "
+                        "Spec-Bench's first \"turns\"; scripts/task_prompts.py writes them) instead of questions "
+                        "the model writes; each row is the rendered prompt and its greedy "
                         "answer of --answer-tokens, cut after its end id")
     p.add_argument("--answer-tokens", type=int, default=128, help="with --prompts: tokens of each answer at most")
     p.add_argument("--cache", default=None, help="continuation cache root (None: .cache/continuations)")
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
         template = ChatTemplate.load(model, "--model")  # the questions and answers go through it: refused here, naming --model
         tokenizer = model / "tokenizer.json"
         if a.prompts is not None:
-            rows, generated, seconds = answers(model, tokenizer, template, read_prompt_texts(a.prompts), a)
+            rows, generated, seconds = answers(model, tokenizer, template, conversations(a.prompts), a)
             return write_rows(out, tokenizer, rows, {"engine": a.engine, "generated_batches": generated,
                                                      "generation_seconds": seconds,
                                                      "this_run_seconds": round(time.perf_counter() - t0, 1)})
@@ -117,31 +118,16 @@ def write_rows(out: Path, tokenizer: Path, rows: list, info: dict) -> int:
     return 0
 
 
-def read_prompt_texts(path: str) -> list[str]:
-    """The "prompt" texts of a JSON-lines file, refused in one line where a record has none."""
-    texts = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise LatticedraftError(f"--prompts {path}: cannot read it ({e}); pass a JSON-lines file") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            rec = None
-        if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or not rec["prompt"].strip():
-            raise LatticedraftError(f"--prompts {path}:{n}: not a JSON object with a \"prompt\" text; "
-                                    "write one per line (scripts/task_prompts.py does)")
-        texts.append(rec["prompt"])
-    if not texts:
-        raise LatticedraftError(f"--prompts {path} holds no prompts")
-    return texts
+def conversations(path: str) -> list[list[dict]]:
+    """Each record of a prompt file (``read_prompt_set``: refused in one line naming the file and
+    line) as the messages to answer: a plain prompt as one user message."""
+    from latticedraft.decoding.runs.prompt_set import read_prompt_set
+
+    return [p.messages or [{"role": "user", "content": p.text}] for p in read_prompt_set(path)[0]]
 
 
-def answers(model: Path, tokenizer: Path, template, texts: list[str], a) -> tuple[list, int, float]:
-    """The model's greedy answers to ``texts`` (each one user message through its chat template):
+def answers(model: Path, tokenizer: Path, template, convs: list[list[dict]], a) -> tuple[list, int, float]:
+    """The model's greedy answers to ``convs`` (each a message list through its chat template):
     per prompt int64[t + n], the rendered prompt then its answer of at most ``a.answer_tokens``
     tokens, cut after the first end id. Made ``a.batch_size`` prompts at a time in order of length,
     each batch's answers cached as one .npy under the continuation cache (a killed run goes on where
@@ -155,7 +141,7 @@ def answers(model: Path, tokenizer: Path, template, texts: list[str], a) -> tupl
 
     if a.answer_tokens < 1:
         raise LatticedraftError(f"--answer-tokens {a.answer_tokens} must be at least 1")
-    rendered = [template.ids([{"role": "user", "content": t}]) for t in texts]
+    rendered = [template.ids(c) for c in convs]
     engine = ENGINES[a.engine](model, tokenizer, device=a.device)
     weights = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in model.glob("*.safetensors"))
     key = hashlib.sha256(json.dumps({"answers": 1, "weights": weights, "tokens": a.answer_tokens,

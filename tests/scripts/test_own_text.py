@@ -140,8 +140,8 @@ def test_answers_given_prompts_in_their_order_cut_after_the_end(chat_base, tmp_p
 
 
 @pytest.mark.parametrize("content, message", [
-    ('{"text": "no prompt field"}\n', r"p\.jsonl:1: not a JSON object with a \"prompt\" text"),
-    ("\n", "holds no prompts"),
+    ('{"text": "no prompt field"}\n', r"p\.jsonl line 1: no string 'prompt' \(nor chat 'messages' or 'turns'\)"),
+    ("\n", "p\\.jsonl holds no usable prompts"),
 ])
 def test_a_bad_prompt_file_is_refused_in_one_line(chat_base, tmp_path, capsys, content, message):
     (tmp_path / "p.jsonl").write_text(content)
