@@ -89,3 +89,13 @@ def test_bfloat16_runs_every_row_in_it_and_counts_the_questions_each_equals(tmp_
     assert res["dtype"] == "bfloat16" and set(rows) == {"HF greedy", "ours: greedy loop"}
     assert rows["ours: greedy loop"]["equal_questions"] == len(res["questions"]) == 5  # one position per call
     assert rows["ours: greedy loop"]["exact"] and "in bfloat16" in capsys.readouterr().out
+
+
+def test_each_row_is_set_against_its_own_hf_baseline():
+    import spec_bench as b
+
+    both = {"vs_prompt_lookup": 1.2, "vs_batched_greedy": 1.5, "vs_hf_sampling": 1.4}
+    assert b.against_hf({"name": "ours: default (CLI)", **both}) == 1.2
+    assert b.against_hf({"name": "ours: default (CLI) b=4", **both}) == 1.5
+    assert b.against_hf({"name": "ours: lossless sampling T=0.7", **both}) == 1.4  # not its prompt-lookup ratio
+    assert b.against_hf({"name": "HF sampling T=0.7", "vs_prompt_lookup": 0.9}) is None
