@@ -7,9 +7,10 @@ predicts f_{t+1}; the target's own norm and output projection turn it into the d
 every later token from it. This probe trains such a layer on the heads' own corpus on this CPU
 (the layer started from SmolLM2's last layer, an input projection 2H -> H; loss: smooth-L1 to the
 next feature + w * cross-entropy of the next-next token over the heads' 8192-token draft
-vocabulary, EAGLE's noise on input features), then compares it with ``data/heads-smollm2`` on the
-24 Spec-Bench answers ``head_agreement.py`` uses (seed 17, first turns through the chat template,
-HF greedy, 64 tokens), teacher-forced at every answer position t:
+vocabulary, EAGLE's noise on input features; ``--ttt`` adds EAGLE-3's training-time test, a second
+chain step fed the drafter's own features and scored on the token after), then compares it with
+``data/heads-smollm2`` on the 24 Spec-Bench answers ``head_agreement.py`` uses (seed 17, first
+turns through the chat template, HF greedy, 64 tokens), teacher-forced at every answer position t:
 
 - depth d top-1: the chain's d-th draft (token t+1+d), the drafter fed its own earlier drafts
   (EAGLE) or head d+1's top-1 (heads), equal to greedy's token there;
@@ -139,6 +140,10 @@ def train(drafter, base, windows, feats, cols_train, args, log):
             logits = F.linear(norm(pred[:, :-1]), w_cols)  # token t+2 for t = 0..L-3
             ce = F.cross_entropy(logits.float().reshape(-1, len(cols_train)), remap[x[:, 2:]].reshape(-1), ignore_index=-100)
         loss = args.reg_weight * reg + args.ce_weight * ce
+        if args.ttt:  # EAGLE-3's training-time test: a second step fed its own features
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                ce2 = second_step(drafter, x, fin, e, pred, w_cols, remap, norm, emb)
+            loss = loss + args.ce_weight * ce2
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -147,6 +152,28 @@ def train(drafter, base, windows, feats, cols_train, args, log):
         if (step + 1) % 25 == 0 or step == 0:
             log(f"step {step + 1}/{args.steps}: smooth-L1 {reg.item():.4f}, cross-entropy {ce.item():.3f}, {time.time() - t0:.0f} s")
     return hist
+
+
+def second_step(drafter, x, fin, e, pred, w_cols, remap, norm, emb):
+    """The chain's second step in training: at position t + 1 the input (f^_{t+1}, e(x_{t+2})) beside
+    the true inputs of positions 0..t; its output f^_{t+2} is scored on x_{t+3} alone
+    (EAGLE-3 drops the feature loss there): the cross-entropy."""
+    N = fin.shape[1]  # N = L - 1 true inputs (positions 0..L-2)
+    n2 = N - 1  # second-step rows t = 0..L-3
+    with torch.no_grad():
+        e2 = emb(x[:, 2:])
+    E = torch.cat([e, e2], 1)
+    Fe = torch.cat([fin, pred[:, :-1]], 1)
+    P = torch.cat([torch.arange(N), torch.arange(1, n2 + 1)])
+    mask = torch.zeros(N + n2, N + n2, dtype=torch.bool)
+    mask[:N, :N] = torch.ones(N, N, dtype=torch.bool).tril()
+    rows = torch.arange(n2)
+    mask[N:, :n2] = torch.ones(n2, n2, dtype=torch.bool).tril()  # row t sees true positions 0..t
+    mask[N + rows, N + rows] = True
+    out = drafter(E, Fe, P, mask)[:, N:]  # f^_{t+2}, t = 0..L-3
+    logits = F.linear(norm(out[:, :-1]), w_cols)  # token t+3 for t = 0..L-4
+    ce = F.cross_entropy(logits.float().reshape(-1, w_cols.shape[0]), remap[x[:, 3:]].reshape(-1), ignore_index=-100)
+    return ce
 
 
 @torch.no_grad()
@@ -237,6 +264,7 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--ce-weight", type=float, default=0.5)
     ap.add_argument("--reg-weight", type=float, default=1.0)
+    ap.add_argument("--ttt", action="store_true", help="train a second chain step on the drafter's own features (EAGLE-3)")
     ap.add_argument("--features-cache", default=None, help="a .pt file: the training windows' features, kept for the next run")
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--questions", default="../shared/benchmarks/spec-bench/question.jsonl")
