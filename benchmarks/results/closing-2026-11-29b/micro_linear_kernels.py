@@ -18,31 +18,21 @@ WT = [[w.t().contiguous() for w in layer] for layer in W]
 WM = [[w.to_mkldnn() for w in layer] for layer in W]
 
 
-def linear(xs):
-    for layer in W:
-        for w in layer:
-            F.linear(xs[w.shape[1]], w)
+def over(weights, product):
+    """A pass over every layer product: ``product(xs, w)`` for each weight of ``weights``."""
+    def run(xs):
+        for layer in weights:
+            for w in layer:
+                product(xs, w)
+    return run
 
 
-def onednn(xs):
-    for layer in WM:
-        for w in layer:
-            torch._C._nn.mkldnn_linear(xs[w.size(1)].to_mkldnn(), w, None).to_dense()
-
-
-def mm_wt(xs):
-    for layer in WT:
-        for w in layer:
-            torch.mm(xs[w.shape[0]], w)
-
-
-def w_xt(xs):
-    for layer in W:
-        for w in layer:
-            torch.mm(w, xs[w.shape[1]].t()).t()
-
-
-KERNELS = {"F.linear (MKL)": linear, "oneDNN": onednn, "x @ W^T stored [in, out]": mm_wt, "W @ x^T": w_xt}
+KERNELS = {
+    "F.linear (MKL)": over(W, lambda xs, w: F.linear(xs[w.shape[1]], w)),
+    "oneDNN": over(WM, lambda xs, w: torch._C._nn.mkldnn_linear(xs[w.size(1)].to_mkldnn(), w, None).to_dense()),
+    "x @ W^T stored [in, out]": over(WT, lambda xs, w: torch.mm(xs[w.shape[0]], w)),
+    "W @ x^T": over(W, lambda xs, w: torch.mm(w, xs[w.shape[1]].t()).t()),
+}
 print(f"{'rows':>4} " + " ".join(f"{k:>24}" for k in KERNELS))
 for m in (1, 2, 3, 4, 6, 8, 16):
     xs = {576: torch.randn(m, 576), 1536: torch.randn(m, 1536)}
