@@ -154,6 +154,23 @@ def train(drafter, base, windows, feats, cols_train, args, log):
     return hist
 
 
+def chain_mask(n_true: int, ts: torch.Tensor, blocks: int) -> torch.Tensor:
+    """bool[n, n] (True = may attend), n = n_true + blocks * len(ts): causal over the n_true true
+    inputs; row j of chain block b (position ts[j] + b) sees the true inputs 0..ts[j] and row j of
+    blocks 1..b, as drafting token by token would."""
+    T = len(ts)
+    n = n_true + blocks * T
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    mask[:n_true, :n_true] = torch.ones(n_true, n_true, dtype=torch.bool).tril()
+    j = torch.arange(T)
+    for b in range(1, blocks + 1):
+        rows = n_true + (b - 1) * T + j
+        mask[rows, :n_true] = torch.arange(n_true)[None] <= ts[:, None]
+        for bb in range(1, b + 1):
+            mask[rows, n_true + (bb - 1) * T + j] = True
+    return mask
+
+
 def second_step(drafter, x, fin, e, pred, w_cols, remap, norm, emb):
     """The chain's second step in training: at position t + 1 the input (f^_{t+1}, e(x_{t+2})) beside
     the true inputs of positions 0..t; its output f^_{t+2} is scored on x_{t+3} alone
@@ -165,12 +182,7 @@ def second_step(drafter, x, fin, e, pred, w_cols, remap, norm, emb):
     E = torch.cat([e, e2], 1)
     Fe = torch.cat([fin, pred[:, :-1]], 1)
     P = torch.cat([torch.arange(N), torch.arange(1, n2 + 1)])
-    mask = torch.zeros(N + n2, N + n2, dtype=torch.bool)
-    mask[:N, :N] = torch.ones(N, N, dtype=torch.bool).tril()
-    rows = torch.arange(n2)
-    mask[N:, :n2] = torch.ones(n2, n2, dtype=torch.bool).tril()  # row t sees true positions 0..t
-    mask[N + rows, N + rows] = True
-    out = drafter(E, Fe, P, mask)[:, N:]  # f^_{t+2}, t = 0..L-3
+    out = drafter(E, Fe, P, chain_mask(N, torch.arange(n2), 1))[:, N:]  # f^_{t+2}, t = 0..L-3
     logits = F.linear(norm(out[:, :-1]), w_cols)  # token t+3 for t = 0..L-4
     ce = F.cross_entropy(logits.float().reshape(-1, w_cols.shape[0]), remap[x[:, 3:]].reshape(-1), ignore_index=-100)
     return ce
@@ -192,16 +204,7 @@ def eagle_chain(drafter, base, text: torch.Tensor, lo: int, depth: int, cols):
     drafts = torch.zeros(T, depth, dtype=torch.long)
     for d in range(1, depth + 1):
         E, Fe, P = torch.cat(blocks_e), torch.cat(blocks_f), torch.cat(blocks_p)
-        N = len(P)
-        mask = torch.zeros(N, N, dtype=torch.bool)
-        mask[: L - 1, : L - 1] = torch.ones(L - 1, L - 1, dtype=torch.bool).tril()
-        for b in range(1, d):  # block b row j (position t_j + b) sees true 0..t_j and blocks 1..b at j
-            r0 = L - 1 + (b - 1) * T
-            for j, t in enumerate(ts.tolist()):
-                mask[r0 + j, : t + 1] = True
-                for bb in range(1, b + 1):
-                    mask[r0 + j, L - 1 + (bb - 1) * T + j] = True
-        out = drafter(E[None], Fe[None], P, mask)[0]
+        out = drafter(E[None], Fe[None], P, chain_mask(L - 1, ts, d - 1))[0]
         pred = out[ts] if d == 1 else out[L - 1 + (d - 2) * T: L - 1 + (d - 1) * T]  # f^_{t+d}
         logits = F.linear(norm(pred), w)
         tok = logits.argmax(-1)
@@ -235,8 +238,7 @@ def score(drafts: torch.Tensor, text: torch.Tensor, lo: int) -> tuple[np.ndarray
     hits, runs, n = np.zeros(depth), np.zeros(depth), 0
     for i in range(T):
         t = lo + i
-        avail = min(depth, len(text) - (t + 2))
-        if avail < depth:
+        if len(text) - (t + 2) < depth:
             continue  # near the end: not every depth has a reference token
         ok = (drafts[i] == text[t + 2: t + 2 + depth]).numpy()
         hits += ok
@@ -253,7 +255,6 @@ def score(drafts: torch.Tensor, text: torch.Tensor, lo: int) -> tuple[np.ndarray
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=".cache/models/smollm2-135m-instruct")
     ap.add_argument("--heads", default="data/heads-smollm2")
     ap.add_argument("--corpus", nargs="+", default=["data/smollm2-task-answers.txt.gz", "data/smollm2-own-answers.txt.gz",
                                                      "data/smollm2-own-text.txt.gz"])
