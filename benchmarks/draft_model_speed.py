@@ -46,7 +46,7 @@ from latticedraft.decoding.runs.loaders import encode  # noqa: E402
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.decoding.methods.bpd_session import CALIBRATION_PROMPTS  # noqa: E402
 from latticedraft.decoding.runs.session import Session  # noqa: E402
-from latticedraft.gpu.models.incremental import IncrementalLM  # noqa: E402
+from latticedraft.gpu.verify.incremental import IncrementalLM  # noqa: E402
 from latticedraft.gpu.verify.cost_model import QUANTILE, CostModel  # noqa: E402
 from latticedraft.gpu.verify.verifier import Verifier  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402

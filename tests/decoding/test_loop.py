@@ -58,7 +58,7 @@ def test_every_drafter_equals_generate_batch_4(name, dtype, toy_lm, rescorer):
         assert all(1 <= n <= 5 for n in s.tokens_per_call)
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral", "qwen2"])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_parallel_16_on_otsu_pruned_lattices(arch, batch, toy_lm):
     model, ps, refs = _case(arch, torch.float32, 4, 2, batch, (11, 4, 8, 2))

@@ -28,6 +28,12 @@ def tiny_model(arch: str = "gpt2", dtype=torch.float32, seed: int = 0, vocab: in
         cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
         m = LlamaForCausalLM(cfg)
+    elif arch == "qwen2":  # LLaMA's layers with biased q, k, v projections
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        cfg = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+        m = Qwen2ForCausalLM(cfg)
     elif arch == "mistral":
         cfg = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,

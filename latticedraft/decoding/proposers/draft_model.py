@@ -4,7 +4,7 @@
 exact greedy decoding) or, under sampling, its argmax perturbed by the run's Gumbel noise for the
 position it drafts (after the sampling processors: the target's sampled token wherever the two
 agree, ``accept/sampling.py``). Every row keeps its own KV cache
-(``gpu.models.incremental.IncrementalLM``), so a step feeds only the tokens accepted since the last one.
+(``gpu.verify.incremental.IncrementalLM``), so a step feeds only the tokens accepted since the last one.
 
 A draft ends early where it is unlikely to be accepted: each token's chance is read from the
 draft model's own probability for it, calibrated online against what the target accepted
@@ -25,7 +25,7 @@ import torch
 from latticedraft.decoding.planning.acceptance import RateCorrection
 from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows
 from latticedraft.errors import InputError
-from latticedraft.gpu.models.incremental import IncrementalLM, lean_stack
+from latticedraft.gpu.verify.incremental import IncrementalLM, lean_stack
 
 
 class ModelProposer(Proposer):

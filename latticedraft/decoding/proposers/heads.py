@@ -34,7 +34,7 @@ import torch
 
 from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows, as_paths
 from latticedraft.errors import InputError
-from latticedraft.gpu.models.incremental import IncrementalLM
+from latticedraft.gpu.verify.incremental import IncrementalLM
 from latticedraft.lattice.oracle import oracle_path
 from latticedraft.lattice.rescoring import base_drafts, rescore
 from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage

@@ -28,7 +28,7 @@ import torch
 from latticedraft.decoding.proposers.base import EMPTY, Proposal, Proposer, Step, StepRows
 from latticedraft.decoding.accept.sampling import SamplingOptions
 from latticedraft.errors import InputError
-from latticedraft.gpu.models.incremental import IncrementalLM, lean_stack
+from latticedraft.gpu.verify.incremental import IncrementalLM, lean_stack
 
 MTAD_SAMPLING = SamplingOptions(temperature=1.0, top_k=20, top_p=0.9)  # the paper's warping
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from latticedraft.errors import ModelError
 from latticedraft.gpu.models import hf
-from latticedraft.gpu.verify.masks import attention_bias, visible
+from latticedraft.gpu.masks import attention_bias, visible
 
 
 class LayerSplit:

@@ -1,27 +1,35 @@
-"""``LeanStack``: a decoder's forward written out over its own weights, for the verify step.
+"""``LeanStack``: a decoder's forward written out over its own weights, for the verify step and
+the self-draft.
 
 A verify call on a small model is mostly per-call overhead: module hooks, wrappers, mask and
-rotary preparation, cache objects. ``LeanStack`` runs the same arithmetic as transformers' GPT-2,
-LLaMA and Mistral layers (the same ops in the same order on the same weights: layer norms,
-projections, rotary embedding, scaled-dot-product attention, MLP) with
+rotary preparation, cache objects. ``LeanStack`` runs the same arithmetic as transformers' layers
+of the architectures in ``archs.ARCHS`` (GPT-2, LLaMA, Mistral: the same ops in the same order on
+the same weights: norms, projections, rotary embedding, scaled-dot-product attention, MLP) with
 
 - keys and values written straight into the preallocated ``kv.KVCache``;
 - the rotary cos/sin of every position computed once (by the model's own rotary module) and
   gathered per call;
 - a boolean attention mask [b, 1, n, K] (True = attend), or none where every cached slot is
-  visible (one node, no padding, all inside the window), or ``masks.CAUSAL`` for a prompt into an empty
-  cache without padding: attention's own causal kernel then, as transformers' SDPA attention runs
-  such a prompt (with a mask it takes another kernel: 343 against 220 ms of SmolLM2's 926-token
+  visible (one node, no padding, all inside the window), or ``masks.CAUSAL`` for a prompt into an
+  empty cache without padding: attention's own causal kernel then, as transformers' SDPA attention
+  runs such a prompt (with a mask it takes another kernel: 343 against 220 ms of SmolLM2's 926-token
   prefill on a 2-core CPU);
 - any layer range (``lo..hi``): the split verifier continues from stored layer-l states;
 - on small models (their projections copied side by side take at most ``FUSE_BYTES``), the q, k,
   v projections as one matmul and the MLP's gate and up projections as another, where this
-  machine's matmul gives them bit for bit (checked once at construction, else left apart);
-  likewise the RMS norms as one ``F.rms_norm`` call each.
+  machine's matmul gives them bit for bit (checked once at construction, else run apart and put
+  side by side); likewise the RMS norms as one ``F.rms_norm`` call each.
 
-``supports(model)`` says whether a model's layers are of a shape written out here (plain RoPE,
-no logit transforms, eager or sdpa attention); other models go through transformers' forward.
-Tests compare hidden states and logits with transformers' forward (``tests/gpu/verify/test_lean.py``).
+With ``scheme`` (``gpu.models.quantized.Scheme``) the stack is the model's own weights at 4 or 8
+bits: every projection, the output projection included, is a ``QuantizedLinear`` (bfloat16
+activations into the kernel, the rest in the model's dtype), sharing the embeddings, norms and
+rotary tables: the self-draft (``decoding/proposers/self_draft.py``). A projection whose widths
+the scheme cannot hold falls back to int8, else keeps its float weights (``fallbacks`` says which
+and why).
+
+``supports(model)`` says whether a model's layers are written out here (``archs.arch_of``); others
+go through transformers' forward. Tests compare hidden states and logits with transformers'
+forward (``tests/gpu/verify/test_lean.py``).
 
     >>> stack = LeanStack(model)                        # doctest: +SKIP
     >>> cache = KVCache(batch=1, layers=stack.num_layers); start = cache.reserve(ids.shape[1])
@@ -31,12 +39,14 @@ Tests compare hidden states and logits with transformers' forward (``tests/gpu/v
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from latticedraft.gpu.models.layer_split import LayerSplit
-from latticedraft.gpu.verify.masks import CAUSAL
+from latticedraft.gpu.verify.archs import Arch, arch_of
+from latticedraft.gpu.masks import CAUSAL
 from latticedraft.memo import kept, weights_key
 
 FUSE_BYTES = 64 << 20  # fuse the projections of models whose fused copies take at most this
@@ -50,68 +60,180 @@ def stack_for(model) -> "LeanStack":
 
 def supports(model) -> str | None:
     """None where ``LeanStack`` runs ``model`` (an HF causal LM or a wrapper with ``.base``), else why not."""
-    lm = getattr(model, "base", None) or model
-    cfg = lm.config
-    arch = getattr(cfg, "model_type", "")
-    if arch not in ("gpt2", "llama", "mistral"):
-        return f"{arch or type(lm).__name__} layers are not written out (GPT-2, LLaMA and Mistral are)"
-    if (getattr(cfg, "_attn_implementation", None) or "eager") not in ("eager", "sdpa"):
-        return f"attention implementation {cfg._attn_implementation!r}"
-    if arch == "gpt2":
-        if getattr(cfg, "reorder_and_upcast_attn", False) or getattr(cfg, "add_cross_attention", False):
-            return "GPT-2 with reordered/upcast or cross attention"
-        return None
-    rot = getattr(lm.model, "rotary_emb", None)
-    if rot is None or getattr(rot, "rope_type", "default") != "default":
-        return f"rope type {getattr(rot, 'rope_type', None)!r}"
-    if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "pretraining_tp", 1) != 1:
-        return f"activation {cfg.hidden_act!r} / tensor-parallel {getattr(cfg, 'pretraining_tp', 1)}"
-    return None
+    return arch_of(getattr(model, "base", None) or model)[1]
+
+
+# -- projections: x [.., K] -> [.., N] ----------------------------------------------------------------
+class Dense:
+    """``F.linear(x, w, b)``."""
+
+    def __init__(self, w, b):
+        self.w, self.b = w, b
+
+    def __call__(self, x):
+        return F.linear(x, self.w, self.b)
+
+
+class Conv1D:
+    """GPT-2's ``Conv1D``: ``addmm(bias, x, weight)`` over the last dimension (weight [in, out])."""
+
+    def __init__(self, w, b):
+        self.w, self.b = w, b
+
+    def __call__(self, x):
+        out = torch.addmm(self.b, x.reshape(-1, x.shape[-1]), self.w)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class SideBySide:
+    """Several projections of one input run apart, their outputs concatenated."""
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def __call__(self, x):
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+@dataclass
+class Norm:
+    """A layer's norm: kind "rms" | "layer"; weight, bias (layer norm), eps; rms: the RMS function
+    (``_fused_rms`` or ``_rms``, chosen by the stack)."""
+
+    kind: str
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    eps: float
+    rms: object = None
+
+    def __call__(self, h):
+        if self.kind == "rms":
+            return self.rms(h, self.weight, self.eps)
+        return F.layer_norm(h, (h.shape[-1],), self.weight, self.bias, self.eps)
+
+
+@dataclass
+class LayerWeights:
+    """One layer: norm1, qkv -> [.., (hq + 2 hk) d], o, norm2, up -> [.., 2 I] (gated: gate | up)
+    or [.., I], down, act (a function), scaling (attention's)."""
+
+    norm1: Norm
+    qkv: object
+    o: object
+    norm2: Norm
+    up: object
+    down: object
+    act: object
+    scaling: float
 
 
 class LeanStack:
-    """The layers of ``model`` (GPT-2, LLaMA or Mistral; see ``supports``), callable in ranges."""
+    """The layers of ``model`` (see ``supports``), callable in ranges; ``scheme``: quantized
+    projections (the self-draft), None: the model's own."""
 
-    def __init__(self, model):
+    def __init__(self, model, scheme=None):
         why = supports(model)
         if why is not None:
             raise ValueError(f"LeanStack cannot run this model: {why}")
         self.split = LayerSplit(model)
         self.lm, self.config = self.split.lm, self.split.config
-        self.gpt2 = self.config.model_type == "gpt2"
+        self.arch: Arch = arch_of(self.lm)[0]
+        self.scheme, self.fallbacks = scheme, []
         self.num_layers, self.hidden = self.split.num_layers, self.split.hidden_size
-        self.layers = list(self.split.layers)
-        attn = self.layers[0].attn if self.gpt2 else self.layers[0].self_attn
+        attn = getattr(self.split.layers[0], self.arch.attention)
         self.head_dim = int(attn.head_dim)
-        self.heads = int(self.config.num_attention_heads if not self.gpt2 else self.config.n_head)
+        self.heads = int(getattr(self.config, "num_attention_heads", None) or self.config.n_head)
         self.kv_heads = int(getattr(self.config, "num_key_value_heads", None) or self.heads)
-        self.scaling = [float((L.attn if self.gpt2 else L.self_attn).scaling) for L in self.layers]
         self.gqa = self.kv_heads != self.heads
-        self.params = [self._gpt2_params(L) if self.gpt2 else self._llama_params(L) for L in self.layers]
-        self.fused = None if self.gpt2 else self._fuse()
-        self.rms = None if self.gpt2 else self._choose_rms()
+        self.rotary = self.arch.positions == "rotary"
+        self.fuse = sum(m.weight.numel() * m.weight.element_size() for L in self.split.layers
+                        for m in _all_projections(self.arch, L)) <= FUSE_BYTES
+        self.weights = [self._layer_weights(i, L) for i, L in enumerate(self.split.layers)]
+        if self.arch.norm == "rms":
+            rms = _fused_rms if scheme is not None else self._choose_rms()  # (drafts need no bit-for-bit norm)
+            for w in self.weights:
+                w.norm1.rms = w.norm2.rms = rms
+        self.final = _norm_of(self.arch, self.split.norm)
+        self.final.rms = self.weights[0].norm1.rms if self.weights else _rms
+        self.unembed = self.split.head if scheme is None else self._quantized(self.split.head.weight, None, "lm_head")
         self.cos = self.sin = None
-        if not self.gpt2:  # every position's rotary cos/sin, from the model's own module
+        if self.rotary:  # every position's rotary cos/sin, from the model's own module
             p = self.split.position_limit or 4096
             pos = torch.arange(p, device=self.split.device)[None]
             x = torch.zeros(1, 1, 1, dtype=self.split.dtype, device=self.split.device)
             cos, sin = self.split.rotary(x, position_ids=pos)
             self.cos, self.sin = cos[0], sin[0]  # [P, head_dim]
 
+    # -- building -------------------------------------------------------------------------
+    def _layer_weights(self, i: int, L) -> LayerWeights:
+        a = self.arch
+        attn, mlp = getattr(L, a.attention), getattr(L, a.mlp)
+        n1, n2 = (_norm_of(a, getattr(L, n)) for n in a.norms)
+        act = F.silu if a.act == "silu" else getattr(mlp, a.act)
+        qkv = self._projection([getattr(attn, n) for n in a.qkv], f"layer {i} {'/'.join(a.qkv)}")
+        up = self._projection([getattr(mlp, n) for n in a.up], f"layer {i} {'/'.join(a.up)}")
+        o = self._projection([getattr(attn, a.o)], f"layer {i} {a.o}")
+        down = self._projection([getattr(mlp, a.down)], f"layer {i} {a.down}")
+        return LayerWeights(n1, qkv, o, n2, up, down, act, float(attn.scaling))
+
+    def _projection(self, modules: list, name: str):
+        """One projection of the modules' outputs side by side: quantized (``scheme``), one fused
+        matmul (small models, where bit for bit), or each module's own."""
+        if self.arch.conv1d:  # [in, out] weights
+            ws, bs = [m.weight for m in modules], [m.bias for m in modules]
+            if self.scheme is not None:
+                return self._quantized(torch.cat([w.t() for w in ws]), _cat(bs), name)
+            parts = [Conv1D(w, b) for w, b in zip(ws, bs)]
+            return parts[0] if len(parts) == 1 else SideBySide(parts)
+        ws, bs = [m.weight for m in modules], [m.bias for m in modules]
+        if self.scheme is not None:
+            return self._quantized(torch.cat(ws), _cat(bs), name)
+        if len(modules) == 1:
+            return Dense(ws[0], bs[0])
+        if self.fuse:
+            fused = Dense(torch.cat(ws).contiguous(), _cat(bs))
+            if _same_bits(fused, [Dense(w, b) for w, b in zip(ws, bs)], self.hidden, ws[0]):
+                return fused
+        return SideBySide([Dense(w, b) for w, b in zip(ws, bs)])
+
+    def _quantized(self, w: torch.Tensor, b, name: str):
+        """``w`` [N, K] (+ b) in ``scheme``; else int8, else float (each fallback recorded)."""
+        from latticedraft.gpu.models.quantized import Scheme, quantize
+
+        for scheme in (self.scheme, Scheme("int8")):
+            why = scheme.fits(*w.shape)
+            if why is None:
+                if scheme != self.scheme:
+                    self.fallbacks.append(f"{name}: {self.scheme.kind} cannot hold it ({self._why}), int8 instead")
+                return quantize(w, b, scheme)
+            self._why = why
+        self.fallbacks.append(f"{name}: neither {self.scheme.kind} nor int8 can hold it ({self._why}); float weights")
+        return Dense(w, b)
+
+    def _choose_rms(self):
+        """``F.rms_norm`` (one op) where this machine gives transformers' RMSNorm arithmetic bit for
+        bit with it on every norm's weights (checked once), else ``_rms`` (the same ops written out)."""
+        norms = [n for w in self.weights for n in (w.norm1, w.norm2)] + [_norm_of(self.arch, self.split.norm)]
+        g = torch.Generator(device="cpu").manual_seed(0)
+        for rows in (1, 3, 16):
+            x = (3 * torch.randn(2, rows, self.hidden, generator=g)).to(self.split.dtype).to(self.split.device)
+            if not all(torch.equal(_fused_rms(x, n.weight, n.eps), _rms(x, n.weight, n.eps)) for n in norms):
+                return _rms
+        return _fused_rms
+
+    # -- running --------------------------------------------------------------------------
     def embed(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """ids int64[b, n], pos int64[b, n] -> hidden [b, n, H]."""
         return self.split.embed(ids, pos)
 
     def norm(self, h: torch.Tensor) -> torch.Tensor:
         """The final norm: [.., H] -> [.., H]."""
-        if self.rms is None:
-            return self.split.norm(h)
-        return self.rms(h, self.split.norm.weight, self.split.norm.variance_epsilon)
+        return self.final(h)
 
-    @property
-    def unembed(self) -> nn.Module:
-        """The output projection (the LM head): [.., H] -> [.., V]."""
-        return self.split.head
+    def nbytes(self) -> int:
+        """Bytes of quantized weights this stack holds beside the model's (0 without ``scheme``)."""
+        mods = [p for w in self.weights for p in (w.qkv, w.o, w.up, w.down)] + [self.unembed]
+        return sum(m.nbytes() for m in mods if hasattr(m, "nbytes"))
 
     def run(self, h: torch.Tensor, lo: int, hi: int, mask: torch.Tensor | str | None, pos: torch.Tensor,
             cache) -> torch.Tensor:
@@ -122,112 +244,67 @@ class LeanStack:
         that attention would make of it in every layer."""
         if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, float("-inf"))
-        if self.gpt2:
-            for i in range(lo, hi):
-                h = self._gpt2_layer(i, h, mask, cache)
-            return h
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [b, 1, n, head_dim]
+        cos = sin = None
+        if self.rotary:
+            cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [b, 1, n, head_dim]
         for i in range(lo, hi):
-            h = self._llama_layer(i, h, mask, cos, sin, cache)
+            h = self._layer(i, h, mask, cos, sin, cache)
         return h
 
-    @staticmethod
-    def _llama_params(L) -> tuple:
-        """One layer's tensors, looked up once (module attribute access costs per call)."""
-        at, mlp = L.self_attn, L.mlp
-        return (L.input_layernorm.weight, L.input_layernorm.variance_epsilon,
-                at.q_proj.weight, at.q_proj.bias, at.k_proj.weight, at.k_proj.bias, at.v_proj.weight, at.v_proj.bias,
-                at.o_proj.weight, at.o_proj.bias, L.post_attention_layernorm.weight,
-                L.post_attention_layernorm.variance_epsilon, mlp.gate_proj.weight, mlp.gate_proj.bias,
-                mlp.up_proj.weight, mlp.up_proj.bias, mlp.down_proj.weight, mlp.down_proj.bias)
-
-    def _fuse(self) -> list | None:
-        """Per layer (Wqkv, bqkv, q/k/v sizes, Wgu, bgu, gate size), or None when the copies would be
-        too big or this machine's matmul does not give the fused outputs bit for bit."""
-        size = sum(p.numel() * p.element_size() for L in self.params for p in L[2:8:2] + L[12:16:2])
-        if size > FUSE_BYTES:
-            return None
-        fused = []
-        for (_, _, wq, bq, wk, bk, wv, bv, _, _, _, _, wg, bg, wu, bu, _, _) in self.params:
-            cat = lambda ws: None if ws[0] is None else torch.cat(ws).contiguous()  # noqa: E731
-            fused.append((cat([wq, wk, wv]), cat([bq, bk, bv]), [wq.shape[0], wk.shape[0], wv.shape[0]],
-                          cat([wg, wu]), cat([bg, bu]), [wg.shape[0], wu.shape[0]]))
-        g = torch.Generator(device="cpu").manual_seed(0)
-        for rows in (1, 3, 16):
-            x = torch.randn(1, rows, self.hidden, generator=g).to(self.split.dtype).to(self.split.device)
-            for (_, _, wq, bq, wk, bk, wv, bv, _, _, _, _, wg, bg, wu, bu, _, _), (wa, ba, sa, wb, bb, sb) in zip(
-                    self.params, fused):
-                parts = F.linear(x, wa, ba).split(sa, dim=-1) + F.linear(x, wb, bb).split(sb, dim=-1)
-                alone = [F.linear(x, w, b) for w, b in ((wq, bq), (wk, bk), (wv, bv), (wg, bg), (wu, bu))]
-                if not all(torch.equal(a, b) for a, b in zip(parts, alone)):
-                    return None
-        return fused
-
-    def _choose_rms(self):
-        """``F.rms_norm`` (one op) where this machine gives transformers' RMSNorm arithmetic bit for
-        bit with it on every norm's weights (checked once), else ``_rms`` (the same ops written out)."""
-        final = self.split.norm
-        norms = [(L[0], L[1]) for L in self.params] + [(L[10], L[11]) for L in self.params]
-        norms.append((final.weight, final.variance_epsilon))
-        g = torch.Generator(device="cpu").manual_seed(0)
-        for rows in (1, 3, 16):
-            x = (3 * torch.randn(2, rows, self.hidden, generator=g)).to(self.split.dtype).to(self.split.device)
-            if not all(torch.equal(_fused_rms(x, w, eps), _rms(x, w, eps)) for w, eps in norms):
-                return _rms
-        return _fused_rms
-
-    @staticmethod
-    def _gpt2_params(L) -> tuple:
-        at, mlp = L.attn, L.mlp
-        return (L.ln_1.weight, L.ln_1.bias, L.ln_1.eps, at.c_attn.weight, at.c_attn.bias, at.c_proj.weight,
-                at.c_proj.bias, L.ln_2.weight, L.ln_2.bias, L.ln_2.eps, mlp.c_fc.weight, mlp.c_fc.bias,
-                mlp.c_proj.weight, mlp.c_proj.bias, mlp.act)
-
-    def _attend(self, i, q, k, v, mask, cache):
-        K, V = cache.write(i - cache.first_layer, k, v)
-        if mask is CAUSAL:
-            return F.scaled_dot_product_attention(q, K, V, is_causal=True, scale=self.scaling[i], enable_gqa=self.gqa)
-        return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=self.scaling[i], enable_gqa=self.gqa)
-
-    def _llama_layer(self, i, h, mask, cos, sin, cache):
-        (w_in, eps_in, wq, bq, wk, bk, wv, bv, wo, bo, w_post, eps_post, wg, bg, wu, bu, wd, bd) = self.params[i]
+    def _layer(self, i, h, mask, cos, sin, cache):
+        w = self.weights[i]
         b, n, _ = h.shape
-        x = self.rms(h, w_in, eps_in)
-        hq, hk, d = self.heads, self.kv_heads, self.head_dim
-        if self.fused is None:
-            q = F.linear(x, wq, bq).view(b, n, hq, d).transpose(1, 2)
-            k = F.linear(x, wk, bk).view(b, n, hk, d).transpose(1, 2)
-            v = F.linear(x, wv, bv).view(b, n, hk, d).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+        hq, hk = self.heads, self.kv_heads
+        qkv = w.qkv(w.norm1(h)).view(b, n, hq + 2 * hk, self.head_dim).transpose(1, 2)
+        if cos is None:
+            q, k = qkv[:, :hq], qkv[:, hq: hq + hk]
         else:  # q and k side by side: one rotary embedding for both (the same elementwise ops)
-            wa, ba = self.fused[i][:2]
-            qkv = F.linear(x, wa, ba).view(b, n, hq + 2 * hk, d).transpose(1, 2)
             qk = qkv[:, : hq + hk]
             qk = qk * cos + _rotate_half(qk) * sin
-            q, k, v = qk[:, :hq], qk[:, hq:], qkv[:, hq + hk:]
-        o = self._attend(i, q, k, v, mask, cache).transpose(1, 2).reshape(b, n, -1)
-        h = h + F.linear(o, wo, bo)
-        x = self.rms(h, w_post, eps_post)
-        if self.fused is None:
-            gate, up = F.linear(x, wg, bg), F.linear(x, wu, bu)
+            q, k = qk[:, :hq], qk[:, hq:]
+        o = self._attend(i, q, k, qkv[:, hq + hk:], mask, cache, w.scaling).transpose(1, 2).reshape(b, n, -1)
+        h = h + w.o(o)
+        x = w.up(w.norm2(h))
+        if self.arch.gated:
+            gate, up = x.chunk(2, dim=-1)
+            x = w.act(gate) * up
         else:
-            wb, bb, sb = self.fused[i][3:]
-            gate, up = F.linear(x, wb, bb).split(sb, dim=-1)
-        return h + F.linear(F.silu(gate) * up, wd, bd)
+            x = w.act(x)
+        return h + w.down(x)
 
-    def _gpt2_layer(self, i, h, mask, cache):
-        (w1, b1, e1, wa, ba, wp, bp, w2, b2, e2, wf, bf, wc, bc, act) = self.params[i]
-        b, n, H = h.shape
-        x = F.layer_norm(h, (H,), w1, b1, e1)
-        q, k, v = _conv1d(x, wa, ba).split(H, dim=2)
-        q = q.view(b, n, -1, self.head_dim).transpose(1, 2)
-        k = k.view(b, n, -1, self.head_dim).transpose(1, 2)
-        v = v.view(b, n, -1, self.head_dim).transpose(1, 2)
-        o = self._attend(i, q, k, v, mask, cache).transpose(1, 2).reshape(b, n, -1)
-        h = h + _conv1d(o, wp, bp)
-        x = F.layer_norm(h, (H,), w2, b2, e2)
-        return h + _conv1d(act(_conv1d(x, wf, bf)), wc, bc)
+    def _attend(self, i, q, k, v, mask, cache, scale):
+        K, V = cache.write(i - cache.first_layer, k, v)
+        q = q.to(K.dtype)
+        if mask is CAUSAL:
+            return F.scaled_dot_product_attention(q, K, V, is_causal=True, scale=scale, enable_gqa=self.gqa)
+        return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale, enable_gqa=self.gqa)
+
+
+def _norm_of(arch: Arch, module) -> Norm:
+    eps = getattr(module, "variance_epsilon", None)
+    if eps is None:
+        eps = getattr(module, "eps")
+    return Norm(arch.norm, module.weight, getattr(module, "bias", None), float(eps))
+
+
+def _all_projections(arch: Arch, L) -> list:
+    attn, mlp = getattr(L, arch.attention), getattr(L, arch.mlp)
+    return [getattr(attn, n) for n in arch.qkv] + [getattr(mlp, n) for n in arch.up]
+
+
+def _cat(bs: list):
+    return None if bs[0] is None else torch.cat(bs).contiguous()
+
+
+def _same_bits(fused: Dense, alone: list, hidden: int, ref: torch.Tensor) -> bool:
+    """Whether this machine's matmul gives the fused projection's outputs bit for bit with the
+    separate ones (1, 3 and 16 rows)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    for rows in (1, 3, 16):
+        x = torch.randn(1, rows, hidden, generator=g).to(ref.dtype).to(ref.device)
+        if not torch.equal(fused(x), torch.cat([a(x) for a in alone], dim=-1)):
+            return False
+    return True
 
 
 def _rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -247,9 +324,3 @@ def _fused_rms(h: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """GPT-2's ``Conv1D``: ``addmm(bias, x, weight)`` over the last dimension."""
-    out = torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight)
-    return out.view(*x.shape[:-1], out.shape[-1])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from latticedraft.gpu.verify.masks import causal, visible
+from latticedraft.gpu.masks import causal, visible
 
 
 def chunk_mask(state, valid: np.ndarray, pos: np.ndarray, window: int | None) -> np.ndarray:

@@ -14,7 +14,7 @@ import torch
 from latticedraft.errors import InputError
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.models.layer_split import LayerSplit
-from latticedraft.gpu.verify.masks import causal
+from latticedraft.gpu.masks import causal
 
 
 def left_pad(prompts: list[np.ndarray], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -66,7 +66,7 @@ from latticedraft.gpu.verify.forward import DraftVocab, Forward, hf_forward, laz
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.modes import (base_config, check_verifiable, choose_kv_cache, choose_mode, model_device,
                                            model_dtype, position_limit, sliding_window)
-from latticedraft.gpu.verify.masks import CAUSAL, attention_bias, causal, causal_only, visible
+from latticedraft.gpu.masks import CAUSAL, attention_bias, causal, causal_only, visible
 from latticedraft.gpu.verify.prefill import chunked_prefill
 from latticedraft.gpu.verify.screened_argmax import argmax_projection, median_seconds
 from latticedraft.gpu.verify.screened_topk import topk_projection

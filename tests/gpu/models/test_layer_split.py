@@ -7,7 +7,7 @@ import torch
 from latticedraft.errors import ModelError
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.models.layer_split import LayerSplit
-from latticedraft.gpu.verify.masks import causal
+from latticedraft.gpu.masks import causal
 from latticedraft.gpu.verify.split_cache import left_pad, prefill
 from tests.decoding.tiny import prompts, tiny_model
 

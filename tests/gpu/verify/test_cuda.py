@@ -10,8 +10,8 @@ import torch
 from latticedraft.decoding.loop import speculative_decode
 from latticedraft.decoding.registry import Request
 from latticedraft.decoding.proposers.heads import HeadProposer, LatticeOptions, make_drafter
-from latticedraft.gpu.models.incremental import IncrementalLM
-from latticedraft.gpu.verify.masks import attention_bias
+from latticedraft.gpu.verify.incremental import IncrementalLM
+from latticedraft.gpu.masks import attention_bias
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.lean import LeanStack
 from tests.decoding.tiny import blockwise, prompts, tiny_model

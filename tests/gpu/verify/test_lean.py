@@ -1,10 +1,12 @@
-"""``LeanStack`` computes what transformers' forward computes: GPT-2, LLaMA and Mistral, float32
+"""``LeanStack`` computes what transformers' forward computes: every architecture of
+``archs.ARCHS`` (a new entry needs a tiny model of its kind in ``tests/decoding/tiny.py``), float32
 and float64, left-padded batches under tree masks, any layer range, with and without a mask."""
 
 import pytest
 import torch
 
-from latticedraft.gpu.verify.masks import attention_bias
+from latticedraft.gpu.masks import attention_bias
+from latticedraft.gpu.verify.archs import ARCHS
 from latticedraft.gpu.verify.kv import KVCache
 from latticedraft.gpu.verify.lean import LeanStack, supports
 from tests.decoding.tiny import tiny_model
@@ -29,7 +31,7 @@ def _batch(seed=0, lengths=(7, 4, 9), vocab=64):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral"])
+@pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_lean_forward_equals_transformers(arch, dtype):
     model = tiny_model(arch, dtype, seed=3, layers=3, window=5)
     ids, valid, pos, allowed = _batch()
@@ -71,7 +73,7 @@ def test_layer_ranges_and_cached_steps_compose(arch):
 def test_a_prompt_into_an_empty_cache_runs_attentions_causal_kernel(arch, monkeypatch):
     """``CAUSAL`` gives transformers' logits at every position (its SDPA attention runs an unpadded
     prompt with ``is_causal`` too), and the verifier's prefill chooses it only where no row is padded."""
-    from latticedraft.gpu.verify.masks import CAUSAL
+    from latticedraft.gpu.masks import CAUSAL
     from latticedraft.gpu.verify.verifier import Verifier
 
     model = tiny_model(arch, torch.float32, seed=5, layers=3)
@@ -116,5 +118,6 @@ def test_stack_for_builds_once_per_model_and_weights():
         m.model.layers[0].self_attn.q_proj.weight.add_(1.0)
     s2 = stack_for(m)
     assert s2 is not s1 and stack_for(m) is s2
-    if s2.fused is not None:
-        assert torch.equal(s2.fused[0][0][: m.config.hidden_size], m.model.layers[0].self_attn.q_proj.weight)
+    qkv = s2.weights[0].qkv
+    w = qkv.w if hasattr(qkv, "w") else qkv.parts[0].w  # fused (a copy), or the weight itself
+    assert torch.equal(w[: m.config.hidden_size], m.model.layers[0].self_attn.q_proj.weight)

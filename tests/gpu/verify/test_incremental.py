@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from latticedraft.gpu.models.incremental import IncrementalLM, lean_stack
+from latticedraft.gpu.verify.incremental import IncrementalLM, lean_stack
 from tests.decoding.tiny import ToyHeads, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

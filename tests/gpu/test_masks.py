@@ -1,11 +1,11 @@
-"""``gpu/verify/masks.py``: the one visibility rule, the same on the host (numpy) and on the device
+"""``gpu/masks.py``: the one visibility rule, the same on the host (numpy) and on the device
 (torch), and equal to the rule written out per query and key."""
 
 import numpy as np
 import pytest
 import torch
 
-from latticedraft.gpu.verify.masks import CAUSAL, attention_bias, causal, causal_mask, visible
+from latticedraft.gpu.masks import CAUSAL, attention_bias, causal, causal_mask, visible
 
 
 def naive(key_valid, key_pos, q_pos, new, window, self_visible):

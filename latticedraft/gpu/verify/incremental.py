@@ -24,7 +24,7 @@ import torch
 
 from latticedraft.gpu.models.hf import cache_arg
 from latticedraft.gpu.verify.kv import KVCache
-from latticedraft.gpu.verify.masks import causal_mask
+from latticedraft.gpu.masks import causal_mask
 from latticedraft.gpu.verify.modes import base_config, position_limit, sliding_window
 
 
