@@ -7,7 +7,7 @@ final greedy token is among the top-k at the output of layer dbar, with the shar
 (final norm + head) and with the trained per-layer heads (``--exit-heads``, default
 data/exit-heads-ppd where built). Theorem 4.1 and the simulation (``--seeds`` runs of
 ``--length`` tokens) use those rates. Writes JSON and the PNG, prints the tables. Deterministic:
-no timings here (the decode speed is in ``benchmarks/self_draft.py``).
+no timings here (the decode speed is in ``benchmarks/early_layer_drafts.py``).
 
     nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ppd_model.py \\
         --out benchmarks/results/ppd_model.json --png benchmarks/results/ppd_tradeoff.png
@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
-from latticedraft.decoding.self_draft.ppd_model import (expected_compute, expected_latency, match_rates,  # noqa: E402
+from latticedraft.decoding.ppd.model import (expected_compute, expected_latency, match_rates,  # noqa: E402
                                              simulate_mean)
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.loaders import encode

@@ -76,12 +76,12 @@ def run_one(name: str, steps: int) -> dict:
                                         False)
             train_heads(base_dir, corpus, out, s["heads"], s["kind"], cfg)
         elif verb == "adapter":
-            from latticedraft.gpu.train.self_draft import train_adapter
+            from latticedraft.gpu.train.early_exit import train_adapter
 
             est = footprint.adapter_bytes(base, s["batch_size"], s["seq_len"])
             train_adapter(base_dir, corpus, out, 2, cfg)
         else:
-            from latticedraft.gpu.train.self_draft import train_exit_heads
+            from latticedraft.gpu.train.early_exit import train_exit_heads
 
             est = footprint.exit_heads_bytes(base, s["batch_size"], s["seq_len"])
             train_exit_heads(base_dir, corpus, out, cfg)

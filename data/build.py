@@ -383,7 +383,7 @@ SELF_DRAFT = {
 SELF_DRAFT_EVAL = 32  # held-out windows of 128 tokens scored for the self-drafting report
 
 
-def _train_self_draft(name: str) -> None:
+def _train_early_exit(name: str) -> None:
     """Train ``name`` (SELF_DRAFT) on data/base, score it on held-out windows into NAME/report.json
     (top-1 agreement with the full model's greedy token), and rewrite MODELS.md."""
     import numpy as np
@@ -391,7 +391,7 @@ def _train_self_draft(name: str) -> None:
 
     from latticedraft.gpu.train.data import encode_files
     from latticedraft.gpu.models.layer_split import LayerSplit
-    from latticedraft.gpu.train.self_draft import adapter_loss, exit_heads_loss, train_adapter, train_exit_heads
+    from latticedraft.gpu.train.early_exit import adapter_loss, exit_heads_loss, train_adapter, train_exit_heads
     from latticedraft.gpu.train.loop import OptimConfig
 
     spec, out = SELF_DRAFT[name], DATA / name
@@ -476,8 +476,8 @@ STAGES = {"tokenizer": stage_tokenizer, "heldout": stage_heldout, "prompts": sta
           "rescorer-small": lambda: _train_draft("rescorer-small"),
           "rescorer-medium": lambda: _train_draft("rescorer-medium"),
           "draft-vocab": stage_draft_vocab, "report": stage_report, "report-md": stage_report_md,
-          "adapter-kangaroo": lambda: _train_self_draft("adapter-kangaroo"),
-          "exit-heads-ppd": lambda: _train_self_draft("exit-heads-ppd")}
+          "adapter-kangaroo": lambda: _train_early_exit("adapter-kangaroo"),
+          "exit-heads-ppd": lambda: _train_early_exit("exit-heads-ppd")}
 
 
 def main(argv=None) -> int:

@@ -85,7 +85,7 @@ def _cmd_train_exit_heads(a) -> int:
     """``train heads --early-exit``: PPD's per-layer early-exit heads (``gpu/models/exit_heads.py``)."""
     from latticedraft.cli.checks import refuse_given
     from latticedraft.gpu.train import footprint
-    from latticedraft.gpu.train.self_draft import train_exit_heads
+    from latticedraft.gpu.train.early_exit import train_exit_heads
     from latticedraft.lm.corpus import resolve_corpus
     from latticedraft.outputs import EXIT_HEADS
 
@@ -114,7 +114,7 @@ def _cmd_train_adapter(a) -> int:
     """``train adapter``: Kangaroo's self-drafting adapter (``gpu/models/adapter.py``)."""
     from latticedraft.errors import InputError
     from latticedraft.gpu.train import footprint
-    from latticedraft.gpu.train.self_draft import train_adapter
+    from latticedraft.gpu.train.early_exit import train_adapter
     from latticedraft.lm.corpus import resolve_corpus
     from latticedraft.outputs import ADAPTER
 

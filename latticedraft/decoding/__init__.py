@@ -10,7 +10,7 @@
 - ``proposers``: what drafts (heads' lattices, context and LM n-grams, suffix drafts, a draft
   model, lookahead's pool, Kangaroo's adapter, MTAD); ``planning``: which drafts a step verifies
   (the cost-aware tree, acceptance rates, the head gate, the draft vocabulary); ``accept``:
-  acceptance rules (greedy, lossless sampling, MTAD's); ``self_draft``, ``dynamo``: the decoders
+  acceptance rules (greedy, lossless sampling, MTAD's); ``ppd``, ``dynamo``: the decoders
   whose outer loop is their own (PPD; DynaMo sampling and multi-token perplexities).
 - ``runs``: ``Session`` (loaders, chat templates, data-set runs, sharding) that the CLI, eval and the
   benchmarks share; ``eval``: evaluate, tune, demo and HF's baselines; ``custom_generate``: the

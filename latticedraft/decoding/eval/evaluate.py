@@ -107,7 +107,7 @@ def _self_draft_stats(session: Session, spec, res) -> dict:
         return {"acceptance_per_position": acceptance_by_position(res.sequences),
                 "drafted_per_step": round(float(np.mean(drafted)) if drafted else 0.0, 3),
                 "tokens_per_call": round(res.block_efficiency, 4)}
-    from latticedraft.decoding.self_draft.ppd_model import predicted
+    from latticedraft.decoding.ppd.model import predicted
     from latticedraft.gpu.models.layer_split import LayerSplit
 
     d = LayerSplit(session.model).num_layers

@@ -1,5 +1,5 @@
 """``--method ppd``: predictive pipelined decoding (Yang et al. 2023) as a registry entry; the
-decoder, whose outer loop is its own, is ``self_draft/ppd.py``'s ``ppd_decode``. Greedy, exact."""
+decoder, whose outer loop is its own, is ``ppd/pipeline.py``'s ``ppd_decode``. Greedy, exact."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class PPDOptions:
                                           "the shared LM head)", group="self-draft", metavar="DIR")
 
     def __post_init__(self):
-        from latticedraft.decoding.self_draft.ppd import check_ppd
+        from latticedraft.decoding.ppd.pipeline import check_ppd
 
         check_ppd(self.dbar, self.k)
 
@@ -37,7 +37,7 @@ def _settings(o: PPDOptions, sampling) -> dict:
 
 
 def _prepare(session, o: PPDOptions, batch_size: int) -> None:
-    from latticedraft.decoding.self_draft.ppd import check_candidates, check_dbar
+    from latticedraft.decoding.ppd.pipeline import check_candidates, check_dbar
     from latticedraft.gpu.models.layer_split import LayerSplit
 
     d = LayerSplit(session.model).num_layers
@@ -47,7 +47,7 @@ def _prepare(session, o: PPDOptions, batch_size: int) -> None:
 
 
 def _run(session, prompts, o: PPDOptions, req):
-    from latticedraft.decoding.self_draft.ppd import ppd_decode
+    from latticedraft.decoding.ppd.pipeline import ppd_decode
 
     return ppd_decode(session.model, prompts, dbar=o.dbar, k=o.k, max_new_tokens=req.max_new_tokens,
                       eos_token_id=req.eos_token_id, on_tokens=req.on_tokens, exit_head=session.exit_heads(o.exit_heads))

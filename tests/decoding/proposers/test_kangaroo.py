@@ -92,7 +92,7 @@ def test_adapter_roundtrip_and_mismatch(tmp_path):
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "mistral"])
 def test_adapter_and_exit_heads_distillation_steps_learn(arch):
     from latticedraft.gpu.models.exit_heads import ExitHeads
-    from latticedraft.gpu.train.self_draft import adapter_loss, exit_heads_loss
+    from latticedraft.gpu.train.early_exit import adapter_loss, exit_heads_loss
 
     m = tiny_model(arch, layers=3, seed=5)
     split = LayerSplit(m)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from latticedraft.decoding.self_draft.ppd import ppd_decode
+from latticedraft.decoding.ppd.pipeline import ppd_decode
 from latticedraft.errors import InputError
 from tests.decoding.tiny import prompts, reference, tiny_model
 

@@ -9,7 +9,7 @@ and Theorem 4.1's predicted latency and compute per token against greedy (on thi
 candidates run after the main pass: nothing overlaps, so the measured PPD time is greedy's
 plus the candidates' cost).
 
-    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/self_draft.py \\
+    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/early_layer_drafts.py \\
         --out benchmarks/results/self_draft.json
 """
 
@@ -33,7 +33,7 @@ from latticedraft.atomic import write_atomic  # noqa: E402
 from latticedraft.decoding.methods.kangaroo import KangarooOptions, acceptance_by_position  # noqa: E402
 from latticedraft.decoding.methods.lookahead import LookaheadOptions  # noqa: E402
 from latticedraft.decoding.methods.ppd import PPDOptions  # noqa: E402
-from latticedraft.decoding.self_draft.ppd_model import predicted  # noqa: E402
+from latticedraft.decoding.ppd.model import predicted  # noqa: E402
 from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.loaders import encode

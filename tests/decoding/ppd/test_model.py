@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from latticedraft.decoding.self_draft.ppd import ppd_decode
-from latticedraft.decoding.self_draft.ppd_model import (expected_compute, expected_latency, match_rates, simulate,
+from latticedraft.decoding.ppd.pipeline import ppd_decode
+from latticedraft.decoding.ppd.model import (expected_compute, expected_latency, match_rates, simulate,
                                              simulate_mean)
 from latticedraft.errors import InputError
 from tests.decoding.tiny import prompts, reference, tiny_model
