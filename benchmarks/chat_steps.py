@@ -108,12 +108,12 @@ def main(argv=None) -> int:
     out_rows = [{"name": "HF greedy", "tokens": tokens, "seconds": round(hf_s, 3), "tokens_per_s": round(tokens / hf_s, 2),
                  "x_hf_greedy": 1.0, "tokens_per_call": 1.0, "exact": True}]
     for name, (spec, gate) in rows.items():
-        old = bpd_session.swap_gate(sess, spec, gate) if gate is not None else None
+        old = sess.learned.swap_gate(spec, gate) if gate is not None else None
         t0 = time.perf_counter()
         r = sess.decode(ids, method, spec, max_new_tokens=a.max_new_tokens, record_steps=True)
         sec = time.perf_counter() - t0
         if old is not None:
-            bpd_session.swap_gate(sess, spec, old)
+            sess.learned.swap_gate(spec, old)
         steps = max(len(r.steps), 1)
         per = {p: round(1000 * r.timing.get(f"verify.{p}", 0.0) / steps, 2) for p in PARTS}
         per["drafting"] = round(1000 * (r.timing.get("draft", 0.0) + r.timing.get("lattice", 0.0)) / steps, 2)

@@ -57,6 +57,8 @@ def _ours(f, modules: str) -> bool:
 
 
 def add_verbose_arg(parser, dest: str = "verbose") -> None:
-    """``--verbose``: show the libraries' warnings, deprecation notices and load reports (hidden by default)."""
+    """``--verbose``: show the libraries' warnings, deprecation notices and load reports (hidden by
+    default), and what the session fitted, measured or loaded from its caches."""
     parser.add_argument("--verbose", dest=dest, action="store_true",
-                        help="show the libraries' warnings, deprecation notices and load reports (hidden by default)")
+                        help="show the libraries' warnings, deprecation notices and load reports (hidden by default), "
+                             "and what was fitted, measured or loaded from the caches")

@@ -73,6 +73,8 @@ def session_for(a, method, device=None):
     s = Session(model, a.tokenizer, getattr(a, "lm", None), getattr(a, "rescorer", None), device or a.device,
                 a.threads, getattr(a, "draft_model", None), dtype=getattr(a, "dtype", None))
     s.notify = lambda m: print(m, file=sys.stderr)
+    if getattr(a, "verbose", False) or getattr(a, "verbose_all", False):  # what was fitted, measured or loaded
+        s.learned.notify = lambda m: print(f"[learned] {m}", file=sys.stderr)
     return s
 
 

@@ -156,6 +156,11 @@ def _cli_default(f: dataclasses.Field, fl: Flag):
     return f.default if fl.cli is _SAME else fl.cli
 
 
+def default_of(f: dataclasses.Field):
+    """The CLI's default of a field declared with ``option``."""
+    return _cli_default(f, f.metadata["cli"])
+
+
 def cli_defaults(cls, changed_only: bool = True, by_dest: bool = False) -> dict:
     """field name (``by_dest``: option dest) -> the CLI's default, for the fields of ``cls`` whose
     CLI default differs from the library's (all declared fields with ``changed_only=False``)."""

@@ -11,7 +11,7 @@ import torch
 
 from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
 from latticedraft.decoding.registry import Request
-from latticedraft.decoding.proposers.context import ContextNgrams
+from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.gpu.verify.verifier import Verifier
 from tests.decoding.tiny import blockwise, reference
@@ -52,7 +52,7 @@ def test_batched_verify_runs_one_forward_per_step_over_the_drafted_rows(tree, mo
         model,
         ps,
         d,
-        BpdPlan(tree=tree, context=ContextNgrams(max_ngram=3)),
+        BpdPlan(tree=tree, sources=(ContextProposer(ContextNgrams(max_ngram=3)),)),
         Request(max_new_tokens=MAX_NEW, verify="batched"),
     )
     assert r.verify_mode == "batched"

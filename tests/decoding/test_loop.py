@@ -213,7 +213,7 @@ def _flat_or_steep(slope):
     ],
 )
 def test_tree_policies_context_ngrams_and_draft_vocab_stay_exact(arch, batch, tree, ctx, vocab, slope, verify, toy_lm):
-    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
 
     model = blockwise(arch, torch.float32, num_heads=4, seed=3)
     ps = _repetitive(batch, seed=5) if ctx else prompts(batch, seed=5, lengths=(7, 3, 12, 5))
@@ -226,7 +226,7 @@ def test_tree_policies_context_ngrams_and_draft_vocab_stay_exact(arch, batch, tr
         d,
         BpdPlan(
             tree=tree,
-            context=ContextNgrams(max_ngram=ctx) if ctx else None,
+            sources=(ContextProposer(ContextNgrams(max_ngram=ctx)),) if ctx else (),
             draft_vocab=ids,
             cost=None if slope is None else _flat_or_steep(slope),
         ),
@@ -261,7 +261,7 @@ def test_auto_tree_follows_the_cost_curve():
 
 @pytest.mark.parametrize("arch", ["gpt2", "mistral"])
 def test_no_drafter_is_the_greedy_loop_and_context_alone_is_prompt_lookup(arch):
-    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
 
     model = blockwise(arch, torch.float32, num_heads=4, seed=3)
     ps = _repetitive(4, seed=8)
@@ -269,13 +269,13 @@ def test_no_drafter_is_the_greedy_loop_and_context_alone_is_prompt_lookup(arch):
     plain = bpd_decode(model, ps, None, request=Request(max_new_tokens=MAX_NEW))
     assert [s.tokens.tolist() for s in plain.sequences] == refs
     assert all(n == 1 for s in plain.sequences for n in s.tokens_per_call)
-    ctx = bpd_decode(model, ps, None, BpdPlan(context=ContextNgrams(max_ngram=3)), Request(max_new_tokens=MAX_NEW))
+    ctx = bpd_decode(model, ps, None, BpdPlan(sources=(ContextProposer(ContextNgrams(max_ngram=3)),)), Request(max_new_tokens=MAX_NEW))
     assert [s.tokens.tolist() for s in ctx.sequences] == refs
 
 
 @pytest.mark.parametrize("verify", ["auto", "batched"])
 def test_head_gate_skips_heads_on_some_steps_and_stays_exact(verify):
-    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
 
     model = blockwise("llama", torch.float32, num_heads=4, seed=3)
     ps = _repetitive(2, seed=9, lengths=(5, 8))
@@ -285,7 +285,7 @@ def test_head_gate_skips_heads_on_some_steps_and_stays_exact(verify):
         model,
         ps,
         d,
-        BpdPlan(tree="auto", context=ContextNgrams(max_ngram=3), cost=_flat_or_steep(0.05)),
+        BpdPlan(tree="auto", sources=(ContextProposer(ContextNgrams(max_ngram=3)),), cost=_flat_or_steep(0.05)),
         Request(max_new_tokens=40, verify=verify),
     )
     assert [s.tokens.tolist() for s in r.sequences] == refs
@@ -297,7 +297,7 @@ def test_head_gate_skips_heads_on_some_steps_and_stays_exact(verify):
 @pytest.mark.parametrize("name", ["top1", "neural", "ngram", "parallel", "parallel-base", "oracle"])
 def test_every_drafter_with_the_fast_options_equals_generate(name, toy_lm, rescorer):
     """--tree auto, context n-grams and a reduced draft vocabulary on every drafter, batch 4."""
-    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
     from latticedraft.decoding.planning.head_gate import HeadGate
 
     model, ps, refs = _case("gpt2", torch.float32, 5, 1)
@@ -311,7 +311,7 @@ def test_every_drafter_with_the_fast_options_equals_generate(name, toy_lm, resco
             batch,
             _drafter(name, refs, toy_lm, rescorer, nbest=4),
             BpdPlan(
-                tree="auto", context=ContextNgrams(max_ngram=3), draft_vocab=ids, cost=_flat_or_steep(0.1), gate=gate
+                tree="auto", sources=(ContextProposer(ContextNgrams(max_ngram=3)),), draft_vocab=ids, cost=_flat_or_steep(0.1), gate=gate
             ),
             Request(max_new_tokens=MAX_NEW),
         )
@@ -328,8 +328,8 @@ def test_lm_drafts_are_verified_and_stay_exact(arch, batch, tree, heads, slots, 
     fixed or auto tree, a continuous batch): every output is ``generate``'s, and with the fixed
     tree every step verifies the LM's continuation of its history (cut to the row's room)."""
     from latticedraft.decoding.planning.head_gate import HeadGate
-    from latticedraft.decoding.proposers.context import ContextNgrams
-    from latticedraft.decoding.proposers.lm_ngrams import LMNgrams
+    from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
+    from latticedraft.decoding.proposers.lm_ngrams import LMNgrams, LMProposer
     from latticedraft.lattice.lm_tables import lm_arrays
 
     model = blockwise(arch, torch.float32, num_heads=4, seed=3)
@@ -343,8 +343,7 @@ def test_lm_drafts_are_verified_and_stay_exact(arch, batch, tree, heads, slots, 
         d,
         BpdPlan(
             tree=tree,
-            context=ContextNgrams(max_ngram=3),
-            lm=lm,
+            sources=(ContextProposer(ContextNgrams(max_ngram=3)), LMProposer(*lm)),
             cost=None if tree == "fixed" else _flat_or_steep(0.02),
             gate=HeadGate(),
         ),
@@ -370,13 +369,13 @@ def test_a_continuous_batch_equals_generate_row_by_row(arch, verify, toy_lm):
     rolling buffer's included): every output is ``generate``'s; with max_new_tokens = 1 every row
     finishes at its first token and the next ones are admitted at once."""
     from latticedraft.decoding.planning.head_gate import HeadGate
-    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
 
     model = blockwise(arch, torch.float32, num_heads=4, seed=3)
     ps = _repetitive(4, seed=5) + prompts(3, seed=8, lengths=(11, 2, 17))
     refs = [reference(model, p, MAX_NEW) for p in ps]
     d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=4)
-    plan = BpdPlan(tree="auto", context=ContextNgrams(max_ngram=3), cost=_flat_or_steep(0.02))
+    plan = BpdPlan(tree="auto", sources=(ContextProposer(ContextNgrams(max_ngram=3)),), cost=_flat_or_steep(0.02))
     r = bpd_decode(
         model, ps, d, replace(plan, gate=HeadGate()), Request(max_new_tokens=MAX_NEW, in_flight=3, verify=verify)
     )

@@ -35,7 +35,7 @@ ROWS = [
     ("prompt lookup (HF)", "HF generate(prompt_lookup_num_tokens=10)", "prompt-lookup"),
     ("latticedraft (default)", "8 best 4-gram-rescored head paths + context and 4-gram drafts, cost-aware tree",
      FAST),
-    ("heads only", "the same without context or 4-gram drafts", replace(FAST, context_ngrams=0, lm_drafts=0)),
+    ("heads only", "the same without context or 4-gram drafts", FAST.drafter_only()),
     ("context + 4-gram drafts", "--drafter none: prompt lookup and the 4-gram's continuation on latticedraft's "
      "verifier", DrafterSpec("none").fast()),
     ("no n-gram rescoring", "8 best un-rescored head paths + context and 4-gram drafts",
@@ -93,9 +93,9 @@ def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_
                        timing={k: round(v, 3) for k, v in res.timing.items()})
             if name == PICTURE_ROW:  # its steps recorded in one more, untimed pass (recording costs time),
                 # with a gate of its own: a new gate drafts from the heads, whatever the session's measured
-                kept = bpd_session.swap_gate(session, spec, HeadGate())
+                kept = session.learned.swap_gate(spec, HeadGate())
                 steps = _run(session, ids, spec, max_new_tokens, True)[1].steps
-                bpd_session.swap_gate(session, spec, kept)
+                session.learned.swap_gate(spec, kept)
                 step_pic = _pick_step(steps, greedy, ids) or step_pic
         results.append(row)
         notify(f"  {name:<24} done: {n} tokens{f' in {res.calls} calls' if res is not None else ''}, {dt:.1f} s")

@@ -2,29 +2,27 @@
 
 A BPD decode composes proposers for ``loop.speculative_decode``: the heads' lattice drafter
 (``proposers/heads.py``: top1, neural, ngram, parallel, parallel-base, oracle) or an auxiliary
-draft model (``--drafter model``), plus, optionally, context n-grams (prompt lookup), the n-gram
-LM's most likely continuation (``--lm-drafts``), the ``SOURCES`` (suffix drafts from earlier
-outputs, ``--suffix-drafts``) and a lookahead window + pool; the draft tree is
+draft model (``--drafter model``), plus the draft sources the options turn on (``decoding/sources.py``:
+each registered once, with its own option) and a lookahead window + pool; the draft tree is
 fixed (every path) or cost-aware (``--tree auto``), with the head gate where context n-grams can
 carry a step alone. With ``sampling`` the same: every drafter drafts under the run's Gumbel noise
 and verification keeps what equals the target's perturbed argmax (``accept/sampling.py``), so
 every choice greedy decoding makes is lossless there too.
 
-``DrafterSpec`` holds the drafting options as plain values and declares their flags; a new draft
-source is its proposer module, one ``DrafterSpec`` field and one ``SOURCES`` line; ``METHOD`` is
-the registry entry.
+``DrafterSpec`` holds the drafting options as plain values and declares their flags (the
+sources' fields come from their declarations); ``METHOD`` is the registry entry.
 """
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, make_dataclass, replace
 
 import numpy as np
 
 from latticedraft.decoding.methods.lookahead import DESTS as LOOKAHEAD_DESTS
-from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB, AUTO_LM_DRAFTS, DRAFTER_FILES
+from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB, DRAFTER_FILES
 from latticedraft.decoding.registry import Method, Request, cli_defaults, flags, option, sampling_label
+from latticedraft.decoding import sources as draft_sources
 from latticedraft.decoding.runs.loaders import DRAFT_MODEL_HINT, plain_model
 from latticedraft.errors import InputError
 
@@ -38,26 +36,11 @@ def _readers(file: str) -> tuple:
 
 
 LM_READERS = _readers("lm")
-# which drafters read the options DrafterSpec does not declare (its own declare ``only``): their
+# which drafters read the options _Drafting does not declare (its own declare ``only``): their
 # files but the LM (which LM drafts read too: refused in ``_configure``), and the draft model's --gamma
 FILE_OPTIONS = {**{f: _readers(f) for f in sorted(set(DRAFTER_FILES.values()) - {"lm"})}, "gamma": ("model",)}
 LOOKAHEAD_POOL = (*LOOKAHEAD_DESTS, "lookahead_config")  # what --lookahead-pool reads
 
-
-@dataclass(frozen=True)
-class Source:
-    """A draft source beside the drafter, on where its ``DrafterSpec`` field (an int option) is
-    non-zero: ``proposer`` ("module:Class", imported when it runs) is built as ``Class(value)`` once
-    per session and value (it may learn across calls) and its paths join the tree (the context
-    table rates them where the tree is auto). Sampling turns it off (its paths look at drawn tokens)."""
-
-    field: str
-    proposer: str
-
-
-SOURCES = (  # one line per source; its option is a DrafterSpec field in group "tree"
-    Source("suffix_drafts", "latticedraft.decoding.proposers.suffix:SuffixProposer"),
-)
 # why batched verification runs the fixed tree: its step costs rows x depth, which T(n) of n tree nodes
 # does not model, and measuring T(n) alone costs ~100 verify calls before the first token
 BATCHED_TREE = ("batched verification runs every drafted path as a row over its own copy of the cache, so "
@@ -65,11 +48,12 @@ BATCHED_TREE = ("batched verification runs every drafted path as a row over its 
 
 
 @dataclass
-class DrafterSpec:
+class _Drafting:
     """What the drafter and the draft tree need, as plain values; each field that is a command-line
     option declares it (``registry.option``: flag, help, group, the CLI's default), from which the
     ``decode`` / ``eval`` parsers, ``FAST``, ``custom_generate``'s defaults and the acceptance rates'
-    cache key are made.
+    cache key are made. ``DrafterSpec`` is this class with one more field per registered draft
+    source (``sources.spec_fields``: the source's option).
 
     A ``DrafterSpec(...)`` built directly is the paper's drafter as published (what the eval tables
     ask for by constructing it); ``fast()`` gives the fastest measured settings
@@ -101,9 +85,6 @@ class DrafterSpec:
     tree: str = option("fixed", cli="auto", fit=False, group="tree", choices=["auto", "fixed"], help=(
         "auto: verify the nodes that maximise expected tokens per second under the measured step cost T(n); "
         "fixed: every drafted path"))
-    context_ngrams: int = option(0, cli=3, group="tree", type=int, metavar="N", help=(
-        "also draft what followed earlier matches of the last N..1 tokens in the prompt and output (prompt "
-        "lookup); 0 = off"))
     draft_vocab: int | str | None = option(None, cli="auto", group="tree", only=HEAD_DRAFTERS, metavar="V", help=(
         "the extra heads project onto the V most frequent tokens (draft_vocab.json beside the heads); 0 = the full "
         f"vocabulary; verification always uses all (default auto: {AUTO_DRAFT_VOCAB} where the heads ship a "
@@ -114,13 +95,6 @@ class DrafterSpec:
         "--drafter model: stop drafting once the chance that the whole draft is accepted falls below P (each "
         "token's chance: its draft probability, calibrated on what the target accepted so far; 0 = always --gamma "
         "tokens)"))
-    lm_drafts: int | str = option(0, cli="auto", fit=False, group="tree", metavar="D", help=(
-        "also draft the n-gram LM's (--lm) most likely continuation, D tokens deep; 0 = off (default auto: "
-        f"{AUTO_LM_DRAFTS} where the LM build exists and fits the tokenizer, else off)"))
-    suffix_drafts: int = option(0, fit=False, group="tree", type=int, metavar="N", help=(
-        "also draft what followed the longest match (N..1 tokens) of the output's end in the session's earlier "
-        "outputs and this call's prompts (a suffix array; a data-set run's later batches learn from the earlier); "
-        "0 = off"))
 
     def fast(self) -> "DrafterSpec":
         """This drafter with the fastest measured tree, context and vocabulary settings."""
@@ -131,16 +105,19 @@ class DrafterSpec:
         option but those marked ``fit=False`` (the tree, and LM drafts, which are keyed by their LM)."""
         return {f.name: getattr(self, f.name) for _, f, fl in flags(DrafterSpec) if fl.fit}
 
-    def context(self):
-        from latticedraft.decoding.proposers.context import ContextNgrams
-
-        return ContextNgrams(max_ngram=self.context_ngrams) if self.context_ngrams else None
+    def drafter_only(self) -> "DrafterSpec":
+        """This drafter with every draft source off (and no lookahead pool)."""
+        return replace(self, lookahead=None, **{s.dest: 0 for s in draft_sources.sources()})
 
     def lattice_options(self):
         from latticedraft.decoding.proposers.heads import LatticeOptions
 
         return LatticeOptions(k=self.k, prune=self.prune, eps=self.eps, backoff=self.backoff, slots=self.slots)
 
+
+DrafterSpec = make_dataclass("DrafterSpec", draft_sources.spec_fields(), bases=(_Drafting,))
+DrafterSpec.__doc__ = _Drafting.__doc__
+DrafterSpec.__module__ = __name__
 
 FAST = cli_defaults(DrafterSpec)  # the CLI's defaults where they differ: the fastest in benchmarks/decode.py
 
@@ -163,19 +140,18 @@ def _configure(values: dict, given: set) -> DrafterSpec:
         if dest in given and name not in users:
             raise InputError(f"--{dest.replace('_', '-')} does not apply to --drafter {name} (it applies to "
                              f"--drafter {' / '.join(users)}); drop it")
-    lm_drafts = _lm_drafts(values["lm_drafts"])
-    if "lm" in given and name not in LM_READERS and not lm_drafts:
-        raise InputError(f"--lm does not apply to --drafter {name} without --lm-drafts (it applies to --drafter "
-                         f"{' / '.join(LM_READERS)} and to LM drafts); drop it")
+    on = draft_sources.checked(values)  # each source's value, range-checked by its own declaration
+    if "lm" in given and name not in LM_READERS and not any(
+            "lm" in s.files and s.is_on(on[s.dest]) for s in draft_sources.sources()):
+        readers = [s.flag for s in draft_sources.sources() if "lm" in s.files]
+        raise InputError(f"--lm does not apply to --drafter {name} without {' / '.join(readers)} (it applies to "
+                         f"--drafter {' / '.join(LM_READERS)} and to those sources); drop it")
     pool = bool(values.get("lookahead_pool"))
     if not pool:
         for dest in LOOKAHEAD_POOL:
             if dest in given:
                 raise InputError(f"--{dest.replace('_', '-')} does not apply to --method bpd unless --lookahead-pool "
                                  "runs a Jacobi window (or use --method lookahead); add --lookahead-pool or drop it")
-    ctx = values["context_ngrams"]
-    if ctx < 0:
-        raise InputError(f"--context-ngrams {ctx}: give the longest suffix to match (>= 1), or 0 for off")
     vocab = values["draft_vocab"]
     if vocab != "auto":
         try:
@@ -192,21 +168,23 @@ def _configure(values: dict, given: set) -> DrafterSpec:
         look = options_from(values, given)
     declared = {f.name: values[dest] for dest, f, _ in flags(DrafterSpec)}
     tree = declared["tree"]
+    if values.get("verify") == "batched":
+        for src in draft_sources.sources():
+            if src.shares_cache and src.is_on(on[src.dest]):
+                if src.dest in given:
+                    raise InputError(f"{src.flag} {on[src.dest]} does not apply to --verify batched: it drafts over the "
+                                     f"verifier's own cache, which tree verification keeps; drop {src.flag} or --verify")
+                on[src.dest] = src.option.default  # (the CLI's default under batched verification: off)
     if values.get("verify") == "batched" and tree == "auto":
         if "tree" in given:
             raise InputError(f"--tree auto does not apply to --verify batched: {BATCHED_TREE}; drop --tree auto")
         tree = "fixed"
-    spec = DrafterSpec(**{**declared, "name": name, "tree": tree, "context_ngrams": ctx, "draft_vocab": vocab,
-                          "lm_drafts": lm_drafts}, lookahead=look,
+    spec = DrafterSpec(**{**declared, **on, "name": name, "tree": tree, "draft_vocab": vocab}, lookahead=look,
                        gamma=DrafterSpec.gamma if values.get("gamma") is None else values["gamma"])
     if spec.name in HEAD_DRAFTERS:
         LatticeOptions(spec.k, spec.prune, spec.eps, spec.backoff, spec.slots)  # the lattice options' ranges
     if spec.nbest < 1:
         raise InputError(f"--nbest {spec.nbest} must be >= 1")
-    for src in SOURCES:
-        if getattr(spec, src.field) < 0:
-            flag = "--" + src.field.replace("_", "-")
-            raise InputError(f"{flag} {getattr(spec, src.field)}: give the longest suffix to match (>= 1), or 0 for off")
     if spec.gamma < 1:
         raise InputError(f"--gamma {spec.gamma}: the draft model drafts at least 1 token per step")
     if not 0.0 <= spec.draft_confidence < 1.0:
@@ -230,17 +208,6 @@ def _configure(values: dict, given: set) -> DrafterSpec:
     return spec
 
 
-def _lm_drafts(value) -> int | str:
-    """``--lm-drafts``: a number of tokens (0 = off) or "auto"."""
-    if value == "auto":
-        return value
-    try:
-        depth = int(value)
-    except (TypeError, ValueError):
-        raise InputError(f"--lm-drafts {value!r}: give a number of tokens (0 = off) or auto") from None
-    if depth < 0:
-        raise InputError(f"--lm-drafts {depth}: give a number of tokens >= 1, 0 for off, or auto")
-    return depth
 
 
 def _label(spec: DrafterSpec, sampling) -> str:
@@ -282,34 +249,20 @@ def _run(session, prompts: list, spec: DrafterSpec, req, warm_up: bool = False) 
     from latticedraft.decoding.planning.head_gate import HeadGate
 
     refs = ses.references(session, prompts, req.max_new_tokens) if spec.name == "oracle" else None  # what it drafts
-    plan = BpdPlan(tree=spec.tree, context=spec.context(),
-                   acceptance=ses.acceptance(session, spec) if spec.tree == "auto" else None,
+    learned = session.learned
+    plan = BpdPlan(tree=spec.tree, acceptance=ses.acceptance(session, spec) if spec.tree == "auto" else None,
                    draft_vocab=ses.draft_vocab(session, spec.draft_vocab) if spec.name in HEAD_DRAFTERS else None,
-                   gate=HeadGate() if warm_up else ses.gate(session, spec), lookahead=spec.lookahead,
-                   lm=ses.lm_drafts(session, spec), extra=_sources(session, spec, fresh=warm_up),
-                   correction=None if warm_up or spec.tree != "auto" else ses.correction(session, spec, req.sampling))
+                   gate=HeadGate() if warm_up else learned.gate(spec), lookahead=spec.lookahead,
+                   sources=draft_sources.build_all(session, spec, fresh=warm_up),
+                   correction=None if warm_up or spec.tree != "auto" else learned.correction(spec, req.sampling))
     return bpd_decode(session.model, prompts, ses.proposer(session, spec, refs, fresh=warm_up), plan, req)
-
-
-def _sources(session, spec: DrafterSpec, fresh: bool = False) -> tuple:
-    """The ``SOURCES`` ``spec`` turns on, each built once per session and value (``fresh``: new ones)."""
-    out = []
-    for src in SOURCES:
-        value = getattr(spec, src.field)
-        if value:
-            module, cls = src.proposer.split(":")
-
-            def build(module=module, cls=cls, value=value):  # this iteration's source, called at once or memoised
-                return getattr(importlib.import_module(module), cls)(value)
-
-            out.append(build() if fresh else session.once(("source", src.field, value), build))
-    return tuple(out)
 
 
 METHOD = Method(
     name="bpd",
-    summary="blockwise parallel decoding: the heads' lattice (rescored or not), a draft model, context n-grams "
-            "and a lookahead pool, verified in one tree per step; lossless",
+    summary="blockwise parallel decoding: the heads' lattice (rescored or not) or a draft model, with the draft "
+            "sources (context and LM n-grams, suffix drafts...) and a lookahead pool, verified in one tree per step; "
+            "lossless",
     lossless=True,
     sampling="optional",
     options=(*(dest for dest, _, _ in flags(DrafterSpec)), "lm", "rescorer", "verify", "lookahead_pool", "draft_model",
@@ -322,5 +275,6 @@ METHOD = Method(
     check=_check,
     continuous=lambda spec: spec.name in ("none", *HEAD_DRAFTERS) and spec.lookahead is None,
     files=lambda spec: tuple(dict.fromkeys(
-        ([DRAFTER_FILES[spec.name]] if spec.name in DRAFTER_FILES else []) + (["lm"] if spec.lm_drafts else []))),
+        ([DRAFTER_FILES[spec.name]] if spec.name in DRAFTER_FILES else [])
+        + [f for s in draft_sources.sources() if s.on(spec) for f in s.files])),
 )

@@ -1,7 +1,7 @@
 """``bpd_decode``: one BPD decode on the one loop, composed of proposers (the heads' lattice
-drafter or a draft model, context n-grams, the n-gram LM's continuation, the extra ``SOURCES``, a
-lookahead window + pool), a verifier and a draft-tree planner (``methods/bpd.py`` is the registry
-entry that calls it with what the session loaded).
+drafter or a draft model, the draft sources of ``decoding/sources.py``, a lookahead window +
+pool), a verifier and a draft-tree planner (``methods/bpd.py`` is the registry entry that calls it
+with what the session loaded).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ class BpdPlan:
     second under the step cost ``cost``: measured and cached for this model and batch where None;
     "fixed" where the verifier runs in batched mode and no ``cost`` is given,
     ``methods.bpd.BATCHED_TREE``); acceptance: calibrated rates (None: the prior); gate: a
-    ``HeadGate`` (auto tree with context n-grams and heads; None: a new one); context:
-    ``ContextNgrams`` or None; lm: (``LMNgrams``, ``LMArrays``) for the n-gram LM's continuation
-    as one more path, or None; extra: more ``Proposer``s whose paths join the tree
-    (``methods.bpd.SOURCES``); lookahead: ``LookaheadOptions`` of a window + pool riding along;
+    ``HeadGate`` (auto tree with a source that matches context, ``match(i, history)``, and heads;
+    None: a new one); sources: the draft sources' ``Proposer``s whose paths join the tree
+    (``decoding/sources.py``: ``ContextProposer(ContextNgrams(3))``, ...); lookahead:
+    ``LookaheadOptions`` of a window + pool riding along;
     draft_vocab: token ids the extra heads project onto (None: all); kv_cache: "auto" | "full" |
     "rolling"; correction: a ``planning.acceptance.RateCorrection`` the auto tree corrects the
     rates with and teaches as it runs (None: the rates as fitted)."""
@@ -31,9 +31,7 @@ class BpdPlan:
     acceptance: object = None
     cost: object = None
     gate: object = None
-    context: object = None
-    lm: object = None
-    extra: tuple = ()
+    sources: tuple = ()
     lookahead: object = None
     draft_vocab: object = None
     kv_cache: str = "auto"
@@ -55,7 +53,6 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
     from latticedraft.decoding.planning.draft_tree import TreePlanner
     from latticedraft.decoding.planning.head_gate import GatedHeads, HeadGate
     from latticedraft.decoding.proposers.base import Proposer
-    from latticedraft.decoding.proposers.context import ContextProposer
     from latticedraft.decoding.proposers.heads import HeadProposer
     from latticedraft.decoding.proposers.lookahead import LookaheadProposer
     from latticedraft.gpu.models import hf
@@ -64,18 +61,11 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
 
     plan = BpdPlan() if plan is None else plan
     req = Request() if request is None else request
-    tree, context, lookahead, lm, cost = plan.tree, plan.context, plan.lookahead, plan.lm, plan.cost
+    tree, lookahead, cost = plan.tree, plan.lookahead, plan.cost
     source = None if drafter is None else drafter if isinstance(drafter, Proposer) else HeadProposer(drafter)
     from_heads = source is not None and source.uses_heads
-    proposers = [source] if source is not None else []
-    ctx = ContextProposer(context) if context is not None else None
-    if ctx is not None:
-        proposers.append(ctx)
-    if lm is not None:
-        from latticedraft.decoding.proposers.lm_ngrams import LMProposer
-
-        proposers.append(LMProposer(*lm))
-    proposers.extend(plan.extra)
+    proposers = ([source] if source is not None else []) + list(plan.sources)
+    ctx = next((p for p in plan.sources if hasattr(p, "match")), None)  # what the head gate buckets steps by
     if lookahead is not None:
         proposers.append(LookaheadProposer(lookahead, hf.model_vocab_size(getattr(model, "base", model))))
     num_heads = getattr(source, "heads_needed", None) if from_heads else 1

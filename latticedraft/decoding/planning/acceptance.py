@@ -10,14 +10,16 @@ acceptance rate of its token, which is read from tables fitted on held-out greed
   multiplies: the drafted paths of the calibration decode give the nodes; without them, every
   candidate of slot j where the greedy tokens of slots < j are in the lattice, which
   underestimates deep nodes: a path whose tokens were right so far is right more often next);
-- ``ctx_rate[n, d]``: for context n-gram continuations (``context_ngrams``) from a suffix match
-  of n tokens, how often token d equals the greedy token given tokens < d did;
-- ``lm_rate[d, b]``: for the n-gram LM's greedy continuation (``lm_drafts``), how often token d
-  whose LM probability falls in bin b equals the greedy token given tokens < d did.
+- ``tables[name][b, d]``, one per draft source whose rates are fitted (``decoding/sources.py``,
+  ``rates="fitted"``): for token d of the source's paths whose bin is b, how often it equals the
+  greedy token given tokens < d did. A source's bins are its ``DraftSource.bins``: "match" (the
+  suffix match a copied continuation came from, 0 .. ``MAX_MATCH``: context n-grams) or
+  "probability" (the ``HEAD_EDGES`` bin of the source's own probability for the token: the n-gram
+  LM's continuation).
 
 Counts are smoothed towards a prior (``PRIOR_WEIGHT`` pseudo-observations of the bin's mean
-probability), so empty bins fall back to the raw head probability. ``AcceptanceModel.prior()``
-is the table before any data: raw head and LM probabilities and a flat 0.5 for context tokens.
+probability), so empty bins fall back to the raw probability. ``AcceptanceModel.prior()`` is the
+table before any data: raw head and source probabilities and a flat ``CTX_PRIOR`` for matches.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from latticedraft.atomic import write_atomic
-from latticedraft.decoding.proposers.context import ContextNgrams
 from latticedraft.paths import cache_dir
 
 HEAD_EDGES = np.array([0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0 + 1e-6])
 PRIOR_WEIGHT = 4.0
 CTX_PRIOR = 0.5
-FORMAT = 3  # 2: the head table counts tree nodes whose parent is the greedy prefix; 3: lm_rate
+MAX_MATCH = 8  # the longest suffix match a "match" table tells apart
+DEPTH = 16  # the deepest token a source table tells apart
+FORMAT = 4  # 2: the head table counts tree nodes whose parent is the greedy prefix; 3: lm_rate; 4: tables per source
 
 
 def head_bins(probs):
@@ -43,20 +46,26 @@ def head_bins(probs):
     return np.clip(np.searchsorted(HEAD_EDGES, probs, side="right") - 1, 0, len(HEAD_EDGES) - 2)
 
 
+def prior_table(bins: str, depth: int = DEPTH) -> np.ndarray:
+    """The rates of a source table before any data: float[bins, depth] (``DraftSource.bins``)."""
+    if bins == "match":
+        return np.full((MAX_MATCH + 1, depth), CTX_PRIOR)
+    return np.tile(_bin_mid()[:, None], (1, depth))
+
+
 @dataclass
 class AcceptanceModel:
-    """head_rate: float[slots, bins]; ctx_rate: float[max_match + 1, depth]; lm_rate: float[depth,
-    bins]; counts: how many observations went into each table (for the report)."""
+    """head_rate: float[slots, bins]; tables: source name -> float[bins, depth] (a source's table
+    not fitted yet reads as its prior); counts: how many observations went into each (for the
+    report)."""
 
     head_rate: np.ndarray
-    ctx_rate: np.ndarray
+    tables: dict
     counts: dict
-    lm_rate: np.ndarray
 
     @classmethod
-    def prior(cls, slots: int = 16, max_match: int = 8, depth: int = 16) -> "AcceptanceModel":
-        return cls(np.tile(_bin_mid(), (slots, 1)), np.full((max_match + 1, depth), CTX_PRIOR),
-                   {"head": 0, "ctx": 0, "lm": 0}, np.tile(_bin_mid(), (depth, 1)))
+    def prior(cls, slots: int = 16) -> "AcceptanceModel":
+        return cls(np.tile(_bin_mid(), (slots, 1)), {}, {"head": 0})
 
     def head(self, slot: int, prob: float) -> float:
         """Conditional acceptance rate of a slot-``slot`` candidate with head probability ``prob``."""
@@ -69,30 +78,29 @@ class AcceptanceModel:
         slots = np.minimum(np.arange(probs.shape[1]), self.head_rate.shape[0] - 1)
         return self.head_rate[slots[None, :], bins]
 
-    def context(self, match: int, depth: int) -> float:
-        """Conditional acceptance rate of token ``depth`` of a continuation from an n = ``match`` suffix."""
-        return float(self.context_rates(match, depth + 1)[depth])
+    def table(self, name: str) -> np.ndarray:
+        """Source ``name``'s table, float[bins, depth] (its prior where none was fitted)."""
+        if name not in self.tables:
+            from latticedraft.decoding.sources import by_name
 
-    def context_rates(self, match: int, length: int) -> np.ndarray:
-        """``context(match, d)`` for d = 0 .. length - 1: float[length]."""
-        n = min(match, self.ctx_rate.shape[0] - 1)
-        return self.ctx_rate[n, np.minimum(np.arange(length), self.ctx_rate.shape[1] - 1)]
+            self.tables[name] = prior_table(by_name(name).bins)
+        return self.tables[name]
 
-    def lm_rates(self, probs: np.ndarray) -> np.ndarray:
-        """Conditional acceptance rates of an LM continuation whose tokens have LM probabilities
-        ``probs`` float[d] (depth = index): float[d]."""
-        depth = np.minimum(np.arange(len(probs)), self.lm_rate.shape[0] - 1)
-        return self.lm_rate[depth, head_bins(np.asarray(probs, dtype=np.float64))]
+    def rates(self, name: str, bins) -> np.ndarray:
+        """Conditional acceptance rates float[d] of a path of source ``name`` whose token t (depth
+        t after the root) lies in bin ``bins[t]`` (int[d])."""
+        t = self.table(name)
+        b = np.minimum(np.asarray(bins, dtype=np.int64), t.shape[0] - 1)
+        return t[b, np.minimum(np.arange(len(b)), t.shape[1] - 1)]
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "head_edges": HEAD_EDGES.tolist(), "head_rate": self.head_rate.round(5).tolist(),
-                "ctx_rate": self.ctx_rate.round(5).tolist(), "lm_rate": self.lm_rate.round(5).tolist(),
-                "counts": self.counts}
+                "tables": {k: v.round(5).tolist() for k, v in self.tables.items()}, "counts": self.counts}
 
     @classmethod
     def from_json(cls, d: dict) -> "AcceptanceModel":
-        return cls(np.asarray(d["head_rate"], float), np.asarray(d["ctx_rate"], float), dict(d.get("counts", {})),
-                   np.asarray(d["lm_rate"], float))
+        return cls(np.asarray(d["head_rate"], float), {k: np.asarray(v, float) for k, v in d["tables"].items()},
+                   dict(d.get("counts", {})))
 
 
 def _bin_mid() -> np.ndarray:
@@ -100,60 +108,58 @@ def _bin_mid() -> np.ndarray:
     return 0.5 * (HEAD_EDGES[:-1] + np.minimum(HEAD_EDGES[1:], 1.0))
 
 
-def fit(lattices: list, greedy: list, histories: list, context: ContextNgrams | None,
-        max_match: int = 8, depth: int = 16, drafts: list | None = None, lm=None) -> AcceptanceModel:
+def fit(lattices: list, greedy: list, histories: list, drafts: list | None = None,
+        paths: dict | None = None) -> AcceptanceModel:
     """Fit the tables from decode steps on held-out data.
 
     lattices[i]: the Sausage the heads gave at step i (slot j = token j + 1 after the root; None
-    for a step without head drafts, which then feeds the context table only);
-    greedy[i]: int64[>= h], the greedy tokens that followed the root; histories[i]: int64[t],
-    the text up to and including the root (for the context n-grams); drafts[i]: int64[p, d],
-    the paths drafted from that lattice (-1 pads), whose tree nodes the head table counts;
-    lm(history) -> (tokens int64[d], probs float[d]): the n-gram LM's continuation (None: the
-    LM table keeps its prior).
+    for a step without head drafts, which then feeds the source tables only); greedy[i]:
+    int64[>= h], the greedy tokens that followed the root; histories[i]: int64[t], the text up to
+    and including the root; drafts[i]: int64[p, d], the paths drafted from that lattice (-1 pads),
+    whose tree nodes the head table counts; paths: source name -> (paths(history) -> [(tokens
+    int64[d], bins int64[d])], its bins kind) for every source whose table is fitted.
     """
-    prior = AcceptanceModel.prior(max([s.h for s in lattices if s is not None], default=1), max_match, depth)
-    nb = len(HEAD_EDGES) - 1
-    hit = np.zeros((prior.head_rate.shape[0], nb))
-    seen = np.zeros_like(hit)
-    c_hit = np.zeros((max_match + 1, depth))
-    c_seen = np.zeros_like(c_hit)
-    l_hit = np.zeros((depth, nb))
-    l_seen = np.zeros_like(l_hit)
-    for i, (s, g, hist) in enumerate(zip(lattices, greedy, histories)):
-        g = np.asarray(g, dtype=np.int64)
-        if s is not None and drafts is not None:
-            _count_tree(s, g, drafts[i], hit, seen)
-        for j in range(min(s.h, len(g)) if s is not None and drafts is None else 0):
-            live = s.tokens[j] >= 0
-            probs = np.exp(s.logp[j][live].astype(np.float64))
-            bins = head_bins(probs)
-            np.add.at(seen[j], bins, 1)
-            np.add.at(hit[j], bins, s.tokens[j][live] == g[j])
-            if g[j] not in s.tokens[j]:
-                break  # no node of a deeper slot can follow the greedy path
-        if lm is not None:
-            toks, probs = lm(hist)
-            for d, (tok, b) in enumerate(zip(toks[: min(depth, len(g))].tolist(), head_bins(probs).tolist())):
-                l_seen[d, b] += 1
-                if tok != g[d]:
-                    break
-                l_hit[d, b] += 1
-        if context is None:
-            continue
-        for cand in context.candidates(hist):
-            n = min(cand.match, max_match)
-            for d, tok in enumerate(cand.tokens[: min(depth, len(g))].tolist()):
-                c_seen[n, d] += 1
-                if tok != g[d]:
-                    break
-                c_hit[n, d] += 1
-    head = (hit + PRIOR_WEIGHT * prior.head_rate) / (seen + PRIOR_WEIGHT)
-    ctx = (c_hit + PRIOR_WEIGHT * prior.ctx_rate) / (c_seen + PRIOR_WEIGHT)
-    lm_rate = (l_hit + PRIOR_WEIGHT * prior.lm_rate) / (l_seen + PRIOR_WEIGHT)
-    return AcceptanceModel(head, ctx, {"head": int(seen.sum()), "ctx": int(c_seen.sum()), "lm": int(l_seen.sum()),
-                                       "steps": len(lattices)}, lm_rate)
+    prior = AcceptanceModel.prior(max([s.h for s in lattices if s is not None], default=1))
+    hit, seen = np.zeros_like(prior.head_rate), np.zeros_like(prior.head_rate)
+    tables, counts = {}, {"steps": len(lattices)}
+    for i, (s, g) in enumerate(zip(lattices, greedy)):
+        if s is not None:
+            _count_heads(s, np.asarray(g, dtype=np.int64), None if drafts is None else drafts[i], hit, seen)
+    for name, (source_paths, bins) in (paths or {}).items():
+        p0 = prior_table(bins)
+        t_hit, t_seen = np.zeros_like(p0), np.zeros_like(p0)
+        for g, hist in zip(greedy, histories):
+            for toks, b in source_paths(hist):
+                _count_path(np.asarray(toks), np.minimum(b, p0.shape[0] - 1), np.asarray(g, dtype=np.int64), t_hit,
+                            t_seen)
+        tables[name] = (t_hit + PRIOR_WEIGHT * p0) / (t_seen + PRIOR_WEIGHT)
+        counts[name] = int(t_seen.sum())
+    counts["head"] = int(seen.sum())
+    return AcceptanceModel((hit + PRIOR_WEIGHT * prior.head_rate) / (seen + PRIOR_WEIGHT), tables, counts)
 
+
+def _count_heads(s, g: np.ndarray, drafts, hit: np.ndarray, seen: np.ndarray) -> None:
+    """Add one step's lattice to the head table: its drafted tree's nodes (``_count_tree``), or
+    without drafts every candidate of slot j where the greedy tokens of slots < j are in it."""
+    if drafts is not None:
+        _count_tree(s, g, drafts, hit, seen)
+        return
+    for j in range(min(s.h, len(g))):
+        live = s.tokens[j] >= 0
+        bins = head_bins(np.exp(s.logp[j][live].astype(np.float64)))
+        np.add.at(seen[j], bins, 1)
+        np.add.at(hit[j], bins, s.tokens[j][live] == g[j])
+        if g[j] not in s.tokens[j]:
+            break  # no node of a deeper slot can follow the greedy path
+
+
+def _count_path(toks: np.ndarray, bins: np.ndarray, g: np.ndarray, hit: np.ndarray, seen: np.ndarray) -> None:
+    """Token d of one source path is seen in its bin where tokens < d were right, hit where it is right."""
+    for d in range(min(len(toks), len(g), seen.shape[1])):
+        seen[bins[d], d] += 1
+        if toks[d] != g[d]:
+            return
+        hit[bins[d], d] += 1
 
 def _count_tree(s, g: np.ndarray, drafts: np.ndarray, hit: np.ndarray, seen: np.ndarray) -> None:
     """Add one step's tree to the head table: every node (a distinct prefix of the drafted paths)
@@ -215,19 +221,26 @@ class RateCorrection:
         np.add.at(self.kept, (s, b), np.asarray(kept, dtype=np.float64))
 
 
-def cached(key_parts: dict, build) -> AcceptanceModel:
+def cached(key_parts: dict, build, report=None) -> AcceptanceModel:
     """The model stored under a hash of ``key_parts`` in ``cache_dir()/acceptance``, else
-    ``build()`` (then stored)."""
+    ``build()`` (then stored); ``report(line)`` hears which."""
+    import time
+
     key = hashlib.sha256(json.dumps(key_parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = cache_dir() / "acceptance" / f"{key}.json"
     if path.is_file():
         try:
             d = json.loads(path.read_text())
             if d.get("format") == FORMAT:
+                if report is not None:
+                    report(f"acceptance rates read from {path}")
                 return AcceptanceModel.from_json(d)
         except (OSError, ValueError, KeyError):
             pass  # a damaged entry is fitted again
+    t0 = time.perf_counter()
     model = build()
+    if report is not None:
+        report(f"acceptance rates fitted in {time.perf_counter() - t0:.1f} s, stored as {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps({**model.to_json(), "key": key_parts}, indent=1, default=str) + "\n")
     return model

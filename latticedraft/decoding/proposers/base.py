@@ -19,9 +19,12 @@ drafts well under sampling by perturbing its own distribution with the same nois
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 EMPTY = np.zeros((1, 0), dtype=np.int64)
 
@@ -47,7 +50,11 @@ class Step:
     after it; columns = ``vocab`` ids when a reduced draft vocabulary is set), or None when this
     step computed no heads; samplers: one ``accept.sampling.DraftSampler`` per row when sampling
     (its processors and noise; None: greedy); acceptance: the ``planning.acceptance.AcceptanceModel``
-    the auto tree rates paths with (None: the tree verifies every path, no rates needed)."""
+    the auto tree rates paths with (None: the tree verifies every path, no rates needed); cache:
+    the verifier's ``kv.KVCache`` of the live rows (committed slots: everything before each root),
+    which a proposer may extend with pending slots of its own but leaves as it found it
+    (``truncate(cache.length)``); cost(n): predicted seconds of this step's verify call over n
+    nodes per row plus the step's other work (None: the tree is fixed, every path is verified)."""
 
     index: list[int]
     rows: list[int]
@@ -57,6 +64,8 @@ class Step:
     vocab: torch.Tensor | None = None
     samplers: list | None = None
     acceptance: object = None
+    cache: object = None
+    cost: Callable | None = None
 
 
 @dataclass
@@ -107,10 +116,26 @@ class Proposer:
         """Only the live rows at batch positions ``keep`` go on."""
 
 
+def rated(paths: list, acceptance, table: str) -> Proposal:
+    """One row's proposal of ``paths`` [(tokens int64[d], bins int64[d])]: tokens int64[p, d]
+    padded with -1, each token rated from ``acceptance``'s table ``table`` by its bin and depth
+    (``AcceptanceModel.rates``) where ``acceptance`` is given (the cost-aware tree)."""
+    if not paths:
+        return Proposal.empty()
+    d = max(len(t) for t, _ in paths)
+    toks = np.full((len(paths), d), -1, dtype=np.int64)
+    rates = None if acceptance is None else np.zeros((len(paths), d))
+    for k, (t, bins) in enumerate(paths):
+        toks[k, : len(t)] = t
+        if rates is not None:
+            rates[k, : len(t)] = acceptance.rates(table, bins)
+    return Proposal(toks, rates=rates)
+
+
 def as_paths(tokens) -> np.ndarray:
     """Drafts (a ``Drafts``, a tensor, an array, one path or none) as int64[p, d]."""
     toks = getattr(tokens, "tokens", tokens)
-    if isinstance(toks, torch.Tensor):
+    if hasattr(toks, "detach"):  # a tensor
         toks = toks.detach().cpu().numpy()
     toks = np.asarray(toks, dtype=np.int64)
     if toks.ndim == 1:

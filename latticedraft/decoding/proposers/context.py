@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows
+from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows, rated
+from latticedraft.decoding.registry import option
+from latticedraft.decoding.sources import DraftSource
 from latticedraft.errors import InputError
 
 
@@ -109,21 +111,29 @@ class ContextProposer(Proposer):
         cands = self._candidates(i, history)
         return cands[0].match if cands else 0
 
+    def paths(self, history: np.ndarray, i: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The row's continuations [(tokens int64[d], bins int64[d]: the match length)]."""
+        cands = self.ngrams.candidates(history) if i is None else self._candidates(i, history)
+        return copied(cands)
+
     def propose(self, step: Step) -> list[Proposal]:
-        return [copied_paths(self._candidates(i, h), step.acceptance) for i, h in zip(step.index, step.histories)]
+        return [rated(self.paths(h, i), step.acceptance, "context") for i, h in zip(step.index, step.histories)]
 
 
-def copied_paths(cands: list[ContextCandidate], acceptance) -> Proposal:
-    """One row's proposal of continuations copied from earlier text (context n-grams, suffix
-    drafts): tokens int64[p, d] padded with -1, rated as context paths of their match length where
-    ``acceptance`` is given (the cost-aware tree)."""
-    if not cands:
-        return Proposal.empty()
-    d = max(len(c.tokens) for c in cands)
-    toks = np.full((len(cands), d), -1, dtype=np.int64)
-    rates = None if acceptance is None else np.zeros((len(cands), d))
-    for k, c in enumerate(cands):
-        toks[k, : len(c.tokens)] = c.tokens
-        if rates is not None:
-            rates[k, : len(c.tokens)] = acceptance.context_rates(c.match, len(c.tokens))
-    return Proposal(toks, rates=rates)
+def copied(cands: list[ContextCandidate]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Continuations copied from earlier text as rated paths: each token's bin is its match length."""
+    return [(c.tokens, np.full(len(c.tokens), c.match, dtype=np.int64)) for c in cands]
+
+
+def _check(value) -> int:
+    if int(value) < 0:
+        raise InputError(f"--context-ngrams {value}: give the longest suffix to match (>= 1), or 0 for off")
+    return int(value)
+
+
+SOURCE = DraftSource(
+    name="context", dest="context_ngrams", summary="prompt lookup: what followed earlier matches of the text's end",
+    option=option(0, cli=3, group="tree", type=int, metavar="N", help=(
+        "also draft what followed earlier matches of the last N..1 tokens in the prompt and output (prompt "
+        "lookup); 0 = off")),
+    build=lambda session, value: ContextProposer(ContextNgrams(max_ngram=value)), check=_check, bins="match")

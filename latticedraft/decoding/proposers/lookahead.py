@@ -50,7 +50,7 @@ class LookaheadProposer(Proposer):
             toks = np.stack(paths) if paths else EMPTY
             rates = None
             if step.acceptance is not None and paths:
-                rates = np.stack([step.acceptance.context_rates(1, len(t)) for t in paths])
+                rates = np.stack([step.acceptance.rates("context", np.ones(len(t), dtype=np.int64)) for t in paths])
             out.append(Proposal(toks, rates=rates, side=window.side()))
         return out
 

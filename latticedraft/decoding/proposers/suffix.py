@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows
-from latticedraft.decoding.proposers.context import ContextCandidate, copied_paths
+from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows, rated
+from latticedraft.decoding.proposers.context import ContextCandidate, copied
+from latticedraft.decoding.registry import option
+from latticedraft.decoding.sources import DraftSource
 from latticedraft.errors import InputError
 
 MEMORY_TOKENS = 1 << 20  # earlier sequences kept, oldest dropped first: int64, 8 MiB
@@ -122,10 +124,25 @@ class SuffixProposer(Proposer):
         self.drafts.index(rows.prompts)
 
     def propose(self, step: Step) -> list[Proposal]:
-        return [copied_paths(self.drafts.continuations(h), step.acceptance) for h in step.histories]
+        return [rated(copied(self.drafts.continuations(h)), step.acceptance, "context") for h in step.histories]
 
     def update(self, step: Step, accepted, bonus, side_argmax) -> None:
         """Each row's sequence so far (history, accepted drafts, bonus), remembered at the next call."""
         for j, i in enumerate(step.index):
             self.seen[i] = np.concatenate([step.histories[j], np.asarray(accepted[j], dtype=np.int64),
                                            np.asarray(bonus[j], dtype=np.int64).reshape(-1)])
+
+
+def _check(value) -> int:
+    if int(value) < 0:
+        raise InputError(f"--suffix-drafts {value}: give the longest suffix to match (>= 1), or 0 for off")
+    return int(value)
+
+
+SOURCE = DraftSource(
+    name="suffix", dest="suffix_drafts", summary="what followed matches in the session's earlier outputs",
+    option=option(0, fit=False, group="tree", type=int, metavar="N", help=(
+        "also draft what followed the longest match (N..1 tokens) of the output's end in the session's earlier "
+        "outputs and this call's prompts (a suffix array; a data-set run's later batches learn from the earlier); "
+        "0 = off")),
+    build=lambda session, value: SuffixProposer(value), check=_check, rates="context", bins="match")

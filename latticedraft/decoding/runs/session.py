@@ -1,8 +1,9 @@
 """A ``Session``: the model and tokenizer of one command, the files its methods load on first use
 (the n-gram LM, the neural rescorer, the draft model, adapters, co-occurrence counts, the chat
-template), each once, a memo for what methods build and keep between calls (``once``: BPD's
-drafters, rates and gates live in ``methods/bpd_session.py``), and ``decode``: any registered
-method (``decoding/registry.py``) over token-id prompts, in batches. It knows no decoder.
+template), each once (``once``), what it learns as it decodes (``learned``: ``runs/learned.py``,
+the one place for gates, rate corrections, sources' calibration and fitted rates), and ``decode``:
+any registered method (``decoding/registry.py``) over token-id prompts, in batches. It knows no
+decoder.
 
     >>> s = Session()                                     # doctest: +SKIP
     >>> spec = s.configure("bpd", {"drafter": "parallel", "nbest": 8})
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 
 from latticedraft.decoding import registry
+from latticedraft.decoding.runs.learned import Learned
 from latticedraft.decoding.runs.loaders import (base_dir_of, end_ids, load_adapter_for,
                                                 load_draft_model, load_exit_heads_for, load_lm, load_model,
                                                 load_rescorer, load_tokenizer_for)
@@ -45,7 +47,8 @@ class Session:
         self.base_dir = base_dir_of(self.model, model_dir)
         self.lm_dir, self.rescorer_dir, self.device = lm_dir, rescorer_dir, device
         self.draft_model_dir = draft_model_dir
-        self._memo: dict = {}  # (what, key) -> what the session loaded, measured or fitted once
+        self._memo: dict = {}  # (what, key) -> what the session loaded once
+        self.learned = Learned()  # what adapts as it decodes: gates, corrections, sources, fitted rates
         self.notify = None  # notify(message): one-time work worth telling a user about (the CLI: stderr)
         self.eos = end_ids(self.model, self.tokenizer)  # as generate: the generation config's end id(s)
 
@@ -54,12 +57,6 @@ class Session:
         if key not in self._memo:
             self._memo[key] = build()
         return self._memo[key]
-
-    def keep(self, key, value):
-        """Make ``value`` what ``once(key, ...)`` returns from now on; returns the one it replaces (or None)."""
-        old = self._memo.get(key)
-        self._memo[key] = value
-        return old
 
     # -- what methods load --------------------------------------------------------------------
     @property

@@ -107,10 +107,10 @@ def test_the_perturbed_argmax_draws_from_p():
 
 
 def _suffix_and_context():
-    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
     from latticedraft.decoding.proposers.suffix import SuffixProposer
 
-    return dict(context=ContextNgrams(max_ngram=3), extra=(SuffixProposer(3),))
+    return dict(sources=(ContextProposer(ContextNgrams(max_ngram=3)), SuffixProposer(3)))
 
 
 CASES = {  # name -> (drafter factory(model), plan keywords, verify)

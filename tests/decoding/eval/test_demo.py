@@ -4,7 +4,6 @@ session's gate has measured its way to."""
 import pytest
 
 from latticedraft.decoding.eval.demo import FAST, run_demo
-from latticedraft.decoding.methods import bpd_session
 from latticedraft.decoding.planning.head_gate import OFF, HeadGate
 from latticedraft.decoding.runs.session import Session
 from latticedraft.paths import default_lm_dir
@@ -17,12 +16,12 @@ def test_the_lattice_picture_is_drawn_when_the_sessions_gate_skips_the_heads(tmp
     s = Session(d / "heads", threads=1)
     off = HeadGate()
     off.policy = OFF  # the session's gate: no heads (as a CPU run measures its way to)
-    bpd_session.swap_gate(s, FAST, off)
+    s.learned.swap_gate(FAST, off)
     summary = run_demo(s, prompts_file=d / "prompts.jsonl", num_prompts=2, max_new_tokens=8,
                        out_dir=tmp_path / "demo", notify=lambda *a: None)
     assert summary["all_exact"] and summary["lattice_png"]
     assert (tmp_path / "demo" / "lattice_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert bpd_session.gate(s, FAST) is off  # the session's gate is back in place, untaught by the picture's pass
+    assert s.learned.gate(FAST) is off  # the session's gate is back in place, untaught by the picture's pass
 
 
 def test_a_model_without_heads_demos_its_chat_rows_without_a_lattice(tmp_path):

@@ -64,22 +64,22 @@ def test_the_warm_up_at_prepare_teaches_neither_the_gate_nor_the_suffix_memory()
     suffix drafts and rate correction start the first real call as if it had not run; the
     correction then learns from the calls, one per sampling setting."""
     from latticedraft.decoding.accept.sampling import SamplingOptions
-    from latticedraft.decoding.methods import bpd, bpd_session
     from latticedraft.decoding.runs.session import Session
+    from latticedraft.decoding.sources import build_all
 
     s = Session()
     spec = DrafterSpec("top1", tree="auto", context_ngrams=3, suffix_drafts=3)
     s.prepare("bpd", spec)
-    gate, (suffix,) = bpd_session.gate(s, spec), bpd._sources(s, spec)
+    gate, (_, suffix) = s.learned.gate(spec), build_all(s, spec)
     assert gate.steps.sum() == 0 and gate.decisions.sum() == 0
     assert suffix.seen == {} and suffix.drafts.memory == []
-    greedy = bpd_session.correction(s, spec, None)
+    greedy = s.learned.correction(spec, None)
     assert np.array_equal(greedy.expected, greedy.prior) and np.array_equal(greedy.kept, greedy.prior)
     prompt = np.asarray(s.tokenizer.encode("def f(x):\n").ids)
     s.decode([prompt], "bpd", spec, max_new_tokens=8)
     assert gate.steps.sum() > 0 and len(suffix.seen) == 1
     assert greedy.expected.sum() > greedy.prior.sum()  # it saw the call's verified nodes
-    sampled = bpd_session.correction(s, spec, SamplingOptions(seed=1))
+    sampled = s.learned.correction(spec, SamplingOptions(seed=1))
     assert sampled is not greedy and np.array_equal(sampled.expected, sampled.prior)
     taught = greedy.expected.copy()
     s.decode([prompt], "bpd", spec, max_new_tokens=8, sampling=SamplingOptions(seed=1))

@@ -1,12 +1,13 @@
-"""Acceptance tables fitted from decode steps: counts conditional on the greedy prefix, context
-rates per match length and depth, smoothing towards the prior, and the on-disk cache."""
+"""Acceptance tables fitted from decode steps: counts conditional on the greedy prefix, each
+source's table per bin (match length or probability) and depth, smoothing towards the prior, and
+the on-disk cache."""
 
 import numpy as np
 import pytest
 
 from latticedraft.decoding.planning import acceptance
 from latticedraft.decoding.planning.acceptance import HEAD_EDGES, PRIOR_WEIGHT, AcceptanceModel, fit, head_bins
-from latticedraft.decoding.proposers.context import ContextNgrams
+from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
 from latticedraft.lattice import Sausage
 
 
@@ -25,7 +26,7 @@ def test_head_rates_count_only_where_the_greedy_prefix_is_in_the_lattice():
     # slot 0 candidates at p=0.85: greedy token present in 3 of 4 steps; slot 1 counts only those 3
     s = lattice([[(1, 0.85), (2, 0.07)], [(3, 0.85), (4, 0.07)]])
     greedy = [np.array([1, 3]), np.array([1, 3]), np.array([1, 4]), np.array([9, 3])]
-    m = fit([s] * 4, greedy, [np.array([0])] * 4, None)
+    m = fit([s] * 4, greedy, [np.array([0])] * 4)
     b85 = int(np.searchsorted(HEAD_EDGES, 0.85, side="right")) - 1
     b05 = int(np.searchsorted(HEAD_EDGES, 0.07, side="right")) - 1
     prior = AcceptanceModel.prior()
@@ -42,7 +43,7 @@ def test_with_the_drafted_paths_head_rates_count_tree_nodes_whose_parent_is_the_
     s = lattice([[(1, 0.85), (2, 0.07)], [(3, 0.85), (4, 0.07)]])
     drafts = np.array([[1, 3], [2, 4]])  # the tree: 1 -> 3 and 2 -> 4
     greedy = [np.array([1, 3]), np.array([1, 4]), np.array([2, 4]), np.array([9, 3])]
-    m = fit([s] * 4, greedy, [np.array([0])] * 4, None, drafts=[drafts] * 4)
+    m = fit([s] * 4, greedy, [np.array([0])] * 4, drafts=[drafts] * 4)
     b85 = int(np.searchsorted(HEAD_EDGES, 0.85, side="right")) - 1
     b05 = int(np.searchsorted(HEAD_EDGES, 0.07, side="right")) - 1
     prior = AcceptanceModel.prior()
@@ -57,15 +58,15 @@ def test_with_the_drafted_paths_head_rates_count_tree_nodes_whose_parent_is_the_
 
 
 def test_context_rates_per_match_and_depth():
-    ctx = ContextNgrams(max_ngram=2, min_ngram=2, num_tokens=3, max_paths=1)
+    ctx = ContextProposer(ContextNgrams(max_ngram=2, min_ngram=2, num_tokens=3, max_paths=1))
     hist = np.array([5, 6, 7, 8, 9, 5, 6])  # suffix [5, 6] matched: continuation [7, 8, 9]
     greedy = [np.array([7, 8, 9]), np.array([7, 1, 9]), np.array([2, 8, 9])]
-    m = fit([lattice([[(1, 0.5)]])] * 3, greedy, [hist] * 3, ctx)
+    m = fit([lattice([[(1, 0.5)]])] * 3, greedy, [hist] * 3, paths={"context": (ctx.paths, "match")})
     w, p0 = PRIOR_WEIGHT, acceptance.CTX_PRIOR
-    assert m.context(2, 0) == pytest.approx((2 + w * p0) / (3 + w))
-    assert m.context(2, 1) == pytest.approx((1 + w * p0) / (2 + w))
-    assert m.context(2, 2) == pytest.approx((1 + w * p0) / (1 + w))
-    assert m.context(1, 0) == pytest.approx(p0)  # no data: the prior
+    assert m.rates("context", [2, 2, 2]).tolist() == pytest.approx(
+        [(2 + w * p0) / (3 + w), (1 + w * p0) / (2 + w), (1 + w * p0) / (1 + w)])
+    assert m.rates("context", [1]) == pytest.approx(p0)  # no data: the prior
+    assert m.counts["context"] == 3 + 2 + 1
 
 
 def test_cache_round_trip(tmp_path, monkeypatch):
@@ -74,7 +75,7 @@ def test_cache_round_trip(tmp_path, monkeypatch):
 
     def build():
         calls.append(1)
-        return fit([lattice([[(1, 0.9)]])], [np.array([1])], [np.array([0])], None)
+        return fit([lattice([[(1, 0.9)]])], [np.array([1])], [np.array([0])])
 
     a = acceptance.cached({"k": 1}, build)
     b = acceptance.cached({"k": 1}, build)
@@ -87,16 +88,17 @@ def test_lm_rates_per_depth_and_probability_bin_conditional_on_the_prefix():
     """The LM table counts token d of the LM's continuation in its probability's bin where tokens
     < d were right, and survives the cache's JSON."""
     def lm(history):  # a continuation whose probabilities fall in the 0.85 and 0.07 bins
-        return np.array([7, 8]), np.array([0.85, 0.07])
+        return [(np.array([7, 8]), head_bins(np.array([0.85, 0.07])))]
 
     greedy = [np.array([7, 8]), np.array([7, 1]), np.array([2, 8])]
-    m = fit([None] * 3, greedy, [np.array([0])] * 3, None, lm=lm)
+    m = fit([None] * 3, greedy, [np.array([0])] * 3, paths={"lm": (lm, "probability")})
     b85, b07 = int(head_bins(0.85)), int(head_bins(0.07))
-    prior = AcceptanceModel.prior()
-    rate = lambda hit, seen, d, b: (hit + PRIOR_WEIGHT * prior.lm_rate[d, b]) / (seen + PRIOR_WEIGHT)  # noqa: E731
-    assert m.lm_rate[0, b85] == pytest.approx(rate(2, 3, 0, b85))
-    assert m.lm_rate[1, b07] == pytest.approx(rate(1, 2, 1, b07))  # seen only where token 0 was right
-    assert m.lm_rate[1, b85] == pytest.approx(prior.lm_rate[1, b85])  # no data: the prior (the bin's middle)
+    prior = acceptance.prior_table("probability")
+    rate = lambda hit, seen, d, b: (hit + PRIOR_WEIGHT * prior[b, d]) / (seen + PRIOR_WEIGHT)  # noqa: E731
+    t = m.tables["lm"]
+    assert t[b85, 0] == pytest.approx(rate(2, 3, 0, b85))
+    assert t[b07, 1] == pytest.approx(rate(1, 2, 1, b07))  # seen only where token 0 was right
+    assert t[b85, 1] == pytest.approx(prior[b85, 1])  # no data: the prior (the bin's middle)
     assert m.counts["lm"] == 5
     back = AcceptanceModel.from_json(m.to_json())
-    assert np.allclose(back.lm_rate, m.lm_rate, atol=1e-5)
+    assert np.allclose(back.tables["lm"], t, atol=1e-5)

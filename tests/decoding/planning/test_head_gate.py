@@ -54,7 +54,7 @@ def test_a_step_is_charged_the_heads_it_drafted_from_not_those_it_computed_for_t
 
     from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
     from latticedraft.decoding.registry import Request
-    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
     from latticedraft.gpu.verify import forward
     from latticedraft.gpu.verify.cost_model import CostModel
@@ -89,7 +89,7 @@ def test_a_step_is_charged_the_heads_it_drafted_from_not_those_it_computed_for_t
             blockwise("llama", num_heads=3),
             prompts(1, seed=4),
             make_drafter("top1", options=LatticeOptions(k=4)),
-            BpdPlan(tree="auto", context=ContextNgrams(max_ngram=2), cost=cost, gate=gate),
+            BpdPlan(tree="auto", sources=(ContextProposer(ContextNgrams(max_ngram=2)),), cost=cost, gate=gate),
             Request(max_new_tokens=24),
         )
     steps = gate.seen[1:]  # (the first step drafts from the prefill's heads, which no step paid for)
@@ -135,7 +135,7 @@ def test_under_the_off_policy_no_heads_are_computed_and_the_output_stays_exact(m
 
     from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
     from latticedraft.decoding.registry import Request
-    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
     from latticedraft.gpu.verify import forward
     from latticedraft.gpu.verify.cost_model import CostModel
@@ -156,7 +156,7 @@ def test_under_the_off_policy_no_heads_are_computed_and_the_output_stays_exact(m
                 model,
                 ps,
                 make_drafter("top1", options=LatticeOptions(k=4)),
-                BpdPlan(tree="auto", context=ContextNgrams(max_ngram=2), cost=cost, gate=gate),
+                BpdPlan(tree="auto", sources=(ContextProposer(ContextNgrams(max_ngram=2)),), cost=cost, gate=gate),
                 Request(max_new_tokens=20, in_flight=slots),
             )
         assert [q.tokens.tolist() for q in r.sequences] == [reference(model, p, 20) for p in ps]

@@ -193,7 +193,7 @@ def _bpd_case(arch, batch):
 def test_bpd_with_the_lookahead_pool_equals_generate(arch, batch, drafter, tree, context, verify):
     from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
     from latticedraft.decoding.registry import Request
-    from latticedraft.decoding.proposers.context import ContextNgrams
+    from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
     from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 
     model, ps, refs = _bpd_case(arch, batch)
@@ -205,7 +205,7 @@ def test_bpd_with_the_lookahead_pool_equals_generate(arch, batch, drafter, tree,
         BpdPlan(
             tree=tree,
             cost=_cost(0.05) if tree == "auto" else None,
-            context=ContextNgrams(max_ngram=context) if context else None,
+            sources=(ContextProposer(ContextNgrams(max_ngram=context)),) if context else (),
             lookahead=LookaheadOptions(W=4, N=3, G=4),
         ),
         Request(max_new_tokens=MAX_NEW, verify=verify),

@@ -67,8 +67,8 @@ def test_a_later_call_drafts_an_earlier_output_and_stays_exact():
     ps = prompts(2, seed=3, lengths=(5, 8))
     refs = [reference(model, p, 24) for p in ps]
     src = SuffixProposer(4)
-    first = bpd_decode(model, ps, None, BpdPlan(extra=[src]), Request(max_new_tokens=24))
-    again = bpd_decode(model, ps, None, BpdPlan(extra=[src]), Request(max_new_tokens=24))
+    first = bpd_decode(model, ps, None, BpdPlan(sources=[src]), Request(max_new_tokens=24))
+    again = bpd_decode(model, ps, None, BpdPlan(sources=[src]), Request(max_new_tokens=24))
     for res in (first, again):
         assert [q.tokens.tolist() for q in res.sequences] == refs
     before = sum(q.calls for q in first.sequences)

@@ -13,7 +13,7 @@ from latticedraft.cli import main
 from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
 from latticedraft.decoding.registry import Request
 from latticedraft.decoding.methods.greedy import greedy_decode
-from latticedraft.decoding.proposers.context import ContextNgrams
+from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.decoding.methods.lookahead import LookaheadOptions, lookahead_decode
 from latticedraft.decoding.runs.prompt_length import check_fits, truncate_left
@@ -78,7 +78,7 @@ def test_greedy_loop_context_ngrams_and_lookahead_pool_over_the_rolling_cache(ba
         model,
         ps,
         d,
-        BpdPlan(kv_cache="rolling", context=ContextNgrams(max_ngram=3), lookahead=LookaheadOptions(W=4, N=3, G=4)),
+        BpdPlan(kv_cache="rolling", sources=(ContextProposer(ContextNgrams(max_ngram=3)),), lookahead=LookaheadOptions(W=4, N=3, G=4)),
         Request(max_new_tokens=MAX_NEW),
     )  # side branches ride in the same forward
     assert [s.tokens.tolist() for s in mixed.sequences] == refs

@@ -1,10 +1,10 @@
-"""``Session.lm_drafts``: what ``--lm-drafts`` resolves to (auto where the LM fits the model)."""
+"""What ``--lm-drafts`` resolves to (auto where the LM fits the model), and the session's dtype."""
 
 import numpy as np
 import pytest
 
 from latticedraft.decoding.methods.bpd import DrafterSpec
-from latticedraft.decoding.methods.bpd_session import AUTO_LM_DRAFTS, lm_drafts
+from latticedraft.decoding.proposers.lm_ngrams import AUTO_DEPTH, build
 from latticedraft.decoding.runs.session import Session
 from latticedraft.errors import InputError
 from latticedraft.paths import default_lm_dir
@@ -15,12 +15,12 @@ pytestmark = pytest.mark.skipif(not default_lm_dir().is_dir(), reason="the bundl
 
 def test_auto_drafts_from_the_bundled_lm_where_it_fits_the_model():
     s = Session()
-    got = lm_drafts(s, DrafterSpec("none").fast())
-    assert got is not None and got[0].depth == AUTO_LM_DRAFTS
-    toks, probs = got[0].continuation(got[1], np.array(s.tokenizer.encode("    def __init__(self").ids))
-    assert len(toks) == AUTO_LM_DRAFTS and ((0 < probs) & (probs <= 1)).all()
-    assert lm_drafts(s, DrafterSpec("none", lm_drafts=5))[0].depth == 5
-    assert lm_drafts(s, DrafterSpec("none")) is None  # 0: off
+    got = build(s, DrafterSpec("none").fast().lm_drafts)
+    assert got is not None and got.ngrams.depth == AUTO_DEPTH
+    toks, probs = got.ngrams.continuation(got.arrays, np.array(s.tokenizer.encode("    def __init__(self").ids))
+    assert len(toks) == AUTO_DEPTH and ((0 < probs) & (probs <= 1)).all()
+    assert build(s, 5).ngrams.depth == 5
+    assert DrafterSpec("none").lm_drafts == 0  # the library's default: off
 
 
 def test_auto_is_off_without_the_bundled_lm_but_a_named_lm_must_load(tmp_path, monkeypatch):
@@ -28,10 +28,10 @@ def test_auto_is_off_without_the_bundled_lm_but_a_named_lm_must_load(tmp_path, m
 
     s = Session(model=tiny_model("llama", vocab=8192))
     monkeypatch.setattr(paths, "default_lm_dir", lambda: tmp_path / "none")
-    assert lm_drafts(s, DrafterSpec("none", lm_drafts="auto")) is None
+    assert build(s, "auto") is None
     s.lm_dir = str(tmp_path / "missing")
     with pytest.raises(InputError, match="missing not found"):
-        lm_drafts(s, DrafterSpec("none", lm_drafts="auto"))
+        build(s, "auto")
 
 
 def test_auto_with_a_named_lm_of_another_vocabulary_is_refused(monkeypatch):
@@ -43,10 +43,10 @@ def test_auto_with_a_named_lm_of_another_vocabulary_is_refused(monkeypatch):
 
     s = Session(model=tiny_model("llama", vocab=8192))
     monkeypatch.setattr(Session, "lm", property(another_vocabulary))
-    assert lm_drafts(s, DrafterSpec("none", lm_drafts="auto")) is None
+    assert build(s, "auto") is None
     s.lm_dir = str(default_lm_dir())
     with pytest.raises(ModelError, match="another vocabulary"):
-        lm_drafts(s, DrafterSpec("none", lm_drafts="auto"))
+        build(s, "auto")
 
 
 def test_the_dtype_applies_to_the_base_its_heads_and_the_draft_model(tmp_path):
