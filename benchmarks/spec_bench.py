@@ -10,9 +10,11 @@ greedy's, which every lossless row reproduces), and counts in MT-bench's tokens 
 (``--turns first`` leaves it out):
 
 - greedy (batch 1): HF ``generate`` greedy (the reference), HF prompt lookup, HF assisted
-  generation with ``--draft-model``, and latticedraft: the CLI's default on ``--model`` (as
-  ``latticedraft decode --model M --chat`` runs it), heads only, n-gram-rescored heads
-  (``--heads``), context + LM n-grams, lookahead, the draft model, and our plain greedy loop;
+  generation with the model's own int4 copy as ``assistant_model`` (the one the self-draft builds,
+  ``gpu.models.quantized.quantized_copy``) and with ``--draft-model``, and latticedraft: the CLI's
+  default on ``--model`` (as ``latticedraft decode --model M --chat`` runs it), the self-draft
+  alone, heads only, n-gram-rescored heads (``--heads``), context + LM n-grams, lookahead, the
+  draft model, and our plain greedy loop;
 - ``--batch-size 4`` adds HF left-padded batched greedy against our default at batch 4;
 - ``--temperatures 0.7 1.0`` adds HF ``generate(do_sample=True)`` against our lossless sampling:
   the CLI's default (``--do-sample``) and, on the base model, context + LM n-grams without a drafter.
@@ -110,8 +112,9 @@ def cli_default(model: str):
 
 def greedy_rows(a) -> dict:
     """row name -> (which session: "base" | "heads", method, options); None options: the method's defaults."""
-    fast_none = DrafterSpec("none").fast()
-    rows = {"ours: default (CLI)": ("heads" if a.heads else "base", *cli_default(a.heads or a.model))}
+    fast_none = replace(DrafterSpec("none").fast(), self_draft="off")
+    rows = {"ours: default (CLI)": ("heads" if a.heads else "base", *cli_default(a.heads or a.model)),
+            "ours: self-draft alone": ("base", "bpd", DrafterSpec("none", tree="auto", self_draft="int4"))}
     if a.heads:
         heads = DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto", draft_vocab="auto")
         rows["ours: heads only"] = ("heads", "bpd", heads)
@@ -183,12 +186,19 @@ def main(argv=None) -> int:
     base = sb.model
     calls = hf_baselines.CallCounter(base)
 
+    def int4_copy():
+        """The model's own int4 copy as an HF module (HF assisted generation's assistant), built once."""
+        from latticedraft.gpu.models.quantized import Scheme, quantized_copy
+
+        return sb.once(("int4 copy",), lambda: quantized_copy(base, Scheme("int4")))
+
     rows = greedy_rows(a)
     default = rows["ours: default (CLI)"]  # also what the sampled and batched rows run
     ngrams = rows["ours: context + LM n-grams"]
     if a.only:
         rows = {k: v for k, v in rows.items() if k in a.only}
-    names = ["HF greedy", "HF prompt lookup"] + (["HF assisted (draft model)"] if a.draft_model else []) + list(rows)
+    names = (["HF greedy", "HF prompt lookup", "HF assisted (int4 self-draft)"]
+             + (["HF assisted (draft model)"] if a.draft_model else []) + list(rows))
     if a.only:
         names = [n for n in names if n == "HF greedy" or n in a.only]
     if a.batch_size > 1:
@@ -215,6 +225,9 @@ def main(argv=None) -> int:
         if n == "HF prompt lookup":
             c0 = calls.n
             return hf_baselines.prompt_lookup(base, x, a.max_new_tokens, a.pld_tokens, eos)[0][0], calls.n - c0
+        if n == "HF assisted (int4 self-draft)":
+            c0 = calls.n
+            return hf_baselines.assisted(base, int4_copy(), x, a.max_new_tokens, eos)[0][0], calls.n - c0
         if n == "HF assisted (draft model)":
             c0 = calls.n
             return hf_baselines.assisted(base, sb.draft_model, x, a.max_new_tokens, eos)[0][0], calls.n - c0

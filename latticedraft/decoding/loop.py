@@ -183,7 +183,8 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
                     histories=[state_rows.history(i) for i in live], rooms=[state_rows.room(i) for i in live],
                     head_logits=heads if uses_heads and heads.shape[1] > 0 else None, vocab=vocab,
                     samplers=None if samplers is None else [samplers[i] for i in live],
-                    acceptance=planner.acceptance if planner.policy == "auto" else None)
+                    acceptance=planner.acceptance if planner.policy == "auto" else None, cache=state,
+                    cost=planner.step_seconds if planner.policy == "auto" else None)
         t0 = time.perf_counter()
         props = [p.propose(step) for p in proposers] or [[Proposal.empty() for _ in live]]
         by_row = [[pp[j] for pp in props] for j in range(len(live))]

@@ -18,7 +18,7 @@ Adding a source touches its own module and one name in ``MODULES`` (docs/archite
 draft source", walks through it).
 
     >>> [s.name for s in sources()]
-    ['context', 'lm', 'suffix']
+    ['context', 'lm', 'suffix', 'self_draft']
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-MODULES = ("context", "lm_ngrams", "suffix")  # decoding/proposers/<name>.py, each with SOURCE
+MODULES = ("context", "lm_ngrams", "suffix", "self_draft")  # decoding/proposers/<name>.py, each with SOURCE
 RATES = ("fitted", "online", "context")  # a fitted table of its own; its own online estimate; the context table
 
 

@@ -73,6 +73,11 @@ class TreePlanner:
         self.correction = correction
         self._chosen: list = []  # with a correction, per row of the last auto plan: (parent, token, raw, chosen ids)
 
+    def step_seconds(self, n: int) -> float:
+        """Predicted seconds of a step verifying n nodes per row (root included): T(n) and the
+        measured per-step overhead (``auto`` only)."""
+        return float(self._T[min(max(int(n), 1), self.max_nodes) - 1]) + self.overhead
+
     def plan(self, proposals: list, room: int | None = None) -> Plan:
         """The paths to verify after the root, at most ``room`` tokens deep, from one step's
         ``Proposal`` s of one row (their order breaks ties). ``auto`` needs each proposal's

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -278,6 +279,32 @@ class LeanStack:
         if mask is CAUSAL:
             return F.scaled_dot_product_attention(q, K, V, is_causal=True, scale=scale, enable_gqa=self.gqa)
         return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=scale, enable_gqa=self.gqa)
+
+
+@torch.inference_mode()
+def token_seconds(stack: LeanStack, context: int = 64, repeats: int = 9) -> float:
+    """Median seconds of one token's forward through ``stack`` (its output projection included)
+    after ``context`` cached tokens, batch 1: what a draft step or a plain decode step costs."""
+    import time
+
+    from latticedraft.gpu.verify.kv import KVCache
+
+    dev = stack.split.device
+    cache = KVCache(1, stack.num_layers, dev)
+    ids = torch.arange(1, context + 1, device=dev)[None] % int(stack.config.vocab_size)
+    pos = torch.arange(context, device=dev)[None]
+    cache.reserve(context)
+    stack.run(stack.embed(ids, pos), 0, stack.num_layers, CAUSAL, pos, cache)
+    cache.append_valid(np.ones((1, context), dtype=bool), pos.cpu().numpy())
+    x, p = ids[:, -1:], torch.full((1, 1), context, device=dev)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        cache.reserve(1)
+        stack.unembed(stack.norm(stack.run(stack.embed(x, p), 0, stack.num_layers, None, p, cache)[:, -1]))
+        cache.truncate(context)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[1:]))
 
 
 def _norm_of(arch: Arch, module) -> Norm:

@@ -125,6 +125,7 @@ CASES = {  # name -> (drafter factory(model), plan keywords, verify)
     "heads + n-grams, auto tree, head gate": (lambda m: make_drafter("parallel-base", options=LatticeOptions(k=4),
                                                                      nbest=4), "auto", "tree"),
     "heads + lookahead pool": (lambda m: make_drafter("top1", options=LatticeOptions(k=4)), "pool", "tree"),
+    "self-draft (the target at 4 bits), auto tree": (lambda m: None, "self", "tree"),
 }
 
 
@@ -147,6 +148,13 @@ def test_every_drafter_emits_the_plain_samplers_tokens(case, opts):
         from latticedraft.decoding.methods.lookahead import LookaheadOptions
 
         plan = BpdPlan(lookahead=LookaheadOptions(W=2, N=2, G=3, prompt_as_reference=True))
+    elif plan_kw == "self":
+        from latticedraft.decoding.proposers.self_draft import SelfDraftProposer
+        from latticedraft.gpu.models.quantized import Scheme
+        from latticedraft.gpu.verify.lean import LeanStack
+
+        plan = BpdPlan(tree="auto", cost=CostModel((1, 2, 4, 8), (1.0, 1.01, 1.02, 1.04)),
+                       sources=(SelfDraftProposer(LeanStack(model, Scheme("int4"))),))
     elif plan_kw == "auto":
         plan = BpdPlan(tree="auto", cost=CostModel((1, 2, 4, 8), (1.0, 1.2, 1.5, 2.5)), gate=HeadGate(),
                        **_suffix_and_context())
