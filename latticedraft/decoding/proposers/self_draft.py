@@ -210,9 +210,17 @@ class SelfDraftProposer(Proposer):
 
 
 def build(session, value: str) -> SelfDraftProposer | None:
-    """The self-draft of ``value`` for the session's model: "int4" / "int8" (refused in one line
-    where the model, the torch build or the device cannot run it), "auto" (int4 where it can run
-    and a draft forward costs at most ``AUTO_RATIO`` of a float one, measured; else None)."""
+    """A self-draft proposer of ``value`` for the session's model (None: off), over the quantized
+    stack the session builds once per value (``quantized_stack``): a warm-up's fresh proposer
+    shares it and its decision."""
+    stack = session.once(("self_draft_stack", value), lambda: quantized_stack(session, value))
+    return None if stack is None else SelfDraftProposer(stack)
+
+
+def quantized_stack(session, value: str):
+    """The quantized ``LeanStack`` of the session's model for ``value``: "int4" / "int8" (refused in
+    one line where the model, the torch build or the device cannot run it), "auto" (int4 where it
+    can run and a draft forward costs at most ``AUTO_RATIO`` of a float one, measured; else None)."""
     from latticedraft.gpu.models.quantized import Scheme, kernels_missing
     from latticedraft.gpu.verify.lean import LeanStack, supports
     from latticedraft.gpu.verify.modes import model_device
@@ -233,14 +241,14 @@ def build(session, value: str) -> SelfDraftProposer | None:
     if value == "auto":
         from latticedraft.gpu.verify.lean import stack_for, token_seconds
 
-        draft, full = token_seconds(stack), token_seconds(stack_for(model))
-        if draft > AUTO_RATIO * full:
-            session.learned.event(f"--self-draft auto: off (a 4-bit draft forward takes {1000 * draft:.2f} ms "
-                                  f"against {1000 * full:.2f} ms in {stack.split.dtype}: it would not pay)")
+        ratio = token_seconds(stack, stack_for(model))
+        if ratio > AUTO_RATIO:
+            session.learned.event(f"--self-draft auto: off (a 4-bit draft forward takes {ratio:.2f}x a "
+                                  f"{stack.split.dtype} one: it would not pay)")
             return None
     session.learned.event(f"--self-draft: {stack.scheme.kind} copy built in {built:.2f} s, "
                           f"{stack.nbytes() / 2**20:.1f} MiB")
-    return SelfDraftProposer(stack)
+    return stack
 
 
 def _check(value) -> str:

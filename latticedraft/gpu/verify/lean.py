@@ -282,29 +282,36 @@ class LeanStack:
 
 
 @torch.inference_mode()
-def token_seconds(stack: LeanStack, context: int = 64, repeats: int = 9) -> float:
-    """Median seconds of one token's forward through ``stack`` (its output projection included)
-    after ``context`` cached tokens, batch 1: what a draft step or a plain decode step costs."""
+def token_seconds(stack: LeanStack, other: LeanStack, context: int = 64, repeats: int = 9) -> float:
+    """How long one token's forward through ``stack`` takes against ``other``'s (output projection
+    included, batch 1, after ``context`` cached tokens): the median over ``repeats`` of the ratio
+    of the two, timed back to back (so a busy machine slows both alike), after two untimed rounds."""
     import time
 
     from latticedraft.gpu.verify.kv import KVCache
 
-    dev = stack.split.device
-    cache = KVCache(1, stack.num_layers, dev)
-    ids = torch.arange(1, context + 1, device=dev)[None] % int(stack.config.vocab_size)
-    pos = torch.arange(context, device=dev)[None]
-    cache.reserve(context)
-    stack.run(stack.embed(ids, pos), 0, stack.num_layers, CAUSAL, pos, cache)
-    cache.append_valid(np.ones((1, context), dtype=bool), pos.cpu().numpy())
-    x, p = ids[:, -1:], torch.full((1, 1), context, device=dev)
-    times = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        cache.reserve(1)
-        stack.unembed(stack.norm(stack.run(stack.embed(x, p), 0, stack.num_layers, None, p, cache)[:, -1]))
-        cache.truncate(context)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times[1:]))
+    def prepared(st):
+        dev = st.split.device
+        cache = KVCache(1, st.num_layers, dev)
+        ids = torch.arange(1, context + 1, device=dev)[None] % int(st.config.vocab_size)
+        pos = torch.arange(context, device=dev)[None]
+        cache.reserve(context)
+        st.run(st.embed(ids, pos), 0, st.num_layers, CAUSAL, pos, cache)
+        cache.append_valid(np.ones((1, context), dtype=bool), pos.cpu().numpy())
+        x, p = ids[:, -1:], torch.full((1, 1), context, device=dev)
+
+        def one() -> float:
+            t0 = time.perf_counter()
+            cache.reserve(1)
+            st.unembed(st.norm(st.run(st.embed(x, p), 0, st.num_layers, None, p, cache)[:, -1]))
+            cache.truncate(context)
+            return time.perf_counter() - t0
+
+        return one
+
+    a, b = prepared(stack), prepared(other)
+    ratios = [a() / b() for _ in range(repeats + 2)]
+    return float(np.median(ratios[2:]))
 
 
 def _norm_of(arch: Arch, module) -> Norm:

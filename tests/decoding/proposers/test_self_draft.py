@@ -154,11 +154,13 @@ def test_a_torch_without_the_kernels_is_refused_naming_the_build(monkeypatch):
 def test_auto_turns_itself_off_where_a_4_bit_forward_does_not_pay(monkeypatch):
     from latticedraft.gpu.verify import lean
 
-    times = iter([1.0, 1.0])  # the draft's forward as slow as the float one
-    monkeypatch.setattr(lean, "token_seconds", lambda stack, **kw: next(times))
+    monkeypatch.setattr(lean, "token_seconds", lambda stack, other, **kw: 1.0)  # as slow as the float forward
     s = Session(model=tiny_model("llama", vocab=8192))
     assert build(s, "auto") is None and "it would not pay" in s.learned.events[-1]
-    assert isinstance(build(s, "int4"), SelfDraftProposer)  # asked for by name: built
+    assert build(s, "auto") is None and len(s.learned.events) == 1  # decided once per session
+    first = build(s, "int4")
+    assert isinstance(first, SelfDraftProposer)  # asked for by name: built
+    assert build(s, "int4").stack is first.stack  # a warm-up's fresh proposer shares the stack
 
 
 def tiny_model_neox():
