@@ -4,7 +4,8 @@
 - ``cache_dir()``: ``$LATTICEDRAFT_CACHE``, else ``<repo>/.cache`` (set-up builds KenLM
   and the bundled 4-gram there), else ``~/.cache/latticedraft``.
 - ``data_dir()``: ``$LATTICEDRAFT_DATA``, else ``<repo>/data`` (the bundled models).
-- ``smollm2_dir()``: the real pretrained model ``latticedraft fetch smollm2`` writes into the cache.
+- ``smollm2_dir()``: the real pretrained model ``latticedraft fetch smollm2`` writes into the cache;
+  ``smollm2_lm_dir()``: its 4-gram (``fetch smollm2 --lm``).
 - ``kenlm_tool(name)``: ``lmplz`` / ``build_binary`` from ``$LATTICEDRAFT_KENLM_BIN``,
   the cache, or ``PATH``.
 """
@@ -51,6 +52,12 @@ def smollm2_dir(cache=None) -> Path:
     """SmolLM2-135M-Instruct as a float32 HF directory, written by ``latticedraft fetch smollm2``
     (it exists only after that command ran); under ``cache`` (default ``cache_dir()``)."""
     return Path(cache or cache_dir()) / "models" / "smollm2-135m-instruct"
+
+
+def smollm2_lm_dir(cache=None) -> Path:
+    """SmolLM2's own 4-gram (its tokenizer; ``fetch smollm2 --lm``, ``scripts/build_smollm2.sh``, the
+    demo's first run), under ``cache`` (default ``cache_dir()``)."""
+    return Path(cache or cache_dir()) / "lm" / "smollm2-4gram"
 
 
 def kenlm_tool(name: str) -> Path:

@@ -11,7 +11,8 @@
 #      translate / summarize / answer from passages / word problems / code, that
 #      scripts/task_prompts.py makes from this machine's text, 31 min here; no data set) into
 #      .cache/lm/smollm2-4gram (13.3 M tokens; about 40 s, 1.5 GB of memory, 322 MiB of search
-#      tables):
+#      tables): `latticedraft fetch smollm2 --lm` (the recipe: LM_TEXTS in latticedraft/cli/fetch.py;
+#      `latticedraft demo` runs the same on its first run);
 #      decode finds it by its tokenizer (loaders.lm_for) for LM drafts and n-gram rescoring without --lm.
 #   3. with --heads: Stern heads for it into .cache/heads/smollm2 (resumable: run it again after an
 #      interrupt), trained on SmolLM2's own text above without the GPU-written answers (1.65 M tokens:
@@ -45,15 +46,8 @@ done
 LD=.venv/bin/latticedraft
 [ -x "$LD" ] || { echo "[smollm2] run bash scripts/setup.sh first" >&2; exit 1; }
 CACHE=${LATTICEDRAFT_CACHE:-$PWD/.cache}
-MODEL=$($LD fetch smollm2)
+MODEL=$($LD fetch smollm2 --lm)   # the model and its 4-gram (rebuilt only when its manifest is not this recipe's)
 LM=$CACHE/lm/smollm2-4gram
-LM_ARGS="--corpus stdlib:train data/smollm2-own-text.txt.gz data/smollm2-own-answers.txt.gz data/smollm2-own-answers-gpu.txt.xz data/smollm2-task-answers.txt.gz --tokenizer $MODEL/tokenizer.json --order 4 --prune 0"
-want="$(sha256sum "$MODEL/tokenizer.json" | cut -d' ' -f1) $LM_ARGS"
-if [ ! -f "$LM/manifest.json" ] || [ "$(cat "$LM.stamp" 2>/dev/null)" != "$want" ]; then
-  echo "[smollm2] building the 4-gram LM with SmolLM2's tokenizer into $LM (about 30 s)" >&2
-  $LD lm build $LM_ARGS --force --out "$LM"
-  echo "$want" > "$LM.stamp"
-fi
 if [ -n "$want_heads" ]; then
   HEADS=$CACHE/heads/smollm2
   RESUME=""; [ -f "$HEADS/checkpoint.pt" ] && RESUME="--resume"

