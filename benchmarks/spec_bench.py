@@ -55,12 +55,12 @@ from latticedraft.decoding.accept.sampling import SamplingOptions  # noqa: E402
 from latticedraft.decoding.methods.bpd import DrafterSpec  # noqa: E402
 from latticedraft.decoding.eval import hf_baselines  # noqa: E402
 from latticedraft.decoding.eval.evaluate import machine  # noqa: E402
+from latticedraft.decoding.eval.rows import (CATEGORIES, HEADS_ONLY, NGRAMS, RESCORED_HEADS, SELF_DRAFT,  # noqa: E402
+                                             bench_category, int4_copy)
 from latticedraft.decoding.rows import cut_at_end  # noqa: E402
 from latticedraft.decoding.runs.session import Session  # noqa: E402
 
 QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "spec-bench" / "question.jsonl"
-MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")  # Spec-Bench's six
 CODE = "code"  # held-out code prompts (plain text, no chat template): reported beside, not in the overall mean
 CODE_PROMPTS = Path(__file__).resolve().parent / "prompts" / "heldback-code.jsonl"
 
@@ -72,7 +72,7 @@ def sample_questions(path: Path, per_category: int, seed: int) -> list[dict]:
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.strip():
             q = json.loads(line)
-            cat = "mt_bench" if q["category"] in MT_BENCH else q["category"]
+            cat = bench_category(q["category"])
             by_cat[cat].append({**q, "bench_category": cat})
     rng = random.Random(seed)
     out = []
@@ -112,15 +112,13 @@ def cli_default(model: str):
 
 def greedy_rows(a) -> dict:
     """row name -> (which session: "base" | "heads", method, options); None options: the method's defaults."""
-    fast_none = replace(DrafterSpec("none").fast(), self_draft="off")
     rows = {"ours: default (CLI)": ("heads" if a.heads else "base", *cli_default(a.heads or a.model)),
-            "ours: self-draft alone": ("base", "bpd", DrafterSpec("none", tree="auto", self_draft="int4"))}
+            "ours: self-draft alone": ("base", "bpd", SELF_DRAFT)}
     if a.heads:
-        heads = DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto", draft_vocab="auto")
-        rows["ours: heads only"] = ("heads", "bpd", heads)
-        rows["ours: n-gram-rescored heads"] = ("heads", "bpd", replace(heads, name="parallel"))
-    rows["ours: context + LM n-grams"] = ("base", "bpd", fast_none)  # also what the n-gram sampled rows run
-    rows["ours: context n-grams only"] = ("base", "bpd", replace(fast_none, lm_drafts=0))
+        rows["ours: heads only"] = ("heads", "bpd", HEADS_ONLY)
+        rows["ours: n-gram-rescored heads"] = ("heads", "bpd", RESCORED_HEADS)
+    rows["ours: context + LM n-grams"] = ("base", "bpd", NGRAMS)  # also what the n-gram sampled rows run
+    rows["ours: context n-grams only"] = ("base", "bpd", replace(NGRAMS, lm_drafts=0))
     rows["ours: lookahead"] = ("base", "lookahead", None)
     if a.draft_model:
         rows["ours: draft model"] = ("base", "bpd", DrafterSpec("model", tree="auto"))  # as HF assisted: no n-grams
@@ -186,12 +184,6 @@ def main(argv=None) -> int:
     base = sb.model
     calls = hf_baselines.CallCounter(base)
 
-    def int4_copy():
-        """The model's own int4 copy as an HF module (HF assisted generation's assistant), built once."""
-        from latticedraft.gpu.models.quantized import Scheme, quantized_copy
-
-        return sb.once(("int4 copy",), lambda: quantized_copy(base, Scheme("int4")))
-
     rows = greedy_rows(a)
     default = rows["ours: default (CLI)"]  # also what the sampled and batched rows run
     ngrams = rows["ours: context + LM n-grams"]
@@ -227,7 +219,7 @@ def main(argv=None) -> int:
             return hf_baselines.prompt_lookup(base, x, a.max_new_tokens, a.pld_tokens, eos)[0][0], calls.n - c0
         if n == "HF assisted (int4 self-draft)":
             c0 = calls.n
-            return hf_baselines.assisted(base, int4_copy(), x, a.max_new_tokens, eos)[0][0], calls.n - c0
+            return hf_baselines.assisted(base, int4_copy(sb), x, a.max_new_tokens, eos)[0][0], calls.n - c0
         if n == "HF assisted (draft model)":
             c0 = calls.n
             return hf_baselines.assisted(base, sb.draft_model, x, a.max_new_tokens, eos)[0][0], calls.n - c0

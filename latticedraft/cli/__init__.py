@@ -15,7 +15,7 @@ import sys
 
 from latticedraft.cli import decode, demo, export, fetch, import_, lattice, lm, rescore, train, tune
 from latticedraft.cli import eval as evaluate
-from latticedraft.cli.parser import Parser, commands
+from latticedraft.cli.parser import Parser, finish
 from latticedraft.errors import LatticedraftError
 from latticedraft.quiet import add_verbose_arg, quiet_libraries
 
@@ -31,21 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     groups = parser.add_subparsers(dest="group", required=True, metavar="<group>")
     for command in _GROUPS:
         command.add_parser(groups)
-    for _, p in commands(parser):  # what cli_checks.given compares against
-        add_verbose_arg(p)
-        opts = [x for x in p._actions if x.option_strings and x.dest not in ("help", "verbose")]
-        p.set_defaults(_defaults={x.dest: p.get_default(x.dest) for x in opts},
-                       _flags={x.dest: max(x.option_strings, key=len) for x in opts})
-    return parser
+    return finish(parser)  # each command's --verbose, and what cli_checks.given compares against
 
 
-def decode_options(*argv: str):
-    """(``Method``, its options object) that ``latticedraft decode ARGV`` runs with: the CLI's
-    defaults wherever ``argv`` is silent (for benchmarks that decode as the CLI does)."""
-    from latticedraft.cli.checks import method_options
-
-    m, options, _ = method_options(build_parser().parse_args(["decode", "--prompt", "x", *argv]))
-    return m, options
+decode_options = decode.decode_options  # (Method, options) of `latticedraft decode ARGV`, for benchmarks
 
 
 def main(argv: list[str] | None = None) -> int:

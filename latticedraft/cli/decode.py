@@ -171,6 +171,17 @@ DATASET = {  # dest -> help of the switches of a data-set run (decode --output)
 }
 
 
+def decode_options(*argv: str):
+    """(``Method``, its options object) that ``latticedraft decode ARGV`` runs with: the CLI's
+    defaults wherever ``argv`` is silent (for the demo and benchmarks that decode as the CLI does)."""
+    from latticedraft.cli.parser import Parser, finish
+
+    parser = Parser(prog="latticedraft")
+    add_parser(parser.add_subparsers(dest="group", required=True))
+    m, options, _ = method_options(finish(parser).parse_args(["decode", "--prompt", "x", *argv]))
+    return m, options
+
+
 def add_parser(groups) -> None:
     p = groups.add_parser("decode", help="generate with parallel BPD (exactly the greedy output, fewer model calls)",
                           description="Generate with blockwise parallel decoding; the output equals greedy decoding.")

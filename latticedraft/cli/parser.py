@@ -42,3 +42,16 @@ def commands(parser: argparse.ArgumentParser, path=()):
         return
     for name, p in subs[0].choices.items():
         yield from commands(p, (*path, name))
+
+
+def finish(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Give every command under ``parser`` its ``--verbose`` and record its options' defaults and
+    longest flags (``_defaults``, ``_flags``: what ``checks.given`` compares against); returns it."""
+    from latticedraft.quiet import add_verbose_arg
+
+    for _, p in commands(parser):
+        add_verbose_arg(p)
+        opts = [x for x in p._actions if x.option_strings and x.dest not in ("help", "verbose")]
+        p.set_defaults(_defaults={x.dest: p.get_default(x.dest) for x in opts},
+                       _flags={x.dest: max(x.option_strings, key=len) for x in opts})
+    return parser
