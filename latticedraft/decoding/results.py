@@ -36,7 +36,9 @@ class SequenceResult:
 @dataclass
 class StepRecord:
     """What one verify step of one row saw: the lattice (None without heads), the verified
-    paths int64[p, d], what was accepted and the bonus token."""
+    paths int64[p, d], what was accepted and the bonus token; best: the lattice drafter's own
+    first path int64[d] (its highest-scoring: the rescored best path where it rescores; None
+    without a lattice), whether or not the tree kept it."""
 
     row: int
     history: np.ndarray
@@ -44,6 +46,7 @@ class StepRecord:
     drafts: np.ndarray
     accepted: np.ndarray | None = None
     bonus: int = -1
+    best: np.ndarray | None = None
 
 
 @dataclass

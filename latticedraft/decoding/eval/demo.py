@@ -1,125 +1,272 @@
-"""``latticedraft demo``: the bundled model on held-out standard-library prompts (or any model,
-e.g. SmolLM2 on chat prompts through its chat template).
+"""``latticedraft demo``: what a user would run instead (HF greedy, HF prompt lookup, HF assisted
+generation with the model's own int4 copy) against latticedraft (the CLI's default, the self-draft
+alone, n-gram-rescored heads, context + LM n-grams) on a handful of prompts; by default SmolLM2
+on chat questions through its chat template, or the bundled toy model (``--model bundled``).
 
-HF greedy and HF prompt lookup (the baselines a user would run instead, in this process) vs
-latticedraft's fastest measured configuration and its parts (heads only, context and 4-gram
-drafts only, no rescoring) and the paper's drafters as published: block efficiency, tokens/s, the
-speed-up over both baselines, a picture of one step's lattice (``lattice_step.png``), and a
-check that every output equals greedy's token for token. On a model without heads the rows that
-draft from heads are left out (said in a note), and so is the lattice picture.
+``demo_rows`` chooses the rows (the decoders of ``eval.rows``, the CLI's default as the CLI reads
+it, the rows that draft from heads only where the model has heads, the paper's drafters on the
+toy); ``run_demo`` warms each up (untimed), then times every row over the same prompts in rounds
+until each has decoded for at least ``min_seconds`` (one pass where it takes that long, else
+repeated passes whose spread is kept), compares every output with HF greedy's token for token,
+draws one recorded step of the BPD row (``lattice_step.png``) and writes ``demo.json``:
+both through ``write_outputs``, the demo's one writer (``outputs.claim_dir``'s ``DEMO`` kind).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from latticedraft.atomic import write_atomic
-from latticedraft.decoding.methods import bpd_session
-from latticedraft.decoding.methods.bpd import DrafterSpec
+from latticedraft.atomic import atomic_dir
 from latticedraft.decoding.eval import hf_baselines
+from latticedraft.decoding.eval.rows import NGRAMS, RESCORED_HEADS, SELF_DRAFT, bench_category, int4_copy
+from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.planning.head_gate import HeadGate
-from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.chat import prompt_ids
 from latticedraft.decoding.runs.prompt_set import read_prompt_set
+from latticedraft.decoding.runs.session import Session
 from latticedraft.errors import InputError, ModelError
+from latticedraft.outputs import OutputKind, claim_dir, register
 from latticedraft.paths import data_dir
 
-FAST = DrafterSpec("parallel", nbest=8, slots=3).fast()  # the fastest measured (benchmarks/decode.py)
-ROWS = [
-    ("greedy", "plain autoregressive (HF generate)", None),
-    ("prompt lookup (HF)", "HF generate(prompt_lookup_num_tokens=10)", "prompt-lookup"),
-    ("latticedraft (default)", "8 best 4-gram-rescored head paths + context and 4-gram drafts, cost-aware tree",
-     FAST),
-    ("heads only", "the same without context or 4-gram drafts", FAST.drafter_only()),
-    ("context + 4-gram drafts", "--drafter none: prompt lookup and the 4-gram's continuation on latticedraft's "
-     "verifier", DrafterSpec("none").fast()),
-    ("no n-gram rescoring", "8 best un-rescored head paths + context and 4-gram drafts",
-     replace(FAST, name="parallel-base")),
-    ("base BPD (paper)", "top-1 of every head, as published", DrafterSpec("top1")),
-    ("neural BPD (paper)", "Algorithm 2, small GPT-2 rescorer", DrafterSpec("neural", alpha=1.0)),
-]
-PICTURE_ROW = "latticedraft (default)"  # its steps are recorded for lattice_step.png
+DEMO = register(OutputKind("a demo's results", "latticedraft demo", ("demo.json",), ("demo.json", "lattice_step.png")))
+GREEDY = "HF greedy"
+DEFAULT = "latticedraft default (CLI)"
+PICTURE_ROW = "BPD: n-gram-rescored heads"  # one of its steps is drawn (lattice_step.png)
+HF_KINDS = ("hf-greedy", "hf-prompt-lookup", "hf-assisted-int4")
+PLD_TOKENS = 10
+PICTURE_PROMPTS = 3  # the picture's step is picked among the steps of the first prompts
 
 
-def run_demo(session: Session, prompts_file=None, num_prompts: int = 6, max_new_tokens: int = 48,
-             out_dir="out/demo", notify=print, alphas: dict | None = None, chat: bool = False) -> dict:
-    """The demo's rows on ``num_prompts`` prompts of ``prompts_file`` (``chat``: through the model's
-    chat template); writes ``demo.json`` (and ``lattice_step.png``) into ``out_dir``; the summary."""
-    recs = read_prompt_set(prompts_file or data_dir() / "prompts.jsonl", limit=num_prompts)[0]
+@dataclass(frozen=True)
+class Row:
+    """One decoder of the table. kind: one of ``HF_KINDS`` (transformers' ``generate``) or "ours"
+    (``Session.decode(ids, method, options)``); on: the session that decodes it, "heads" (the
+    model given, with its heads) or "base" (its base model alone, as ``--model BASE`` runs it)."""
+
+    name: str
+    what: str
+    kind: str
+    method: str | None = None
+    options: object = None
+    on: str = "base"
+
+
+def demo_rows(default: tuple, heads: bool, paper: bool = False) -> list[Row]:
+    """The demo's rows: ``default`` is (method name, options) that ``latticedraft decode --model M``
+    runs (``cli.decode_options``); ``heads``: the model has heads (the rows that draft from them,
+    the default on them); ``paper``: add the paper's drafters as published (the bundled model)."""
+    rows = [Row(GREEDY, "transformers' generate(do_sample=False): the reference", "hf-greedy"),
+            Row("HF prompt lookup", f"generate(prompt_lookup_num_tokens={PLD_TOKENS})", "hf-prompt-lookup"),
+            Row("HF assisted (int4 copy)", "generate(assistant_model=the model's own int4 copy)", "hf-assisted-int4"),
+            Row(DEFAULT, "what `latticedraft decode --model M` runs with no other option", "ours", *default,
+                on="heads" if heads else "base"),
+            Row("self-draft alone", "the model's own int4 weights drafting a chain, no other drafts", "ours", "bpd",
+                SELF_DRAFT)]
+    if heads:
+        rows.append(Row(PICTURE_ROW, "the 8 best n-gram-rescored paths of the heads' lattice (3 slots), cost-aware "
+                                     "tree", "ours", "bpd", RESCORED_HEADS, on="heads"))
+    rows.append(Row("context + LM n-grams", "prompt lookup and the n-gram LM's continuation on latticedraft's "
+                                            "verifier, no drafter", "ours", "bpd", NGRAMS))
+    if heads and paper:
+        rows += [Row("BPD top-1 (paper)", "top-1 of every head, as published", "ours", "bpd", DrafterSpec("top1"),
+                     on="heads"),
+                 Row("neural BPD (paper)", "Algorithm 2, small GPT-2 rescorer", "ours", "bpd",
+                     DrafterSpec("neural", alpha=1.0), on="heads")]
+    return rows
+
+
+def has_heads(session: Session) -> bool:
+    return getattr(session.model, "num_heads", 1) > 1
+
+
+def base_session(session: Session) -> Session:
+    """A session on ``session``'s base model alone (its weights shared, not loaded again), for the
+    rows a user would run with ``--model BASE``; ``session`` itself when it has no heads."""
+    if not has_heads(session):
+        return session
+
+    def make():
+        b = Session(session.base_dir, lm_dir=session.lm_dir, rescorer_dir=session.rescorer_dir,
+                    device=session.device, model=session.model.base)
+        b.tokenizer, b.eos, b.notify = session.tokenizer, session.eos, session.notify
+        return b
+
+    return session.once(("base session",), make)
+
+
+def pick_prompts(prompts: list, n: int) -> list:
+    """``n`` of ``prompts``, taking Spec-Bench's categories in turn (a record's ``category``;
+    MT-bench's kinds count as one), each category's in file order; without categories the first
+    ``n``."""
+    by: dict = {}
+    for p in prompts:
+        by.setdefault(bench_category(p.record.get("category")), []).append(p)
+    out, k = [], 0
+    while len(out) < min(n, len(prompts)):
+        out += [q[k] for q in by.values() if k < len(q)][: n - len(out)]
+        k += 1
+    return out
+
+
+def run_demo(session: Session, rows: list[Row], prompts_file=None, num_prompts: int = 6, max_new_tokens: int = 48,
+             out_dir="out/demo", notify=print, alphas: dict | None = None, chat: bool = False,
+             min_seconds: float = 5.0) -> dict:
+    """The demo's ``rows`` on ``num_prompts`` prompts of ``prompts_file`` (``pick_prompts``; ``chat``:
+    through the model's chat template); writes ``demo.json`` and ``lattice_step.png`` into ``out_dir``
+    (``write_outputs``); returns the summary (``table`` prints it)."""
+    recs = pick_prompts(read_prompt_set(prompts_file or data_dir() / "prompts.jsonl")[0], num_prompts)
     ids = prompt_ids(session, recs, chat)
+    heads = has_heads(session)
+    sessions = {"heads": session, "base": base_session(session)}
+    base = getattr(session.model, "base", session.model)
+    counter = hf_baselines.CallCounter(base)  # the target's forward calls inside HF generate
     alphas = alphas or {}
-    rows = []
-    heads = getattr(session.model, "num_heads", 1) > 1
-    for name, what, spec in ROWS:
-        if isinstance(spec, DrafterSpec) and spec.name != "none" and not heads:
-            notify(f"  skipping {name}: {session.model_dir} has no heads (train them with `latticedraft train heads`)")
-            continue
-        family = {"parallel": "ngram"}.get(spec.name, spec.name) if isinstance(spec, DrafterSpec) else None
-        if family in alphas:
-            spec = replace(spec, alpha=alphas[family])
-        rows.append((name, what, spec))
-    # warm-up (JIT compilation, allocator, first-call costs): one short prompt per method, untimed;
-    # a drafter whose LM or rescorer is missing or made for another vocabulary is left out with a note
-    usable = []
+    chosen = []
     for row in rows:
+        if row.on == "heads" and not heads:
+            notify(f"  skipping {row.name}: {session.model_dir} has no heads (train them with `latticedraft train heads`)")
+            continue
+        family = {"parallel": "ngram"}.get(getattr(row.options, "name", None))
+        if row.name != DEFAULT and isinstance(row.options, DrafterSpec) and (family or row.options.name) in alphas:
+            row = replace(row, options=replace(row.options, alpha=alphas[family or row.options.name]))
+        chosen.append(row)
+    # warm-up (JIT compilation, allocator, first-call costs, the int4 copy): one short prompt per row,
+    # untimed; a row whose LM or rescorer is missing or made for another vocabulary is left out with a note
+    usable = []
+    for row in chosen:
         try:
-            if isinstance(row[2], DrafterSpec):
-                session.prepare("bpd", row[2])  # also measures T(n) and fits acceptance rates once (cached)
-            _run(session, ids[:1], row[2], 8, False)
+            if row.kind == "ours":  # also measures T(n) and fits acceptance rates once (cached)
+                sessions[row.on].prepare(row.method, row.options)
+            _run(row, sessions, counter, ids[:1], 8)
             usable.append(row)
         except (InputError, ModelError) as e:
-            notify(f"  skipping {row[0]}: {e}")
+            notify(f"  skipping {row.name}: {e}")
     rows = usable
-    results, greedy, step_pic = [], None, None
-    for name, what, spec in rows:
-        t0 = time.perf_counter()
-        toks, res = _run(session, ids, spec, max_new_tokens, False)
-        dt = time.perf_counter() - t0
-        if greedy is None:
-            greedy = toks
-        n = sum(len(t) for t in toks)
-        exact = all(np.array_equal(t, g) for t, g in zip(toks, greedy))
-        row = {"name": name, "what": what, "tokens": n, "seconds": round(dt, 3), "tokens_per_s": round(n / dt, 1),
-               "exact": bool(exact), "block_efficiency": None, "calls": None}
-        if res is not None:
-            nodes = [k for q in res.sequences for k in q.tree_nodes]
-            row.update(block_efficiency=round(res.block_efficiency, 3), calls=res.calls, verify=res.verify_mode,
-                       tree_nodes_mean=round(float(np.mean(nodes)), 2) if nodes else None,
-                       timing={k: round(v, 3) for k, v in res.timing.items()})
-            if name == PICTURE_ROW:  # its steps recorded in one more, untimed pass (recording costs time),
-                # with a gate of its own: a new gate drafts from the heads, whatever the session's measured
-                kept = session.learned.swap_gate(spec, HeadGate())
-                steps = _run(session, ids, spec, max_new_tokens, True)[1].steps
-                session.learned.swap_gate(spec, kept)
-                step_pic = _pick_step(steps, greedy, ids) or step_pic
-        results.append(row)
-        notify(f"  {name:<24} done: {n} tokens{f' in {res.calls} calls' if res is not None else ''}, {dt:.1f} s")
+    load_before = os.getloadavg()
+    passes: dict = {r.name: [] for r in rows}  # (tokens, seconds, target calls) per timed pass
+    outputs: dict = {}
+    rounds = 0
+    while True:
+        todo = [r for r in rows if sum(p[1] for p in passes[r.name]) < min_seconds or not passes[r.name]]
+        if not todo:
+            break
+        rounds += 1
+        if rounds == 2:
+            notify(f"  timing again, until each row has decoded for {min_seconds:g} s: "
+                   + ", ".join(r.name for r in todo))
+        for row in todo:
+            t0 = time.perf_counter()
+            toks, calls, _ = _run(row, sessions, counter, ids, max_new_tokens)
+            dt = time.perf_counter() - t0
+            passes[row.name].append((sum(len(t) for t in toks), dt, calls))
+            outputs.setdefault(row.name, []).append(toks)
+            if rounds == 1:
+                n = passes[row.name][0][0]
+                notify(f"  {row.name:<28} {n} tokens in {calls} target calls, {dt:.1f} s")
+    load_after = os.getloadavg()
+    greedy = outputs[GREEDY][0]
+    results = []
+    for row in rows:
+        ps = passes[row.name]
+        n, sec, calls = (sum(p[i] for p in ps) for i in range(3))
+        exact = all(len(o) == len(greedy) and all(np.array_equal(t, g) for t, g in zip(o, greedy))
+                    for o in outputs[row.name])
+        rates = [p[0] / p[1] for p in ps]
+        results.append({"name": row.name, "what": row.what, "settings": _settings(row), "tokens": n,
+                        "seconds": round(sec, 3), "passes": len(ps), "tokens_per_s": round(n / sec, 2),
+                        "tokens_per_s_range": [round(min(rates), 2), round(max(rates), 2)],
+                        "target_calls": calls, "tokens_per_call": round(n / max(calls, 1), 3), "exact": bool(exact)})
+    g = next(r["tokens_per_s"] for r in results if r["name"] == GREEDY)
+    for r in results:
+        r["x_hf_greedy"] = round(r["tokens_per_s"] / g, 3)
+    step_pic = None
+    pic_row = next((r for r in rows if r.name == PICTURE_ROW), None)
+    if pic_row is not None:  # its steps recorded in one more, untimed pass (recording costs time) over the
+        # first PICTURE_PROMPTS prompts, with a gate of its own: a new gate drafts from the heads, whatever
+        # the session's measured
+        s = sessions[pic_row.on]
+        kept = s.learned.swap_gate(pic_row.options, HeadGate())
+        steps = s.decode(ids[:PICTURE_PROMPTS], "bpd", pic_row.options, max_new_tokens=max_new_tokens,
+                         record_steps=True).steps
+        s.learned.swap_gate(pic_row.options, kept)
+        step_pic = _pick_step(steps, greedy, ids)
+    show = next((r.name for r in rows if r.name == DEFAULT), GREEDY)
+    answer = outputs[show][0][0]
+    import torch
+
+    summary = {"rows": results, "model": session.base_dir, "heads": str(session.model_dir) if heads else None,
+               "prompts": [{"id": p.id, "category": p.record.get("category"), "prompt_tokens": len(x)}
+                           for p, x in zip(recs, ids)],
+               "chat": chat, "max_new_tokens": max_new_tokens, "min_seconds": min_seconds, "rounds": rounds,
+               "all_exact": all(r["exact"] for r in results), "lattice_png": None,
+               "sample": {"id": recs[0].id, "question": recs[0].text, "row": show,
+                          "exact": next(r["exact"] for r in results if r["name"] == show),
+                          "answer": session.tokenizer.decode([int(t) for t in answer], skip_special_tokens=True),
+                          "tokens": len(answer), "cut_at_max_new_tokens": len(answer) >= max_new_tokens},
+               "date": datetime.date.today().isoformat(), "load_average": {"before": load_before, "after": load_after},
+               "machine": {**_machine(), "torch_threads": torch.get_num_threads()}}
+    return write_outputs(out_dir, summary, session.tokenizer, step_pic)
+
+
+def claim_out(out_dir) -> None:
+    """The overwrite rule for the demo's ``-o`` (``outputs.claim_dir``, before any work): a new or
+    empty directory, or one holding an earlier demo's results (replaced: a demo is re-run freely);
+    anything else is refused, naming what it holds."""
+    claim_dir(Path(out_dir), DEMO, force=True, flag="-o/--out")
+
+
+def write_outputs(out_dir, summary: dict, tokenizer, step_pic) -> dict:
+    """The demo's one writer: ``lattice_step.png`` (where a step was recorded) and ``demo.json``,
+    staged and moved into ``out_dir`` together (``atomic.atomic_dir``); ``summary`` with the
+    picture's path, returned."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    pic = None
-    if step_pic is not None:
-        pic = draw_step(session.tokenizer, *step_pic, out / "lattice_step.png")
-    summary = {"rows": results, "model": session.base_dir, "prompts": len(ids), "max_new_tokens": max_new_tokens,
-               "all_exact": all(r["exact"] for r in results), "lattice_png": str(pic) if pic else None,
-               "sample": {"prompt": recs[0].text, "continuation": session.tokenizer.decode(greedy[0].tolist(),
-                                                                                            skip_special_tokens=True)}}
-    write_atomic(out / "demo.json", json.dumps(summary, indent=1) + "\n")
+    with atomic_dir(out) as stage:
+        if step_pic is not None:
+            draw_step(tokenizer, *step_pic, stage / "lattice_step.png")
+            summary["lattice_png"] = str(out / "lattice_step.png")
+        (stage / "demo.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     return summary
 
 
-def _run(session: Session, ids, spec, max_new_tokens: int, record: bool):
-    """(token lists, DecodeResult or None) of one row: spec None = HF greedy, "prompt-lookup" =
-    HF prompt lookup, else BPD."""
-    if spec == "prompt-lookup":
-        return hf_baselines.prompt_lookup(session.model, ids, max_new_tokens, 10, session.eos)[0], None
-    res = session.decode(ids, "greedy" if spec is None else "bpd", spec, max_new_tokens=max_new_tokens,
-                         record_steps=record)
-    return [q.tokens for q in res.sequences], (None if spec is None else res)
+def _settings(row: Row) -> str | None:
+    """A row's settings as text (its options' repr; None for the HF rows)."""
+    return None if row.kind in HF_KINDS else f"{row.method}: {row.options!r}"
+
+
+def _machine() -> dict:
+    from latticedraft.decoding.eval.evaluate import machine
+
+    m = machine()
+    try:
+        m["model_name"] = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                               if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return m
+
+
+def _run(row: Row, sessions: dict, counter, ids, max_new_tokens: int):
+    """(token lists, target calls, DecodeResult or None) of ``row`` on ``ids``."""
+    s = sessions[row.on]
+    if row.kind in HF_KINDS:
+        base = getattr(s.model, "base", s.model)
+        c0 = counter.n
+        if row.kind == "hf-greedy":
+            toks = hf_baselines.greedy(base, ids, max_new_tokens, s.eos)[0]
+        elif row.kind == "hf-prompt-lookup":
+            toks = hf_baselines.prompt_lookup(base, ids, max_new_tokens, PLD_TOKENS, s.eos)[0]
+        else:
+            toks = hf_baselines.assisted(base, int4_copy(s), ids, max_new_tokens, s.eos)[0]
+        return [np.asarray(t, dtype=np.int64) for t in toks], counter.n - c0, None
+    res = s.decode(ids, row.method, row.options, max_new_tokens=max_new_tokens)
+    return [np.asarray(q.tokens, dtype=np.int64) for q in res.sequences], res.calls, res
 
 
 def _in_lattice(sausage, tokens) -> int:
@@ -130,13 +277,28 @@ def _in_lattice(sausage, tokens) -> int:
     return n
 
 
+def _prefix(a, b) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    n = 0
+    while n < min(len(a), len(b)) and int(a[n]) == int(b[n]):
+        n += 1
+    return n
+
+
 def _pick_step(steps, greedy, ids):
-    """The step that accepted the most draft tokens inside the lattice (ties: more accepted in
-    all, then more drafts), and the greedy continuation at that point (to colour the lattice)."""
+    """The step that accepted the most draft tokens inside the lattice (ties: where the rescored
+    best path kept more of them than the heads' own top-1 path, then more accepted in all, then more
+    drafts), and the greedy continuation at that point (to colour the lattice)."""
     steps = [st for st in steps if st.sausage is not None]  # (the head gate may skip a step's lattice)
     if not steps:
         return None
-    best = max(steps, key=lambda st: (_in_lattice(st.sausage, st.accepted), len(st.accepted), st.drafts.shape[0]))
+
+    def key(st):
+        best = st.best if st.best is not None else st.sausage.tokens[:, 0]
+        gain = _prefix(best, st.accepted) - _prefix(st.sausage.tokens[:, 0], st.accepted)
+        return _in_lattice(st.sausage, st.accepted), gain, len(st.accepted), st.drafts.shape[0]
+
+    best = max(steps, key=key)
     row = best.row
     pos = len(best.history) - len(ids[row])  # tokens emitted before this step (root included)
     truth = greedy[row][pos : pos + best.sausage.h]
@@ -150,7 +312,8 @@ def _visible(text: str, space: str = "·") -> str:
 
 def draw_step(tokenizer, step, truth, path: Path, rows: int = 8) -> Path:
     """The step's sausage: one column per head (slot), candidates best first, shaded by the
-    head's probability; green = the greedy continuation, bold outline = accepted."""
+    head's probability; green = the greedy continuation, bold outline = accepted, blue outline = in
+    a verified path, red line = the lattice drafter's best path (``step.best``: the rescored one)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -159,7 +322,7 @@ def draw_step(tokenizer, step, truth, path: Path, rows: int = 8) -> Path:
 
     s = step.sausage
     h, k = s.h, min(s.k, rows)
-    fig, ax = plt.subplots(figsize=(1.55 * h + 1.5, 0.55 * k + 1.9))
+    fig, ax = plt.subplots(figsize=(1.7 * h + 2.2, 0.55 * k + 2.2))
     acc = len(step.accepted)
     for j in range(h):
         for r in range(k):
@@ -176,18 +339,36 @@ def draw_step(tokenizer, step, truth, path: Path, rows: int = 8) -> Path:
             label = _visible(tokenizer.decode([t]))[:10]
             ax.text(j + 0.47, -r - 0.42, label, ha="center", va="center", fontsize=8, family="monospace")
             ax.text(j + 0.9, -r - 0.85, f"{p:.2f}", ha="right", va="bottom", fontsize=5.5, color="dimgray")
+    best = [] if step.best is None else [int(t) for t in step.best[:h]]
+    at = []  # the best path's cells (their rows), left to right, while they are on the picture
+    for j, t in enumerate(best):
+        where = np.flatnonzero(s.tokens[j, :k] == t)
+        if not len(where):
+            break
+        at.append(int(where[0]))
+    for j, r in enumerate(at):  # a red frame inside each of its cells, joined across the gaps
+        ax.add_patch(Rectangle((j + 0.07, -r - 0.93), 0.8, 0.76, fill=False, edgecolor="tab:red", lw=1.8, zorder=3))
+        if j + 1 < len(at):
+            ax.plot([j + 0.87, j + 1.07], [-r - 0.55, -at[j + 1] - 0.55], color="tab:red", lw=1.8, zorder=3)
     ax.set_xlim(-0.1, h + 0.05)
     ax.set_ylim(-k - 0.2, 0.9)
     for j in range(h):
         ax.text(j + 0.47, 0.35, f"head {j + 2}", ha="center", fontsize=8)
     ctx = _visible(tokenizer.decode([int(x) for x in step.history[-12:]]), space=" ")
     paths = [row[row >= 0] for row in step.drafts]
-    lat = sum(len(p) <= h and _in_lattice(s, p) == len(p) for p in paths)  # the others: context or LM n-grams
-    n_ctx = len(paths) - lat
-    ax.set_title(f"One BPD step after …{ctx!s:.60}\n{lat} lattice path{'s' if lat != 1 else ''} + {n_ctx} context "
-                 f"or 4-gram path{'s' if n_ctx != 1 else ''} "
-                 f"verified in one tree (blue = in a path); {acc} draft token{'s' if acc != 1 else ''} accepted "
-                 f"+ 1 bonus (green = greedy continuation, bold = accepted); number = head probability", fontsize=8.5)
+    lat = sum(len(p) <= h and _in_lattice(s, p) == len(p) for p in paths)  # the others: other sources' paths
+    n_other = len(paths) - lat
+    kept = _prefix(best, step.accepted)
+    top1 = _prefix(s.tokens[:, 0], step.accepted)
+    text_best = " ".join(repr(_visible(tokenizer.decode([t]), space=" ")) for t in best) or "none"
+    ax.set_title(f"One BPD step after …{ctx!s:.60}\n"
+                 f"red: the n-gram-rescored best path ({text_best}): {kept} of its tokens accepted (the heads' "
+                 f"own top-1 path would have kept {top1})\n"
+                 f"{lat} lattice path{'s' if lat != 1 else ''}"
+                 + (f" + {n_other} other path{'s' if n_other != 1 else ''}" if n_other else "")
+                 + f" verified in one tree (blue outline = in a verified path); {acc} draft token"
+                 f"{'s' if acc != 1 else ''} accepted + 1 bonus\ngreen = the greedy continuation, bold = accepted, "
+                 "number = the head's probability", fontsize=8.5)
     ax.axis("off")
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=130, bbox_inches="tight")
@@ -197,15 +378,15 @@ def draw_step(tokenizer, step, truth, path: Path, rows: int = 8) -> Path:
 
 
 def table(summary: dict) -> str:
-    """Tokens/s of every row against HF greedy and HF prompt lookup (both run in this process)."""
-    by = {r["name"]: r for r in summary["rows"]}
-    g = by["greedy"]["tokens_per_s"]
-    pld = by.get("prompt lookup (HF)", {}).get("tokens_per_s")
-    L = [f"{'method':<24} {'block eff.':>10} {'tokens/s':>9} {'vs greedy':>9} {'vs PLD':>7}  equals greedy",
-         "-" * 80]
+    """Every row against HF greedy: tokens/s, the speed-up, tokens per target call, whether every
+    output equals HF greedy's, and the seconds it was timed over (passes and their spread where
+    it took more than one)."""
+    L = [f"{'':<28} {'tokens/s':>9} {'x HF greedy':>12} {'tokens/call':>12}  {'equals greedy':<14} timed over",
+         "-" * 100]
     for r in summary["rows"]:
-        be, tps = r["block_efficiency"], r["tokens_per_s"]
-        vs_pld = f"{tps / pld:.2f}x" if pld else "-"
-        L.append(f"{r['name']:<24} {(f'{be:.2f}' if be else '-'):>10} {tps:>9.1f} {tps / g:>8.2f}x {vs_pld:>7}  "
-                 f"{'yes' if r['exact'] else 'NO'}")
+        lo, hi = r["tokens_per_s_range"]
+        timed = f"{r['seconds']:.1f} s" + (f" ({r['passes']} passes: {lo:.1f}-{hi:.1f} tokens/s)" if r["passes"] > 1
+                                           else "")
+        L.append(f"{r['name']:<28} {r['tokens_per_s']:>9.1f} {r['x_hf_greedy']:>11.2f}x {r['tokens_per_call']:>12.2f}  "
+                 f"{'yes' if r['exact'] else 'NO':<14} {timed}")
     return "\n".join(L)
