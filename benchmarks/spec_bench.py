@@ -19,6 +19,9 @@ greedy's, which every lossless row reproduces), and counts in MT-bench's tokens 
 - ``--temperatures 0.7 1.0`` adds HF ``generate(do_sample=True)`` against our lossless sampling:
   the CLI's default (``--do-sample``) and, on the base model, context + LM n-grams without a drafter.
 
+The decoders of these rows are defined once for this benchmark and ``latticedraft demo``
+(``latticedraft/decoding/eval/rows.py``).
+
 Reported per category and overall (the mean of the six categories' speed-ups, as Spec-Bench
 reports it): tokens/s, the speed-up over HF greedy, and the mean accepted tokens per target call
 (tokens / target forward calls, HF's calls counted by a hook). ``--code-count`` held-out code
