@@ -271,7 +271,7 @@ class SpeculativeRule:
             p = self.options.probs(logits, ctx)
             V = p.shape[1]
             return np.asarray([coupled_choice(p[j], self.noise.at(rows[r], len(histories[r]) + len(pre), V))
-                               for j, (r, pre) in enumerate(zip(batch_rows, prefixes))], dtype=np.int64)
+                               for j, (r, pre) in enumerate(zip(batch_rows, prefixes))], dtype=np.int64), None
 
         choose.top_k = self.options.top_k_reads()  # the verifier may screen the rest out
         return choose
