@@ -20,25 +20,19 @@ from dataclasses import asdict, dataclass, make_dataclass, replace
 import numpy as np
 
 from latticedraft.decoding.methods.lookahead import DESTS as LOOKAHEAD_DESTS
-from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB, DRAFTER_FILES
+from latticedraft.decoding.drafters import HEADS as HEAD_DRAFTERS
+from latticedraft.decoding.drafters import NAMES as DRAFTERS
+from latticedraft.decoding.drafters import file_of, help_text, reading
+from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB
 from latticedraft.decoding.registry import Method, Request, cli_defaults, flags, option, sampling_label
 from latticedraft.decoding import sources as draft_sources
 from latticedraft.decoding.runs.loaders import DRAFT_MODEL_HINT, plain_model
 from latticedraft.errors import InputError
 
-DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none")
-HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")
-
-
-def _readers(file: str) -> tuple:
-    """The drafters that read ``file`` (``DRAFTER_FILES``)."""
-    return tuple(d for d, f in DRAFTER_FILES.items() if f == file)
-
-
-LM_READERS = _readers("lm")
+LM_READERS = reading("lm")
 # which drafters read the options _Drafting does not declare (its own declare ``only``): their
 # files but the LM (which LM drafts read too: refused in ``_configure``), and the draft model's --gamma
-FILE_OPTIONS = {**{f: _readers(f) for f in sorted(set(DRAFTER_FILES.values()) - {"lm"})}, "gamma": ("model",)}
+FILE_OPTIONS = {"rescorer": reading("rescorer"), "draft_model": reading("draft_model"), "gamma": ("model",)}
 LOOKAHEAD_POOL = (*LOOKAHEAD_DESTS, "lookahead_config")  # what --lookahead-pool reads
 
 # why batched verification runs the fixed tree: its step costs rows x depth, which T(n) of n tree nodes
@@ -63,11 +57,7 @@ class _Drafting:
     ``lookahead``: ``LookaheadOptions`` of a Jacobi window + n-gram pool riding along
     (``--lookahead-pool``); ``gamma``: tokens the auxiliary draft model drafts per step."""
 
-    name: str = option("top1", group="drafting", flag="--drafter", choices=DRAFTERS, help=(
-        "top1 = vanilla BPD; ngram/parallel = n-gram rescoring, p = 1 / --nbest; parallel-base = --nbest paths of "
-        "the un-rescored lattice; neural = Algorithm 2; oracle = best lattice path given the greedy output; model = "
-        "an auxiliary draft model (--draft-model DIR, classic speculative decoding); none = no head drafts (with "
-        "--context-ngrams: prompt lookup on latticedraft's verifier)"))
+    name: str = option("top1", group="drafting", flag="--drafter", choices=DRAFTERS, help=help_text())
     k: int = option(16, group="drafting", only=HEAD_DRAFTERS, type=int, help="candidates per head in the lattice")
     prune: str = option("none", group="drafting", only=HEAD_DRAFTERS, choices=["none", "static", "otsu"],
                         help="lattice pruning")
@@ -275,6 +265,6 @@ METHOD = Method(
     check=_check,
     continuous=lambda spec: spec.name in ("none", *HEAD_DRAFTERS) and spec.lookahead is None,
     files=lambda spec: tuple(dict.fromkeys(
-        ([DRAFTER_FILES[spec.name]] if spec.name in DRAFTER_FILES else [])
+        ([file_of(spec.name)] if file_of(spec.name) else [])
         + [f for s in draft_sources.sources() if s.on(spec) for f in s.files])),
 )

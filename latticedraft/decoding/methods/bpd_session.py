@@ -11,12 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
+from latticedraft.decoding.drafters import file_of
 from latticedraft.decoding.runs.loaders import default_model_dir
 from latticedraft.paths import data_dir
 
 AUTO_DRAFT_VOCAB = 1024  # V' of the bundled heads: 80% of corpus tokens, projection 8x cheaper
-# the file each drafter reads (loaded here, fingerprinted in ``--output``); draft sources declare theirs
-DRAFTER_FILES = {"ngram": "lm", "parallel": "lm", "neural": "rescorer", "model": "draft_model"}
 CALIBRATION_PROMPTS = slice(30, 42)  # the tuning split (Appendix E): never in the benchmark or eval prompts
 
 
@@ -32,7 +31,7 @@ def proposer(session, spec, references=None, fresh: bool = False):
         build = lambda: make_drafter("model", draft_model=session.draft_model, gamma=spec.gamma,  # noqa: E731
                                      confidence=spec.draft_confidence)
         return build() if fresh else session.learned.source("draft_model", (spec.gamma, spec.draft_confidence), build)
-    lm = session.lm if DRAFTER_FILES.get(spec.name) == "lm" else None
+    lm = session.lm if file_of(spec.name) == "lm" else None
     rescorer = session.rescorer if spec.name == "neural" else None
     return make_drafter(spec.name, options=spec.lattice_options(), lm=lm, rescorer=rescorer, alpha=spec.alpha,
                         nbest=spec.nbest, references=references)
@@ -135,7 +134,7 @@ def load(session, spec) -> None:
     model, the draft vocabulary, the draft sources (``methods/bpd.py`` then warms the tree up)."""
     from latticedraft.decoding.sources import build_all
 
-    if DRAFTER_FILES.get(spec.name) == "lm":
+    if file_of(spec.name) == "lm":
         from latticedraft.lattice.lm_tables import lm_arrays
         from latticedraft.lattice.search import warm_up
 

@@ -40,7 +40,6 @@ from latticedraft.lattice.rescoring import base_drafts, rescore
 from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage
 from latticedraft.lattice.threshold import prune
 
-DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model")
 PRUNES = ("none", "otsu", "static")
 
 
@@ -259,7 +258,7 @@ def make_drafter(
     gamma: int = 4,
     confidence: float = 0.2,
 ):
-    """A draft source by name (see ``DRAFTERS``): a lattice ``Drafter`` of the heads, or for
+    """A drafter by name (``decoding/drafters.py``): a lattice ``Drafter`` of the heads, or for
     "model" the auxiliary draft model's ``ModelProposer`` (``gamma``, ``confidence``: its options);
     the message says what is missing."""
     if name == "top1":
@@ -284,7 +283,9 @@ def make_drafter(
         from latticedraft.decoding.proposers.draft_model import ModelProposer
 
         return ModelProposer(draft_model, gamma, confidence)
-    raise InputError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+    from latticedraft.decoding.drafters import NAMES
+
+    raise InputError(f"unknown drafter {name!r}; choose one of {', '.join(n for n in NAMES if n != 'none')}")
 
 
 class HeadProposer(Proposer):

@@ -108,7 +108,7 @@ def test_a_drafting_option_applies_to_the_drafters_its_declaration_names(dest, r
     ("neural", 3, ("rescorer", "lm")), ("model", 0, ("draft_model",)), ("none", 2, ("lm",)),
 ])
 def test_the_files_a_drafter_reads_decide_its_output_fingerprint(drafter, lm_drafts, files):
-    """``METHOD.files``: the drafter's own file (``DRAFTER_FILES``) and the LM where LM drafts read it."""
+    """``METHOD.files``: the drafter's own file (``drafters.DRAFTERS``) and the LM where LM drafts read it."""
     spec = DrafterSpec(name=drafter, lm_drafts=lm_drafts)
     assert METHOD.files(spec) == files
     assert all(METHOD.uses_file(dest, spec) == (dest in files) for dest in ("lm", "rescorer", "draft_model"))
