@@ -261,7 +261,7 @@ class DecodeRun:
         """Phase 5, emit: teach the gate, planner and proposers what was kept, emit each row's
         accepted tokens and bonus, drop finished rows and admit waiting prompts."""
         t0 = time.perf_counter()
-        self._learn(step, res, t0, verify_s)
+        self._learn(step, max(planned.nodes), res, t0, verify_s)
         done = []
         for j, i in enumerate(self.rows.live):
             acc = [int(t) for t in res.accepted[j]]
@@ -290,16 +290,18 @@ class DecodeRun:
 
         return want
 
-    def _learn(self, step: Step, res, now: float, verify_s: float) -> None:
+    def _learn(self, step: Step, nodes: int, res, now: float, verify_s: float) -> None:
         """The gate (this step's arm, tokens and seconds; the heads computed in this call serve the
         next step, those this step drafted from came with the last call), the planner (what every
         tree size pays: the step's time outside the verify call, and the heads inside it, which
-        T(n) leaves out; what each rated node was) and every proposer learn from the step."""
+        T(n) leaves out; this call's T(n) at its ``nodes`` per row; what each rated node was) and every
+        proposer learn from the step."""
         h = self.heads_now
         if self.gate is not None:
             self.gate.observe(sum(len(a) + 1 for a in res.accepted), now - self.t_step - h + self.heads_paid)
             self.heads_paid = h
         self.planner.overhead = 0.8 * self.planner.overhead + 0.2 * max(now - self.t_step - verify_s + h, 0.0)
+        self.planner.observe_cost(nodes, verify_s - h)
         self.planner.observe(res.accepted)
         for p in self.proposers:
             p.update(step, res.accepted, res.bonus, res.side_argmax)

@@ -217,10 +217,11 @@ def _check(session, spec: DrafterSpec) -> None:
 
 
 def _prepare(session, spec: DrafterSpec, batch_size: int) -> None:
-    """Load and check what ``spec`` drafts from; with ``--tree auto`` also measure T(n) and fit the
-    acceptance rates now (both cached on disk after the first run), by decoding a warm-up prompt
-    at batch 1 and at the run's batch size (between which a last, partial batch interpolates), so
-    that streaming output and timings never include them. (The oracle's references come per call.)"""
+    """Load and check what ``spec`` drafts from; with ``--tree auto`` also measure T(n) now (cached
+    on disk after the first run) and read the stored acceptance counts, by decoding a warm-up
+    prompt at batch 1 and at the run's batch size (between which a last, partial batch
+    interpolates), so that streaming output and timings never include them. (The oracle's
+    references come per call.)"""
     from latticedraft.decoding.methods import bpd_session
 
     bpd_session.load(session, spec)
@@ -232,8 +233,9 @@ def _prepare(session, spec: DrafterSpec, batch_size: int) -> None:
 
 def _run(session, prompts: list, spec: DrafterSpec, req, warm_up: bool = False) -> object:
     """One decode call of ``spec``; ``warm_up``: with a new head gate, sources and draft-model
-    proposer, so that the warm-up teaches neither the session's gate, the suffix drafts' memory nor
-    the draft model's calibration."""
+    proposer, so that the warm-up teaches neither the session's gate, the suffix drafts' memory,
+    the draft model's calibration nor the acceptance counts. A greedy auto-tree decode records its
+    steps and adds them to the acceptance counts (``bpd_session.count_steps``)."""
     from latticedraft.decoding.methods import bpd_session as ses
     from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
     from latticedraft.decoding.planning.head_gate import HeadGate
@@ -245,7 +247,14 @@ def _run(session, prompts: list, spec: DrafterSpec, req, warm_up: bool = False) 
                    gate=HeadGate() if warm_up else learned.gate(spec), lookahead=spec.lookahead,
                    sources=draft_sources.build_all(session, spec, fresh=warm_up),
                    correction=None if warm_up or spec.tree != "auto" else learned.correction(spec, req.sampling))
-    return bpd_decode(session.model, prompts, ses.proposer(session, spec, refs, fresh=warm_up), plan, req)
+    count = not warm_up and ses.counting(session, spec, req.sampling)  # the session's steps teach the tables
+    res = bpd_decode(session.model, prompts, ses.proposer(session, spec, refs, fresh=warm_up), plan,
+                     replace(req, record_steps=True) if count else req)
+    if count:
+        ses.count_steps(session, spec, res)
+        if not req.record_steps:
+            res.steps = []
+    return res
 
 
 METHOD = Method(

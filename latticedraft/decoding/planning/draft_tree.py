@@ -73,6 +73,17 @@ class TreePlanner:
         self.correction = correction
         self._chosen: list = []  # with a correction, per row of the last auto plan: (parent, token, raw, chosen ids)
 
+    def observe_cost(self, n: int, seconds: float, weight: float = 0.1) -> None:
+        """A verify call over ``n`` nodes per row took ``seconds`` (heads left out): T(n) moves
+        towards it (the measured curve was taken after a short cache; a long decode's calls grow),
+        and stays nondecreasing in n."""
+        if self.cost is None:
+            return
+        i = min(max(int(n), 1), self.max_nodes) - 1
+        self._T[i] += weight * (seconds - self._T[i])
+        self._T[i:] = np.maximum(self._T[i:], self._T[i])
+        self._T[:i] = np.minimum(self._T[:i], self._T[i])
+
     def step_seconds(self, n: int) -> float:
         """Predicted seconds of a step verifying n nodes per row (root included): T(n) and the
         measured per-step overhead (``auto`` only)."""

@@ -70,11 +70,12 @@ class CostModel:
     # -- measuring ------------------------------------------------------------------------
     @classmethod
     def measure(cls, verifier, batch: int = 1, context: int = 100, grid=GRID, repeats: int = 15,
-                max_nodes: int | None = None, budget_s: float = 10.0, min_repeats: int = 4) -> "CostModel":
+                max_nodes: int | None = None, budget_s: float = 2.0, min_repeats: int = 2) -> "CostModel":
         """Time ``verifier.verify`` over chains of n nodes (n in ``grid``), each after a cache of
         ``context`` tokens, ``repeats`` times interleaved (fewer, but at least ``min_repeats``, once
-        the rounds have taken ``budget_s`` seconds: a 135 M model's round takes seconds, the bundled
-        model's milliseconds); per n the ``QUANTILE`` of the times, then the nondecreasing
+        the rounds have taken ``budget_s`` seconds: a 135 M model's round takes most of a second,
+        the bundled model's milliseconds; the decode loop refines the curve from its own calls,
+        ``TreePlanner.observe_cost``); per n the ``QUANTILE`` of the times, then the nondecreasing
         least-squares fit (``monotone``). The model's state is restored after every call, so the
         measurement leaves nothing behind."""
         limit = _position_limit(verifier.model)

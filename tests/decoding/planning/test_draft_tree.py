@@ -195,3 +195,16 @@ def test_each_source_is_corrected_on_its_own():
     assert c.corrected(np.array([0.85]), 0)[0] < 0.3 and c.corrected(np.array([0.85]), 1)[0] > 0.85
     kept = prefixes([row[row >= 0].tolist() for row in planner.plan([first, second]).drafts])
     assert (4, 5, 6) in kept and (1,) not in kept
+
+
+def test_the_calls_own_times_refine_t_of_n_and_keep_it_nondecreasing():
+    from latticedraft.gpu.verify.cost_model import CostModel
+
+    p = TreePlanner("auto", cost=CostModel((1, 4, 8), (1.0, 1.3, 1.6)), max_nodes=8)
+    before = p._T.copy()
+    for _ in range(50):
+        p.observe_cost(4, 2.0)  # calls of 4 nodes take longer than measured (a longer cache)
+    assert p._T[3] == pytest.approx(2.0, abs=0.02) and p._T[0] == before[0]
+    assert (np.diff(p._T) >= 0).all() and p._T[7] >= p._T[3]
+    assert p.step_seconds(4) == pytest.approx(p._T[3] + p.overhead)
+    TreePlanner("fixed").observe_cost(3, 9.0)  # no cost model: nothing to refine
