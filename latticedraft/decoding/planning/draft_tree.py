@@ -15,10 +15,10 @@ never grows along a path) for the n that maximises
 the rescored lattice. ``overhead`` is the per-step time that does not grow with n: outside the
 verify call (drafting, bookkeeping) and the extra heads inside it, measured by the decode loop
 as it runs. In a batched step the rows' trees are padded to the largest, so one n serves every
-row (``plan_rows``). The rates were fitted on held-out greedy decodes; a ``RateCorrection``
+row (``plan_rows``). The rates count earlier greedy steps (``acceptance.py``); a ``RateCorrection``
 rescales each source's rates by what verification has kept of them so far in the run
-(``observe``), so a tree planned under sampling, or on text unlike the calibration prompts, is
-sized for the acceptance that actually comes. The ``fixed`` policy verifies every candidate
+(``observe``), so a tree planned under sampling, or on text unlike what was counted, is sized for
+the acceptance that actually comes; T(n) follows the run's own verify calls (``observe_cost``). The ``fixed`` policy verifies every candidate
 path, as given.
 
     >>> plan = TreePlanner("fixed").plan([Proposal(np.array([[4, 5]]))])
