@@ -29,6 +29,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from latticedraft.errors import InputError
+
 MODULES = ("context", "lm_ngrams", "suffix", "self_draft")  # decoding/proposers/<name>.py, each with SOURCE
 RATES = ("fitted", "online", "context")  # a fitted table of its own; its own online estimate; the context table
 
@@ -113,6 +115,17 @@ def build_all(session, spec, fresh: bool = False) -> tuple:
         if p is not None:
             out.append(p)
     return tuple(out)
+
+
+def longest_match(flag: str):
+    """A ``check`` for an option that is the longest suffix a source matches: an int >= 0 (0: off)."""
+
+    def check(value) -> int:
+        if int(value) < 0:
+            raise InputError(f"{flag} {value}: give the longest suffix to match (>= 1), or 0 for off")
+        return int(value)
+
+    return check
 
 
 def markdown_table() -> str:
