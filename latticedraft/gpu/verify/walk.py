@@ -12,8 +12,10 @@ from latticedraft.gpu.verify.tree import build_tree
 
 def walk(trees, argmax_at) -> tuple[list[list[int]], np.ndarray]:
     """Accept walk over all rows at once, level by level: at each level one ``argmax_at``
-    call for the rows still matching (at most depth + 1 calls). Same result as
-    ``tree.accept_path`` per row. Returns (node paths from the root, bonus tokens)."""
+    call for the rows still matching (at most depth + 1 calls). Each row's path follows
+    ``DraftTree.children`` from the root while the target's choice is a child; the first choice that
+    is not (or that ``argmax_at`` marks as a stop) is the row's bonus token. ``walk_batched`` runs it
+    over drafts laid out as batch rows. Returns (node paths from the root, bonus tokens)."""
     b = len(trees)
     paths = [[0] for _ in range(b)]
     bonus = np.zeros(b, dtype=np.int64)
