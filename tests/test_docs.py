@@ -1,10 +1,14 @@
 """The documentation stays readable and connected: every page in ``docs/`` at most 400 lines (logs
-of measurements live beside their results in ``benchmarks/results/``), and every relative link in
-the README, ``docs/`` and the benchmarks' READMEs reaches a file of the repository."""
+of measurements live beside their results in ``benchmarks/results/``), every relative link in the
+README, ``docs/`` and the benchmarks' READMEs reaches a file of the repository, and the speed
+tables are the generator's, "(default)" marking only what ``latticedraft decode`` runs with no
+options."""
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,3 +47,18 @@ def test_relative_links_resolve(page):
 def test_link_reader():
     text = "[a](docs/x.md) [b](https://example.org/y) [c](#top) [d](../z.md#part) [e](mailto:me@x)"
     assert relative_links(text) == ["docs/x.md", "../z.md"]
+
+
+def test_speed_tables_are_generated_and_default_is_the_cli_default():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import readme_table
+
+    results = ROOT / "benchmarks" / "results" / "decode.json"
+    body = readme_table.rows(results, "vs_prompt_lookup", "HF prompt lookup")
+    for page in (ROOT / "README.md", ROOT / "docs" / "speed.md"):
+        assert "\n".join(body) in page.read_text(), f"{page.name}'s table is not what benchmarks/readme_table.py writes"
+    default = json.loads(results.read_text()).get("cli_default")
+    marked = [line.split(" | ")[0][2:] for line in body if " (default) |" in line]
+    assert marked == ([f"{default} (default)"] if default else [])
+    assert readme_table.label("bpd x (default)", {}) == "bpd x"
+    assert readme_table.label("bpd y", {"cli_default": "bpd y"}) == "bpd y (default)"
