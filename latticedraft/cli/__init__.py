@@ -22,10 +22,23 @@ from latticedraft.quiet import add_verbose_arg, quiet_libraries
 _GROUPS = (train, lm, decode, evaluate, tune, demo, rescore, lattice, import_, export, fetch)
 
 
+def description() -> str:
+    """What ``latticedraft --help`` says latticedraft is (the approximate methods from the registry)."""
+    from latticedraft.decoding import registry
+
+    lossy = [m.name for m in registry.methods().values() if not m.lossless]
+    return ("Faster language-model decoding without changing the output. Draft sources (multi-token heads and "
+            "their lattices rescored with n-gram or neural LMs, context n-grams, a draft model, the model's own "
+            "early layers, a lookahead window) propose several tokens per step; the model verifies them in one "
+            "forward pass and keeps exactly what greedy decoding would write, or with sampling draws from its own "
+            f"distribution ({' and '.join(lossy)} sample approximately). latticedraft also trains the heads and "
+            "draft models and builds the n-gram LMs they use.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from latticedraft import __version__
 
-    parser = Parser(prog="latticedraft", description=__doc__.splitlines()[0])
+    parser = Parser(prog="latticedraft", description=description())
     parser.add_argument("--version", action="version", version=f"latticedraft {__version__}")
     add_verbose_arg(parser, dest="verbose_all")
     groups = parser.add_subparsers(dest="group", required=True, metavar="<group>")

@@ -171,9 +171,25 @@ DATASET = {  # dest -> help of the switches of a data-set run (decode --output)
 }
 
 
+def description() -> str:
+    """``decode --help``'s description: which methods are lossless and which approximate, from the registry."""
+    from latticedraft.decoding import registry
+
+    table = registry.methods().values()
+    lossless = [m.name for m in table if m.lossless]
+    sampled = [m.name for m in table if m.lossless and m.sampling != "never"]
+    lossy = [m.name for m in table if not m.lossless]
+    return ("Decode prompts with any --method: stream the text, print one JSON object per prompt (--json), or write "
+            f"a resumable data set (--output). The lossless methods ({', '.join(lossless)}) write exactly what "
+            f"greedy decoding would, or with --do-sample ({', '.join(sampled)}) draw from the model's own "
+            f"sampling distribution; {' and '.join(lossy)} sample approximately (not lossless). With no options: "
+            "--method bpd with --drafter top1: the heads' top-1 drafts, context n-grams and, where an n-gram LM "
+            "build fits the tokenizer, its continuations, verified as one cost-aware tree per step.")
+
+
 def add_parser(groups) -> None:
-    p = groups.add_parser("decode", help="generate with parallel BPD (exactly the greedy output, fewer model calls)",
-                          description="Generate with blockwise parallel decoding; the output equals greedy decoding.")
+    p = groups.add_parser("decode", help="decode prompts with any --method (default bpd, lossless)",
+                          description=description())
     method_arg(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text; - reads it from standard input (default: --prompts)")

@@ -155,8 +155,14 @@ def _cmd_eval_records(a) -> int:
 
 
 def add_parser(groups) -> None:
-    p = groups.add_parser("eval", help="every drafter on a prompt set: the paper's Tables 4, 3, 10 and Figures 6, 7",
-                          description="Block efficiency of every drafter (and exactness against greedy) on a prompt set.")
+    p = groups.add_parser("eval", help="every method and drafter on a prompt set: the paper's tables",
+                          description="Evaluate on a prompt set (after --skip, the split `tune` uses): every BPD "
+                                      "drafter of the paper's Tables 3, 4, 5 and 10 and Figures 6 and 7, and the "
+                                      "lookahead, Kangaroo and PPD rows, beside plain greedy decoding: block "
+                                      "efficiency, tokens/s and whether each output equals greedy decoding's (rows "
+                                      "sampled with --do-sample are not compared). Writes results.json, results.md "
+                                      "and the figures into --out. --method dynamo runs the DynaMo ablation instead; "
+                                      "--records OUT.jsonl summarizes a `decode --output` run.")
     p.add_argument("--method", default="bpd", choices=["bpd", "dynamo"], help="bpd (default) or the DynaMo ablation")
     p.add_argument("--records", default=None, metavar="OUT.jsonl",
                    help="instead: summarize a `decode --output` run, per rank and in total (block efficiency, "

@@ -26,7 +26,7 @@ def _cmd_export_custom_generate(a) -> int:
 
 
 def add_parser(groups) -> None:
-    grp = groups.add_parser("export", help="write trained heads in the layouts serving engines read",
+    grp = groups.add_parser("export", help="write heads for vLLM, or a directory transformers' generate runs",
                             description="Write what latticedraft trained in the layouts other tools read.")
     verbs = grp.add_subparsers(dest="verb", required=True, metavar="<verb>")
     p = verbs.add_parser("medusa", help="Medusa heads as vLLM reads them (config.json + model.safetensors)",

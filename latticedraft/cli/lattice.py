@@ -17,7 +17,7 @@ def _cmd_lattice_draw(a) -> int:
 
 
 def add_parser(groups) -> None:
-    p = groups.add_parser("lattice", help="inspect sausage lattices",
+    p = groups.add_parser("lattice", help="draw a saved sausage lattice (PNG)",
                           description="Inspect sausage lattices saved with Sausage.save.")
     sub = p.add_subparsers(dest="verb", required=True, metavar="<verb>")
     d = sub.add_parser("draw", help="draw a lattice like Figure 4 of the BPD paper (PNG)",

@@ -97,8 +97,9 @@ def _cmd_lm_convert(a) -> int:
 def add_parser(groups) -> None:
     from latticedraft.paths import default_lm_dir
 
-    g = groups.add_parser("lm", help="n-gram LMs: build (KenLM → ARPA → binary → WFST) and score",
-                          description="Build, score, convert n-gram LMs over token ids, and count co-occurrences.")
+    g = groups.add_parser("lm", help="n-gram LMs: build, score, convert and index; co-occurrences",
+                          description="Build, score, convert and index n-gram LMs over token ids (KenLM → ARPA → "
+                                      "binary → WFST), and count token co-occurrences for DynaMo.")
     sub = g.add_subparsers(dest="verb", required=True, metavar="<verb>")
     b = sub.add_parser("build", help="build an n-gram LM over token ids from corpus files",
                        description="Tokenize a corpus, count and estimate an n-gram LM with KenLM's lmplz, and "

@@ -133,9 +133,11 @@ def _cmd_train_adapter(a) -> int:
 
 
 def add_parser(groups) -> None:
-    grp = groups.add_parser("train", help="train a small causal LM or multi-token heads",
+    grp = groups.add_parser("train", help="train a base LM, heads, Kangaroo's adapter or a draft model",
                             description="Train the models latticedraft decodes with: a small causal LM from scratch "
-                                        "(`train lm`) or multi-token heads on a base LM (`train heads`).")
+                                        "(`train lm`), multi-token heads on a base LM (`train heads`), Kangaroo's "
+                                        "adapter (`train adapter`) or a small draft model distilled from a base "
+                                        "(`train draft-model`).")
     verbs = grp.add_subparsers(dest="verb", required=True, metavar="<verb>")
     p = verbs.add_parser("lm", help="train a GPT-2- or Mistral-style causal LM from scratch (the base, the rescorers)",
                          description="Train a GPT-2- or Mistral-style causal LM from scratch on a corpus (files, directories or "
@@ -160,7 +162,9 @@ def add_parser(groups) -> None:
                          description="Train multi-token heads (Stern FFN heads, Medusa residual heads or DynaMo "
                                      "decoder-layer heads) on a "
                                      "frozen (or --unfreeze) base causal LM; saves heads_config.json and "
-                                     "heads.safetensors, naming the base relatively.")
+                                     "heads.safetensors, naming the base relatively (with --unfreeze the trained base "
+                                     "goes beside them). --self-distill trains on the base's own continuations; "
+                                     "--early-exit trains PPD's per-layer early-exit heads instead.")
     p.add_argument("--base", required=True, help="base model directory (HF format)")
     corpus_arg(p)
     p.add_argument("--heads", type=int, default=None, help="number of heads h, counting the base's own head 1 (≥ 2)")

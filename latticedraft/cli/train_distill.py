@@ -111,7 +111,8 @@ def add_draft_model_parser(verbs) -> None:
     p = verbs.add_parser("draft-model", help="distil a small draft model of the base's architecture from the base",
                          description="Distil a small causal LM of the base's own architecture, vocabulary and tokenizer "
                                      "from a frozen base: it learns the base's next-token distribution (KL divergence) "
-                                     "on the base's own continuations of corpus prompts. The result drafts for "
+                                     "on the base's own continuations of corpus prompts (--distill-text corpus and "
+                                     "--distill-loss hard change the text and the loss). The result drafts for "
                                      "--drafter model, --method mtad and HF assisted generation, and rescores for "
                                      "--drafter neural. Checkpoints every --checkpoint-every steps; --resume continues.")
     p.add_argument("--base", required=True, help="base model directory (HF format; its tokenizer.json is used)")

@@ -76,7 +76,7 @@ def _cmd_tune_lookahead(a) -> int:
 
 
 def add_parser(groups) -> None:
-    p = groups.add_parser("tune", help="sweep alpha (Appendix E), or lookahead's (W, N, G), on a held-out split",
+    p = groups.add_parser("tune", help="tune alpha (Appendix E) or lookahead's (W, N, G)",
                           description="Sweep the interpolation weight alpha of the n-gram and neural drafters on a "
                                       "tuning split of the prompts and write the best per drafter as JSON "
                                       "(read by `eval --alphas` and `demo --alphas`); with --method lookahead, "

@@ -118,8 +118,6 @@ FAST = cli_defaults(DrafterSpec)  # the CLI's defaults where they differ: the fa
 def _configure(values: dict, given: set) -> DrafterSpec:
     """The ``DrafterSpec`` of option values (dest -> value); a missing value takes the CLI's default,
     so ``Session.configure`` and ``custom_generate`` decode as ``latticedraft decode`` does."""
-    from latticedraft.decoding.proposers.heads import LatticeOptions
-
     values = {**cli_defaults(DrafterSpec, changed_only=False, by_dest=True),
               **{k: v for k, v in values.items() if v is not None}}
     name = values["drafter"]
@@ -136,41 +134,71 @@ def _configure(values: dict, given: set) -> DrafterSpec:
         readers = [s.flag for s in draft_sources.sources() if "lm" in s.files]
         raise InputError(f"--lm does not apply to --drafter {name} without {' / '.join(readers)} (it applies to "
                          f"--drafter {' / '.join(LM_READERS)} and to those sources); drop it")
-    pool = bool(values.get("lookahead_pool"))
-    if not pool:
+    declared = {f.name: values[dest] for dest, f, _ in flags(DrafterSpec)}
+    tree = _batched_verification(values, given, on, declared["tree"])
+    spec = DrafterSpec(**{**declared, **on, "name": name, "tree": tree, "draft_vocab": _draft_vocab(values["draft_vocab"])},
+                       lookahead=_lookahead(values, given),
+                       gamma=DrafterSpec.gamma if values.get("gamma") is None else values["gamma"])
+    _check_ranges(spec, values, given)
+    if values.get("do_sample"):
+        if spec.name == "oracle":
+            raise InputError("--drafter oracle drafts the greedy output; it has nothing to offer sampling "
+                             "(choose another drafter)")
+        if spec.name in HEAD_DRAFTERS and plain_model(values.get("model")):
+            if "drafter" in given:
+                raise InputError(f"--drafter {name} drafts from multi-token heads, and --model {values.get('model')} "
+                                 "has none (no heads_config.json), so it would draft nothing; use --drafter none "
+                                 "(context and LM n-grams) or a head directory built for this model")
+            spec = replace(spec, name="none")  # the default drafter on a plain model: the n-grams, as in greedy
+    return spec
+
+
+def _draft_vocab(vocab):
+    """``--draft-vocab``: "auto", a number of tokens, or None (0: the full vocabulary)."""
+    if vocab == "auto":
+        return vocab
+    try:
+        vocab = int(vocab)
+    except ValueError:
+        raise InputError(f"--draft-vocab {vocab!r}: give a number of tokens (0 = full vocabulary) or auto") from None
+    if vocab < 0:
+        raise InputError(f"--draft-vocab {vocab}: give a number of tokens >= 1, 0 for the full vocabulary, or auto")
+    return vocab or None
+
+
+def _lookahead(values: dict, given: set):
+    """The ``LookaheadOptions`` of ``--lookahead-pool`` (None without it; its options refused then)."""
+    if not values.get("lookahead_pool"):
         for dest in LOOKAHEAD_POOL:
             if dest in given:
                 raise InputError(f"--{dest.replace('_', '-')} does not apply to --method bpd unless --lookahead-pool "
                                  "runs a Jacobi window (or use --method lookahead); add --lookahead-pool or drop it")
-    vocab = values["draft_vocab"]
-    if vocab != "auto":
-        try:
-            vocab = int(vocab)
-        except ValueError:
-            raise InputError(f"--draft-vocab {vocab!r}: give a number of tokens (0 = full vocabulary) or auto") from None
-        if vocab < 0:
-            raise InputError(f"--draft-vocab {vocab}: give a number of tokens >= 1, 0 for the full vocabulary, or auto")
-        vocab = vocab or None
-    look = None
-    if pool:
-        from latticedraft.decoding.methods.lookahead import options_from
+        return None
+    from latticedraft.decoding.methods.lookahead import options_from
 
-        look = options_from(values, given)
-    declared = {f.name: values[dest] for dest, f, _ in flags(DrafterSpec)}
-    tree = declared["tree"]
-    if values.get("verify") == "batched":
-        for src in draft_sources.sources():
-            if src.shares_cache and src.is_on(on[src.dest]):
-                if src.dest in given:
-                    raise InputError(f"{src.flag} {on[src.dest]} does not apply to --verify batched: it drafts over the "
-                                     f"verifier's own cache, which tree verification keeps; drop {src.flag} or --verify")
-                on[src.dest] = src.option.default  # (the CLI's default under batched verification: off)
-    if values.get("verify") == "batched" and tree == "auto":
-        if "tree" in given:
-            raise InputError(f"--tree auto does not apply to --verify batched: {BATCHED_TREE}; drop --tree auto")
-        tree = "fixed"
-    spec = DrafterSpec(**{**declared, **on, "name": name, "tree": tree, "draft_vocab": vocab}, lookahead=look,
-                       gamma=DrafterSpec.gamma if values.get("gamma") is None else values["gamma"])
+    return options_from(values, given)
+
+
+def _batched_verification(values: dict, given: set, on: dict, tree: str) -> str:
+    """Under ``--verify batched``: sources that draft over the verifier's cache are off (refused
+    where given), and the tree is fixed (refused where ``--tree auto`` is given); the tree policy."""
+    if values.get("verify") != "batched":
+        return tree
+    for src in draft_sources.sources():
+        if src.shares_cache and src.is_on(on[src.dest]):
+            if src.dest in given:
+                raise InputError(f"{src.flag} {on[src.dest]} does not apply to --verify batched: it drafts over the "
+                                 f"verifier's own cache, which tree verification keeps; drop {src.flag} or --verify")
+            on[src.dest] = src.option.default  # (the CLI's default under batched verification: off)
+    if tree == "auto" and "tree" in given:
+        raise InputError(f"--tree auto does not apply to --verify batched: {BATCHED_TREE}; drop --tree auto")
+    return "fixed"
+
+
+def _check_ranges(spec: DrafterSpec, values: dict, given: set) -> None:
+    """The ranges of the drafting options, and what ``--drafter model`` needs."""
+    from latticedraft.decoding.proposers.heads import LatticeOptions
+
     if spec.name in HEAD_DRAFTERS:
         LatticeOptions(spec.k, spec.prune, spec.eps, spec.backoff, spec.slots)  # the lattice options' ranges
     if spec.nbest < 1:
@@ -185,19 +213,6 @@ def _configure(values: dict, given: set) -> DrafterSpec:
         raise InputError("--eps applies to --prune static or otsu only; add --prune static or drop --eps")
     if spec.name == "model" and values.get("draft_model") is None:
         raise InputError(f"--drafter model needs an auxiliary draft model: {DRAFT_MODEL_HINT}")
-    if values.get("do_sample"):
-        if spec.name == "oracle":
-            raise InputError("--drafter oracle drafts the greedy output; it has nothing to offer sampling "
-                             "(choose another drafter)")
-        if spec.name in HEAD_DRAFTERS and plain_model(values.get("model")):
-            if "drafter" in given:
-                raise InputError(f"--drafter {name} drafts from multi-token heads, and --model {values.get('model')} "
-                                 "has none (no heads_config.json), so it would draft nothing; use --drafter none "
-                                 "(context and LM n-grams) or a head directory built for this model")
-            spec = replace(spec, name="none")  # the default drafter on a plain model: the n-grams, as in greedy
-    return spec
-
-
 
 
 def _label(spec: DrafterSpec, sampling) -> str:

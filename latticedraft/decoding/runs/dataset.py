@@ -190,6 +190,17 @@ class ShardSummary:
         return (f"{who}decoded {self.decoded} of {self.prompts} prompts ({self.already} already had records), "
                 f"{self.tokens} tokens in {self.seconds:.2f} s: {rate:.1f} tokens/s, block efficiency {be:.2f}")
 
+    def kept(self, target: Path | None, todo: int, mine: int) -> str:
+        """What an interrupt leaves (``interrupts.keeping``) of a run writing to ``target`` (None: standard
+        output) with ``todo`` of this rank's ``mine`` prompts to decode."""
+        done = self.already + self.decoded
+        if target is None:
+            return f"the records of {self.decoded} of {todo} prompts were written to standard output"
+        if done == 0:
+            return f"no prompt had a complete record yet and {target} was not written; rerun the command"
+        return (f"{done} of {mine} prompts have complete records in {target}; rerun the same command with "
+                f"--resume to decode the other {mine - done}")
+
 
 @dataclass
 class ShardWork:
@@ -239,15 +250,6 @@ def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, opt
     t0 = time.perf_counter()
     shares = [0.0] * len(todo)  # each prompt's wall seconds, summed over its turns
 
-    def kept() -> str:  # what an interrupt leaves (interrupts.keeping)
-        done = summary.already + summary.decoded
-        if plan.target is None:
-            return f"the records of {summary.decoded} of {len(todo)} prompts were written to standard output"
-        if done == 0:
-            return f"no prompt had a complete record yet and {plan.target} was not written; rerun the command"
-        return (f"{done} of {len(mine)} prompts have complete records in {plan.target}; rerun the same command with "
-                f"--resume to decode the other {len(mine) - done}")
-
     def write(i: int) -> None:
         """Prompt ``todo[i]``'s record, once its last turn is done."""
         rec = talk.record(i)
@@ -296,7 +298,7 @@ def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, opt
                 turn_done(i, res.alone(j), share)
                 on_done(at[i], res.alone(j))
 
-    with interrupts.keeping(kept):
+    with interrupts.keeping(lambda: summary.kept(plan.target, len(todo), len(mine))):
         try:
             rounds(ids, decode_round, talk, write)
         finally:
