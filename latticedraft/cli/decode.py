@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from latticedraft.cli.args import (common_model_args, drafter_args, dtype_arg, dynamo_args, gamma_arg, lookahead_args,
-                                   method_arg, mtad_args, sampling_args, self_draft_args, tree_args)
+                                   method_arg, mtad_args, sampling_args, early_layer_args, tree_args)
 from latticedraft.cli.checks import check_model_limits, check_ranges, method_options, refuse_given
 from latticedraft.errors import InputError
 
@@ -222,7 +222,7 @@ def add_parser(groups) -> None:
     tree_args(p)
     mtad_args(p)
     lookahead_args(p)
-    self_draft_args(p)
+    early_layer_args(p)
     gamma_arg(p)
     sampling_args(p)
     dynamo_args(p)

@@ -13,7 +13,7 @@ from latticedraft.cli.args import (
     gamma_arg,
     lookahead_args,
     sampling_args,
-    self_draft_args,
+    early_layer_args,
     set_threads,
 )
 
@@ -180,7 +180,7 @@ def add_parser(groups) -> None:
     common_model_args(p)
     drafter_args(p)
     lookahead_args(p)
-    self_draft_args(p)
+    early_layer_args(p)
     gamma_arg(p)
     sampling_args(p)
     _dynamo_eval_args(p)

@@ -91,13 +91,13 @@ def _lookahead_name(o: LookaheadOptions) -> str:
     return f"Lookahead (W={o.W}, N={o.N}, G={o.G})"
 
 
-def _self_draft_name(o) -> str:
+def _early_layer_name(o) -> str:
     if isinstance(o, KangarooOptions):
         return f"Kangaroo (gamma={o.gamma}, eta={o.eta})"
     return f"PPD (exit layer {o.dbar or 'd/2'}, k={o.k}{', trained exit heads' if o.exit_heads else ''})"
 
 
-def _self_draft_stats(session: Session, spec, res) -> dict:
+def _early_layer_stats(session: Session, spec, res) -> dict:
     """Kangaroo: the early-exit acceptance rate per draft position; PPD: the measured match
     rate and Theorem 4.1's predicted latency and compute per token against greedy."""
     if isinstance(spec, KangarooOptions):
@@ -114,7 +114,7 @@ def _self_draft_stats(session: Session, spec, res) -> dict:
     return predicted(res.sequences, d, spec.dbar or d // 2, spec.k)
 
 
-def _self_draft_md(stats: dict) -> list[str]:
+def _early_layer_md(stats: dict) -> list[str]:
     if not stats:
         return []
     L = ["", "## Early-layer self-drafting (Kangaroo, PPD)", ""]
@@ -178,13 +178,13 @@ def _other_plan(session: Session, cfg: EvalConfig, notify) -> list[Entry]:
     if cfg.kangaroo is not None:
         try:  # a model without a matching adapter gets no Kangaroo row, and is told why
             session.prepare("kangaroo", cfg.kangaroo)
-            plan.append((_self_draft_name(cfg.kangaroo), "kangaroo", cfg.kangaroo, "self-draft"))
+            plan.append((_early_layer_name(cfg.kangaroo), "kangaroo", cfg.kangaroo, "early-layer"))
         except (InputError, ModelError) as e:
             notify(f"no Kangaroo row: {e}")
     if cfg.ppd is not None:
         try:  # a one-layer model has no early exit
             session.prepare("ppd", cfg.ppd)
-            plan.append((_self_draft_name(cfg.ppd), "ppd", cfg.ppd, "self-draft"))
+            plan.append((_early_layer_name(cfg.ppd), "ppd", cfg.ppd, "early-layer"))
         except (InputError, ModelError) as e:
             notify(f"no PPD row: {e}")
     return plan
@@ -193,12 +193,12 @@ def _other_plan(session: Session, cfg: EvalConfig, notify) -> list[Entry]:
 @dataclass
 class _Done:
     """What the plan's runs gave: every row's ``Run``, greedy's outputs (the references; None when
-    sampling), the Base row's recorded steps (Tables 3 and 5) and the self-drafting rows' statistics."""
+    sampling), the Base row's recorded steps (Tables 3 and 5) and the early-layer drafting rows' statistics."""
 
     runs: dict[str, Run]
     refs: list | None
     base_steps: list | None
-    self_draft: dict[str, dict]
+    early_layer: dict[str, dict]
 
 
 def _run_plan(session: Session, plan: list[Entry], ids, cfg: EvalConfig, rescorers: dict, h: int, notify) -> _Done:
@@ -226,8 +226,8 @@ def _run_plan(session: Session, plan: list[Entry], ids, cfg: EvalConfig, rescore
             out.refs = [s.tokens for s in res.sequences]
         if name == "Base":
             out.base_steps = res.steps
-        if group == "self-draft":
-            out.self_draft[name] = _self_draft_stats(session, spec, res)
+        if group == "early-layer":
+            out.early_layer[name] = _early_layer_stats(session, spec, res)
         out.runs[name] = done[key] = run
         if run.exact is False:
             notify(f"warning: {name} differs from greedy decoding")
@@ -280,7 +280,7 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
         "runs": {k: asdict(v) for k, v in done.runs.items()},
         "table3": table3,
         "table5": table5,
-        "self_draft": done.self_draft,
+        "early_layer": done.early_layer,
         "all_exact": all(r.exact for r in done.runs.values() if r.exact is not None),
         "sampling": None if cfg.sampling is None else asdict(cfg.sampling),
     }
@@ -428,7 +428,7 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
               "| Ties | Win | % Repair | % Regress | Loss | % Repair | % Regress |", "|---|---|---|---|---|---|---|",
               f"| {t5['ties']} | {w['total']} | {w['pct_repair']:.2f} | {w['pct_regress']:.2f} | {lo['total']} | "
               f"{lo['pct_repair']:.2f} | {lo['pct_regress']:.2f} |"]
-    L += _self_draft_md(results.get("self_draft") or {})
+    L += _early_layer_md(results.get("early_layer") or {})
     L += ["", "## Table 10: block efficiency using the first h heads (vanilla BPD)", "",
           "| " + " | ".join(f"h = {hc}" for hc in head_counts) + " |", "|" + "---|" * len(head_counts),
           "| " + " | ".join(f"{runs[f'top1 h={hc}']['block_efficiency']:.2f}" for hc in head_counts) + " |", ""]
