@@ -93,6 +93,8 @@ def counting(session, spec, sampling) -> bool:
     decodes of the auto tree whose tables have not settled (``SETTLED`` observations)."""
     if spec.tree != "auto" or sampling is not None or spec.name in ("oracle", "model"):
         return False
+    if spec.name == "none" and not counted_sources(spec):
+        return False  # nothing of it is counted: no lattice, no source table
     return sum(acceptance(session, spec).counts.values()) < SETTLED
 
 

@@ -121,6 +121,15 @@ class QuantizedLinear(nn.Module):
             y = y + self.bias
         return y.view(*shape[:-1], self.out_features).to(dtype)
 
+    def product(self):
+        """The bare product as a function of x bfloat16[m, K] -> bfloat16[m, N] (no bias, no module
+        call): what a caller that runs many of them per token uses (``lean.LeanStack``)."""
+        packed, scales, group = self.packed, self.scales, self.scheme.group
+        if self.scheme.kind == "int4":
+            int4 = self._int4
+            return lambda x: int4(x, packed, group, scales)
+        return lambda x: torch.ops.aten._weight_int8pack_mm(x, packed, scales)
+
     def dequantized(self) -> torch.Tensor:
         """The weights this module multiplies by, float32[N, K] (for checks)."""
         eye = torch.eye(self.in_features, dtype=torch.bfloat16, device=self.packed.device)

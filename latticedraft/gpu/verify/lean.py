@@ -21,9 +21,10 @@ the same weights: norms, projections, rotary embedding, scaled-dot-product atten
   side by side); likewise the RMS norms as one ``F.rms_norm`` call each.
 
 With ``scheme`` (``gpu.models.quantized.Scheme``) the stack is the model's own weights at 4 or 8
-bits: every projection, the output projection included, is a ``QuantizedLinear`` (bfloat16
-activations into the kernel, the rest in the model's dtype), sharing the embeddings, norms and
-rotary tables: the self-draft (``decoding/proposers/self_draft.py``). A projection whose widths
+bits: every projection, the output projection included, is a ``QuantizedLinear``'s product
+(``Quantized``: bfloat16 in and out; the residual stream, norms and attention stay in the
+model's dtype), sharing the embeddings, norms and rotary tables: the self-draft
+(``decoding/proposers/self_draft.py``). A projection whose widths
 the scheme cannot hold falls back to int8, else keeps its float weights (``fallbacks`` says which
 and why).
 
@@ -75,6 +76,13 @@ class Dense:
         return F.linear(x, self.w, self.b)
 
 
+class DenseCast(Dense):
+    """``Dense`` on inputs of any dtype (cast to the weights'): a quantized stack's float fallback."""
+
+    def __call__(self, x):
+        return F.linear(x.to(self.w.dtype), self.w, self.b)
+
+
 class Conv1D:
     """GPT-2's ``Conv1D``: ``addmm(bias, x, weight)`` over the last dimension (weight [in, out])."""
 
@@ -84,6 +92,24 @@ class Conv1D:
     def __call__(self, x):
         out = torch.addmm(self.b, x.reshape(-1, x.shape[-1]), self.w)
         return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class Quantized:
+    """A ``quantized.QuantizedLinear``'s product without the module's call machinery (a draft
+    forward runs over a hundred of them): x [.., K] -> bfloat16 [.., N]."""
+
+    def __init__(self, module):
+        self.module, self.mm, self.bias, self.n = module, module.product(), module.bias, module.out_features
+
+    def __call__(self, x):
+        shape = x.shape
+        y = self.mm(x.reshape(-1, shape[-1]).to(torch.bfloat16))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*shape[:-1], self.n)
+
+    def nbytes(self) -> int:
+        return self.module.nbytes()
 
 
 class SideBySide:
@@ -206,10 +232,10 @@ class LeanStack:
             if why is None:
                 if scheme != self.scheme:
                     self.fallbacks.append(f"{name}: {self.scheme.kind} cannot hold it ({self._why}), int8 instead")
-                return quantize(w, b, scheme)
+                return Quantized(quantize(w, b, scheme))
             self._why = why
         self.fallbacks.append(f"{name}: neither {self.scheme.kind} nor int8 can hold it ({self._why}); float weights")
-        return Dense(w, b)
+        return DenseCast(w, b)
 
     def _choose_rms(self):
         """``F.rms_norm`` (one op) where this machine gives transformers' RMSNorm arithmetic bit for
