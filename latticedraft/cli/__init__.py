@@ -3,8 +3,9 @@
 Thin by design: no algorithm lives here. One module per command (``decode``, ``eval``, ``tune``,
 ``demo``, ``train``, ``lm``, ``rescore``, ``lattice``, ``export``, ``import_``, ``fetch``), each with an ``add_parser(groups)`` that
 registers its arguments and the function that runs it; every command is a function
-``(args) -> int``. User errors (``LatticedraftError``) print as one line ``error: ...`` and exit
-with status 2. The libraries' own warnings and notices stay off stderr unless ``--verbose``
+``(args) -> int``. Before it runs, every output the command declared goes through the overwrite rule
+(``output_options.claim_outputs``). User errors (``LatticedraftError``) print as one line
+``error: ...`` and exit with status 2. The libraries' own warnings and notices stay off stderr unless ``--verbose``
 (before or after the command: ``latticedraft --verbose decode ...``, ``latticedraft decode --verbose ...``).
 """
 
@@ -34,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     for _, p in commands(parser):  # what cli_checks.given compares against
         add_verbose_arg(p)
         opts = [x for x in p._actions if x.option_strings and x.dest not in ("help", "verbose")]
+        named = {x.dest: x.metavar or x.dest.upper() for x in p._actions if not x.option_strings}  # positionals
         p.set_defaults(_defaults={x.dest: p.get_default(x.dest) for x in opts},
-                       _flags={x.dest: max(x.option_strings, key=len) for x in opts})
+                       _flags={**named, **{x.dest: max(x.option_strings, key=len) for x in opts}})
     return parser
 
 
@@ -55,8 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from latticedraft.textin import check_text_value
 
+        from latticedraft.cli.output_options import claim_outputs
+
         for dest in ("prompt", "text"):
             check_text_value(getattr(args, dest, None), f"--{dest}")
+        claim_outputs(args)  # the overwrite rule for every declared output, before the command starts
         return int(args.func(args) or 0)
     except LatticedraftError as e:
         print("error: " + " ".join(str(e).split()), file=sys.stderr)

@@ -12,6 +12,7 @@ from latticedraft.cli.args import (common_model_args, drafter_args, dtype_arg, d
                                    method_arg, mtad_args, sampling_args, self_draft_args, tree_args)
 from latticedraft.cli.checks import check_model_limits, check_ranges, method_options, refuse_given
 from latticedraft.errors import InputError
+from latticedraft.outputs import FileKind
 
 
 def run(a) -> int:
@@ -169,7 +170,32 @@ DATASET = {  # dest -> help of the switches of a data-set run (decode --output)
 }
 
 
+def _is_records(path) -> bool:
+    """Whether file ``path`` starts with a record of ``decode --output``."""
+    from latticedraft.decoding.runs.line_kinds import describe_line
+
+    try:
+        with open(path, "rb") as f:
+            first = f.readline().rstrip(b"\n")
+    except OSError:
+        return False
+    return bool(first) and describe_line(first) is None
+
+
+RECORDS = FileKind("records of `decode --output`", "latticedraft decode --output", _is_records)
+
+
+def _claim_output(a) -> None:
+    """``--output``'s rule (``dataset.claim_output``): a new file, or with ``--resume`` records to continue."""
+    if a.output is not None:
+        from latticedraft.decoding.runs.dataset import claim_output
+
+        claim_output(a.output, a.resume, a.prompts)
+
+
 def add_parser(groups) -> None:
+    from latticedraft.cli.output_options import FILE, Output, declare
+
     p = groups.add_parser("decode", help="generate with parallel BPD (exactly the greedy output, fewer model calls)",
                           description="Generate with blockwise parallel decoding; the output equals greedy decoding.")
     method_arg(p)
@@ -198,6 +224,9 @@ def add_parser(groups) -> None:
                         "batch completes, then order them as the prompts; - writes standard output")
     for dest, text in DATASET.items():
         d.add_argument("--" + dest.replace("_", "-"), action="store_true", help=text)
+    declare(p, Output("--output", "output", FILE, (RECORDS,), claim=_claim_output, force="--resume",
+                      inputs=("model", "tokenizer", "lm", "rescorer", "draft_model", "adapter", "exit_heads",
+                              "lookahead_config")))  # --prompts: claim_output names it
     common_model_args(p)
     dtype_arg(p)
     drafter_args(p)

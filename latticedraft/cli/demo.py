@@ -14,11 +14,9 @@ def _cmd_demo(a) -> int:
     from latticedraft.decoding.eval.demo import run_demo, table
     from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas
     from latticedraft.decoding.runs.session import Session
-    from latticedraft.paths import check_writable
 
     check_device(a.device)
-    check_ranges(a)
-    check_writable(a.out, "--out", "directory")
+    check_ranges(a)  # --out was claimed before the command started (output_options)
     chat = a.model == "smollm2"
     if chat:  # the real pretrained model on chat questions through its chat template
         from latticedraft.errors import InputError
@@ -90,6 +88,9 @@ def smollm2_model() -> tuple[str, str | None]:
 
 
 def add_parser(groups) -> None:
+    from latticedraft.cli.output_options import out_dir
+    from latticedraft.outputs import DEMO
+
     p = groups.add_parser("demo", help="the bundled model: BPD drafters vs greedy, speed and exactness",
                           description="Run the bundled BPD model on held-out standard-library prompts with each "
                                       "drafter and plain greedy decoding; print speed, block efficiency and whether "
@@ -103,8 +104,9 @@ def add_parser(groups) -> None:
     p.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
     p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
     p.add_argument("--alphas", default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (default 1.0)")
-    p.add_argument("-o", "--out", type=Path, default=Path("out/demo"),
-                   help="output directory for demo.json and the lattice picture (default ./out/demo)")
     common_model_args(p)
+    out_dir(p, DEMO, inputs=("prompts", "model", "tokenizer", "lm", "rescorer", "alphas"), default=Path("out/demo"),
+            help="output directory for demo.json and the lattice picture (default ./out/demo)")
+    p.add_argument("--force", action="store_true", help="replace the demo.json and picture an earlier demo wrote in --out")
     p.set_defaults(threads=1)
     p.set_defaults(func=_cmd_demo)

@@ -157,7 +157,21 @@ def _cmd_fetch_smollm2(a) -> int:
     return 0
 
 
+def _claim_fetch(a) -> None:
+    """``fetch smollm2``'s rule, before anything is downloaded: a finished fetch is left as it is
+    (the command returns at once), anything else in the model directory goes through ``_claim``."""
+    from latticedraft.paths import smollm2_dir
+
+    out = smollm2_dir(a.cache)
+    if a.force or not _is_fetched(out):
+        _claim(out, a.force)
+
+
 def add_parser(groups) -> None:
+    from latticedraft.cli.output_options import DIRECTORY, Output, declare
+    from latticedraft.outputs import GGUF_IMPORT
+    from latticedraft.paths import smollm2_dir
+
     grp = groups.add_parser("fetch", help="get a real pretrained model (SmolLM2-135M-Instruct)",
                             description="Get a real pretrained model into latticedraft's cache.")
     verbs = grp.add_subparsers(dest="verb", required=True, metavar="<verb>")
@@ -170,4 +184,6 @@ def add_parser(groups) -> None:
     p.add_argument("--cache", default=None, metavar="DIR",
                    help="cache directory (default: $LATTICEDRAFT_CACHE, else the checkout's .cache)")
     p.add_argument("--force", action="store_true", help="import again (from the kept download) over an earlier fetch")
+    declare(p, Output("--cache", "cache", DIRECTORY, (GGUF_IMPORT,), target=lambda a: smollm2_dir(a.cache),
+                      claim=_claim_fetch))
     p.set_defaults(func=_cmd_fetch_smollm2)
