@@ -13,6 +13,7 @@ def _cmd_demo(a) -> int:
     from latticedraft.cli.checks import check_device, check_ranges, given
     from latticedraft.decoding.eval.demo import run_demo, table
     from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas
+    from latticedraft.decoding.runs.loaders import check_model_dir
     from latticedraft.decoding.runs.session import Session
 
     check_device(a.device)
@@ -31,11 +32,12 @@ def _cmd_demo(a) -> int:
         a.prompts = a.prompts or str(data_dir() / "chat-prompts.jsonl")
         if not given(a, "threads"):  # the weights set its step (not per-op overhead): every core
             a.threads = None
-        print(f"latticedraft demo: SmolLM2-135M-Instruct on {a.num_prompts} chat questions through its chat "
-              f"template, {a.max_new_tokens} new tokens each", file=sys.stderr)
+        banner = f"SmolLM2-135M-Instruct on {a.num_prompts} chat questions through its chat template"
     else:
-        print(f"latticedraft demo: the bundled BPD model on {a.num_prompts} held-out standard-library prompts, "
-              f"{a.max_new_tokens} new tokens each", file=sys.stderr)
+        check_model_dir(a.model)
+        banner = (f"{'the bundled BPD model' if a.model is None else a.model} on {a.num_prompts} "
+                  f"{'held-out standard-library ' if a.prompts is None else ''}prompts")
+    print(f"latticedraft demo: {banner}, {a.max_new_tokens} new tokens each", file=sys.stderr)  # once all is checked
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     s.notify = lambda m: print(m, file=sys.stderr)
     alphas_file = a.alphas or default_alphas_file(s.model_dir)

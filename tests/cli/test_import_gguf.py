@@ -31,6 +31,16 @@ def _tree(d):
     return sorted(p.relative_to(d).as_posix() for p in d.rglob("*"))
 
 
+def test_transformers_bars_stay_off_stderr_unless_verbose(gguf_file, tmp_path, capsys):
+    """Issue 59, class D: only latticedraft's messages reach stderr; --verbose shows the libraries' own."""
+    assert main(["import", "gguf", str(gguf_file), "-o", str(tmp_path / "quiet")]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["import", "gguf", str(gguf_file), "-o", str(tmp_path / "loud"), "--verbose"]) == 0
+    assert "Converting and de-quantizing GGUF tensors" in capsys.readouterr().err
+    main(["import", "gguf", str(gguf_file), "-o", str(tmp_path / "again")])  # quiet again (the process's setting)
+    assert capsys.readouterr().err == ""
+
+
 def test_import_prints_one_summary_line_and_follows_the_overwrite_rule(gguf_file, tmp_path, capsys):
     out = tmp_path / "model"
     assert main(["import", "gguf", str(gguf_file), "-o", str(out)]) == 0

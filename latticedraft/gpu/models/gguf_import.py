@@ -28,6 +28,7 @@ from latticedraft.atomic import atomic_dir
 from latticedraft.errors import InputError, ModelError
 from latticedraft.outputs import GGUF_IMPORT, claim_dir, remove_stale
 from latticedraft.outputs import MARKER_GGUF_IMPORT as MARKER
+from latticedraft.quiet import libraries_speaking
 
 MAGIC = b"GGUF"  # the first 4 bytes of every GGUF file
 
@@ -125,7 +126,7 @@ def _load(src: Path):
         kw["quantization_config"] = GgufConfig(dequantize=True)
     except ImportError:
         pass
-    with _alone(src) as where:
+    with _alone(src) as where, libraries_speaking():
         try:
             model, info = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, output_loading_info=True,
                                                                **kw)
@@ -209,7 +210,7 @@ def import_gguf(src, out, force: bool = False) -> GGUFImport:
             "dtype": "float32", "eos_token_id": model.generation_config.eos_token_id,
             "versions": {"latticedraft": __version__, "transformers": transformers.__version__,
                          "gguf": getattr(gguf, "__version__", None) or _dist_version("gguf")}}
-    with atomic_dir(out) as stage:
+    with atomic_dir(out) as stage, libraries_speaking():
         model.save_pretrained(stage)
         tok.save_pretrained(stage)
         if not (stage / "tokenizer.json").is_file():
