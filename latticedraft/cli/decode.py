@@ -18,7 +18,7 @@ from latticedraft.outputs import FileKind
 def run(a) -> int:
     """Check every option against the registry, load, then stream text or print JSON per batch."""
     from latticedraft.cli.options import prompt_inputs
-    from latticedraft.decoding.runs.chat import prompt_ids
+    from latticedraft.decoding.runs.chat import check_chat, prompt_ids
     from latticedraft.decoding.runs.prompt_length import fit_prompts
     from latticedraft.decoding.runs.turns import Conversations, rounds
 
@@ -28,6 +28,7 @@ def run(a) -> int:
     if a.output is not None:
         return _dataset(a, method, options, sampling)
     prompts = prompt_inputs(a)
+    check_chat(prompts, a.chat, model_dir_for(a, method))  # from the files, before the model loads
     s = session_for(a, method)
     check_model_limits(a, s.model)
     ids = fit_prompts(s.model, prompt_ids(s, prompts, a.chat), a.max_new_tokens, a.truncate_left)
@@ -65,12 +66,19 @@ def run(a) -> int:
     return 0
 
 
+def model_dir_for(a, method) -> str | None:
+    """The model directory the command decodes with: ``--model``, else the method's bundled model
+    (None: the bundled heads)."""
+    from latticedraft.paths import data_dir
+
+    return a.model if a.model is not None or method.default_model is None else str(data_dir() / method.default_model)
+
+
 def session_for(a, method, device=None):
     """The ``Session`` of the command's model options (the method's bundled model by default)."""
     from latticedraft.decoding.runs.session import Session
-    from latticedraft.paths import data_dir
 
-    model = a.model if a.model is not None or method.default_model is None else str(data_dir() / method.default_model)
+    model = model_dir_for(a, method)
     s = Session(model, a.tokenizer, getattr(a, "lm", None), getattr(a, "rescorer", None), device or a.device,
                 a.threads, getattr(a, "draft_model", None), dtype=getattr(a, "dtype", None))
     s.notify = lambda m: print(m, file=sys.stderr)
@@ -95,6 +103,7 @@ def _dataset(a, method, options, sampling) -> int:
     """``decode --prompts IN --output OUT``: resumable record file, sharded under torchrun."""
     from latticedraft.decoding.runs import dataset as dr
     from latticedraft.decoding.runs import shards
+    from latticedraft.decoding.runs.chat import check_chat
     from latticedraft.decoding.runs.loaders import default_model_dir, default_rescorer_dir
     from latticedraft.decoding.runs.prompt_set import read_prompt_set, summarize_bad
     from latticedraft.paths import data_dir, default_lm_dir
@@ -102,7 +111,8 @@ def _dataset(a, method, options, sampling) -> int:
     world = shards.world_from_env()
     if world.distributed and a.prompts == "-":
         raise InputError("--prompts - under a launcher: every rank reads the prompt set; give --prompts FILE.jsonl")
-    prompts, bad = read_prompt_set(a.prompts, a.skip_bad)
+    prompts, bad = read_prompt_set(a.prompts, a.skip_bad, skip_option="--skip-bad")
+    check_chat(prompts, a.chat, model_dir_for(a, method))  # from the files, before the model loads
     resolved = lambda p, default: None if p is None and default is None else str(Path(p or default).resolve())  # noqa: E731
     model = a.model or (data_dir() / method.default_model if method.default_model else default_model_dir())
     files = {"lm": resolved(a.lm, default_lm_dir()), "rescorer": resolved(a.rescorer, default_rescorer_dir()),

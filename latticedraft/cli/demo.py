@@ -14,14 +14,16 @@ def _cmd_demo(a) -> int:
     from latticedraft.decoding.eval.demo import run_demo, table
     from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas
     from latticedraft.decoding.runs.loaders import check_model_dir
+    from latticedraft.decoding.runs.prompt_set import read_prompt_set
     from latticedraft.decoding.runs.session import Session
+    from latticedraft.paths import data_dir
 
     check_device(a.device)
     check_ranges(a)  # --out was claimed before the command started (output_options)
     chat = a.model == "smollm2"
     if chat:  # the real pretrained model on chat questions through its chat template
         from latticedraft.errors import InputError
-        from latticedraft.paths import data_dir, smollm2_dir
+        from latticedraft.paths import smollm2_dir
 
         if not smollm2_dir().is_dir():
             raise InputError(f"--model smollm2: {smollm2_dir()} does not exist; run `latticedraft fetch smollm2` (or "
@@ -37,6 +39,7 @@ def _cmd_demo(a) -> int:
         check_model_dir(a.model)
         banner = (f"{'the bundled BPD model' if a.model is None else a.model} on {a.num_prompts} "
                   f"{'held-out standard-library ' if a.prompts is None else ''}prompts")
+    read_prompt_set(a.prompts or data_dir() / "prompts.jsonl", limit=a.num_prompts)  # bad lines: before the load
     print(f"latticedraft demo: {banner}, {a.max_new_tokens} new tokens each", file=sys.stderr)  # once all is checked
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     s.notify = lambda m: print(m, file=sys.stderr)

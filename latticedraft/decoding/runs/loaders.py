@@ -53,6 +53,20 @@ def check_model_dir(model_dir=None) -> Path:
     return path
 
 
+def base_dir_from_files(model_dir=None) -> Path:
+    """The directory the base model of ``model_dir`` (None: the bundled heads) loads from, read from
+    its files alone (no torch): a head directory's ``heads_config.json`` names it, relative to the
+    head directory; any other model directory is its own base."""
+    import json
+
+    path = check_model_dir(model_dir)
+    try:
+        ref = json.loads((path / "heads_config.json").read_text(encoding="utf-8"))["base"]
+    except (OSError, ValueError, KeyError, TypeError):  # no heads (or a config the loader will refuse)
+        return path
+    return (path / ref).resolve() if isinstance(ref, str) else path
+
+
 def load_model(model_dir=None, device=None, dtype=None):
     """A ``BlockwiseModel`` from a head checkpoint, or a plain HF causal LM directory (then BPD
     has no heads and decodes one token per call)."""
