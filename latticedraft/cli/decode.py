@@ -43,7 +43,9 @@ def run(a) -> int:
         def final(i):
             done.add(i)
             while after[0] in done:
-                print(json.dumps({**talk.record(after[0]), "method": label}, ensure_ascii=False), flush=True)
+                rec = {**talk.record(after[0]), "method": label}
+                p = prompts[after[0]]
+                print(json.dumps({"id": p.id, **rec} if hasattr(p, "id") else rec, ensure_ascii=False), flush=True)
                 after[0] += 1
 
         def decode_round(index, round_ids, on_done):
@@ -60,8 +62,8 @@ def run(a) -> int:
             q = res.sequences[0]
             print()
             print(f"-- {len(q.tokens)} tokens, {q.calls} calls, block efficiency {q.block_efficiency:.2f}, "
-                  f"{len(q.tokens) / max(q.seconds, 1e-9):.1f} tokens/s ({label}, verify {res.verify_mode})",
-                  file=sys.stderr)
+                  f"{len(q.tokens) / max(q.seconds, 1e-9):.1f} tokens/s ({label}, verify {res.verify_mode}"
+                  f"{dtype_note(s.dtype)})", file=sys.stderr)
             p = talk.done(row, res)
     return 0
 
@@ -72,6 +74,11 @@ def model_dir_for(a, method) -> str | None:
     from latticedraft.paths import data_dir
 
     return a.model if a.model is not None or method.default_model is None else str(data_dir() / method.default_model)
+
+
+def dtype_note(dtype: str) -> str:
+    """What a summary line adds where the weights are not float32 (their guarantee differs), else ""."""
+    return "" if dtype == "float32" else f", {dtype} weights: may leave float32 greedy at near-ties"
 
 
 def session_for(a, method, device=None):
@@ -125,6 +132,8 @@ def _dataset(a, method, options, sampling) -> int:
         settings["truncate_left"] = a.truncate_left
     if a.chat:
         settings["chat"] = "every turn"  # not True: runs that decoded first turns only are other runs
+    if a.dtype not in (None, "float32"):
+        settings["dtype"] = a.dtype  # float32 runs keep the fingerprints they had before the option
     plan = dr.plan_output(a.output, world, settings, a.resume, prompts=a.prompts)
     loud = world.rank == 0 or not a.quiet_ranks
     if bad and world.rank == 0:
@@ -143,7 +152,7 @@ def _dataset(a, method, options, sampling) -> int:
                                   verify=a.verify, batch_size=a.batch_size, sort_by_length=a.sort_by_length,
                                   quiet_ranks=a.quiet_ranks, sampling=sampling, label=method.label(options, sampling))
         if loud:
-            print(summary.line(world, a.output), file=sys.stderr)
+            print(summary.line(world, a.output) + dtype_note(s.dtype), file=sys.stderr)
         merged = dr.finish_output(plan, prompts, device)
     finally:
         shards.finish(world)

