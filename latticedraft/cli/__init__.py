@@ -3,9 +3,11 @@
 Thin by design: no algorithm lives here. One module per command (``decode``, ``eval``, ``tune``,
 ``demo``, ``train``, ``lm``, ``rescore``, ``lattice``, ``export``, ``import_``, ``fetch``), each with an ``add_parser(groups)`` that
 registers its arguments and the function that runs it; every command is a function
-``(args) -> int``. User errors (``LatticedraftError``) print as one line ``error: ...`` and exit
-with status 2. The libraries' own warnings and notices stay off stderr unless ``--verbose``
-(before or after the command: ``latticedraft --verbose decode ...``, ``latticedraft decode --verbose ...``).
+``(args) -> int``. Before it runs, every output the command declared goes through the overwrite rule
+(``output_options.claim_outputs``). User errors (``LatticedraftError``) print as one line
+``error: ...`` and exit with status 2; usage errors as ``error: ...`` and one ``see: ... --help``
+line. The libraries' own warnings and notices stay off stderr unless ``--verbose`` (before or after
+the command: ``latticedraft --verbose decode ...``, ``latticedraft decode --verbose ...``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 
 from latticedraft.cli import decode, demo, export, fetch, import_, lattice, lm, rescore, train, tune
 from latticedraft.cli import eval as evaluate
-from latticedraft.cli.parser import Parser, commands
+from latticedraft.cli.parser import Parser, commands, refuse_empty_values
 from latticedraft.errors import LatticedraftError
 from latticedraft.quiet import add_verbose_arg, quiet_libraries
 
@@ -46,9 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_parser(groups)
     for _, p in commands(parser):  # what cli_checks.given compares against
         add_verbose_arg(p)
+        refuse_empty_values(p)
         opts = [x for x in p._actions if x.option_strings and x.dest not in ("help", "verbose")]
-        p.set_defaults(_defaults={x.dest: p.get_default(x.dest) for x in opts},
-                       _flags={x.dest: max(x.option_strings, key=len) for x in opts})
+        named = {x.dest: x.metavar or x.dest.upper() for x in p._actions if not x.option_strings}  # positionals
+        p.set_defaults(_prog=p.prog, _defaults={x.dest: p.get_default(x.dest) for x in opts},
+                       _flags={**named, **{x.dest: max(x.option_strings, key=len) for x in opts}})
     return parser
 
 
@@ -68,8 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from latticedraft.textin import check_text_value
 
+        from latticedraft.cli.output_options import claim_outputs
+
         for dest in ("prompt", "text"):
             check_text_value(getattr(args, dest, None), f"--{dest}")
+        claim_outputs(args)  # the overwrite rule for every declared output, before the command starts
         return int(args.func(args) or 0)
     except LatticedraftError as e:
         print("error: " + " ".join(str(e).split()), file=sys.stderr)

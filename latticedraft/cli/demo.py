@@ -13,16 +13,17 @@ def _cmd_demo(a) -> int:
     from latticedraft.cli.checks import check_device, check_ranges, given
     from latticedraft.decoding.eval.demo import run_demo, table
     from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas
+    from latticedraft.decoding.runs.loaders import check_model_dir
+    from latticedraft.decoding.runs.prompt_set import read_prompt_set
     from latticedraft.decoding.runs.session import Session
-    from latticedraft.paths import check_writable
+    from latticedraft.paths import data_dir
 
     check_device(a.device)
-    check_ranges(a)
-    check_writable(a.out, "--out", "directory")
+    check_ranges(a)  # --out was claimed before the command started (output_options)
     chat = a.model == "smollm2"
     if chat:  # the real pretrained model on chat questions through its chat template
         from latticedraft.errors import InputError
-        from latticedraft.paths import data_dir, smollm2_dir
+        from latticedraft.paths import smollm2_dir
 
         if not smollm2_dir().is_dir():
             raise InputError(f"--model smollm2: {smollm2_dir()} does not exist; run `latticedraft fetch smollm2` (or "
@@ -33,11 +34,13 @@ def _cmd_demo(a) -> int:
         a.prompts = a.prompts or str(data_dir() / "chat-prompts.jsonl")
         if not given(a, "threads"):  # the weights set its step (not per-op overhead): every core
             a.threads = None
-        print(f"latticedraft demo: SmolLM2-135M-Instruct on {a.num_prompts} chat questions through its chat "
-              f"template, {a.max_new_tokens} new tokens each", file=sys.stderr)
+        banner = f"SmolLM2-135M-Instruct on {a.num_prompts} chat questions through its chat template"
     else:
-        print(f"latticedraft demo: the bundled BPD model on {a.num_prompts} held-out standard-library prompts, "
-              f"{a.max_new_tokens} new tokens each", file=sys.stderr)
+        check_model_dir(a.model)
+        banner = (f"{'the bundled BPD model' if a.model is None else a.model} on {a.num_prompts} "
+                  f"{'held-out standard-library ' if a.prompts is None else ''}prompts")
+    read_prompt_set(a.prompts or data_dir() / "prompts.jsonl", limit=a.num_prompts)  # bad lines: before the load
+    print(f"latticedraft demo: {banner}, {a.max_new_tokens} new tokens each", file=sys.stderr)  # once all is checked
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     s.notify = lambda m: print(m, file=sys.stderr)
     alphas_file = a.alphas or default_alphas_file(s.model_dir)
@@ -90,6 +93,9 @@ def smollm2_model() -> tuple[str, str | None]:
 
 
 def add_parser(groups) -> None:
+    from latticedraft.cli.output_options import out_dir
+    from latticedraft.outputs import DEMO
+
     p = groups.add_parser("demo", help="the bundled model: BPD drafters vs greedy, speed and exactness",
                           description="Run the bundled BPD model on held-out standard-library prompts with each "
                                       "drafter and plain greedy decoding; print speed, block efficiency and whether "
@@ -103,8 +109,9 @@ def add_parser(groups) -> None:
     p.add_argument("--lm", default=None, metavar="DIR", help="n-gram LM build (default: the bundled 4-gram)")
     p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
     p.add_argument("--alphas", default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (default 1.0)")
-    p.add_argument("-o", "--out", type=Path, default=Path("out/demo"),
-                   help="output directory for demo.json and the lattice picture (default ./out/demo)")
     common_model_args(p)
+    out_dir(p, DEMO, inputs=("prompts", "model", "tokenizer", "lm", "rescorer", "alphas"), default=Path("out/demo"),
+            help="output directory for demo.json and the lattice picture (default ./out/demo)")
+    p.add_argument("--force", action="store_true", help="replace the demo.json and picture an earlier demo wrote in --out")
     p.set_defaults(threads=1)
     p.set_defaults(func=_cmd_demo)

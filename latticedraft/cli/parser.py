@@ -1,4 +1,5 @@
-"""The argument parser of every command: help that shows defaults, one-line usage errors."""
+"""The argument parser of every command: help that shows defaults, usage errors in one line
+(``error: <what>``) and one hint (``see: latticedraft <command> --help``), empty values refused."""
 
 from __future__ import annotations
 
@@ -28,10 +29,52 @@ class Parser(argparse.ArgumentParser):
         kw.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kw)
 
-    def error(self, message):
-        """Usage, then one last line ``error: ...`` naming the option and where the help is (exit 2)."""
-        self.print_usage(sys.stderr)
-        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+    def error(self, message, prog: str | None = None):
+        """``error: <what>`` naming the option, then one hint line, where the help is (``prog``'s; default
+        this parser's) (exit 2); never argparse's usage block."""
+        self.exit(2, f"error: {' '.join(str(message).split())}\nsee: {prog or self.prog} --help\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but words no command takes are named with the help of the command given
+        (its parser's ``prog``, which ``build_parser`` stores as ``_prog``), not of the top level."""
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}", getattr(ns, "_prog", None))
+        return ns
+
+
+class NonEmpty:
+    """An option's ``type`` that refuses an empty value (``--model ''`` would name the current
+    directory) naming what to give, then converts with the option's own type."""
+
+    def __init__(self, inner, what: str):
+        self.inner, self.what = inner, what
+        self.__name__ = getattr(inner, "__name__", "value")  # argparse names the type in its messages
+
+    def __call__(self, text: str):
+        if text == "":
+            raise argparse.ArgumentTypeError(f"the value is empty; give {self.what}")
+        return text if self.inner is None else self.inner(text)
+
+
+def refuse_empty_values(parser: argparse.ArgumentParser) -> None:
+    """Give every text or path option of ``parser`` (lists of ids aside) the ``NonEmpty`` type."""
+    from pathlib import Path
+
+    for a in parser._actions:
+        if (a.nargs in (None, "?", "+") and a.type in (None, str, Path) and not a.choices and a.default != ""
+                and isinstance(a, argparse._StoreAction)):
+            a.type = NonEmpty(a.type, _what(a))
+
+
+def _what(action) -> str:
+    """What an option takes, for ``NonEmpty``'s message: "a directory path", "a file path" ..."""
+    m = action.metavar or ""
+    if "DIR" in m or action.dest in ("base", "cache"):
+        return "a directory path"
+    if m.startswith(("FILE", "OUT", "LATTICE", "LM.")) or "." in m:
+        return "a file path"
+    return "a path" if "PATH" in m else "a non-empty value"
 
 
 def commands(parser: argparse.ArgumentParser, path=()):

@@ -39,3 +39,14 @@ def test_no_heads_leave_the_base_and_say_how_to_train_them(tmp_path, monkeypatch
     chosen, why = smollm2_model()
     assert chosen == str(model)
     assert "build_smollm2.sh --heads" in why and "\n" not in why
+
+
+def test_a_model_that_is_not_there_is_refused_before_any_banner(tmp_path, capsys, monkeypatch):
+    """Issue 59, class D: the error is the one line; no banner naming the bundled model comes first."""
+    from latticedraft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--model", "foo"]) == 2
+    cap = capsys.readouterr()
+    assert cap.err.splitlines() == ["error: model directory foo does not exist; pass --model DIR"] and cap.out == ""
+    assert list(tmp_path.iterdir()) == []

@@ -96,17 +96,21 @@ class Conv1D:
 
 class Quantized:
     """A ``quantized.QuantizedLinear``'s product without the module's call machinery (a draft
-    forward runs over a hundred of them): x [.., K] -> bfloat16 [.., N]."""
+    forward runs over a hundred of them): x [.., K] -> [.., N] in bfloat16 where the model's
+    dtype is float32 (adding it to the residual stream keeps float32) or bfloat16, else in the
+    model's dtype (float16: bfloat16 and float16 would add up to float32)."""
 
-    def __init__(self, module):
+    def __init__(self, module, dtype: torch.dtype):
         self.module, self.mm, self.bias, self.n = module, module.product(), module.bias, module.out_features
+        self.cast = None if dtype in (torch.float32, torch.bfloat16) else dtype
 
     def __call__(self, x):
         shape = x.shape
         y = self.mm(x.reshape(-1, shape[-1]).to(torch.bfloat16))
         if self.bias is not None:
             y = y + self.bias
-        return y.view(*shape[:-1], self.n)
+        y = y.view(*shape[:-1], self.n)
+        return y if self.cast is None else y.to(self.cast)
 
     def nbytes(self) -> int:
         return self.module.nbytes()
@@ -232,7 +236,7 @@ class LeanStack:
             if why is None:
                 if scheme != self.scheme:
                     self.fallbacks.append(f"{name}: {self.scheme.kind} cannot hold it ({self._why}), int8 instead")
-                return Quantized(quantize(w, b, scheme))
+                return Quantized(quantize(w, b, scheme), self.split.dtype)
             self._why = why
         self.fallbacks.append(f"{name}: neither {self.scheme.kind} nor int8 can hold it ({self._why}); float weights")
         return DenseCast(w, b)
