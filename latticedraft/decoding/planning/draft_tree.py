@@ -63,26 +63,23 @@ class TreePlanner:
             raise InputError("--tree auto needs a measured cost model (CostModel.cached(verifier))")
         if max_nodes < 1:
             raise InputError(f"max_nodes must be >= 1, got {max_nodes}")
+        from latticedraft.gpu.verify.cost_model import StepCosts
+
         self.policy = policy
         self.acceptance = acceptance or AcceptanceModel.prior()
         self.cost, self.max_nodes = cost, max_nodes
-        if cost is not None:
-            n = np.arange(1, max_nodes + 1)
-            self._T = np.asarray(cost.seconds(n), dtype=np.float64)  # _T[n - 1] = T(n)
+        if cost is not None:  # a StepCosts is shared (refined across decode calls); a CostModel, tabled here
+            self.costs = cost if isinstance(cost, StepCosts) else StepCosts(cost, max_nodes)
+            self._T = self.costs.T[:max_nodes]  # _T[n - 1] = T(n) (a view: refinements reach the shared curve)
         self.overhead = 0.0
         self.correction = correction
         self._chosen: list = []  # with a correction, per row of the last auto plan: (parent, token, raw, chosen ids)
 
-    def observe_cost(self, n: int, seconds: float, weight: float = 0.1) -> None:
-        """A verify call over ``n`` nodes per row took ``seconds`` (heads left out): T(n) moves
-        towards it (the measured curve was taken after a short cache; a long decode's calls grow),
-        and stays nondecreasing in n."""
-        if self.cost is None:
-            return
-        i = min(max(int(n), 1), self.max_nodes) - 1
-        self._T[i] += weight * (seconds - self._T[i])
-        self._T[i:] = np.maximum(self._T[i:], self._T[i])
-        self._T[:i] = np.minimum(self._T[:i], self._T[i])
+    def observe_cost(self, n: int, seconds: float) -> None:
+        """A verify call over ``n`` nodes per row took ``seconds`` (heads left out): T(n) follows it
+        (``StepCosts.observe``; nothing without a cost model)."""
+        if self.cost is not None:
+            self.costs.observe(min(n, len(self._T)), seconds)
 
     def step_seconds(self, n: int) -> float:
         """Predicted seconds of a step verifying n nodes per row (root included): T(n) and the

@@ -160,6 +160,35 @@ class CostModel:
         return cm
 
 
+class StepCosts:
+    """T(1..max_nodes) of one verifier at one batch size, refined by the verify calls a decode
+    times (``observe``): kept on the verifier (``Verifier.step_costs``), so every decode call of a
+    process plans with what the earlier ones measured, and a curve measured under load (or after a
+    short cache, while a long decode's calls grow) heals as it is used. T: float64[max_nodes],
+    T[n - 1] = T(n), nondecreasing."""
+
+    def __init__(self, model: "CostModel", max_nodes: int = 64):
+        self.T = np.asarray(model.seconds(np.arange(1, max_nodes + 1)), dtype=np.float64)
+
+    @property
+    def max_nodes(self) -> int:
+        return len(self.T)
+
+    def seconds(self, n):
+        """T(n) for n scalar or array (capped at ``max_nodes``)."""
+        i = np.minimum(np.maximum(np.asarray(n, dtype=np.int64), 1), len(self.T)) - 1
+        out = self.T[i]
+        return float(out) if np.ndim(out) == 0 else out
+
+    def observe(self, n: int, seconds: float, weight: float = 0.1) -> None:
+        """A verify call over ``n`` nodes per row took ``seconds``: T(n) moves towards it, and the
+        curve stays nondecreasing in n."""
+        i = min(max(int(n), 1), len(self.T)) - 1
+        self.T[i] += weight * (seconds - self.T[i])
+        self.T[i:] = np.maximum(self.T[i:], self.T[i])
+        self.T[:i] = np.minimum(self.T[:i], self.T[i])
+
+
 def monotone(y) -> list[float]:
     """The least-squares nondecreasing fit of ``y`` (pool adjacent violators)."""
     blocks: list[list[float]] = []  # [mean, weight]

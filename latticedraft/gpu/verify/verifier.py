@@ -163,6 +163,17 @@ class Verifier:
         self.position_limit = position_limit(model)
         self.begin()
 
+    def step_costs(self, rows: int):
+        """This verifier's ``cost_model.StepCosts`` at ``rows`` rows: T(n) from the stored or newly
+        measured curve (``CostModel.for_batch``), made once and refined by every decode that plans
+        with it."""
+        from latticedraft.gpu.verify.cost_model import CostModel, StepCosts
+
+        costs = memo_of(self, "step_costs")
+        if rows not in costs:
+            costs[rows] = StepCosts(CostModel.for_batch(self, rows))
+        return costs[rows]
+
     def begin(self) -> None:
         """Start a decode's tallies: ``peak_cache_bytes``, the largest KV cache seen right after a
         forward (in-flight nodes included), and ``timing``, seconds per part of every verify call."""
