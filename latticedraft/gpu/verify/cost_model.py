@@ -161,14 +161,18 @@ class CostModel:
 
 
 class StepCosts:
-    """T(1..max_nodes) of one verifier at one batch size, refined by the verify calls a decode
+    """T(1..max_nodes) of one verifier at one batch size, following the verify calls a decode
     times (``observe``): kept on the verifier (``Verifier.step_costs``), so every decode call of a
-    process plans with what the earlier ones measured, and a curve measured under load (or after a
-    short cache, while a long decode's calls grow) heals as it is used. T: float64[max_nodes],
-    T[n - 1] = T(n), nondecreasing."""
+    process plans with what the earlier ones measured. The measured curve keeps its shape (what
+    n nodes cost against one) and its level follows the calls: T(n) = scale x the measured T(n),
+    scale a running mean of observed / measured (each ratio clipped to [1/2, 2], so one call
+    slowed by a burst of load moves it little): a curve measured under load, or after a short
+    cache while a long decode's calls grow, heals as it is used. T: float64[max_nodes], T[n - 1]
+    = T(n), updated in place."""
 
-    def __init__(self, model: "CostModel", max_nodes: int = 64):
-        self.T = np.asarray(model.seconds(np.arange(1, max_nodes + 1)), dtype=np.float64)
+    def __init__(self, model: "CostModel", max_nodes: int = 64, weight: float = 0.1):
+        self.base = np.asarray(model.seconds(np.arange(1, max_nodes + 1)), dtype=np.float64)
+        self.T, self.scale, self.weight = self.base.copy(), 1.0, float(weight)
 
     @property
     def max_nodes(self) -> int:
@@ -180,13 +184,12 @@ class StepCosts:
         out = self.T[i]
         return float(out) if np.ndim(out) == 0 else out
 
-    def observe(self, n: int, seconds: float, weight: float = 0.1) -> None:
-        """A verify call over ``n`` nodes per row took ``seconds``: T(n) moves towards it, and the
-        curve stays nondecreasing in n."""
-        i = min(max(int(n), 1), len(self.T)) - 1
-        self.T[i] += weight * (seconds - self.T[i])
-        self.T[i:] = np.maximum(self.T[i:], self.T[i])
-        self.T[:i] = np.minimum(self.T[:i], self.T[i])
+    def observe(self, n: int, seconds: float) -> None:
+        """A verify call over ``n`` nodes per row took ``seconds``."""
+        measured = self.base[min(max(int(n), 1), len(self.base)) - 1]
+        ratio = float(np.clip(seconds / max(measured, 1e-12), 0.5, 2.0))
+        self.scale += self.weight * (ratio - self.scale)
+        np.multiply(self.base, self.scale, out=self.T)
 
 
 def monotone(y) -> list[float]:

@@ -21,7 +21,8 @@ the same weights: norms, projections, rotary embedding, scaled-dot-product atten
   side by side); likewise the RMS norms as one ``F.rms_norm`` call each.
 
 With ``scheme`` (``gpu.models.quantized.Scheme``) the stack is the model's own weights at 4 or 8
-bits: every projection, the output projection included, is a ``QuantizedLinear``'s product
+bits: every projection is a ``QuantizedLinear``'s product (the output projection in int8,
+``quantized.OUTPUT``)
 (``Quantized``: bfloat16 in and out; the residual stream, norms and attention stay in the
 model's dtype), sharing the embeddings, norms and rotary tables: the self-draft
 (``decoding/proposers/self_draft.py``). A projection whose widths
@@ -47,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from latticedraft.gpu.models.layer_split import LayerSplit
+from latticedraft.gpu.models.quantized import OUTPUT
 from latticedraft.gpu.verify.archs import Arch, arch_of
 from latticedraft.gpu.masks import CAUSAL
 from latticedraft.memo import kept, weights_key
@@ -186,7 +188,8 @@ class LeanStack:
                 w.norm1.rms = w.norm2.rms = rms
         self.final = _norm_of(self.arch, self.split.norm)
         self.final.rms = self.weights[0].norm1.rms if self.weights else _rms
-        self.unembed = self.split.head if scheme is None else self._quantized(self.split.head.weight, None, "lm_head")
+        self.unembed = self.split.head if scheme is None else self._quantized(self.split.head.weight, None, "lm_head",
+                                                                              OUTPUT)
         self.cos = self.sin = None
         if self.rotary:  # every position's rotary cos/sin, from the model's own module
             p = self.split.position_limit or 4096
@@ -227,18 +230,20 @@ class LeanStack:
                 return fused
         return SideBySide([Dense(w, b) for w, b in zip(ws, bs)])
 
-    def _quantized(self, w: torch.Tensor, b, name: str):
-        """``w`` [N, K] (+ b) in ``scheme``; else int8, else float (each fallback recorded)."""
+    def _quantized(self, w: torch.Tensor, b, name: str, first=None):
+        """``w`` [N, K] (+ b) in ``first`` (default the stack's scheme); else int8, else float (each
+        fallback recorded)."""
         from latticedraft.gpu.models.quantized import Scheme, quantize
 
-        for scheme in (self.scheme, Scheme("int8")):
+        first = first or self.scheme
+        for scheme in (first, Scheme("int8")):
             why = scheme.fits(*w.shape)
             if why is None:
-                if scheme != self.scheme:
-                    self.fallbacks.append(f"{name}: {self.scheme.kind} cannot hold it ({self._why}), int8 instead")
+                if scheme != first:
+                    self.fallbacks.append(f"{name}: {first.kind} cannot hold it ({self._why}), int8 instead")
                 return Quantized(quantize(w, b, scheme), self.split.dtype)
             self._why = why
-        self.fallbacks.append(f"{name}: neither {self.scheme.kind} nor int8 can hold it ({self._why}); float weights")
+        self.fallbacks.append(f"{name}: neither {first.kind} nor int8 can hold it ({self._why}); float weights")
         return DenseCast(w, b)
 
     def _choose_rms(self):
