@@ -17,7 +17,7 @@ import sys
 
 from latticedraft.cli import decode, demo, export, fetch, import_, lattice, lm, rescore, train, tune
 from latticedraft.cli import eval as evaluate
-from latticedraft.cli.parser import Parser, commands, refuse_empty_values
+from latticedraft.cli.parser import Parser, commands, record_typed, refuse_empty_values
 from latticedraft.errors import LatticedraftError
 from latticedraft.quiet import add_verbose_arg, quiet_libraries
 
@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_verbose_arg(p)
         refuse_empty_values(p)
         opts = [x for x in p._actions if x.option_strings and x.dest not in ("help", "verbose")]
+        for x in opts:
+            record_typed(x)
         named = {x.dest: x.metavar or x.dest.upper() for x in p._actions if not x.option_strings}  # positionals
         p.set_defaults(_prog=p.prog, _defaults={x.dest: p.get_default(x.dest) for x in opts},
                        _flags={**named, **{x.dest: max(x.option_strings, key=len) for x in opts}})

@@ -43,6 +43,20 @@ class Parser(argparse.ArgumentParser):
         return ns
 
 
+def record_typed(action: argparse.Action) -> None:
+    """Make ``action`` add its dest to the namespace's ``_typed`` set when its option is typed
+    (argparse keeps no trace of an option given at its default value)."""
+    base = type(action)
+
+    class Typed(base):
+        def __call__(self, parser, namespace, values, option_string=None):
+            super().__call__(parser, namespace, values, option_string)
+            namespace._typed = getattr(namespace, "_typed", frozenset()) | {self.dest}
+
+    Typed.__name__ = base.__name__
+    action.__class__ = Typed
+
+
 class NonEmpty:
     """An option's ``type`` that refuses an empty value (``--model ''`` would name the current
     directory) naming what to give, then converts with the option's own type."""

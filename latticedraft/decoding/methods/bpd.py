@@ -67,14 +67,14 @@ class _Drafting:
                                    help="cut the lattice at the first head whose best probability is below EPS_B")
     slots: int | None = option(None, group="drafting", only=HEAD_DRAFTERS, type=int, metavar="D",
                                help="draft from the first D extra heads only; the others are not computed "
-                                    "(default: all)")
+                                    "(default: all; 2 under --do-sample)")
     alpha: float = option(1.0, group="drafting", only=("ngram", "parallel", "neural"), type=float,
                           help="interpolation weight of the rescoring LM")
     nbest: int = option(16, group="drafting", only=("parallel", "parallel-base"), type=int,
                         help="drafts verified per step for parallel drafters")
     tree: str = option("fixed", cli="auto", fit=False, group="tree", choices=["auto", "fixed"], help=(
         "auto: verify the nodes that maximise expected tokens per second under the measured step cost T(n); "
-        "fixed: every drafted path"))
+        "fixed: every drafted path (the default under --do-sample)"))
     draft_vocab: int | str | None = option(None, cli="auto", group="tree", only=HEAD_DRAFTERS, metavar="V", help=(
         "the extra heads project onto the V most frequent tokens (draft_vocab.json beside the heads); 0 = the full "
         f"vocabulary; verification always uses all (default auto: {AUTO_DRAFT_VOCAB} where the heads ship a "
@@ -150,7 +150,27 @@ def _configure(values: dict, given: set) -> DrafterSpec:
                                  "has none (no heads_config.json), so it would draft nothing; use --drafter none "
                                  "(context and LM n-grams) or a head directory built for this model")
             spec = replace(spec, name="none")  # the default drafter on a plain model: the n-grams, as in greedy
+        spec = _sampled_defaults(spec, given)
     return spec
+
+
+SAMPLED_SLOTS = 2  # heads drafted under sampling where --slots is not given
+
+
+def _sampled_defaults(spec: DrafterSpec, given: set) -> DrafterSpec:
+    """Under ``--do-sample``, what is not given drafts less: the first SAMPLED_SLOTS heads, no LM
+    drafts, every drafted path verified (``--tree fixed``). A sampled token matches a draft less
+    often than a greedy one, so deep drafts, extra sources and tree planning cost more than they
+    return (bundled model, 8 held-back code prompts: 0.73x HF sampling with the greedy defaults,
+    1.08x with these; docs/sampling.md)."""
+    changes = {}
+    if spec.name in HEAD_DRAFTERS and "slots" not in given:
+        changes["slots"] = SAMPLED_SLOTS if spec.slots is None else min(spec.slots, SAMPLED_SLOTS)
+    if "lm_drafts" not in given:
+        changes["lm_drafts"] = 0
+    if "tree" not in given:
+        changes["tree"] = "fixed"
+    return replace(spec, **changes)
 
 
 def _draft_vocab(vocab):

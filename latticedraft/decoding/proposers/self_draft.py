@@ -145,10 +145,8 @@ class SelfDraftProposer(Proposer):
             for j, sampler in enumerate(step.samplers):
                 context = np.concatenate([step.histories[j], [c for c, _ in chain[j]]]).astype(np.int64)
                 q = sampler.probs(logits[j:j + 1], [context])[0]
-                scores = sampler.scores(q, len(step.histories[j]) + t)
-                order = np.argpartition(-scores, 1)[:2]
-                order = order[np.argsort(-scores[order])]
-                toks[j], probs[j] = order, q[order]
+                order = sampler.ranked(q, len(step.histories[j]) + t)
+                toks[j, : len(order)], probs[j, : len(order)] = order, q[order]
         for j in range(len(toks)):
             if probs[j, 1] >= BRANCH * probs[j, 0] and probs[j, 1] > 0:
                 alts[j].append((t, int(toks[j, 1]), float(probs[j, 1])))
