@@ -158,16 +158,17 @@ SAMPLED_SLOTS = 2  # heads drafted under sampling where --slots is not given
 
 
 def _sampled_defaults(spec: DrafterSpec, given: set) -> DrafterSpec:
-    """Under ``--do-sample``, what is not given drafts less: the first SAMPLED_SLOTS heads, no LM
-    drafts, every drafted path verified (``--tree fixed``). A sampled token matches a draft less
+    """Under ``--do-sample``, what is not given drafts less: the first SAMPLED_SLOTS heads, each
+    source at its ``sampled_default`` (LM drafts off), every drafted path verified (``--tree fixed``). A sampled token matches a draft less
     often than a greedy one, so deep drafts, extra sources and tree planning cost more than they
     return (bundled model, 8 held-back code prompts: 0.73x HF sampling with the greedy defaults,
     1.08x with these; docs/sampling.md)."""
     changes = {}
     if spec.name in HEAD_DRAFTERS and "slots" not in given:
         changes["slots"] = SAMPLED_SLOTS if spec.slots is None else min(spec.slots, SAMPLED_SLOTS)
-    if "lm_drafts" not in given:
-        changes["lm_drafts"] = 0
+    for src in draft_sources.sources():
+        if src.sampled_default is not None and src.dest not in given:
+            changes[src.dest] = src.sampled_default
     if "tree" not in given:
         changes["tree"] = "fixed"
     return replace(spec, **changes)
