@@ -37,6 +37,7 @@ from latticedraft.decoding.methods import bpd_session  # noqa: E402
 from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode  # noqa: E402
 from latticedraft.decoding.registry import Request  # noqa: E402
 from latticedraft.decoding.planning.draft_tree import TreePlanner  # noqa: E402
+from latticedraft.decoding.proposers.context import ContextNgrams, ContextProposer  # noqa: E402
 from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.runs.session import Session
 from latticedraft.decoding.runs.loaders import encode
@@ -126,12 +127,26 @@ def recorded_steps(session: Session, ids, max_new_tokens: int):
     return out
 
 
-def replay(steps, planner: TreePlanner, cost: CostModel, overhead: float) -> dict:
+def proposals(step, acceptance, context) -> list:
+    """One recorded step's ``Proposal`` s as the loop builds them: the heads' paths rated by their
+    head probabilities, then (``context``: a ``ContextProposer`` or None) the context n-grams'."""
+    from latticedraft.decoding.proposers.base import Proposal, rated
+    from latticedraft.decoding.proposers.heads import draft_probs
+
+    sausage, drafts, history, _ = step
+    out = [Proposal(drafts, rates=acceptance.head_rates(draft_probs(sausage, drafts)), sausage=sausage, heads=True)]
+    if context is not None:
+        out.append(rated(context.paths(np.asarray(history)), acceptance, "context"))
+    return out
+
+
+def replay(steps, planner: TreePlanner, acceptance, context, overhead: float) -> dict:
     """Tokens per step and predicted seconds when ``planner`` picks every step's tree."""
     toks, secs, nodes = 0, 0.0, []
-    for sausage, drafts, history, truth in steps:
+    for step in steps:
+        truth = step[3]
         room = max(len(truth) - 1, 0)
-        plan = planner.plan(sausage, drafts, history, room)
+        plan = planner.plan(proposals(step, acceptance, context), room)
         acc = 0
         for row in plan.drafts:
             row = row[row >= 0]
@@ -140,7 +155,7 @@ def replay(steps, planner: TreePlanner, cost: CostModel, overhead: float) -> dic
                 k += 1
             acc = max(acc, k)
         toks += 1 + acc
-        secs += cost.seconds(plan.nodes) + overhead
+        secs += planner.step_seconds(plan.nodes)
         nodes.append(plan.nodes)
     return {"tokens_per_step": toks / len(steps), "tokens_per_s": toks / secs, "nodes_mean": float(np.mean(nodes)),
             "nodes_median": float(np.median(nodes))}
@@ -207,10 +222,11 @@ def main(argv=None) -> int:
                         "raw_seconds": cost.info["raw_seconds"], "greedy_step_s": greedy}
         overhead = 0.0006  # drafting + planning per step on this machine (decode benchmark's lattice + draft)
         pred = {}
-        for label, ctx in (("heads only", None), ("heads + context n-grams", SPEC.context())):
-            planner = TreePlanner("auto", ctx, acceptance, cost)
+        context = ContextProposer(ContextNgrams(max_ngram=SPEC.context_ngrams))
+        for label, ctx in (("heads only", None), ("heads + context n-grams", context)):
+            planner = TreePlanner("auto", acceptance, cost)
             planner.overhead = overhead
-            pred[label] = replay(steps, planner, cost, overhead)
+            pred[label] = replay(steps, planner, acceptance, ctx, overhead)
         row = {"model": name, "parameters_m": round(params / 1e6, 1), "measured": {
             "T1_ms": round(cost.seconds(1) * 1000, 3), "greedy_step_ms": round(greedy * 1000, 3),
             "T1_over_greedy": round(cost.seconds(1) / greedy, 3),

@@ -37,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
+from latticedraft.cli import decode_options  # noqa: E402
 from latticedraft.decoding.eval import hf_baselines  # noqa: E402
 from latticedraft.decoding.methods.bpd import DrafterSpec
 from latticedraft.decoding.runs.session import Session
@@ -45,14 +46,15 @@ from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 HEADS = DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto", draft_vocab="auto")  # heads only, fast
+DEFAULT_ROW = "bpd top1 +ctx +lm"  # what `latticedraft decode` runs with no options: "(default)" in the tables
+RENAMED = {"bpd parallel p=8 slots=3 +ctx +lm (default)": "bpd parallel p=8 slots=3 +ctx +lm"}  # earlier runs' names
 DRAFTERS = {
-    # the fastest measured configuration (the demo's default row; the CLI's default settings are
-    # DrafterSpec.fast on --drafter top1)
-    "bpd parallel p=8 slots=3 +ctx +lm (default)": DrafterSpec("parallel", nbest=8, slots=3).fast(),
+    # the fastest measured configuration
+    "bpd parallel p=8 slots=3 +ctx +lm": DrafterSpec("parallel", nbest=8, slots=3).fast(),
     "bpd parallel p=8 slots=3 +ctx (no LM drafts)": replace(DrafterSpec("parallel", nbest=8, slots=3).fast(),
                                                             lm_drafts=0),
     "bpd parallel-base p=8 slots=3 +ctx +lm": DrafterSpec("parallel-base", nbest=8, slots=3).fast(),
-    "bpd top1 +ctx +lm": DrafterSpec("top1").fast(),
+    DEFAULT_ROW: decode_options()[1],  # the CLI's default (DrafterSpec.fast on --drafter top1)
     # heads only: no context n-grams
     "bpd parallel-base p=8 slots=3 (heads only)": HEADS,
     "bpd parallel-base p=8 slots=3 full vocab": DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto"),
@@ -88,7 +90,7 @@ def main(argv=None) -> int:
     ap.add_argument("--alpha", type=float, default=None,
                     help="the n-gram LM's weight (default: the model's tuned.json, as the demo takes it; else 1.0)")
     ap.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens (default 10)")
-    ap.add_argument("--only", nargs="+", default=None, help="run only these rows")
+    ap.add_argument("--only", nargs="+", default=None, help="run only these rows (earlier runs' names accepted)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     ap.add_argument("--out", default="benchmarks/results/decode.json")
@@ -111,7 +113,8 @@ def main(argv=None) -> int:
         rows.insert(1, f"greedy batch={a.batch_size} (HF, left-padded)")
         rows = [r for r in rows if r not in HF_ROWS]  # transformers' PLD and assisted decoding take batch 1 only
     if a.only:
-        rows = [r for r in rows if r in a.only or r.startswith("greedy")]
+        only = {RENAMED.get(r, r) for r in a.only}
+        rows = [r for r in rows if r in only or r.startswith("greedy")]
     helper = s.draft_model
     for name in rows:  # cost curves and acceptance rates are measured once and cached, before any timing
         spec = DRAFTERS.get(name) or OWN.get(name)
@@ -173,7 +176,7 @@ def main(argv=None) -> int:
             if ref in by_name:
                 r[key] = round(r["tokens_per_s"] / by_name[ref], 3)
     out = {"benchmark": "decode", "model": s.base_dir, "load_average": os.getloadavg(), "prompts": len(ids), "max_new_tokens": a.max_new_tokens,
-           "repeats": a.repeats, "batch_size": a.batch_size, "alpha": a.alpha,
+           "repeats": a.repeats, "batch_size": a.batch_size, "alpha": a.alpha, "cli_default": DEFAULT_ROW,
            "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                        "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                        "device": a.device or "cpu",

@@ -44,7 +44,7 @@ from latticedraft.decoding.runs.prompt_length import fit_prompts  # noqa: E402
 from latticedraft.decoding.methods.bpd import DrafterSpec  # noqa: E402
 from latticedraft.decoding.runs.loaders import encode  # noqa: E402
 from latticedraft.decoding.runs.prompt_set import read_prompts  # noqa: E402
-from latticedraft.decoding.methods.bpd_session import CALIBRATION_PROMPTS  # noqa: E402
+from head_agreement import CALIBRATION_PROMPTS  # noqa: E402
 from latticedraft.decoding.runs.session import Session  # noqa: E402
 from latticedraft.gpu.verify.incremental import IncrementalLM  # noqa: E402
 from latticedraft.gpu.verify.cost_model import QUANTILE, CostModel  # noqa: E402

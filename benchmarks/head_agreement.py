@@ -3,7 +3,8 @@
 For each head checkpoint (``--heads LABEL=DIR ...``; e.g. corpus-trained vs self-distilled) and each
 prompt set (``--prompts LABEL=FILE ...``; default the held-back third-party code of
 ``benchmarks/prompts/heldback-code.jsonl`` and the bundled held-out prompts ``data/prompts.jsonl``
-without the tuning split ``CALIBRATION_PROMPTS``):
+without the tuning split ``CALIBRATION_PROMPTS``, on which acceptance rates were once fitted: left out so
+that figures stay comparable):
 
 - agreement: the base's greedy continuation of every prompt (``--max-new-tokens``) is read once by
   the model (teacher forcing); at every continuation position t, head j's top-1 (and top-k,
@@ -47,13 +48,14 @@ from latticedraft.decoding.runs.prompt_length import fit_prompts  # noqa: E402
 from latticedraft.decoding.methods.bpd import DrafterSpec  # noqa: E402
 from latticedraft.decoding.runs.loaders import encode  # noqa: E402
 from latticedraft.decoding.runs.prompt_set import read_prompt_set, read_prompts  # noqa: E402
-from latticedraft.decoding.methods.bpd_session import CALIBRATION_PROMPTS  # noqa: E402
 from latticedraft.decoding.runs.session import Session  # noqa: E402
 from latticedraft.gpu.models.draft_vocab import load_ranked  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 HELDBACK = ROOT / "benchmarks" / "prompts" / "heldback-code.jsonl"
 
+
+CALIBRATION_PROMPTS = slice(30, 42)  # the tuning split (Appendix E) of data/prompts.jsonl
 
 def drafter_specs(names: list[str], alpha: float, draft_vocab: int | None = None) -> dict[str, DrafterSpec]:
     """The heads-only drafters of the issue (and ``parallel`` with the 4-gram): fixed tree, no

@@ -16,6 +16,13 @@ from_root = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- speed-table:begin -->", "<!-- speed-table:end -->"
 
 
+def label(name: str, d: dict) -> str:
+    """A row's name, "(default)" marking the row that ran what ``latticedraft decode`` runs with no
+    options (the JSON's ``cli_default``; older runs name none and tagged another row "(default)")."""
+    name = name.removesuffix(" (default)")
+    return f"{name} (default)" if name == d.get("cli_default") else name
+
+
 def rows(path: Path, ref_key: str, ref_label: str) -> list[str]:
     d = json.loads(path.read_text())
     m = d["machine"]
@@ -26,7 +33,7 @@ def rows(path: Path, ref_key: str, ref_label: str) -> list[str]:
            "|---|---:|---:|---:|---:|---:|:---:|"]
     for r in d["rows"]:
         be, nodes, x = r.get("block_efficiency"), r.get("tree_nodes_mean"), r.get(ref_key)
-        out.append(f"| {r['name']} | {r['tokens_per_s']:.1f} | {r['speedup_vs_greedy']:.2f} | "
+        out.append(f"| {label(r['name'], d)} | {r['tokens_per_s']:.1f} | {r['speedup_vs_greedy']:.2f} | "
                    f"{f'{x:.2f}' if x else '-'} | {f'{be:.2f}' if be else '-'} | {f'{nodes:.1f}' if nodes else '-'} | "
                    f"{'yes' if r['exact'] else 'NO'} |")
     return out

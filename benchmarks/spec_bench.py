@@ -105,11 +105,11 @@ def later_turns(qs: list[dict], ids: list, template, session, max_new_tokens: in
     return out_q, out_ids
 
 
-def cli_default(model: str):
-    """(method, options) that ``latticedraft decode --model MODEL --chat`` runs by default."""
+def cli_default(model: str, *extra: str):
+    """(method, options) that ``latticedraft decode --model MODEL --chat EXTRA...`` runs by default."""
     from latticedraft.cli import decode_options
 
-    m, options = decode_options("--model", model, "--chat")
+    m, options = decode_options("--model", model, "--chat", *extra)
     return m.name, options
 
 
@@ -198,7 +198,8 @@ def main(argv=None) -> int:
         names = [n for n in names if n == "HF greedy" or n in a.only]
     if a.batch_size > 1:
         names += [f"HF batched greedy b={a.batch_size}", f"ours: default (CLI) b={a.batch_size}"]
-    sampled = {"ours: lossless sampling": default, "ours: lossless sampling n-grams": ngrams}  # as `--do-sample`
+    sampled = {"ours: lossless sampling": (default[0], *cli_default(a.heads or a.model, "--do-sample")),
+               "ours: lossless sampling n-grams": ngrams}  # the first as `decode --do-sample`
     for T in a.temperatures:
         names += [f"HF sampling T={T}"] + [f"{k} T={T}" for k in sampled]
     sess = {"base": sb, "heads": sh}

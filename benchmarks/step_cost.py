@@ -2,7 +2,7 @@
 
 For each batch size (``--batch-sizes``, default 1 and 4) and the same prompts: transformers'
 greedy ``generate`` (left-padded batches above 1), latticedraft's greedy loop (no drafts: one
-token per row and step, like ``generate``) and the default decode (``parallel p=8 slots=3 +ctx +lm``).
+token per row and step, like ``generate``) and the fastest measured decode (``parallel p=8 slots=3 +ctx +lm``).
 Reported per step, a step being one forward over every row of the batch (``generate``: its
 seconds over the tokens of its longest row, prefill included; ours: the verify calls only,
 prefill excluded), in milliseconds:
@@ -49,7 +49,7 @@ from latticedraft.decoding.runs.session import Session  # noqa: E402
 from latticedraft.paths import data_dir  # noqa: E402
 
 OURS = {"greedy loop (latticedraft)": DrafterSpec("none"),
-        "default (parallel p=8 slots=3 +ctx +lm)": DrafterSpec("parallel", nbest=8, slots=3).fast()}
+        "parallel p=8 slots=3 +ctx +lm": DrafterSpec("parallel", nbest=8, slots=3).fast()}
 PARTS = ("forward", "projection", "cache", "heads", "walk", "planning", "acceptance", "other")
 
 

@@ -49,17 +49,40 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
 
 
 @contextlib.contextmanager
+def new_dirs(path: str | Path) -> Iterator[Path]:
+    """Create directory ``path`` and its missing parents for the block; when the block fails, remove
+    again those it created that are still empty (a failed download leaves no empty ``downloads/``)."""
+    path = Path(path)
+    made = [p for p in [path, *path.parents] if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        for d in made:  # deepest first
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+
+
+@contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield an empty staging directory beside ``path``; when the block succeeds its files (given the
     usual umask modes) become ``path`` (renamed whole if ``path`` does not exist, else moved in one by one, replacing files of
     the same name); when it fails the staging directory is removed and ``path`` is untouched."""
+    path = Path(path)
+    with new_dirs(path.parent):  # a failure leaves no empty parent behind either
+        stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+        with _staged(stage, path):
+            yield stage
+
+
+@contextlib.contextmanager
+def _staged(stage: Path, path: Path) -> Iterator[None]:
+    """``atomic_dir``'s publication of ``stage`` as ``path`` when the block succeeds, its removal when not."""
     import shutil
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
     try:
-        yield stage
+        yield
         publish_mode(stage, directory=True)
         for f in stage.rglob("*"):
             publish_mode(f, directory=f.is_dir())

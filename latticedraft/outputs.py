@@ -8,8 +8,9 @@
   trained LM by ``training.json`` + ``config.json``, a draft model by the same files with
   ``"kind": "draft-model"`` in ``training.json``, an import or export by its own JSON file beside
   what it writes: ``medusa_import.json``, ``medusa_export.json``, ``gguf_import.json``,
-  ``latticedraft_generate.json``); where several kinds' markers are present the directory is the
-  kind's with the most (``is_own``). Anything else is refused even with ``--force``, naming what the
+  ``latticedraft_generate.json``; a report by its JSON and table: ``demo.json``, ``results.json`` +
+  ``results.md``, ``records.json`` + ``records.md``); where several kinds' markers are present the
+  directory is the kind's with the most (``is_own``). Anything else is refused even with ``--force``, naming what the
   directory holds and the fix. Files the command does not write (a README, ``draft_vocab.json``
   beside heads) survive a forced replacement.
 - A command never writes into its own input (``--base``, ``--model``, SRC …: ``claim_dir``'s
@@ -17,10 +18,12 @@
 - A training checkpoint (``checkpoint.pt``) is never discarded silently: without ``--resume`` it is
   refused naming ``--resume`` and ``--force``; ``--force`` discards it when training starts.
 
-A command declares its output as an ``OutputKind`` (add one below for a new command) and calls
-``claim_dir`` / ``claim_file`` in the one place where it checks its options, before any work;
-writers stage under a temporary name and rename (``atomic.py``); ``stale`` lists what a forced
-replacement removes because the new output no longer writes it.
+What a command writes is an ``OutputKind`` (a directory; add one below for a new command) or a
+``FileKind`` (a file, recognised by its content). The CLI declares every output option with its kind
+(``cli/output_options.py``) and ``main`` runs ``claim_dir`` / ``claim_output_file`` for each before
+the command starts; library functions that write repeat the claim for their own callers. Writers
+stage under a temporary name and rename (``atomic.py``); ``stale`` lists what a forced replacement
+removes because the new output no longer writes it.
 
 Example::
 
@@ -33,6 +36,7 @@ import fnmatch
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from latticedraft.errors import InputError
 
@@ -125,9 +129,18 @@ MARKER_MEDUSA_EXPORT = "medusa_export.json"
 MEDUSA_EXPORT = OutputKind("Medusa heads in vLLM's layout", "latticedraft export medusa",
                            (MARKER_MEDUSA_EXPORT, "config.json"),
                            (MARKER_MEDUSA_EXPORT, "config.json", "model.safetensors"))
+# the report directories: each recognised by its JSON and table (eval's two methods write the same results.json)
+DEMO = OutputKind("a demo report", "latticedraft demo", ("demo.json",), ("demo.json", "lattice_step.png"))
+EVAL_REPORT = OutputKind("an eval report", "latticedraft eval", ("results.json", "results.md"),
+                         ("results.json", "results.md", "fig6_oracle_vs_k.png", "fig7_parallel_vs_p.png"))
+DYNAMO_EVAL = OutputKind("a DynaMo ablation report", "latticedraft eval --method dynamo",
+                         ("results.json", "dynamo_ablation.md"),
+                         ("results.json", "dynamo_ablation.md", "dynamo_ablation.png"))
+EVAL_RECORDS = OutputKind("a records summary", "latticedraft eval --records", ("records.json", "records.md"),
+                          ("records.json", "records.md"))
 # every kind, to name what a directory holds
 KINDS = [LM_BUILD, HEADS, ADAPTER, EXIT_HEADS, TRAINED_LM, DRAFT_MODEL, CUSTOM_GENERATE, GGUF_IMPORT, MEDUSA_IMPORT,
-         MEDUSA_EXPORT]
+         MEDUSA_EXPORT, DEMO, EVAL_REPORT, DYNAMO_EVAL, EVAL_RECORDS]
 
 
 def register(kind: OutputKind) -> OutputKind:
@@ -276,3 +289,25 @@ def claim_file(path, *, force: bool, is_own, what: str, command: str, flag: str 
                          f"that, so choose another {other}")
     if not force:
         raise InputError(f"{flag} {p} already holds {what}; pass --force to replace it, or choose another {other}")
+
+
+@dataclass(frozen=True)
+class FileKind:
+    """What one command writes as a single file: ``what`` names it ("tuned settings"), ``command``
+    writes it, ``is_own(path)`` recognises one it wrote (by content, never by name)."""
+
+    what: str
+    command: str
+    is_own: Callable[[Path], bool]
+
+
+def claim_output_file(path, kind: FileKind, *, force: bool = False, flag: str = "--out",
+                      inputs: dict | None = None) -> None:
+    """The rule for a command that writes file ``path``: a creatable file path (``check_writable``),
+    never one of the command's ``inputs`` (``check_not_input``), and an existing file replaced only
+    with ``force`` and only when ``kind`` wrote it (``claim_file``)."""
+    from latticedraft.paths import check_writable
+
+    check_writable(path, flag, "file")
+    check_not_input(path, inputs or {}, flag)
+    claim_file(path, force=force, is_own=kind.is_own, what=kind.what, command=kind.command, flag=flag)

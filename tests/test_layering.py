@@ -1,4 +1,4 @@
-"""The package's import graph keeps DESIGN.md's layers: ``cli -> decoding -> {gpu, lattice, lm}``,
+"""The package's import graph keeps docs/architecture.md's layers: ``cli -> decoding -> {gpu, lattice, lm}``,
 ``lattice -> lm``; ``lm`` imports nothing else of the package; ``gpu`` knows no algorithm; nothing
 imports ``cli``; ``lattice/`` never imports torch; and no two files import each other, directly or
 round a circle.
@@ -217,6 +217,15 @@ def test_lattice_never_imports_torch(graph):
 
 
 def test_no_import_cycles(graph):
-    """No file-level import cycles anywhere in the package (DESIGN: dependencies point one way)."""
+    """No file-level import cycles anywhere in the package (docs/architecture.md: dependencies point one way)."""
     found = cycles(graph.edges)
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_gpu_models_never_import_gpu_verify(graph):
+    """``gpu/models`` (what a model is) sits below ``gpu/verify`` (how it is run over drafts): no edge
+    points from the first to the second, so the two never depend on each other both ways."""
+    bad = sorted(f"{m} -> {t}" for m, ts in graph.edges.items() if _in(m, "gpu.models") for t in ts
+                 if _in(t, "gpu.verify"))
+    assert not bad, "\n".join(bad)
+

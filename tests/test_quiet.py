@@ -60,3 +60,22 @@ def test_config_weights_mismatch_is_one_line_and_verbose_shows_the_report(tmp_pa
     assert lines[0].startswith(f"error: model directory {bad} lacks weights its config.json describes")
     rc, _, err = _cli("--verbose", "decode", "--model", bad, "--prompt", "import os", "--max-new-tokens", "4")
     assert rc == 2 and "LOAD REPORT" in err and err.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_what_libraries_write_to_stderr_themselves_is_dropped_only_while_quiet(capsys):
+    """``libraries_speaking``: transformers' GGUF bars are plain tqdm on stderr, past every setting."""
+    from tqdm.auto import tqdm
+
+    from latticedraft import quiet
+    from latticedraft.quiet import libraries_speaking
+
+    was_quiet = quiet._hidden
+    try:
+        for verbose in (False, True):
+            quiet_libraries(verbose=verbose)
+            with libraries_speaking():
+                for _ in tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+                    pass
+            assert ("Converting" in capsys.readouterr().err) == verbose
+    finally:
+        quiet_libraries(verbose=not was_quiet)

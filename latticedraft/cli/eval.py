@@ -13,7 +13,7 @@ from latticedraft.cli.args import (
     gamma_arg,
     lookahead_args,
     sampling_args,
-    self_draft_args,
+    early_layer_args,
     set_threads,
 )
 
@@ -86,13 +86,10 @@ def _cmd_eval(a) -> int:
     from latticedraft.cli.checks import (check_model_limits, check_ranges, given_dests, option_values, refuse_given,
                                          sampling_for)
     from latticedraft.decoding import registry
-    from latticedraft.paths import check_writable
 
     if a.records is not None:
         return _cmd_eval_records(a)
-    refuse_given(a, ("force",), "--force applies to eval --records --out DIR")
-    check_ranges(a)
-    check_writable(a.out, "--out", "directory")
+    check_ranges(a)  # --out was claimed before the command started (output_options)
     values, given_ = option_values(a), given_dests(a)
     rows = [registry.get(m) for m in ROWS]
     dynamo = registry.get("dynamo")
@@ -142,9 +139,7 @@ def _cmd_eval_records(a) -> int:
 
     refuse_given(a, [d for d in a._defaults if d not in ("records", "out", "force")],
                  "eval --records summarizes a finished decode --output run (only --out and --force apply)")
-    if given(a, "out"):
-        rank_summary.check_out(a.out, a.force)
-    else:
+    if not given(a, "out"):
         refuse_given(a, ("force",), "eval --records writes files only with an explicit --out")
     summary = rank_summary.summarize(rank_summary.read_records(a.records))
     print(rank_summary.table(summary))
@@ -154,27 +149,49 @@ def _cmd_eval_records(a) -> int:
     return 0
 
 
+def _writes(a):
+    """What ``eval`` writes into ``--out``: the tables, the DynaMo ablation, or with ``--records`` a
+    summary (only where ``--out`` was given)."""
+    from latticedraft.cli.checks import given
+    from latticedraft.outputs import DYNAMO_EVAL, EVAL_RECORDS, EVAL_REPORT
+
+    if a.records is not None:
+        return EVAL_RECORDS if given(a, "out") else None
+    return DYNAMO_EVAL if a.method == "dynamo" else EVAL_REPORT
+
+
 def add_parser(groups) -> None:
-    p = groups.add_parser("eval", help="every drafter on a prompt set: the paper's Tables 4, 3, 10 and Figures 6, 7",
-                          description="Block efficiency of every drafter (and exactness against greedy) on a prompt set.")
+    from latticedraft.cli.output_options import out_dir
+    from latticedraft.outputs import DYNAMO_EVAL, EVAL_RECORDS, EVAL_REPORT
+
+    p = groups.add_parser("eval", help="every method and drafter on a prompt set: the paper's tables",
+                          description="Evaluate on a prompt set (after --skip, the split `tune` uses): every BPD "
+                                      "drafter of the paper's Tables 3, 4, 5 and 10 and Figures 6 and 7, and the "
+                                      "lookahead, Kangaroo and PPD rows, beside plain greedy decoding: block "
+                                      "efficiency, tokens/s and whether each output equals greedy decoding's (rows "
+                                      "sampled with --do-sample are not compared). Writes results.json, results.md "
+                                      "and the figures into --out. --method dynamo runs the DynaMo ablation instead; "
+                                      "--records OUT.jsonl summarizes a `decode --output` run.")
     p.add_argument("--method", default="bpd", choices=["bpd", "dynamo"], help="bpd (default) or the DynaMo ablation")
     p.add_argument("--records", default=None, metavar="OUT.jsonl",
                    help="instead: summarize a `decode --output` run, per rank and in total (block efficiency, "
                         "tokens/s); writes records.json and records.md only with an explicit --out")
     p.add_argument("--force", action="store_true",
-                   help="with --records --out DIR: replace the records.json and records.md an earlier eval --records "
-                        "wrote there")
+                   help="replace what an earlier eval of the same kind wrote in --out (results.json and the figures; "
+                        "with --records: records.json and records.md)")
     p.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="{\"prompt\", \"reference\"?} per line (default data/prompts.jsonl)")
     p.add_argument("--num-prompts", type=int, default=20, help="prompts evaluated (default 20)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default 64)")
     for flag, kw in TABLE_FLAGS.items():
         p.add_argument(flag, **kw)
-    p.add_argument("-o", "--out", type=Path, default=Path("out/eval"),
-                   help="output directory for results.json, results.md and the figures (default ./out/eval)")
     common_model_args(p)
+    out_dir(p, (EVAL_REPORT, DYNAMO_EVAL, EVAL_RECORDS), pick=_writes, default=Path("out/eval"),
+            inputs=("prompts", "records", "model", "tokenizer", "lm", "lm2", "rescorer", "alphas",
+                    "draft_model", "adapter", "exit_heads", "lookahead_config"),
+            help="output directory for results.json, results.md and the figures (default ./out/eval)")
     drafter_args(p)
     lookahead_args(p)
-    self_draft_args(p)
+    early_layer_args(p)
     gamma_arg(p)
     sampling_args(p)
     _dynamo_eval_args(p)

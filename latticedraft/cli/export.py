@@ -26,7 +26,10 @@ def _cmd_export_custom_generate(a) -> int:
 
 
 def add_parser(groups) -> None:
-    grp = groups.add_parser("export", help="write trained heads in the layouts serving engines read",
+    from latticedraft.cli.output_options import out_dir
+    from latticedraft.outputs import CUSTOM_GENERATE, MEDUSA_EXPORT
+
+    grp = groups.add_parser("export", help="write heads for vLLM, or a directory transformers' generate runs",
                             description="Write what latticedraft trained in the layouts other tools read.")
     verbs = grp.add_subparsers(dest="verb", required=True, metavar="<verb>")
     p = verbs.add_parser("medusa", help="Medusa heads as vLLM reads them (config.json + model.safetensors)",
@@ -36,8 +39,8 @@ def add_parser(groups) -> None:
                                      "speculative_config={\"method\": \"medusa\", \"model\": OUT}. Stern and DynaMo "
                                      "heads are refused: the layout cannot express them.")
     p.add_argument("--model", required=True, metavar="DIR", help="head directory holding Medusa heads (heads_config.json)")
-    p.add_argument("-o", "--out", required=True, metavar="DIR",
-                   help="output directory (config.json, model.safetensors, medusa_export.json; not --model)")
+    out_dir(p, MEDUSA_EXPORT, inputs=("model",), required=True,
+            help="output directory (config.json, model.safetensors, medusa_export.json; not --model)")
     p.add_argument("--force", action="store_true", help="replace an earlier `export medusa` output in --out")
     p.add_argument("--dtype", default=None, choices=DTYPES,
                    help="dtype of the written weights (default: the dtype the heads are stored in)")
@@ -50,7 +53,7 @@ def add_parser(groups) -> None:
                                      "max_new_tokens, do_sample, temperature, top_k, top_p and eos_token_id and the "
                                      "keywords heads=DIR (default: the bundled heads on the bundled base), drafter=, "
                                      "lm=DIR; greedy output equals generate(do_sample=False).")
-    p.add_argument("-o", "--out", required=True, metavar="DIR",
-                   help="output directory (custom_generate/generate.py, requirements.txt, README.md)")
+    out_dir(p, CUSTOM_GENERATE, required=True,
+            help="output directory (custom_generate/generate.py, requirements.txt, README.md)")
     p.add_argument("--force", action="store_true", help="replace an earlier custom-generate export in --out")
     p.set_defaults(func=_cmd_export_custom_generate)

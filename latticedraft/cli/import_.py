@@ -25,6 +25,9 @@ def _cmd_import_gguf(a) -> int:
 
 
 def add_parser(groups) -> None:
+    from latticedraft.cli.output_options import out_dir
+    from latticedraft.outputs import GGUF_IMPORT, MEDUSA_IMPORT
+
     grp = groups.add_parser("import", help="read what was made elsewhere (Medusa checkpoints, GGUF models)",
                             description="Read heads trained elsewhere into a latticedraft head directory that every "
                                         "drafter decodes with, or a GGUF model into an HF model directory.")
@@ -37,8 +40,8 @@ def add_parser(groups) -> None:
     p.add_argument("src", metavar="SRC", help="Medusa checkpoint directory (config.json and the weights)")
     p.add_argument("--base", required=True, metavar="BASE", help="the base model directory (HF format) the heads were "
                                                                  "trained on")
-    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output head directory (heads_config.json names "
-                                                                    "BASE relatively; not SRC or BASE)")
+    out_dir(p, MEDUSA_IMPORT, inputs=("src", "base"), required=True,
+            help="output head directory (heads_config.json names BASE relatively; not SRC or BASE)")
     p.add_argument("--force", action="store_true", help="replace an earlier `import medusa` output in --out")
     p.set_defaults(func=_cmd_import_medusa)
     p = verbs.add_parser("gguf", help="a llama.cpp GGUF model (quantized or not) as a float32 HF model directory",
@@ -48,6 +51,6 @@ def add_parser(groups) -> None:
                                      "model.safetensors, tokenizer.json and the chat template, and gguf_import.json "
                                      "(source sha256, architecture, parameter count).")
     p.add_argument("src", metavar="FILE", help="the .gguf file")
-    p.add_argument("-o", "--out", required=True, metavar="DIR", help="output model directory (not FILE's own directory)")
+    out_dir(p, GGUF_IMPORT, inputs=("src",), required=True, help="output model directory (not FILE's own directory)")
     p.add_argument("--force", action="store_true", help="replace an earlier `import gguf` output in --out")
     p.set_defaults(func=_cmd_import_gguf)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from latticedraft.cli.args import add_ids, parse_ids, stdin_corpus
+from latticedraft.outputs import FileKind
 
 
 def _cmd_lm_build(a) -> int:
@@ -70,9 +71,8 @@ def _cmd_lm_convert(a) -> int:
 
     from latticedraft.errors import InputError
     from latticedraft.lm.build import MAX_VOCAB
-    from latticedraft.lm.wfst import arpa_to_fst, check_unk_cost, fst_bytes, is_fst_file, is_fst_npz
+    from latticedraft.lm.wfst import arpa_to_fst, check_unk_cost, fst_bytes
     from latticedraft.memory import check_fits
-    from latticedraft.outputs import claim_file
 
     check_unk_cost(a.unk_cost)
     if a.vocab_size is not None:
@@ -83,10 +83,6 @@ def _cmd_lm_convert(a) -> int:
                    doing="for the WFST's arrays (its unigram state has an arc per id)")
     if not a.out.parent.is_dir():
         raise InputError(f"the directory of --out {a.out} does not exist; create it first")
-    for path, flag, what, own in ((a.out, "--out", "an OpenFst LM (lm.fst)", is_fst_file),
-                                  (a.out.with_suffix(".npz"), "the .npz beside --out", "the CSR cache of an LM (lm.npz)",
-                                   is_fst_npz)):
-        claim_file(path, force=a.force, is_own=own, what=what, command="latticedraft lm convert", flag=flag)
     t0 = time.perf_counter()
     f = arpa_to_fst(a.arpa, a.out, vocab_size=a.vocab_size, unk_cost=a.unk_cost)
     print(f"wrote {a.out} (+ {a.out.with_suffix('.npz').name}): order {f.order}, {f.vocab_size} labels, "
@@ -94,11 +90,45 @@ def _cmd_lm_convert(a) -> int:
     return 0
 
 
+def _is_fst_file(p) -> bool:
+    from latticedraft.lm.wfst import is_fst_file
+
+    return is_fst_file(p)
+
+
+def _is_fst_npz(p) -> bool:
+    from latticedraft.lm.wfst import is_fst_npz
+
+    return is_fst_npz(p)
+
+
+def _read_manifest(d) -> dict:
+    from latticedraft.lm.build import read_manifest
+
+    return read_manifest(d)
+
+
+FST_FILE = FileKind("an OpenFst LM (lm.fst)", "latticedraft lm convert", _is_fst_file)
+FST_NPZ = FileKind("the CSR cache of an LM (lm.npz)", "latticedraft lm convert", _is_fst_npz)
+
+
+def _claim_cooccurrence(a) -> None:
+    """``lm cooccurrence --lm DIR``'s rule: DIR is an LM build and its ``cooccurrence.npz`` is new, or a
+    table replaced with ``--force`` (``cooccurrence_output``); before standard input is read."""
+    from latticedraft.lm.cooccurrence import cooccurrence_output
+
+    cooccurrence_output(a.lm, a.force)
+    _read_manifest(a.lm)
+
+
 def add_parser(groups) -> None:
+    from latticedraft.cli.output_options import FILE, IN_PLACE, Output, declare, out_dir, out_file
+    from latticedraft.outputs import LM_BUILD
     from latticedraft.paths import default_lm_dir
 
-    g = groups.add_parser("lm", help="n-gram LMs: build (KenLM → ARPA → binary → WFST) and score",
-                          description="Build, score, convert n-gram LMs over token ids, and count co-occurrences.")
+    g = groups.add_parser("lm", help="n-gram LMs: build, score, convert and index; co-occurrences",
+                          description="Build, score, convert and index n-gram LMs over token ids (KenLM → ARPA → "
+                                      "binary → WFST), and count token co-occurrences for DynaMo.")
     sub = g.add_subparsers(dest="verb", required=True, metavar="<verb>")
     b = sub.add_parser("build", help="build an n-gram LM over token ids from corpus files",
                        description="Tokenize a corpus, count and estimate an n-gram LM with KenLM's lmplz, and "
@@ -108,8 +138,8 @@ def add_parser(groups) -> None:
     b.add_argument("--corpus", nargs="+", required=True, metavar="FILE",
                    help="text files (.gz and .xz too), directories, stdlib / stdlib:train / stdlib:heldout, or - for "
                         "standard input")
-    b.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
-                   help="build directory to create (must not hold a build unless --force)")
+    out_dir(b, LM_BUILD, inputs=("corpus", "tokenizer"), required=True,
+            help="build directory to create (must not hold a build unless --force)")
     b.add_argument("--order", type=int, default=3, help="n-gram order, 2..6 (default 3)")
     b.add_argument("--prune", type=int, nargs="+", metavar="N",
                    help="lmplz count thresholds per order: drop n-grams seen at most N times, e.g. 0 0 1 3 "
@@ -145,8 +175,10 @@ def add_parser(groups) -> None:
                        description="Convert an ARPA file whose words are token ids into the back-off WFST "
                                    "(OpenFst binary) and its CSR cache lm.npz beside it.")
     c.add_argument("arpa", type=Path, help="ARPA file (.gz too) whose words are token ids, as lmplz writes them here")
-    c.add_argument("-o", "--out", type=Path, required=True, metavar="LM.FST",
-                   help="output file: the OpenFst binary (lm.npz is written beside it)")
+    out_file(c, FST_FILE, inputs=("arpa",), required=True, metavar="LM.FST",
+             help="output file: the OpenFst binary (lm.npz is written beside it)")
+    declare(c, Output("the .npz beside --out", "out", FILE, (FST_NPZ,), inputs=("arpa",),
+                      target=lambda a: a.out.with_suffix(".npz")))
     c.add_argument("--vocab-size", type=int, help="V, the tokenizer's vocabulary size (default: largest id + 1)")
     c.add_argument("--unk-cost", type=float, default=1000.0,
                    help="cost of ids absent from the ARPA, >= 0 (default 1000)")
@@ -158,12 +190,16 @@ def add_parser(groups) -> None:
                                    "maps at load (lm build writes them; builds from before need this once).")
     x.add_argument("dir", type=Path, metavar="DIR", help="an LM build directory (holds manifest.json)")
     x.add_argument("--force", action="store_true", help="rewrite the tables even if present")
+    declare(x, Output("DIR", "dir", IN_PLACE, (LM_BUILD,), claim=lambda a: _read_manifest(a.dir)))  # into a build
     x.set_defaults(func=_cmd_lm_index)
     _add_lm_cooccurrence(sub, b)
 
 
 def _add_lm_cooccurrence(sub, build_parser) -> None:
     """``lm cooccurrence`` and ``lm build --cooccurrence`` (counts for DynaMo's co-occurrence mask)."""
+    from latticedraft.cli.output_options import IN_PLACE, Output, declare
+    from latticedraft.outputs import LM_BUILD
+
     c = sub.add_parser("cooccurrence",
                        help="count token pairs/triples for DynaMo's co-occurrence mask into an LM build",
                        description="Count token pairs and triples of a corpus (by default the LM build's own) for "
@@ -173,6 +209,7 @@ def _add_lm_cooccurrence(sub, build_parser) -> None:
                    help="count these (- for standard input) instead of the build's corpus (default: the build's)")
     c.add_argument("--tokenizer", metavar="PATH", help="tokenizer instead of the build's tokenizer.json")
     c.add_argument("--force", action="store_true", help="replace an existing cooccurrence.npz")
+    declare(c, Output("--lm", "lm", IN_PLACE, (LM_BUILD,), claim=_claim_cooccurrence))
     c.add_argument("--encoding-errors", choices=["strict", "replace"], default="strict",
                    help="non-UTF-8 bytes in the corpus: fail naming the byte (strict) or replace them")
     c.set_defaults(func=_cmd_lm_cooccurrence)
@@ -192,9 +229,8 @@ def _add_lm_cooccurrence(sub, build_parser) -> None:
 
 
 def _cmd_lm_cooccurrence(a) -> int:
-    from latticedraft.lm.cooccurrence import CooccurrenceStats, build_for_lm_dir, cooccurrence_output
+    from latticedraft.lm.cooccurrence import CooccurrenceStats, build_for_lm_dir
 
-    cooccurrence_output(a.lm, a.force)  # before standard input is read
     with stdin_corpus(a.corpus or []) as corpus:
         out = build_for_lm_dir(a.lm, tokenizer_path=a.tokenizer, corpus=corpus or None,
                                encoding_errors=a.encoding_errors, force=a.force)

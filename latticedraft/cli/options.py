@@ -13,7 +13,10 @@ def prompt_inputs(a) -> list:
     if (a.prompt is None) == (a.prompts is None):
         raise InputError("give exactly one of --prompt TEXT or --prompts FILE.jsonl (- reads standard input)")
     if a.prompt == "-":
-        return [read_text_arg("-", "--prompt", "pipe UTF-8 text into --prompt -")]
+        text = read_text_arg("-", "--prompt", "pipe UTF-8 text into --prompt -")
+        if not text:
+            raise InputError("--prompt - read an empty prompt from standard input; pipe the prompt text into it")
+        return [text]
     if a.prompt is not None:
         return [check_text_value(a.prompt, "--prompt")]
     prompts = read_prompt_set(a.prompts)[0]

@@ -1,4 +1,5 @@
-"""The argument parser of every command: help that shows defaults, one-line usage errors."""
+"""The argument parser of every command: help that shows defaults, usage errors in one line
+(``error: <what>``) and one hint (``see: latticedraft <command> --help``), empty values refused."""
 
 from __future__ import annotations
 
@@ -28,10 +29,66 @@ class Parser(argparse.ArgumentParser):
         kw.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kw)
 
-    def error(self, message):
-        """Usage, then one last line ``error: ...`` naming the option and where the help is (exit 2)."""
-        self.print_usage(sys.stderr)
-        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+    def error(self, message, prog: str | None = None):
+        """``error: <what>`` naming the option, then one hint line, where the help is (``prog``'s; default
+        this parser's) (exit 2); never argparse's usage block."""
+        self.exit(2, f"error: {' '.join(str(message).split())}\nsee: {prog or self.prog} --help\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but words no command takes are named with the help of the command given
+        (its parser's ``prog``, which ``build_parser`` stores as ``_prog``), not of the top level."""
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}", getattr(ns, "_prog", None))
+        return ns
+
+
+def record_typed(action: argparse.Action) -> None:
+    """Make ``action`` add its dest to the namespace's ``_typed`` set when its option is typed
+    (argparse keeps no trace of an option given at its default value)."""
+    base = type(action)
+
+    class Typed(base):
+        def __call__(self, parser, namespace, values, option_string=None):
+            super().__call__(parser, namespace, values, option_string)
+            namespace._typed = getattr(namespace, "_typed", frozenset()) | {self.dest}
+
+    Typed.__name__ = base.__name__
+    action.__class__ = Typed
+
+
+class NonEmpty:
+    """An option's ``type`` that refuses an empty value (``--model ''`` would name the current
+    directory) naming what to give, then converts with the option's own type."""
+
+    def __init__(self, inner, what: str):
+        self.inner, self.what = inner, what
+        self.__name__ = getattr(inner, "__name__", "value")  # argparse names the type in its messages
+
+    def __call__(self, text: str):
+        if text == "":
+            raise argparse.ArgumentTypeError(f"the value is empty; give {self.what}")
+        return text if self.inner is None else self.inner(text)
+
+
+def refuse_empty_values(parser: argparse.ArgumentParser) -> None:
+    """Give every text or path option of ``parser`` (lists of ids aside) the ``NonEmpty`` type."""
+    from pathlib import Path
+
+    for a in parser._actions:
+        if (a.nargs in (None, "?", "+") and a.type in (None, str, Path) and not a.choices and a.default != ""
+                and isinstance(a, argparse._StoreAction)):
+            a.type = NonEmpty(a.type, _what(a))
+
+
+def _what(action) -> str:
+    """What an option takes, for ``NonEmpty``'s message: "a directory path", "a file path" ..."""
+    m = action.metavar or ""
+    if "DIR" in m or action.dest in ("base", "cache"):
+        return "a directory path"
+    if m.startswith(("FILE", "OUT", "LATTICE", "LM.")) or "." in m:
+        return "a file path"
+    return "a path" if "PATH" in m else "a non-empty value"
 
 
 def commands(parser: argparse.ArgumentParser, path=()):
@@ -45,13 +102,18 @@ def commands(parser: argparse.ArgumentParser, path=()):
 
 
 def finish(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Give every command under ``parser`` its ``--verbose`` and record its options' defaults and
-    longest flags (``_defaults``, ``_flags``: what ``checks.given`` compares against); returns it."""
+    """Give every command under ``parser`` its ``--verbose``, refuse empty option values, record
+    which options were typed, and record each command's defaults, longest flags and positionals'
+    names (``_prog``, ``_defaults``, ``_flags``: what ``checks.given`` compares against)."""
     from latticedraft.quiet import add_verbose_arg
 
     for _, p in commands(parser):
         add_verbose_arg(p)
+        refuse_empty_values(p)
         opts = [x for x in p._actions if x.option_strings and x.dest not in ("help", "verbose")]
-        p.set_defaults(_defaults={x.dest: p.get_default(x.dest) for x in opts},
-                       _flags={x.dest: max(x.option_strings, key=len) for x in opts})
+        for x in opts:
+            record_typed(x)
+        named = {x.dest: x.metavar or x.dest.upper() for x in p._actions if not x.option_strings}  # positionals
+        p.set_defaults(_prog=p.prog, _defaults={x.dest: p.get_default(x.dest) for x in opts},
+                       _flags={**named, **{x.dest: max(x.option_strings, key=len) for x in opts}})
     return parser

@@ -21,9 +21,10 @@ def _cmd_rescore(a) -> int:
 
 
 def add_parser(groups) -> None:
-    p = groups.add_parser("rescore", help="the p best drafts of a lattice under head + alpha * n-gram scores (JSON)",
-                          description="Rescore a sausage lattice (.npz from Sausage.save) with an n-gram LM and "
-                                      "print the p best distinct paths as JSON.")
+    p = groups.add_parser("rescore", help="the p best paths of a saved lattice under an n-gram LM (JSON)",
+                          description="Rescore a sausage lattice (.npz from Sausage.save) with an n-gram LM (score = head_logp + "
+                                      "alpha * lm_logp, given the --history before it) and print the p best distinct "
+                                      "paths as JSON.")
     p.add_argument("--lm", required=True, metavar="DIR", help="n-gram build directory (latticedraft lm build)")
     p.add_argument("--lattice", required=True, metavar="FILE.npz", help="lattice written by Sausage.save")
     p.add_argument("--alpha", type=float, default=1.0, help="LM weight: score = head_logp + alpha * lm_logp (default 1)")

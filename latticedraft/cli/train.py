@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from latticedraft.cli.args import stdin_corpus
 from latticedraft.cli.train_checks import (check_training, check_training_memory, corpus_arg, optim_args,
@@ -17,9 +16,8 @@ def _cmd_train_lm(a) -> int:
     from latticedraft.gpu.train.lm import LMArch, train_lm
     from latticedraft.lm.corpus import resolve_corpus
     from latticedraft.lm.tokenizer import load_tokenizer
-    from latticedraft.outputs import TRAINED_LM
 
-    check_training(a, TRAINED_LM)
+    check_training(a)
     arch = LMArch(n_embd=a.n_embd, n_layer=a.n_layer, n_head=a.n_head, n_positions=a.n_positions, family=a.family,
                   sliding_window=a.sliding_window, ffn_dim=a.ffn_dim)
     arch.check(a.seq_len)
@@ -43,7 +41,6 @@ def _cmd_train_heads(a) -> int:
     from latticedraft.gpu.train import footprint
     from latticedraft.gpu.train.heads import check_draft_vocab, check_head_options, train_heads
     from latticedraft.lm.corpus import resolve_corpus
-    from latticedraft.outputs import HEADS
 
     from latticedraft.cli.checks import at_least, refuse_given
 
@@ -61,7 +58,7 @@ def _cmd_train_heads(a) -> int:
     check_head_options(a.heads, a.seq_len, a.lambdas)
     distill = distill_config(a)
     check_draft_vocab(a.draft_vocab, a.kind, a.medusa_lm_head, a.unfreeze, distill)
-    base = check_training(a, HEADS, base_dir=a.base)
+    base = check_training(a, base_dir=a.base)
     at_least(a, "ffn_dim", 1)
     sizes = {"--heads": a.heads, "--batch-size": a.batch_size, "--seq-len": a.seq_len}
     if a.kind == "stern" and a.ffn_dim is not None:
@@ -87,7 +84,6 @@ def _cmd_train_exit_heads(a) -> int:
     from latticedraft.gpu.train import footprint
     from latticedraft.gpu.train.early_exit import train_exit_heads
     from latticedraft.lm.corpus import resolve_corpus
-    from latticedraft.outputs import EXIT_HEADS
 
     refuse_given(a, ("heads", "lambdas", "ffn_dim", "self_distill", "token_input", "draft_vocab"),
                  "--early-exit trains one head per layer by distillation")
@@ -95,7 +91,7 @@ def _cmd_train_exit_heads(a) -> int:
         from latticedraft.errors import InputError
 
         raise InputError("--early-exit trains early-exit heads on a frozen base; drop --kind and --unfreeze")
-    base = check_training(a, EXIT_HEADS, base_dir=a.base)
+    base = check_training(a, base_dir=a.base)
     if base.layers < 2:
         from latticedraft.errors import InputError
 
@@ -116,9 +112,8 @@ def _cmd_train_adapter(a) -> int:
     from latticedraft.gpu.train import footprint
     from latticedraft.gpu.train.early_exit import train_adapter
     from latticedraft.lm.corpus import resolve_corpus
-    from latticedraft.outputs import ADAPTER
 
-    base = check_training(a, ADAPTER, base_dir=a.base)
+    base = check_training(a, base_dir=a.base)
     if not 1 <= a.exit_layer < base.layers:
         raise InputError(f"--exit-layer {a.exit_layer} must lie in [1, {base.layers - 1}] for a base of {base.layers} "
                          f"layers ({base.path}; the remaining layers verify)")
@@ -133,9 +128,14 @@ def _cmd_train_adapter(a) -> int:
 
 
 def add_parser(groups) -> None:
-    grp = groups.add_parser("train", help="train a small causal LM or multi-token heads",
+    from latticedraft.cli.output_options import out_dir
+    from latticedraft.outputs import ADAPTER, EXIT_HEADS, HEADS, TRAINED_LM
+
+    grp = groups.add_parser("train", help="train a base LM, heads, Kangaroo's adapter or a draft model",
                             description="Train the models latticedraft decodes with: a small causal LM from scratch "
-                                        "(`train lm`) or multi-token heads on a base LM (`train heads`).")
+                                        "(`train lm`), multi-token heads on a base LM (`train heads`), Kangaroo's "
+                                        "adapter (`train adapter`) or a small draft model distilled from a base "
+                                        "(`train draft-model`).")
     verbs = grp.add_subparsers(dest="verb", required=True, metavar="<verb>")
     p = verbs.add_parser("lm", help="train a GPT-2- or Mistral-style causal LM from scratch (the base, the rescorers)",
                          description="Train a GPT-2- or Mistral-style causal LM from scratch on a corpus (files, directories or "
@@ -143,8 +143,8 @@ def add_parser(groups) -> None:
                                      "its tokenizer. Checkpoints every --checkpoint-every steps; --resume continues.")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json or a directory holding one")
     corpus_arg(p)
-    p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
-                   help="output directory (HF format, loadable by AutoModelForCausalLM)")
+    out_dir(p, TRAINED_LM, inputs=("tokenizer", "corpus"), required=True,
+            help="output directory (HF format, loadable by AutoModelForCausalLM)")
     p.add_argument("--n-embd", type=int, default=256, help="hidden size")
     p.add_argument("--n-layer", type=int, default=4, help="decoder layers")
     p.add_argument("--n-head", type=int, default=4, help="attention heads per layer")
@@ -160,14 +160,17 @@ def add_parser(groups) -> None:
                          description="Train multi-token heads (Stern FFN heads, Medusa residual heads or DynaMo "
                                      "decoder-layer heads) on a "
                                      "frozen (or --unfreeze) base causal LM; saves heads_config.json and "
-                                     "heads.safetensors, naming the base relatively.")
+                                     "heads.safetensors, naming the base relatively (with --unfreeze the trained base "
+                                     "goes beside them). --self-distill trains on the base's own continuations; "
+                                     "--early-exit trains PPD's per-layer early-exit heads instead.")
     p.add_argument("--base", required=True, help="base model directory (HF format)")
     corpus_arg(p)
     p.add_argument("--heads", type=int, default=None, help="number of heads h, counting the base's own head 1 (≥ 2)")
     p.add_argument("--kind", choices=["stern", "medusa", "dynamo"], default="stern",
                    help="FFN heads (Stern), residual SiLU heads (Medusa: exportable to vLLM) or decoder-layer heads (DynaMo)")
-    p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR",
-                   help="output directory (heads_config.json names the base relatively)")
+    out_dir(p, (HEADS, EXIT_HEADS), inputs=("base", "tokenizer", "corpus"), required=True,
+            pick=lambda a: EXIT_HEADS if a.early_exit else HEADS,
+            help="output directory (heads_config.json names the base relatively)")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: BASE/tokenizer.json)")
     p.add_argument("--lambdas", type=float, nargs="+", default=None, help="per-head loss weights λ_1..λ_h (default all 1)")
     p.add_argument("--unfreeze", action="store_true", help="train the base too, with DynaMo's three learning rates")
@@ -196,7 +199,7 @@ def add_parser(groups) -> None:
                                      "saves adapter.json and adapter.safetensors (decode --method kangaroo --adapter DIR).")
     p.add_argument("--base", required=True, help="base model directory (HF format; GPT-2, LLaMA or Mistral style)")
     corpus_arg(p)
-    p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR", help="output directory")
+    out_dir(p, ADAPTER, inputs=("base", "tokenizer", "corpus"), required=True, help="output directory")
     p.add_argument("--exit-layer", type=int, default=2, help="l: the adapter reads the states after layer l (default 2)")
     p.add_argument("--tokenizer", default=None, help="tokenizer (default: BASE/tokenizer.json)")
     optim_args(p, steps=300, lr=1e-3)

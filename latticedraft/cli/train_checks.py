@@ -4,14 +4,15 @@ and the one line it prints on the result (``print_trained``).
 
 A verb opts in with two calls at the top of its command function, before ``stdin_corpus``::
 
-    base = check_training(a, outputs.HEADS, base_dir=a.base)   # ranges, --out rule, base shape
+    base = check_training(a, base_dir=a.base)   # ranges, corpus files, base shape
     ... the verb's own checks against ``base`` (a ``footprint.BaseShape``: layers, positions, vocab) ...
     check_training_memory(a, {"--batch-size": a.batch_size, "--seq-len": a.seq_len},
                           lambda s: footprint.adapter_bytes(base, s["--batch-size"], s["--seq-len"]))
 
-``check_training`` needs the options of ``optim_args`` (``--out``, ``--force``, ``--resume`` …);
-a new verb's output kind is an ``outputs.OutputKind`` (``outputs.register`` it so other commands
-can name it). The library's ``train_*`` function then repeats the ``--out`` claim (cheap), so
+``check_training`` needs the options of ``optim_args``. The ``--out`` rule runs before it: each
+verb declares its output with ``output_options.out_dir`` (a new verb's kind is an
+``outputs.OutputKind``; ``outputs.register`` it so other commands can name it), and ``main`` claims
+it before the verb starts. The library's ``train_*`` function repeats the claim (cheap), so
 callers of the library are protected too.
 """
 
@@ -84,13 +85,11 @@ def _positive_finite(a, dest: str, zero_ok: bool = False) -> None:
         raise InputError(f"{flag(a, dest)} {v} must be a finite number {'>= 0' if zero_ok else '> 0'}")
 
 
-def check_training(a, kind, base_dir=None):
-    """Ranges of the shared options, the ``--out`` rule for ``kind`` (``outputs.claim_dir``; never an
-    input: ``--base``, ``--tokenizer``, ``--corpus``), the named corpus files and, with ``base_dir``,
-    the base's shape (read without loading it: ``--seq-len`` against its context, the tokenizer
-    against its vocabulary). Returns the ``BaseShape`` or None."""
+def check_training(a, base_dir=None):
+    """Ranges of the shared options, the named corpus files and, with ``base_dir``, the base's shape
+    (read without loading it: ``--seq-len`` against its context, the tokenizer against its
+    vocabulary). Returns the ``BaseShape`` or None. (``--out`` is claimed before: ``output_options``.)"""
     from latticedraft.cli.checks import at_least, check_device, flag
-    from latticedraft.outputs import claim_dir
 
     check_device(a.device)
     for d in ("steps", "batch_size", "grad_accum", "checkpoint_every", "stop_after"):
@@ -106,8 +105,6 @@ def check_training(a, kind, base_dir=None):
 
     if not 0 <= a.seed <= MAX_SEED:
         raise InputError(f"{flag(a, 'seed')} {a.seed} is outside 0..{MAX_SEED} (it seeds torch and numpy generators)")
-    claim_dir(a.out, kind, force=a.force, resume=a.resume,
-              inputs={"--base": base_dir, "--tokenizer": getattr(a, "tokenizer", None), "--corpus": a.corpus})
     named = [c for c in a.corpus if c != "-"]  # standard input is read later, once
     if named:
         from latticedraft.lm.corpus import resolve_corpus

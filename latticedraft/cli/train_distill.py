@@ -7,7 +7,6 @@ turns them into a ``DistillConfig``, ``add_draft_model_parser`` registers ``trai
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from latticedraft.cli.args import stdin_corpus
 from latticedraft.errors import InputError
@@ -81,14 +80,13 @@ def _cmd_train_draft_model(a) -> int:
     from latticedraft.gpu.train import footprint
     from latticedraft.gpu.train.draft_model import DraftArch, train_draft_model
     from latticedraft.lm.corpus import resolve_corpus
-    from latticedraft.outputs import DRAFT_MODEL
 
     arch = DraftArch(n_layer=a.n_layer, n_embd=a.n_embd, n_head=a.n_head, ffn_dim=a.ffn_dim)
     arch.validate()
     if a.assistant_tokens < 1:
         raise InputError(f"--assistant-tokens {a.assistant_tokens} must be at least 1")
     distill = distill_config(a)
-    base = check_training(a, DRAFT_MODEL, base_dir=a.base)
+    base = check_training(a, base_dir=a.base)
     sizes = {"--n-embd": a.n_embd, "--n-layer": a.n_layer, "--batch-size": a.batch_size, "--seq-len": a.seq_len}
     if a.ffn_dim is not None:
         sizes["--ffn-dim"] = a.ffn_dim
@@ -106,17 +104,20 @@ def _cmd_train_draft_model(a) -> int:
 
 def add_draft_model_parser(verbs) -> None:
     """Register ``train draft-model``."""
+    from latticedraft.cli.output_options import out_dir
     from latticedraft.cli.train_checks import corpus_arg, optim_args
+    from latticedraft.outputs import DRAFT_MODEL
 
     p = verbs.add_parser("draft-model", help="distil a small draft model of the base's architecture from the base",
                          description="Distil a small causal LM of the base's own architecture, vocabulary and tokenizer "
                                      "from a frozen base: it learns the base's next-token distribution (KL divergence) "
-                                     "on the base's own continuations of corpus prompts. The result drafts for "
+                                     "on the base's own continuations of corpus prompts (--distill-text corpus and "
+                                     "--distill-loss hard change the text and the loss). The result drafts for "
                                      "--drafter model, --method mtad and HF assisted generation, and rescores for "
                                      "--drafter neural. Checkpoints every --checkpoint-every steps; --resume continues.")
     p.add_argument("--base", required=True, help="base model directory (HF format; its tokenizer.json is used)")
     corpus_arg(p)
-    p.add_argument("-o", "--out", type=Path, required=True, metavar="DIR", help="output directory (HF format)")
+    out_dir(p, DRAFT_MODEL, inputs=("base", "tokenizer", "corpus"), required=True, help="output directory (HF format)")
     p.add_argument("--n-layer", type=int, default=1, help="decoder layers (default 1)")
     p.add_argument("--n-embd", type=int, default=64, help="hidden size (default 64)")
     p.add_argument("--n-head", type=int, default=4, help="attention heads per layer (default 4)")

@@ -6,6 +6,27 @@ import sys
 from pathlib import Path
 
 from latticedraft.cli.args import common_model_args
+from latticedraft.outputs import FileKind
+
+
+def _is_tune_result(path) -> bool:
+    """Whether file ``path`` is a JSON object ``tune`` wrote: ``alphas`` + ``sweep`` (--method bpd) or
+    ``lookahead`` + ``table`` (--method lookahead)."""
+    import json
+
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(obj, dict) and ({"alphas", "sweep"} <= set(obj) or {"lookahead", "table"} <= set(obj))
+
+
+TUNED = FileKind("tuned settings (tune's JSON)", "latticedraft tune", _is_tune_result)
+
+
+def tune_out(a) -> Path:
+    """The file ``tune`` writes: ``--out``, else ./tuned.json (./tuned-lookahead.json with --method lookahead)."""
+    return a.out if a.out is not None else Path("tuned-lookahead.json" if a.method == "lookahead" else "tuned.json")
 
 
 def _cmd_tune(a) -> int:
@@ -16,13 +37,11 @@ def _cmd_tune(a) -> int:
     from latticedraft.decoding.runs.session import Session
     from latticedraft.decoding.runs.prompt_set import read_prompts
     from latticedraft.errors import InputError
-    from latticedraft.paths import check_writable, data_dir
+    from latticedraft.paths import data_dir
 
     check_device(a.device)
     check_ranges(a)
-    if a.out is None:
-        a.out = Path("tuned-lookahead.json" if a.method == "lookahead" else "tuned.json")
-    check_writable(a.out, "--out", "file")
+    a.out = tune_out(a)  # claimed before the command started (output_options)
     if a.method == "lookahead":
         return _cmd_tune_lookahead(a)
     refuse_given(a, TUNE_LOOKAHEAD, "--method bpd tunes the interpolation weight alpha (those options apply to "
@@ -76,7 +95,9 @@ def _cmd_tune_lookahead(a) -> int:
 
 
 def add_parser(groups) -> None:
-    p = groups.add_parser("tune", help="sweep alpha (Appendix E), or lookahead's (W, N, G), on a held-out split",
+    from latticedraft.cli.output_options import out_file
+
+    p = groups.add_parser("tune", help="tune alpha (Appendix E) or lookahead's (W, N, G)",
                           description="Sweep the interpolation weight alpha of the n-gram and neural drafters on a "
                                       "tuning split of the prompts and write the best per drafter as JSON "
                                       "(read by `eval --alphas` and `demo --alphas`); with --method lookahead, "
@@ -103,7 +124,8 @@ def add_parser(groups) -> None:
                    help="tune (and record) lookahead with the prompt as reference")
     g.add_argument("--verify", default="auto", choices=["auto", "tree", "batched"],
                    help="verify mode of the decodes and the cost model (default auto)")
-    p.add_argument("-o", "--out", type=Path, default=None,
-                   help="output file (default ./tuned.json; ./tuned-lookahead.json with --method lookahead)")
     common_model_args(p)
+    out_file(p, TUNED, inputs=("prompts", "model", "tokenizer", "lm", "rescorer"), target=tune_out, default=None,
+             help="output file (default ./tuned.json; ./tuned-lookahead.json with --method lookahead)")
+    p.add_argument("--force", action="store_true", help="replace a file an earlier `tune` wrote at --out")
     p.set_defaults(func=_cmd_tune)

@@ -209,8 +209,8 @@ def readers(dest: str) -> list[str]:
 class SamplingSettings:
     """generate's sampling settings, each field its flag (group "sampling"): temperature > 0; top_k
     >= 0 (0 = off); 0 < top_p <= 1 (1 = off); repetition_penalty > 0 (1 = off); seed: row r's
-    noise at position t comes from ``numpy.random.default_rng([seed, r, t])``. The CLI's default of
-    every flag but ``--seed`` is None: the method's default, which is generate's (the field's)
+    noise at position t is a counter-based hash of (seed, r, t, token) (``accept.sampling.GumbelNoise``).
+    The CLI's default of every flag but ``--seed`` is None: the method's default, which is generate's (the field's)
     unless ``Method.defaults`` says otherwise. ``accept.sampling.SamplingOptions`` adds what turns
     logits into p."""
 
@@ -219,7 +219,7 @@ class SamplingSettings:
                         help="keep the K most likely tokens, 0 = off")
     top_p: float = option(1.0, cli=None, group="sampling", type=float, metavar="P", help="nucleus filter, 1 = off")
     seed: int = option(0, group="sampling", type=int, metavar="S",
-                       help="sampling seed; row r's noise at position t is default_rng([S, r, t]) (default 0)")
+                       help="sampling seed; row r's noise at position t is a hash of (S, r, t, token) (default 0)")
     repetition_penalty: float = option(1.0, cli=None, group="sampling", type=float,
                                        help="generate's repetition penalty, 1 = off")
 

@@ -103,9 +103,10 @@ def merge(parts: list[DecodeResult]) -> DecodeResult:
     )
 
 
-def records(result: DecodeResult, tokenizer, model_dir: str, texts: list[str]) -> list[dict]:
+def records(result: DecodeResult, tokenizer, model_dir: str, texts: list[str], dtype: str | None = None) -> list[dict]:
     """The JSON objects of ``decode --json`` and data-set runs, one per prompt (``text`` is the
-    tokenizer's decoding of the new tokens, special tokens such as end-of-text left out)."""
+    tokenizer's decoding of the new tokens, special tokens such as end-of-text left out; ``dtype``:
+    the weights' dtype the tokens were decoded in, recorded where given)."""
     out = []
     for text, s in zip(texts, result.sequences):
         out.append({
@@ -122,5 +123,6 @@ def records(result: DecodeResult, tokenizer, model_dir: str, texts: list[str]) -
             "seconds": round(s.seconds, 4),
             "verify": result.verify_mode,
             "model": model_dir,
+            **({"dtype": dtype} if dtype is not None else {}),
         })
     return out

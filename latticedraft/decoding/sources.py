@@ -29,6 +29,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from latticedraft.errors import InputError
+
 MODULES = ("context", "lm_ngrams", "suffix", "self_draft")  # decoding/proposers/<name>.py, each with SOURCE
 RATES = ("fitted", "online", "context")  # a fitted table of its own; its own online estimate; the context table
 
@@ -41,7 +43,8 @@ class DraftSource:
     called once per session and value (the proposer may learn across calls); summary: one line
     for the docs; check(value) -> the value as the spec keeps it (``InputError`` for a bad one:
     one line naming the flag and the fix); files: the file options it reads; sampling: it drafts
-    under lossless sampling; rates: how the cost-aware tree rates its paths (``RATES``); bins:
+    under lossless sampling; sampled_default: its value under ``--do-sample`` where the option
+    is not given (None: the CLI's default, as in greedy decoding); rates: how the cost-aware tree rates its paths (``RATES``); bins:
     what a token's row of its fitted table is, "match" (the suffix match length of a copied
     continuation) or "probability" (the source's probability for it, ``acceptance.HEAD_EDGES``);
     shares_cache: it drafts over the verifier's own KV cache (``Step.cache``), which only tree
@@ -55,6 +58,7 @@ class DraftSource:
     check: Callable = lambda value: value  # noqa: E731
     files: tuple = ()
     sampling: bool = True
+    sampled_default: Any = None
     rates: str = "fitted"
     bins: str = "probability"
     shares_cache: bool = False
@@ -115,6 +119,17 @@ def build_all(session, spec, fresh: bool = False) -> tuple:
     return tuple(out)
 
 
+def longest_match(flag: str):
+    """A ``check`` for an option that is the longest suffix a source matches: an int >= 0 (0: off)."""
+
+    def check(value) -> int:
+        if int(value) < 0:
+            raise InputError(f"{flag} {value}: give the longest suffix to match (>= 1), or 0 for off")
+        return int(value)
+
+    return check
+
+
 def markdown_table() -> str:
     """The docs' table of sources: option, CLI default, what it reads, how it is rated, sampling."""
     from latticedraft.decoding.registry import default_of
@@ -122,5 +137,11 @@ def markdown_table() -> str:
     rows = ["| source | option | CLI default | reads | rated by | under sampling |", "|---|---|---|---|---|---|"]
     for s in sources():
         rows.append(f"| {s.name}: {s.summary} | `{s.flag}` | `{default_of(s.option)}` | {', '.join(s.files) or '-'} | {s.rates} | "
-                    f"{'yes' if s.sampling else 'no'} |")
+                    f"{_under_sampling(s)} |")
     return "\n".join(rows)
+
+
+def _under_sampling(s: DraftSource) -> str:
+    if not s.sampling:
+        return "no"
+    return "yes" if s.sampled_default is None else f"yes (default `{s.sampled_default}`)"

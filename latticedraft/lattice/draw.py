@@ -18,6 +18,8 @@ from latticedraft.errors import InputError
 from latticedraft.lattice.sausage import Sausage
 
 _VISIBLE = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5", "\r": "\u240d"}
+SOFTWARE = "latticedraft lattice draw"  # the PNG's "Software" text, by which a later --force knows it (is_drawn)
+_PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def visible(text: str, width: int = 14) -> str:
@@ -108,10 +110,33 @@ def draw_lattice(s: Sausage, out: str | Path, text: Callable[[int], str] | None 
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with atomic_file(out, suffix=".png") as tmp:
-            fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
+            fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png", metadata={"Software": SOFTWARE})
     finally:
         plt.close(fig)
     return out
+
+
+def is_drawn(path) -> bool:
+    """Whether file ``path`` is a PNG that ``draw_lattice`` wrote: its ``tEXt`` chunk "Software" says so."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(8) != _PNG:
+                return False
+            while head := f.read(8):
+                if len(head) < 8:
+                    return False
+                size, kind = struct.unpack(">I4s", head)
+                if kind in (b"IDAT", b"IEND"):  # text chunks matplotlib writes come before the image data
+                    return False
+                data = f.read(size)
+                f.read(4)  # CRC
+                if kind == b"tEXt" and data == b"Software\0" + SOFTWARE.encode():
+                    return True
+    except OSError:
+        return False
+    return False
 
 
 def draw_file(lattice_path, out, tokenizer=None, reference=None, lm=None, alpha: float = 1.0,

@@ -25,13 +25,20 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from latticedraft.errors import InputError
 from latticedraft.atomic import atomic_file, publish_mode
 from latticedraft.lm.corpus import resolve_corpus
 from latticedraft.lm.tokenizer import fingerprint, load_tokenizer, train_tokenizer
 from latticedraft.outputs import LM_BUILD, claim_dir
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from latticedraft.lm.corpus_ids import CorpusStats
+    from latticedraft.lm.kenlm_tools import LmplzResult
+    from latticedraft.lm.wfst import NgramFst
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -184,18 +191,39 @@ def _install(work: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
-    from latticedraft.lm.corpus_ids import write_token_ids
-    from latticedraft.lm.kenlm_tools import BuildBinaryJob, run_lmplz
-    from latticedraft.lm.arpa import float32_exact_unk, set_unk_log10
-    from latticedraft.lm.wfst import arpa_to_fst
+@dataclass
+class _Tokenized:
+    """Steps 1-2: the tokenizer (``source``: the manifest's tokenizer fields), its vocabulary size,
+    the corpus as token ids in ``ids_path``, the sentence unit and the counts (``CorpusStats``)."""
 
-    from latticedraft.lm.search_tables import save_tables
+    tok: Tokenizer
+    source: dict
+    vocab_size: int
+    ids_path: Path
+    sentences: str
+    stats: CorpusStats
+
+
+@dataclass
+class _Built:
+    """Steps 3-6: lmplz's result, the unseen-id cost as set in the ARPA (``unk_log10``, ``unk_cost``;
+    ``lmplz_unk_log10``: what lmplz had written), the WFST, n-grams per order and the tables' meta."""
+
+    lmplz: LmplzResult
+    unk_log10: float
+    unk_cost: float
+    lmplz_unk_log10: float
+    fst: NgramFst
+    counts: list[int]
+    tables_meta: dict
+
+
+def _tokenize(work: Path, files: list[Path], opts: BuildOptions, stage: StageLog) -> _Tokenized:
+    """Steps 1 and 2: load or train the tokenizer (saved as ``tokenizer.json``), then stream the
+    corpus to ``corpus.ids``; refuses a corpus with no text or fewer tokens than ``--order``."""
+    from latticedraft.lm.corpus_ids import write_token_ids
 
     t = opts.timings
-    t_all = time.perf_counter()
-    stage = StageLog(opts.progress, t_all)
-    # 1. tokenizer
     t0 = time.perf_counter()
     if opts.tokenizer is not None:
         tok = load_tokenizer(opts.tokenizer)
@@ -208,8 +236,7 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
     t["tokenizer_s"] = time.perf_counter() - t0
     stage(f"tokenizer: {vocab_size} tokens, {len(files)} corpus file(s)", t["tokenizer_s"])
 
-    # 2. corpus → token ids (streamed to disk)
-    ids_path = work / "corpus.ids"
+    ids_path = work / "corpus.ids"  # streamed to disk
     sentences = opts.sentences or default_sentences(files)
     stats = write_token_ids(files, tok, ids_path, opts.encoding_errors, opts.progress, sentences)
     t["tokenize_s"] = stats.seconds
@@ -219,39 +246,35 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
     if stats.tokens < opts.order:
         raise InputError(f"the corpus has only {stats.tokens} tokens, fewer than --order {opts.order} needs; "
                          "give more text or a lower --order")
+    return _Tokenized(tok, tok_src, vocab_size, ids_path, sentences, stats)
 
-    # 3. lmplz → ARPA
-    # KenLM's temporary files go to a private directory (under --temp-dir, else the build), removed after
+
+def _estimate(work: Path, text: _Tokenized, opts: BuildOptions, stage: StageLog) -> _Built:
+    """Steps 3-6: lmplz -> ``lm.arpa`` (``corpus.ids`` removed after); then, while a child process
+    builds the KenLM trie ``lm.bin``, the WFST (``lm.fst`` + ``lm.npz``) and the search tables.
+    KenLM's temporary files go to a private directory (under ``--temp-dir``, else the build),
+    removed after."""
+    from latticedraft.lm.kenlm_tools import BuildBinaryJob, run_lmplz
+    from latticedraft.lm.arpa import float32_exact_unk, set_unk_log10
+
+    t = opts.timings
     tmp_dir = Path(tempfile.mkdtemp(prefix="latticedraft-kenlm-", dir=opts.temp_dir or work))
     try:
         arpa = work / "lm.arpa"
         t0 = time.perf_counter()
-        lr = run_lmplz(ids_path, arpa, opts.order, opts.prune, opts.memory, tmp_dir)
+        lr = run_lmplz(text.ids_path, arpa, opts.order, opts.prune, opts.memory, tmp_dir)
         t["lmplz_s"] = time.perf_counter() - t0
         stage(f"lmplz: order {opts.order} ARPA, {arpa.stat().st_size} bytes", t["lmplz_s"])
-        ids_path.unlink()
+        text.ids_path.unlink()
         # Appendix D: unseen ids cost unk_cost; KenLM's <unk> gets the same so lm.bin agrees with lm.fst
         # (snapped to a float32 pair, see float32_exact_unk)
         unk_log10, unk_cost = float32_exact_unk(opts.unk_cost)
         lmplz_unk_log10 = set_unk_log10(arpa, unk_log10)
 
-        # 4. the KenLM trie, in a child process while this one does 5 and 6 (all three only read the ARPA)
+        # the KenLM trie, in a child process while this one does the WFST and the tables (all three only read the ARPA)
         trie = BuildBinaryJob(arpa, work / "lm.bin", opts.memory, tmp_dir)
         try:
-            # 5. ARPA → WFST (+ CSR cache)
-            t0 = time.perf_counter()
-            fst = arpa_to_fst(arpa, work / "lm.fst", vocab_size=vocab_size, unk_cost=unk_cost)
-            t["arpa_to_fst_s"] = time.perf_counter() - t0
-            counts = _arpa_counts(arpa)
-            stage(f"WFST: {fst.num_states} states, {fst.num_arcs} arcs; n-grams per order {counts}",
-                  t["arpa_to_fst_s"])
-
-            # 6. the search tables, memory-mapped at load (lm/search_tables.py)
-            t0 = time.perf_counter()
-            tables = save_tables(fst, work)
-            t["tables_s"] = time.perf_counter() - t0
-            tables_meta = json.loads((tables / "meta.json").read_text())
-            stage(f"search tables: {tables_meta['bytes'] / 2**20:.0f} MiB", t["tables_s"])
+            fst, counts, tables_meta = _fst_and_tables(work, arpa, text.vocab_size, unk_cost, t, stage)
             t["build_binary_s"] = trie.wait()
             stage(f"build_binary: KenLM trie, {(work / 'lm.bin').stat().st_size} bytes (beside the WFST)",
                   t["build_binary_s"])
@@ -259,29 +282,54 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
             trie.stop()
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+    return _Built(lr, unk_log10, unk_cost, lmplz_unk_log10, fst, counts, tables_meta)
 
-    t["total_s"] = time.perf_counter() - t_all
 
-    manifest = {
+def _fst_and_tables(work: Path, arpa: Path, vocab_size: int, unk_cost: float, t: dict,
+                    stage: StageLog) -> tuple[NgramFst, list[int], dict]:
+    """Steps 5 and 6: ARPA -> WFST (+ CSR cache), then the search tables memory-mapped at load
+    (``lm/search_tables.py``); returns (the ``NgramFst``, n-grams per order, the tables' meta)."""
+    from latticedraft.lm.search_tables import save_tables
+    from latticedraft.lm.wfst import arpa_to_fst
+
+    t0 = time.perf_counter()
+    fst = arpa_to_fst(arpa, work / "lm.fst", vocab_size=vocab_size, unk_cost=unk_cost)
+    t["arpa_to_fst_s"] = time.perf_counter() - t0
+    counts = _arpa_counts(arpa)
+    stage(f"WFST: {fst.num_states} states, {fst.num_arcs} arcs; n-grams per order {counts}", t["arpa_to_fst_s"])
+    t0 = time.perf_counter()
+    tables = save_tables(fst, work)
+    t["tables_s"] = time.perf_counter() - t0
+    tables_meta = json.loads((tables / "meta.json").read_text())
+    stage(f"search tables: {tables_meta['bytes'] / 2**20:.0f} MiB", t["tables_s"])
+    return fst, counts, tables_meta
+
+
+def _manifest(work: Path, opts: BuildOptions, text: _Tokenized, built: _Built) -> dict:
+    """The build's ``manifest.json`` content: what was built from what, with which tools, how long each step took."""
+    stats, fst, unk_cost, vocab_size = text.stats, built.fst, built.unk_cost, text.vocab_size
+    return {
         "format": "latticedraft-ngram",
         "manifest_version": MANIFEST_VERSION,
         "order": opts.order,
         "vocab_size": vocab_size,
-        "ngram_counts": counts,
+        "ngram_counts": built.counts,
         "corpus": {
             "tokens": stats.tokens,
             "chunks": stats.chunks,
-            "sentences": sentences,
+            "sentences": text.sentences,
             "sentences_chosen_by": "--sentences" if opts.sentences else "corpus kind (paragraphs when .py code "
                                                                         "is most of its bytes, else lines)",
             "bytes": stats.bytes,
             "encoding_errors": opts.encoding_errors,
             "files": stats.files,
         },
-        "tokenizer": {"file": "tokenizer.json", "fingerprint": fingerprint(tok), "vocab_size": vocab_size, **tok_src},
-        "lmplz": {"prune": opts.prune, "memory": opts.memory, "discount_fallback": lr.discount_fallback,
-                  "smoothing": "interpolated modified Kneser-Ney (lmplz)", "unk_log10_from_lmplz": lmplz_unk_log10},
-        "unk": {"requested_cost": opts.unk_cost, "cost": unk_cost, "log10": unk_log10,
+        "tokenizer": {"file": "tokenizer.json", "fingerprint": fingerprint(text.tok), "vocab_size": vocab_size,
+                      **text.source},
+        "lmplz": {"prune": opts.prune, "memory": opts.memory, "discount_fallback": built.lmplz.discount_fallback,
+                  "smoothing": "interpolated modified Kneser-Ney (lmplz)",
+                  "unk_log10_from_lmplz": built.lmplz_unk_log10},
+        "unk": {"requested_cost": opts.unk_cost, "cost": unk_cost, "log10": built.unk_log10,
                 "note": "ids absent from the corpus, and KenLM's <unk> in lm.arpa/lm.bin, cost `cost` nats "
                         "(the requested cost snapped so float32 log10 and float32 cost agree)"},
         "fst": {"file": "lm.fst", "npz": "lm.npz", "states": fst.num_states, "arcs": fst.num_arcs,
@@ -289,12 +337,23 @@ def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
                 "unk_cost": unk_cost, "final_weights": "zero (prefix scores)"},
         "files": {"arpa": "lm.arpa", "kenlm_binary": "lm.bin", "fst": "lm.fst", "npz": "lm.npz",
                   "tables": "tables/", "tokenizer": "tokenizer.json"},
-        "tables": {"dir": "tables", "bytes": tables_meta["bytes"], "version": tables_meta["version"]},
+        "tables": {"dir": "tables", "bytes": built.tables_meta["bytes"], "version": built.tables_meta["version"]},
         "tools": _versions(),
-        "timings_s": {k: round(v, 4) for k, v in t.items()},
+        "timings_s": {k: round(v, 4) for k, v in opts.timings.items()},
         "built_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
     }
+
+
+def _build_into(work: Path, files: list[Path], opts: BuildOptions) -> dict:
+    """Build everything into ``work``: tokenizer and token ids, lmplz, the trie beside the WFST and
+    tables, then ``manifest.json`` (written last); returns the manifest."""
+    t_all = time.perf_counter()
+    stage = StageLog(opts.progress, t_all)
+    text = _tokenize(work, files, opts, stage)
+    built = _estimate(work, text, opts, stage)
+    opts.timings["total_s"] = time.perf_counter() - t_all
+    manifest = _manifest(work, opts, text, built)
     write_manifest(work, manifest)
     return manifest
 

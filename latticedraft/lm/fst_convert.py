@@ -24,6 +24,7 @@ walks in numba; the input is consumed level by level, so the peak is about twice
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -72,6 +73,261 @@ def _neg_ln(log10: np.ndarray) -> np.ndarray:
     return np.multiply(log10, np.float32(-LN10), dtype=np.float32)
 
 
+@dataclass
+class _Trie:
+    """The n-gram trie of an ARPA, built level by level, and the states chosen so far.
+
+    Level k holds the (k+1)-grams, nodes ``base[k]..base[k+1]`` in ``(prefix node, last word)``
+    order. Per node: ``lw`` last word, ``lp`` log10 p, ``tgt`` the state reached after it. Per
+    context node (levels below n-1): ``bo`` log10 back-off, children ``[ch_lo, ch_hi)`` on the next
+    level, ``state_of`` its own state or -1. ``uni``: word -> unigram node (-1: none). The states'
+    back-off targets and costs are gathered per level in ``bo_next`` / ``bo_cost``, their id
+    ranges in ``level_states``."""
+
+    arpa: Arpa
+    V: int
+    base: list[int]
+    lw: np.ndarray
+    lp: np.ndarray
+    bo: np.ndarray | None
+    ch_lo: np.ndarray
+    ch_hi: np.ndarray
+    uni: np.ndarray
+    tgt: np.ndarray
+    state_of: np.ndarray
+    bo_next: list = field(default_factory=lambda: [np.array([-1], np.int32)])
+    bo_cost: list = field(default_factory=lambda: [np.zeros(1, np.float32)])
+    level_states: list = field(default_factory=lambda: [(0, 1)])
+    n_states: int = 1
+
+    @property
+    def n(self) -> int:
+        return self.arpa.order
+
+    @property
+    def M(self) -> int:
+        """The word-index range (V + 4): the sort key's radix."""
+        return self.V + 4
+
+
+def _new_trie(arpa: Arpa, V: int) -> _Trie:
+    """The empty trie of ``arpa``'s n-gram counts (refused beyond 2^31 n-grams)."""
+    base = [0]
+    for c in arpa.counts:
+        base.append(base[-1] + c)
+    n = arpa.order
+    total, nctx = base[n], base[n - 1]
+    if total >= 2**31 - 1:
+        raise InputError(f"ARPA file {arpa.path} has {total} n-grams; at most 2^31 are supported")
+    return _Trie(arpa=arpa, V=V, base=base, lw=np.empty(total, dtype=np.int32), lp=np.empty(total, dtype=np.float32),
+                 bo=np.zeros(nctx, dtype=np.float32), ch_lo=np.zeros(nctx, dtype=np.int32),
+                 ch_hi=np.zeros(nctx, dtype=np.int32), uni=np.full(V + 4, -1, dtype=np.int32),
+                 tgt=np.zeros(total, dtype=np.int32), state_of=np.full(nctx, -1, dtype=np.int32))
+
+
+def _level_words(t: _Trie, k: int, consume: bool) -> np.ndarray:
+    """Level k's n-grams in file order as word indices ``[N_k, k+1]`` (``<s> </s> <unk>`` -> V+1..V+3);
+    ``consume``: in place, in the ARPA's own array."""
+    o = t.arpa.orders[k]
+    W = o.words if consume else o.words.copy()
+    W[W == BOS] = t.V + 1
+    W[W == EOS] = t.V + 2
+    W[W == UNK] = t.V + 3
+    return W
+
+
+def _level_keys(t: _Trie, k: int, W: np.ndarray) -> np.ndarray:
+    """int64 sort key of each (k+1)-gram of ``W``: ``prefix node * M + last word`` (the word alone at
+    k = 0). Refuses an n-gram whose prefix is not in the file."""
+    if k == 0:
+        return W[:, 0].astype(np.int64)
+    walk, _ = _kernels()
+    o = t.arpa.orders[k]
+    prefix = np.empty(t.base[k + 1] - t.base[k], dtype=np.int32)
+    walk(W, 0, k, t.uni, t.ch_lo, t.ch_hi, t.lw, prefix)
+    missing = np.flatnonzero(prefix < 0)
+    if missing.size:
+        raise InputError(
+            f"ARPA file {t.arpa.path}, line {o.first_line + int(missing[0])}: the {k + 1}-gram's prefix "
+            f"({k}-gram) is not in the file; the ARPA must list the context of every n-gram"
+        )
+    key = prefix.astype(np.int64)
+    del prefix
+    key *= t.M
+    key += W[:, k]
+    return key
+
+
+def _link_children(t: _Trie, k: int, parents: np.ndarray) -> None:
+    """Set the child ranges of level k-1 from ``parents``: the parent node of each level-k node, in
+    node order (non-decreasing)."""
+    p0, p1, b0 = t.base[k - 1], t.base[k], t.base[k]
+    cnt = np.bincount(parents - p0, minlength=p1 - p0)
+    np.cumsum(cnt, out=cnt)
+    t.ch_hi[p0:p1] = cnt + b0
+    t.ch_lo[p0 + 1:p1] = t.ch_hi[p0:p1 - 1]
+    t.ch_lo[p0] = b0
+
+
+def _suffixes(t: _Trie, k: int, W: np.ndarray) -> np.ndarray:
+    """The longest proper suffix node of each (k+1)-gram of ``W`` (k >= 1), in file order; refuses a
+    word without a unigram entry."""
+    _, longest_suffix = _kernels()
+    suf = np.empty(t.base[k + 1] - t.base[k], dtype=np.int32)
+    longest_suffix(W, k + 1, t.uni, t.ch_lo, t.ch_hi, t.lw, suf)
+    bad = np.flatnonzero(suf < 0)
+    if bad.size:
+        raise InputError(
+            f"ARPA file {t.arpa.path}, line {t.arpa.orders[k].first_line + int(bad[0])}: a word of this {k + 1}-gram "
+            "has no unigram entry; every word must be listed in \\1-grams:"
+        )
+    return suf
+
+
+def _add_level(t: _Trie, k: int, consume: bool) -> np.ndarray | None:
+    """Sort level k into the trie (last words, log-probs, back-offs, the child ranges of level k-1);
+    returns its nodes' longest proper suffix nodes in node order (None at level 0). ``consume``
+    frees the ARPA's arrays of this level."""
+    o = t.arpa.orders[k]
+    W = _level_words(t, k, consume)
+    key = _level_keys(t, k, W)
+    perm = np.argsort(key)
+    key = key[perm]
+    dup = np.flatnonzero(key[1:] == key[:-1])
+    if dup.size:
+        raise InputError(
+            f"ARPA file {t.arpa.path}, line {_line(t.arpa, k, perm, int(dup[0]) + 1)}: duplicate {k + 1}-gram; "
+            "each n-gram may appear once"
+        )
+    b0, b1 = t.base[k], t.base[k + 1]
+    t.lw[b0:b1] = W[perm, k]
+    t.lp[b0:b1] = o.logprob[perm]
+    if k < t.n - 1:
+        t.bo[b0:b1] = o.backoff[perm]
+    if k == 0:
+        t.uni[t.lw[b0:b1]] = np.arange(b0, b1, dtype=np.int32)
+    else:
+        key //= t.M  # parent node ids, non-decreasing
+        _link_children(t, k, key)
+    del key
+    suf = _suffixes(t, k, W)[perm] if k > 0 else None
+    del perm, W
+    if consume:
+        o.words = o.logprob = o.backoff = None
+    return suf
+
+
+def _finalize_level(t: _Trie, j: int, suf: np.ndarray | None) -> None:
+    """Level j is complete (its children are known): choose its states, fill ``tgt`` and the back-offs.
+    ``suf``: its nodes' longest proper suffix nodes (None at level 0)."""
+    b0, b1 = t.base[j], t.base[j + 1]
+    inherited = t.tgt[suf] if suf is not None else np.zeros(b1 - b0, dtype=np.int32)
+    if j == t.n - 1:
+        t.tgt[b0:b1] = inherited
+        return
+    is_state = ((t.ch_hi[b0:b1] > t.ch_lo[b0:b1]) | (t.bo[b0:b1] != 0)) & (t.lw[b0:b1] != t.V + 2)
+    m = int(is_state.sum())
+    own = np.full(b1 - b0, -1, dtype=np.int32)
+    own[is_state] = np.arange(t.n_states, t.n_states + m, dtype=np.int32)
+    t.state_of[b0:b1] = own
+    t.tgt[b0:b1] = np.where(is_state, own, inherited)
+    t.bo_next.append(inherited[is_state])
+    t.bo_cost.append(_neg_ln(t.bo[b0:b1][is_state]))
+    t.level_states.append((t.n_states, t.n_states + m))
+    t.n_states += m
+
+
+def _build_trie(arpa: Arpa, V: int, consume: bool) -> _Trie:
+    """Steps 1 and 2 of the module docstring: the trie, level by level, and its states (each level
+    is finalised once the next one has given it its children)."""
+    t = _new_trie(arpa, V)
+    suf_prev = None
+    for k in range(t.n):
+        suf = _add_level(t, k, consume)
+        if k >= 1:
+            _finalize_level(t, k - 1, suf_prev)
+        suf_prev = suf
+    _finalize_level(t, t.n - 1, suf_prev)
+    return t
+
+
+def _parent_states(t: _Trie, k: int) -> np.ndarray:
+    """The state of each level-k node's parent (-1 where the parent is no state), in node order."""
+    pb0, pb1 = t.base[k - 1], t.base[k]
+    return np.repeat(t.state_of[pb0:pb1], t.ch_hi[pb0:pb1] - t.ch_lo[pb0:pb1])
+
+
+@dataclass
+class _Arcs:
+    """The CSR arcs (grouped by source state, label-sorted) and each state's explicit
+    ``-ln p(</s> | state)`` (nan where the ARPA lists none)."""
+
+    state_offsets: np.ndarray
+    label: np.ndarray
+    cost: np.ndarray
+    next: np.ndarray
+    final_explicit: np.ndarray
+
+
+def _null_arcs(t: _Trie, n_arcs: int, unk_cost: float) -> _Arcs:
+    """Arc arrays for ``n_arcs`` arcs with the null-context state's V filled: one per label, the
+    unigram cost (``unk_cost`` for ids absent from the ARPA)."""
+    V, S = t.V, t.n_states
+    a = _Arcs(state_offsets=np.zeros(S + 1, dtype=np.int64), label=np.empty(n_arcs, dtype=np.int32),
+              cost=np.empty(n_arcs, dtype=np.float32), next=np.empty(n_arcs, dtype=np.int32),
+              final_explicit=np.full(S, np.nan, dtype=np.float32))
+    a.label[:V] = np.arange(1, V + 1, dtype=np.int32)
+    a.cost[:V] = unk_cost
+    a.next[:V] = 0
+    u = np.arange(t.base[1])
+    u = u[t.lw[u] <= V]
+    a.cost[t.lw[u] - 1] = _neg_ln(t.lp[u])
+    a.next[t.lw[u] - 1] = t.tgt[u]
+    return a
+
+
+def _arcs(t: _Trie, unk_cost: float) -> _Arcs:
+    """Step 3: the null state's V arcs, then each level's explicit n-grams under their parent's state,
+    in state order (step 4); ``c </s>`` gives the state's end-of-sentence cost instead of an arc."""
+    V, S, base, lw = t.V, t.n_states, t.base, t.lw
+    n_arcs = V
+    for k in range(1, t.n):
+        n_arcs += int(np.count_nonzero((lw[base[k]:base[k + 1]] <= V) & (_parent_states(t, k) >= 0)))
+    a = _null_arcs(t, n_arcs, unk_cost)
+    src_count = np.zeros(S, dtype=np.int64)
+    src_count[0] = V
+    pos = V
+    for k in range(1, t.n):
+        b0, b1 = base[k], base[k + 1]
+        ps = _parent_states(t, k)
+        w = lw[b0:b1]
+        keep = (w <= V) & (ps >= 0)
+        m = int(np.count_nonzero(keep))
+        a.label[pos:pos + m] = w[keep]
+        a.cost[pos:pos + m] = _neg_ln(t.lp[b0:b1][keep])
+        a.next[pos:pos + m] = t.tgt[b0:b1][keep]
+        pos += m
+        src_count += np.bincount(ps[keep], minlength=S)
+        eos = (w == V + 2) & (ps >= 0)
+        a.final_explicit[ps[eos]] = _neg_ln(t.lp[b0:b1][eos])
+        del ps, keep, eos, w
+    np.cumsum(src_count, out=a.state_offsets[1:])
+    return a
+
+
+def _final_costs(t: _Trie, final_explicit: np.ndarray, backoff_next: np.ndarray,
+                 backoff_cost: np.ndarray) -> np.ndarray:
+    """Exact ``-ln p(</s> | state)`` per state: the explicit cost, else back-off resolved level by
+    level (back-off targets are on lower levels)."""
+    final_cost = np.empty(t.n_states, dtype=np.float32)
+    eos_uni = t.uni[t.V + 2]
+    final_cost[0] = _neg_ln(t.lp[eos_uni]) if eos_uni >= 0 else np.inf
+    for s0, s1 in t.level_states[1:]:
+        fe = final_explicit[s0:s1]
+        final_cost[s0:s1] = np.where(np.isnan(fe), backoff_cost[s0:s1] + final_cost[backoff_next[s0:s1]], fe)
+    return final_cost
+
+
 def arpa_arrays_to_csr(arpa: Arpa, vocab_size: int | None = None, unk_cost: float = 1000.0,
                        consume: bool = False) -> dict:
     """Build the CSR back-off automaton of ``arpa`` (see the module docstring).
@@ -80,179 +336,26 @@ def arpa_arrays_to_csr(arpa: Arpa, vocab_size: int | None = None, unk_cost: floa
     Returns a dict of the ``NgramFst`` fields plus ``final_cost`` (float32[S], exact
     ``-ln p(</s> | state)``), ``unk_arpa_cost`` (``-ln p(<unk>)`` or nan) and ``counts``.
     """
-    walk, longest_suffix = _kernels()
-    V = _vocab_size(arpa, vocab_size)
-    n = arpa.order
-    M = V + 4
-    BOSW, EOSW, UNKW = V + 1, V + 2, V + 3
     counts = arpa.counts
-    base = [0]
-    for c in counts:
-        base.append(base[-1] + c)
-    total, nctx = base[n], base[n - 1]
-    if total >= 2**31 - 1:
-        raise InputError(f"ARPA file {arpa.path} has {total} n-grams; at most 2^31 are supported")
-    lw = np.empty(total, dtype=np.int32)  # last word of each node (levels in sorted order)
-    lp = np.empty(total, dtype=np.float32)  # log10 p
-    bo = np.zeros(nctx, dtype=np.float32)  # log10 back-off (contexts only)
-    ch_lo = np.zeros(nctx, dtype=np.int32)  # children of context node: [ch_lo, ch_hi) on the next level
-    ch_hi = np.zeros(nctx, dtype=np.int32)
-    uni = np.full(M, -1, dtype=np.int32)
-    tgt = np.zeros(total, dtype=np.int32)  # state reached after the n-gram (own or longest-suffix state)
-    state_of = np.full(nctx, -1, dtype=np.int32)
-    bo_next_parts, bo_cost_parts, level_states = [np.array([-1], np.int32)], [np.zeros(1, np.float32)], [(0, 1)]
-    n_states = 1
-    suf_prev = None
-
-    def finalize_level(j: int, suf: np.ndarray | None) -> None:
-        """Level j is complete (its children are known): choose its states, fill tgt, back-offs."""
-        nonlocal n_states
-        b0, b1 = base[j], base[j + 1]
-        inherited = tgt[suf] if suf is not None else np.zeros(b1 - b0, dtype=np.int32)
-        if j == n - 1:
-            tgt[b0:b1] = inherited
-            return
-        is_state = ((ch_hi[b0:b1] > ch_lo[b0:b1]) | (bo[b0:b1] != 0)) & (lw[b0:b1] != EOSW)
-        m = int(is_state.sum())
-        own = np.full(b1 - b0, -1, dtype=np.int32)
-        own[is_state] = np.arange(n_states, n_states + m, dtype=np.int32)
-        state_of[b0:b1] = own
-        tgt[b0:b1] = np.where(is_state, own, inherited)
-        bo_next_parts.append(inherited[is_state])
-        bo_cost_parts.append(_neg_ln(bo[b0:b1][is_state]))
-        level_states.append((n_states, n_states + m))
-        n_states += m
-
-    for k in range(n):  # level k holds the (k+1)-grams
-        o = arpa.orders[k]
-        W = o.words if consume else o.words.copy()
-        W[W == BOS] = BOSW
-        W[W == EOS] = EOSW
-        W[W == UNK] = UNKW
-        b0, b1 = base[k], base[k + 1]
-        if k == 0:
-            key = W[:, 0].astype(np.int64)
-        else:
-            prefix = np.empty(b1 - b0, dtype=np.int32)
-            walk(W, 0, k, uni, ch_lo, ch_hi, lw, prefix)
-            missing = np.flatnonzero(prefix < 0)
-            if missing.size:
-                raise InputError(
-                    f"ARPA file {arpa.path}, line {o.first_line + int(missing[0])}: the {k + 1}-gram's prefix "
-                    f"({k}-gram) is not in the file; the ARPA must list the context of every n-gram"
-                )
-            key = prefix.astype(np.int64)
-            del prefix
-            key *= M
-            key += W[:, k]
-        perm = np.argsort(key)
-        key = key[perm]
-        dup = np.flatnonzero(key[1:] == key[:-1])
-        if dup.size:
-            raise InputError(
-                f"ARPA file {arpa.path}, line {_line(arpa, k, perm, int(dup[0]) + 1)}: duplicate {k + 1}-gram; "
-                "each n-gram may appear once"
-            )
-        lw[b0:b1] = W[perm, k]
-        lp[b0:b1] = o.logprob[perm]
-        if k < n - 1:
-            bo[b0:b1] = o.backoff[perm]
-        if k == 0:
-            uni[lw[b0:b1]] = np.arange(b0, b1, dtype=np.int32)
-        else:
-            key //= M  # parent node ids, non-decreasing
-            cnt = np.bincount(key - base[k - 1], minlength=base[k] - base[k - 1])
-            np.cumsum(cnt, out=cnt)
-            ch_hi[base[k - 1]:base[k]] = cnt + b0
-            ch_lo[base[k - 1] + 1:base[k]] = ch_hi[base[k - 1]:base[k] - 1]
-            ch_lo[base[k - 1]] = b0
-            del cnt
-        del key
-        suf = None
-        if k > 0:
-            suf = np.empty(b1 - b0, dtype=np.int32)
-            longest_suffix(W, k + 1, uni, ch_lo, ch_hi, lw, suf)
-            bad = np.flatnonzero(suf < 0)
-            if bad.size:
-                raise InputError(
-                    f"ARPA file {arpa.path}, line {o.first_line + int(bad[0])}: a word of this {k + 1}-gram has no "
-                    "unigram entry; every word must be listed in \\1-grams:"
-                )
-            suf = suf[perm]
-        del perm, W
-        if consume:
-            o.words = o.logprob = o.backoff = None
-        if k >= 1:
-            finalize_level(k - 1, suf_prev)
-        suf_prev = suf
-    finalize_level(n - 1, suf_prev)
-    del suf_prev
-    S = n_states
-    backoff_next = np.concatenate(bo_next_parts)
-    backoff_cost = np.concatenate(bo_cost_parts)
-    del bo, bo_next_parts, bo_cost_parts
-
-    # arcs: null state (all V labels), then the children of each level's states, in state order
-    def parent_state(k: int) -> np.ndarray:
-        pb0, pb1 = base[k - 1], base[k]
-        return np.repeat(state_of[pb0:pb1], ch_hi[pb0:pb1] - ch_lo[pb0:pb1])
-
-    n_arcs = V
-    for k in range(1, n):
-        n_arcs += int(np.count_nonzero((lw[base[k]:base[k + 1]] <= V) & (parent_state(k) >= 0)))
-    arc_label = np.empty(n_arcs, dtype=np.int32)
-    arc_cost = np.empty(n_arcs, dtype=np.float32)
-    arc_next = np.empty(n_arcs, dtype=np.int32)
-    arc_label[:V] = np.arange(1, V + 1, dtype=np.int32)
-    arc_cost[:V] = unk_cost
-    arc_next[:V] = 0
-    u = np.arange(base[1])
-    u = u[lw[u] <= V]
-    arc_cost[lw[u] - 1] = _neg_ln(lp[u])
-    arc_next[lw[u] - 1] = tgt[u]
-    src_count = np.zeros(S, dtype=np.int64)
-    src_count[0] = V
-    final_explicit = np.full(S, np.nan, dtype=np.float32)
-    pos = V
-    for k in range(1, n):
-        b0, b1 = base[k], base[k + 1]
-        ps = parent_state(k)
-        w = lw[b0:b1]
-        keep = (w <= V) & (ps >= 0)
-        m = int(np.count_nonzero(keep))
-        arc_label[pos:pos + m] = w[keep]
-        arc_cost[pos:pos + m] = _neg_ln(lp[b0:b1][keep])
-        arc_next[pos:pos + m] = tgt[b0:b1][keep]
-        pos += m
-        src_count += np.bincount(ps[keep], minlength=S)
-        eos = (w == EOSW) & (ps >= 0)
-        final_explicit[ps[eos]] = _neg_ln(lp[b0:b1][eos])
-        del ps, keep, eos, w
-    state_offsets = np.zeros(S + 1, dtype=np.int64)
-    np.cumsum(src_count, out=state_offsets[1:])
-
-    # exact end-of-sentence cost per state (back-off resolved; back-off targets are on lower levels)
-    final_cost = np.empty(S, dtype=np.float32)
-    eos_uni = uni[EOSW]
-    final_cost[0] = _neg_ln(lp[eos_uni]) if eos_uni >= 0 else np.inf
-    for s0, s1 in level_states[1:]:
-        fe = final_explicit[s0:s1]
-        final_cost[s0:s1] = np.where(np.isnan(fe), backoff_cost[s0:s1] + final_cost[backoff_next[s0:s1]], fe)
-
-    bos_node, unk_node = uni[BOSW], uni[UNKW]
+    t = _build_trie(arpa, _vocab_size(arpa, vocab_size), consume)
+    backoff_next, backoff_cost = np.concatenate(t.bo_next), np.concatenate(t.bo_cost)
+    t.bo = t.bo_next = t.bo_cost = None
+    arcs = _arcs(t, unk_cost)
+    final_cost = _final_costs(t, arcs.final_explicit, backoff_next, backoff_cost)
+    bos_node, unk_node = t.uni[t.V + 1], t.uni[t.V + 3]
     return dict(
-        order=n,
-        vocab_size=V,
-        state_offsets=state_offsets,
-        arc_label=arc_label,
-        arc_cost=arc_cost,
-        arc_next=arc_next,
+        order=t.n,
+        vocab_size=t.V,
+        state_offsets=arcs.state_offsets,
+        arc_label=arcs.label,
+        arc_cost=arcs.cost,
+        arc_next=arcs.next,
         backoff_next=backoff_next,
         backoff_cost=backoff_cost,
-        start=int(tgt[bos_node]) if bos_node >= 0 else 0,
+        start=int(t.tgt[bos_node]) if bos_node >= 0 else 0,
         unigram=0,
         final_cost=final_cost,
         unk_cost=float(unk_cost),
-        unk_arpa_cost=float(_neg_ln(lp[unk_node])) if unk_node >= 0 else math.nan,
+        unk_arpa_cost=float(_neg_ln(t.lp[unk_node])) if unk_node >= 0 else math.nan,
         counts=list(counts),
     )

@@ -48,7 +48,7 @@ def test_head_agreement_tiny(two_prompts, tmp_path, capsys):
 def test_prompt_sets_leave_out_the_tuning_split():
     import head_agreement as b
 
-    from latticedraft.decoding.methods.bpd_session import CALIBRATION_PROMPTS
+    from head_agreement import CALIBRATION_PROMPTS
 
     sets = b.prompt_sets(None)
     _, idx = sets["bundled held-out"]

@@ -34,7 +34,7 @@ def models_dir(tmp_path_factory):
 
 @pytest.fixture
 def no_expensive_work(monkeypatch, own_cache):
-    """Fail the test on co-occurrence counting, acceptance fitting or T(n) measuring."""
+    """Fail the test on co-occurrence counting, acceptance counting or T(n) measuring."""
     from latticedraft.decoding.planning import calibrate
     from latticedraft.gpu.verify.cost_model import CostModel
     from latticedraft.lm.cooccurrence import CooccurrenceStats
@@ -43,7 +43,7 @@ def no_expensive_work(monkeypatch, own_cache):
         raise AssertionError("expensive work before the cheap checks")
 
     monkeypatch.setattr(CooccurrenceStats, "from_files", classmethod(forbidden))
-    monkeypatch.setattr(calibrate, "calibrate", forbidden)
+    monkeypatch.setattr(calibrate, "counted", forbidden)
     monkeypatch.setattr(CostModel, "measure", classmethod(forbidden))
     return own_cache
 

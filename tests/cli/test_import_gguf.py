@@ -31,6 +31,16 @@ def _tree(d):
     return sorted(p.relative_to(d).as_posix() for p in d.rglob("*"))
 
 
+def test_transformers_bars_stay_off_stderr_unless_verbose(gguf_file, tmp_path, capsys):
+    """Issue 59, class D: only latticedraft's messages reach stderr; --verbose shows the libraries' own."""
+    assert main(["import", "gguf", str(gguf_file), "-o", str(tmp_path / "quiet")]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["import", "gguf", str(gguf_file), "-o", str(tmp_path / "loud"), "--verbose"]) == 0
+    assert "Converting and de-quantizing GGUF tensors" in capsys.readouterr().err
+    main(["import", "gguf", str(gguf_file), "-o", str(tmp_path / "again")])  # quiet again (the process's setting)
+    assert capsys.readouterr().err == ""
+
+
 def test_import_prints_one_summary_line_and_follows_the_overwrite_rule(gguf_file, tmp_path, capsys):
     out = tmp_path / "model"
     assert main(["import", "gguf", str(gguf_file), "-o", str(out)]) == 0
@@ -79,13 +89,15 @@ def test_bad_input_is_one_line_and_leaves_nothing_behind(tmp_path, capsys):
     (src / "notes.gguf").write_text("not a gguf at all\n")
     write_tiny_gguf(src / "odd.gguf", arch="nosucharch")
     (src / "cut.gguf").write_bytes(write_tiny_gguf(tmp_path / "whole.gguf").path.read_bytes()[:5000])
+    (src / "v9.gguf").write_bytes(b"GGUF" + b"\xff" * 500)  # transformers names the path it read: a temporary link
     out = tmp_path / "out"
     for name, needle in (("missing.gguf", "does not exist; pass the path of a .gguf file"),
                          ("notes.gguf", "is not a GGUF file (it starts with b'not ', not b'GGUF')"),
                          ("odd.gguf", "architecture nosucharch is not supported"),
-                         ("cut.gguf", "check the file: download or convert it again")):
+                         ("cut.gguf", "check the file: download or convert it again"),
+                         ("v9.gguf", "(ValueError: v9.gguf is GGUF v4294967295; this reader handles v2 and v3.)")):
         line = _refused(capsys, ["import", "gguf", str(src / name), "-o", str(out)], needle)
-        assert str(src / name) in line
+        assert str(src / name) in line and "latticedraft-gguf-" not in line, line  # no path that is gone
     assert "upgrade transformers" in _refused(capsys, ["import", "gguf", str(src / "odd.gguf"), "-o", str(out)], "odd")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src", "whole.gguf"]
 

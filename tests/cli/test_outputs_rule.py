@@ -27,8 +27,8 @@ from tests.contract import refused
 
 TOK = data_dir() / "tokenizer"
 FAST = ["--steps", "1", "--batch-size", "2", "--seq-len", "16"]
-# report directories: they add their own named files (demo.json; results.json, results.md, figures) and
-# replace or remove nothing else, so a rerun needs no --force; not under claim_dir yet
+# report directories (demo.json; results.json, results.md, figures): a real forced run decodes, so their
+# refusals are run by tests/cli/test_output_options.py only, as every declared output's are
 REPORTS = {("demo",), ("eval",)}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -39,14 +39,14 @@ def test_batched_verify_runs_one_forward_per_step_over_the_drafted_rows(tree, mo
         return inner(input_ids, *a, **k)
 
     monkeypatch.setattr(model, "forward", counted)
-    verify = Verifier.verify
+    forward = Verifier.forward
 
     def recorded(self, state, roots, drafts, *a, **k):
         shapes = [np.atleast_2d(np.asarray(d)).shape for d in drafts]
         steps.append((len(drafts), max(s[0] for s in shapes), max(s[1] for s in shapes)))
-        return verify(self, state, roots, drafts, *a, **k)
+        return forward(self, state, roots, drafts, *a, **k)
 
-    monkeypatch.setattr(Verifier, "verify", recorded)
+    monkeypatch.setattr(Verifier, "forward", recorded)
     d = make_drafter("parallel-base", options=LatticeOptions(k=4), alpha=1.0, nbest=4)
     r = bpd_decode(
         model,

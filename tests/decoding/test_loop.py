@@ -397,8 +397,8 @@ def test_prompts_of_unlike_lengths_are_prefilled_apart():
     ps = prompts(4, seed=3, lengths=(3, 40, 4, 5))
     calls = []
     verifier = Verifier.for_model(model)
-    prefill = verifier.prefill
-    verifier.prefill = lambda rows, **kw: calls.append(len(rows)) or prefill(rows, **kw)
+    prompt_call = verifier.prompt_call
+    verifier.prompt_call = lambda rows, **kw: calls.append(len(rows)) or prompt_call(rows, **kw)
     r = loop.speculative_decode(verifier, ps, [], Request(max_new_tokens=MAX_NEW))
     assert calls == [1, 1, 2]
     assert [s.tokens.tolist() for s in r.sequences] == [reference(model, p, MAX_NEW) for p in ps]

@@ -101,7 +101,7 @@ def sampled_reference(model, prompt, max_new_tokens, opts, row: int = 0):
     one full forward per token; the token at position t is the argmax of log p + the row's Gumbel
     noise at t (``accept.sampling``), p after generate's processors. What every lossless decoder
     must emit under sampling, token for token."""
-    from latticedraft.decoding.accept.sampling import GumbelNoise, coupled_choice
+    from latticedraft.decoding.accept.sampling import GumbelNoise
 
     base, noise, ids = getattr(model, "base", model), GumbelNoise(opts.seed), [int(t) for t in prompt]
     for _ in range(max_new_tokens):
@@ -109,7 +109,7 @@ def sampled_reference(model, prompt, max_new_tokens, opts, row: int = 0):
             logits = base(torch.as_tensor([ids])).logits[:, -1]
         ctx = [np.asarray(ids)] if opts.repetition_penalty != 1.0 else None
         p = opts.probs(logits, ctx)[0]
-        ids.append(coupled_choice(p, noise.at(row, len(ids), p.shape[0])))
+        ids.append(noise.choice(p, row, len(ids)))
     return ids[len(prompt):]
 
 

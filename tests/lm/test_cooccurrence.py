@@ -177,6 +177,9 @@ def test_cli_lm_cooccurrence_one_line_errors_and_success(tmp_path, capsys):
     lm.mkdir()
     tok.save(str(lm / "tokenizer.json"))
     (tmp_path / "c.txt").write_text("a b a b\n")
+    assert main(["lm", "cooccurrence", "--lm", str(lm), "--corpus", str(tmp_path / "c.txt")]) == 2  # not an LM build
+    assert "holds no manifest.json, so it is not a" in capsys.readouterr().err
+    (lm / "manifest.json").write_text("{}")
     assert main(["lm", "cooccurrence", "--lm", str(lm), "--corpus", str(tmp_path / "c.txt")]) == 0
     assert "2 distinct triples" in capsys.readouterr().out  # (a b a), (b a b)
     assert CooccurrenceStats.load(lm).triple_keys.size == 2

@@ -1,10 +1,14 @@
 """Acceptance rules: how the verifier's logits and one step's proposals become emitted tokens.
 
-A rule has ``for_step(rows, drafts, qs, histories) -> choose`` (None: the verifier's own greedy
-walk, the longest draft prefix equal to the target's argmax plus its argmax after it) and
-``lossless`` (whether the output keeps the target's greedy output or sampling distribution).
-``choose(batch_rows, logits [m, V], prefixes, logits_at)`` picks the token at each walked node
-(``gpu/verify/verifier.py`` documents the walk); the prefill's first token comes from
+Acceptance runs outside the verifier, between its forward and its commit
+(``gpu/verify/tree_call.py``): the decode loop's accept phase walks the call's draft trees with
+the rule's ``choose``, choosing the token at each visited node, which gives each row's accepted
+node path and bonus token. A rule has ``for_step(rows, drafts, qs, histories) -> choose`` (None: the
+target's argmax, greedy acceptance) and ``lossless`` (whether the output keeps the target's
+greedy output or sampling distribution). ``choose(batch_rows, logits [m, V], prefixes, logits_at)
+-> (tokens int64[m], stop bool[m] or None)`` picks the token at each walked node (prefixes: the
+draft tokens from the root to it; ``logits_at(rows, prefixes)`` the logits at other nodes; stop:
+end the walk at that token even if it is a child); the first token after a prompt comes from
 ``for_step(rows, None, None, prompts)`` with every prefix empty.
 
 - ``GreedyRule``: exact greedy decoding.
@@ -16,10 +20,19 @@ from __future__ import annotations
 
 
 class GreedyRule:
-    """The target's argmax everywhere (the verifier's walk needs no hook)."""
+    """The target's argmax everywhere."""
 
     lossless = True
     draws = None
 
     def for_step(self, rows, drafts=None, qs=None, histories=None):
         return None
+
+
+def reads(choose) -> str | int:
+    """What ``choose`` reads at each walked node, for the verifier's output projection: "argmax"
+    (greedy: None), a top-k's k (its ``top_k`` attribute) or "logits"."""
+    if choose is None:
+        return "argmax"
+    return getattr(choose, "top_k", None) or "logits"
+

@@ -1,8 +1,9 @@
 """Lossless sampling over a draft tree by shared Gumbel noise: the emitted tokens are a function of
 the seed, the row, the position and the target alone, whatever was drafted.
 
-Row r of a run with seed s has, at every absolute position t of its sequence, a vector of
-Gumbel(0, 1) noise g_t float64[V] from ``numpy.random.default_rng([s, r, t])`` (``GumbelNoise``).
+Row r of a run with seed s has, at every absolute position t of its sequence, Gumbel(0, 1) noise
+g_t[v] for every token v, a counter-based hash of (s, r, t, v) (``GumbelNoise``: any tokens'
+noise computed alone, a top-k's support or a draft vocabulary's columns).
 At a walked node whose next token sits at position t, the target's distribution is p (float64[V],
 after generate's processors) and the token is argmax over p's support of log p + g_t: by the
 Gumbel-max theorem a draw from p, independent of the draws before it since g_t is. So the
@@ -25,7 +26,7 @@ differs from transformers' own random stream, so the tokens differ from ``genera
 same seed; their distribution is the same.
 
     >>> noise = GumbelNoise(seed=0)
-    >>> coupled_choice(np.array([0.5, 0.3, 0.2]), noise.at(row=0, position=12, vocab_size=3))  # doctest: +SKIP
+    >>> noise.choice(np.array([0.5, 0.3, 0.2]), row=0, position=12)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -216,10 +217,24 @@ class SeededDraws:
         return int(support[min(i, len(support) - 1)])
 
 
+_M1, _M2, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer on uint64 values (wrapping arithmetic): a bijection whose outputs of
+    nearby inputs look independent."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
 class GumbelNoise:
-    """The run's sampling noise: row r's position t has Gumbel(0, 1) float64[V] from
-    ``default_rng([seed, r, t])``; the last ``KEEP`` vectors asked for are kept (a step reads a
-    few positions per row, and the next step the same ones again)."""
+    """The run's sampling noise: row r's position t has Gumbel(0, 1) noise g_t[v] for every token
+    v, a function of (seed, r, t, v) alone: a counter-based hash (splitmix64's finalizer, twice)
+    to a uniform u in (0, 1) with 53 bits, g = -log(-log u). So any tokens' noise is computed
+    alone (``of``: a top-k's support, a draft vocabulary's columns), never the whole vocabulary's
+    unless asked (``at``, kept for the last ``KEEP`` positions asked for)."""
 
     KEEP = 64
 
@@ -227,15 +242,31 @@ class GumbelNoise:
         self.seed = int(seed)
         self.kept: OrderedDict = OrderedDict()
 
+    def of(self, row: int, position: int, tokens) -> np.ndarray:
+        """g_t[v] of row ``row`` at position ``position`` for ``tokens`` (int[k]): float64[k]."""
+        with np.errstate(over="ignore"):
+            key = _mix(np.asarray([self.seed, int(row), int(position)], dtype=np.uint64) * _GOLDEN)
+            key = _mix(key[0] ^ _mix(key[1] + key[2] * _GOLDEN))
+            h = _mix(key + np.asarray(tokens, dtype=np.uint64) * _GOLDEN)
+        u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+        return -np.log(-np.log(u))
+
     def at(self, row: int, position: int, vocab_size: int) -> np.ndarray:
+        """g_t of every token: float64[vocab_size]."""
         key = (int(row), int(position), int(vocab_size))
         g = self.kept.get(key)
         if g is None:
-            g = np.random.default_rng([self.seed, key[0], key[1]]).gumbel(size=key[2])
+            g = self.of(key[0], key[1], np.arange(key[2]))
             self.kept[key] = g
             if len(self.kept) > self.KEEP:
                 self.kept.popitem(last=False)
         return g
+
+    def choice(self, p: np.ndarray, row: int, position: int) -> int:
+        """``coupled_choice`` of p float64[V] under row ``row``'s noise at ``position``, reading
+        the noise of p's support alone."""
+        support = np.flatnonzero(p > 0)
+        return int(support[np.argmax(np.log(p[support]) + self.of(row, position, support))])
 
 
 def coupled_choice(p: np.ndarray, g: np.ndarray) -> int:
@@ -269,9 +300,8 @@ class SpeculativeRule:
                 ctx = [np.concatenate([np.asarray(histories[r], dtype=np.int64), np.asarray(pre, dtype=np.int64)])
                        for r, pre in zip(batch_rows, prefixes)]
             p = self.options.probs(logits, ctx)
-            V = p.shape[1]
-            return np.asarray([coupled_choice(p[j], self.noise.at(rows[r], len(histories[r]) + len(pre), V))
-                               for j, (r, pre) in enumerate(zip(batch_rows, prefixes))], dtype=np.int64)
+            return np.asarray([self.noise.choice(p[j], rows[r], len(histories[r]) + len(pre))
+                               for j, (r, pre) in enumerate(zip(batch_rows, prefixes))], dtype=np.int64), None
 
         choose.top_k = self.options.top_k_reads()  # the verifier may screen the rest out
         return choose
@@ -290,11 +320,11 @@ class DraftSampler:
         """logits [m, V'] -> q float64[m, V]; columns: the token id of each of the V' columns
         (a reduced draft vocabulary; the other tokens get probability 0), None: V' = V."""
         if columns is not None:  # the listed columns, every other token -inf: read entry by entry
-            m, n = logits.shape
             x = logits.detach().cpu()
             x = x if x.dtype in (torch.float32, torch.float64) else x.float()
-            sparse = SparseLogits(np.repeat(np.arange(m), n), np.tile(np.asarray(columns, dtype=np.int64), m),
-                                  x.numpy().reshape(-1), (m, self.vocab_size))
+            rows, cols = self._candidates(x)
+            sparse = SparseLogits(rows, np.asarray(columns, dtype=np.int64)[cols], x.numpy()[rows, cols],
+                                  (len(x), self.vocab_size))
             return self.options.probs(sparse, contexts)
         logits = logits.detach().to(torch.float64)
         if logits.shape[-1] != self.vocab_size:
@@ -304,11 +334,36 @@ class DraftSampler:
             logits = full
         return self.options.probs(logits, contexts)
 
-    def scores(self, q: np.ndarray, position: int) -> np.ndarray:
-        """log q + the noise of ``position``: float64[V], -inf outside q's support."""
-        with np.errstate(divide="ignore"):
-            return np.log(q) + self.noise.at(self.row, position, self.vocab_size)
+    def _candidates(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """The entries of x [m, V'] that ``probs`` can keep: (rows, columns) int64, row-major;
+        with a top-k that reads the k largest alone (``top_k_reads``), each row's entries >= its
+        k-th largest (ties included, so the same tokens survive), else all of them."""
+        m, n = x.shape
+        k = self.options.top_k_reads()
+        if k is None or k >= n:
+            return np.repeat(np.arange(m), n), np.tile(np.arange(n), m)
+        kth = torch.topk(x, k, dim=-1).values[:, -1:]
+        rows, cols = torch.nonzero(x >= kth, as_tuple=True)
+        return rows.numpy(), cols.numpy()
+
+    def scores(self, q: np.ndarray, position: int, columns=None) -> np.ndarray:
+        """log q + the noise of ``position``: float64[V] (or float64[V'] of the token ids
+        ``columns``), -inf outside q's support."""
+        cols = np.arange(len(q)) if columns is None else np.asarray(columns)
+        qc = q[cols]
+        live = np.flatnonzero(qc > 0)  # (a top-k's support: the noise of ~k tokens, not of every column)
+        out = np.full(len(cols), -np.inf)
+        out[live] = np.log(qc[live]) + self.noise.of(self.row, position, cols[live])
+        return out
+
+    def ranked(self, q: np.ndarray, position: int, k: int = 2) -> np.ndarray:
+        """q's k tokens of the largest perturbed scores at ``position``, best first (its support's;
+        fewer where the support is smaller): int64[<= k]."""
+        support = np.flatnonzero(q > 0)
+        s = np.log(q[support]) + self.noise.of(self.row, position, support)
+        top = np.argsort(-s, kind="stable")[:k]
+        return support[top]
 
     def draw(self, q: np.ndarray, position: int) -> int:
         """q's token for ``position``: its perturbed argmax (the target's wherever q = p)."""
-        return coupled_choice(q, self.noise.at(self.row, position, self.vocab_size))
+        return self.noise.choice(q, self.row, position)

@@ -92,11 +92,11 @@ def _configure(req: GenerateRequest):
 def session_for(model, options: dict, spec):
     """The ``Session`` decoding with ``model`` for these keywords (made once per heads, files,
     device and dtype; kept on the model)."""
-    from latticedraft.decoding.methods.bpd import HEAD_DRAFTERS
+    from latticedraft.decoding.drafters import HEADS
     from latticedraft.decoding.runs.loaders import default_model_dir
 
     heads = options.get("heads")
-    if spec.name not in HEAD_DRAFTERS:
+    if spec.name not in HEADS:
         if heads is not None:
             raise InputError(f"heads= does not apply to drafter={spec.name!r} (it drafts without heads); drop heads")
     elif heads is None:

@@ -14,7 +14,8 @@ one uniform per step, so results do not depend on the other rows of the batch.
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -24,6 +25,9 @@ from latticedraft.decoding.dynamo.sampler import sample_from, step_distribution
 from latticedraft.decoding.rows import Rows
 from latticedraft.decoding.runs.prompt_length import checked_prompts
 from latticedraft.errors import InputError, ModelError
+
+if TYPE_CHECKING:
+    from latticedraft.lm.cooccurrence import CooccurrenceStats
 
 
 def model_heads(model) -> int:
@@ -42,6 +46,98 @@ def check_model(model, config: DynamoConfig, where: str = "the model") -> None:
         raise ModelError(f"{where} has {h} {getattr(model, 'kind', '')} head(s); --method dynamo needs a DynaMo-headed "
                          "model (`latticedraft train heads --kind dynamo`, default data/heads-dynamo)")
     config.validate(vocab_size=vocab_size(model), num_heads=h)
+
+
+@dataclass
+class _Sampler:
+    """What a step needs to sample every live row: the row book (``Rows``), each row's generator, the
+    config, the co-occurrence table and the most tokens a step may keep (``n_max``)."""
+
+    book: Rows
+    rngs: list
+    config: DynamoConfig
+    cooc: CooccurrenceStats | None
+    n_max: int
+
+    def step(self, logits: np.ndarray, live: list[int]) -> tuple[list, list[list[int]]]:
+        """One DynaMo step for the live rows (head logits [b, n, V]): ``(whether each row is done, the
+        tokens each row keeps)``."""
+        book, done, kept = self.book, [], []
+        for j, i in enumerate(live):
+            dist = step_distribution(logits[j], book.history(i), self.config, self.cooc, n_max=self.n_max)
+            toks = sample_from(dist, self.rngs[i]).tolist()
+            before = len(book.out[i])
+            book.step(i, len(toks) - 1, 1, 1)
+            done.append(book.emit(i, toks))
+            kept.append(book.out[i][before:])
+        return done, kept
+
+
+def _left_pad(seqs, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``seqs`` left-padded to the longest: ids int64[b, L] and the attention mask [b, L]."""
+    L = max(len(x) for x in seqs)
+    ids = torch.full((len(seqs), L), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for i, x in enumerate(seqs):
+        ids[i, L - len(x):] = torch.as_tensor(x, dtype=torch.long)
+        mask[i, L - len(x):] = 1
+    return ids, mask
+
+
+def _right_pad(new: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's new tokens right-padded to the step's longest: ids int64[b, m] and their mask [b, m]."""
+    m = max(len(t) for t in new)
+    ids = torch.full((len(new), m), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(new), m), dtype=torch.long)
+    for j, t in enumerate(new):
+        ids[j, : len(t)] = torch.as_tensor(t, dtype=torch.long)
+        mask[j, : len(t)] = 1
+    return ids, mask
+
+
+def _uncached(model, s: _Sampler, pad_token_id: int, device) -> None:
+    """Every step recomputes the whole left-padded batch of live rows (no KV cache)."""
+    book = s.book
+    while book.live:
+        live = list(book.live)
+        ids, mask = _left_pad([book.history(i) for i in live], pad_token_id)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
+                    heads=True)
+        done, _ = s.step(_as_numpy(out.head_logits[:, -1, :s.n_max, :]), live)
+        book.finish(done)
+
+
+def _cached(model, s: _Sampler, prompts, pad_token_id: int, device) -> None:
+    """The prompts' prefill, then each step feeds every live row's new tokens (right-padded; the pads
+    stay in the KV cache as masked holes, positions count real tokens only)."""
+    book = s.book
+    ids, mask = _left_pad(prompts, pad_token_id)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    mask, nxt = mask.to(device), mask.sum(-1).to(device)  # nxt: next position id per row
+    out = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device), use_cache=True, heads=True)
+    cache, at = out.cache, torch.full((len(prompts),), ids.shape[1] - 1, dtype=torch.long)
+    while True:
+        live = list(book.live)
+        hl = out.head_logits[torch.arange(len(live)), at.to(device)][:, :s.n_max]  # [b, n, V]
+        done, new = s.step(_as_numpy(hl), live)
+        keep = book.finish(done)
+        if not keep:
+            break
+        if len(keep) < len(live):
+            sel = torch.tensor(keep, dtype=torch.long, device=device)
+            cache.batch_select_indices(sel)
+            mask, nxt, new = mask[sel], nxt[sel], [new[j] for j in keep]
+        step_ids, step_mask = _right_pad(new, pad_token_id)
+        m = step_ids.shape[1]
+        step_mask = step_mask.to(device)
+        step_pos = nxt[:, None] + torch.arange(m, device=device)[None, :]
+        mask = torch.cat([mask, step_mask], dim=1)
+        nxt = nxt + step_mask.sum(-1)
+        at = torch.tensor([len(t) - 1 for t in new], dtype=torch.long)
+        out = model(input_ids=step_ids.to(device), attention_mask=mask, position_ids=step_pos,
+                    cache=cache, use_cache=True, heads=True)
+        cache = out.cache
 
 
 @torch.no_grad()
@@ -67,70 +163,12 @@ def generate(model, prompts: Sequence[Sequence[int]], config: DynamoConfig | Non
     prompts = checked_prompts(model, prompts, max_new_tokens)
     book = Rows(prompts, max_new_tokens, eos_token_id, on_tokens)
     ids_of = list(range(first_row, first_row + len(prompts))) if rows is None else list(rows)
-    rngs = [np.random.default_rng([int(seed), int(r)]) for r in ids_of]
+    s = _Sampler(book, [np.random.default_rng([int(seed), int(r)]) for r in ids_of], config, cooc, n_max)
     device = next(model.parameters()).device
-
-    def step(logits: np.ndarray, live: list[int]) -> list[list[int]]:
-        """One DynaMo step for the live rows (head logits [b, n, V]); the tokens each row keeps."""
-        done, kept = [], []
-        for j, i in enumerate(live):
-            dist = step_distribution(logits[j], book.history(i), config, cooc, n_max=n_max)
-            toks = sample_from(dist, rngs[i]).tolist()
-            before = len(book.out[i])
-            book.step(i, len(toks) - 1, 1, 1)
-            done.append(book.emit(i, toks))
-            kept.append(book.out[i][before:])
-        return done, kept
-
-    def left_pad(seqs):
-        L = max(len(x) for x in seqs)
-        ids = torch.full((len(seqs), L), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), L), dtype=torch.long)
-        for i, x in enumerate(seqs):
-            ids[i, L - len(x):] = torch.as_tensor(x, dtype=torch.long)
-            mask[i, L - len(x):] = 1
-        return ids, mask
-
     if not use_cache:
-        while book.live:
-            live = list(book.live)
-            ids, mask = left_pad([book.history(i) for i in live])
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=pos.to(device),
-                        heads=True)
-            done, _ = step(_as_numpy(out.head_logits[:, -1, :n_max, :]), live)
-            book.finish(done)
+        _uncached(model, s, pad_token_id, device)
         return book.result("dynamo", f"dynamo n<={n_max}, no cache", {})
-    ids, mask = left_pad(prompts)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    mask, nxt = mask.to(device), mask.sum(-1).to(device)  # nxt: next position id per row
-    out = model(input_ids=ids.to(device), attention_mask=mask, position_ids=pos.to(device), use_cache=True, heads=True)
-    cache, at = out.cache, torch.full((len(prompts),), ids.shape[1] - 1, dtype=torch.long)
-    while True:
-        live = list(book.live)
-        hl = out.head_logits[torch.arange(len(live)), at.to(device)][:, :n_max]  # [b, n, V]
-        done, new = step(_as_numpy(hl), live)
-        keep = book.finish(done)
-        if not keep:
-            break
-        if len(keep) < len(live):
-            sel = torch.tensor(keep, dtype=torch.long, device=device)
-            cache.batch_select_indices(sel)
-            mask, nxt, new = mask[sel], nxt[sel], [new[j] for j in keep]
-        m = max(len(t) for t in new)
-        step_ids = torch.full((len(new), m), pad_token_id, dtype=torch.long)
-        step_mask = torch.zeros((len(new), m), dtype=torch.long)
-        for j, t in enumerate(new):
-            step_ids[j, : len(t)] = torch.as_tensor(t, dtype=torch.long)
-            step_mask[j, : len(t)] = 1
-        step_mask = step_mask.to(device)
-        step_pos = nxt[:, None] + torch.arange(m, device=device)[None, :]
-        mask = torch.cat([mask, step_mask], dim=1)
-        nxt = nxt + step_mask.sum(-1)
-        at = torch.tensor([len(t) - 1 for t in new], dtype=torch.long)
-        out = model(input_ids=step_ids.to(device), attention_mask=mask, position_ids=step_pos,
-                    cache=cache, use_cache=True, heads=True)
-        cache = out.cache
+    _cached(model, s, prompts, pad_token_id, device)
     return book.result("dynamo", f"dynamo n<={n_max}", {})
 
 

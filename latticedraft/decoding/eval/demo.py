@@ -9,7 +9,7 @@ toy); ``run_demo`` warms each up (untimed), then times every row over the same p
 until each has decoded for at least ``min_seconds`` (one pass where it takes that long, else
 repeated passes whose spread is kept), compares every output with HF greedy's token for token,
 draws one recorded step of the BPD row (``lattice_step.png``) and writes ``demo.json``:
-both through ``write_outputs``, the demo's one writer (``outputs.claim_dir``'s ``DEMO`` kind).
+both through ``write_outputs``, the demo's one writer (``--out`` was claimed before: ``cli/demo.py``).
 """
 
 from __future__ import annotations
@@ -32,10 +32,8 @@ from latticedraft.decoding.runs.chat import prompt_ids
 from latticedraft.decoding.runs.prompt_set import read_prompt_set
 from latticedraft.decoding.runs.session import Session
 from latticedraft.errors import InputError, ModelError
-from latticedraft.outputs import OutputKind, claim_dir, register
 from latticedraft.paths import data_dir
 
-DEMO = register(OutputKind("a demo's results", "latticedraft demo", ("demo.json",), ("demo.json", "lattice_step.png")))
 GREEDY = "HF greedy"
 DEFAULT = "latticedraft default (CLI)"
 PICTURE_ROW = "BPD: n-gram-rescored heads"  # one of its steps is drawn (lattice_step.png)
@@ -125,79 +123,17 @@ def run_demo(session: Session, rows: list[Row], prompts_file=None, num_prompts: 
     ids = prompt_ids(session, recs, chat)
     heads = has_heads(session)
     sessions = {"heads": session, "base": base_session(session)}
-    base = getattr(session.model, "base", session.model)
-    counter = hf_baselines.CallCounter(base)  # the target's forward calls inside HF generate
-    alphas = alphas or {}
-    chosen = []
-    for row in rows:
-        if row.on == "heads" and not heads:
-            notify(f"  skipping {row.name}: {session.model_dir} has no heads (train them with `latticedraft train "
-                   "heads`)")
-            continue
-        family = {"parallel": "ngram"}.get(getattr(row.options, "name", None))
-        if row.name != DEFAULT and isinstance(row.options, DrafterSpec) and (family or row.options.name) in alphas:
-            row = replace(row, options=replace(row.options, alpha=alphas[family or row.options.name]))
-        chosen.append(row)
-    # warm-up (JIT compilation, allocator, first-call costs, the int4 copy): one short prompt per row,
-    # untimed; a row whose LM or rescorer is missing or made for another vocabulary is left out with a note
-    usable = []
-    for row in chosen:
-        try:
-            if row.kind == "ours":  # also measures T(n) and fits acceptance rates once (cached)
-                sessions[row.on].prepare(row.method, row.options)
-            _run(row, sessions, counter, ids[:1], 8)
-            usable.append(row)
-        except (InputError, ModelError) as e:
-            notify(f"  skipping {row.name}: {e}")
-    rows = usable
+    counter = hf_baselines.CallCounter(getattr(session.model, "base", session.model))  # HF generate's calls
+    rows = _warm(_choose(rows, session, alphas or {}, notify), sessions, counter, ids, notify)
     load_before = os.getloadavg()
-    passes: dict = {r.name: [] for r in rows}  # (tokens, seconds, target calls) per timed pass
-    outputs: dict = {}
-    rounds = 0
-    while True:
-        todo = [r for r in rows if sum(p[1] for p in passes[r.name]) < min_seconds or not passes[r.name]]
-        if not todo:
-            break
-        rounds += 1
-        if rounds == 2:
-            notify(f"  timing again, until each row has decoded for {min_seconds:g} s: "
-                   + ", ".join(r.name for r in todo))
-        for row in todo:
-            t0 = time.perf_counter()
-            toks, calls, _ = _run(row, sessions, counter, ids, max_new_tokens)
-            dt = time.perf_counter() - t0
-            passes[row.name].append((sum(len(t) for t in toks), dt, calls))
-            outputs.setdefault(row.name, []).append(toks)
-            if rounds == 1:
-                n = passes[row.name][0][0]
-                notify(f"  {row.name:<28} {n} tokens in {calls} target calls, {dt:.1f} s")
+    passes, outputs, rounds = _time_rows(rows, sessions, counter, ids, max_new_tokens, min_seconds, notify)
     load_after = os.getloadavg()
     greedy = outputs[GREEDY][0]
-    results = []
-    for row in rows:
-        ps = passes[row.name]
-        n, sec, calls = (sum(p[i] for p in ps) for i in range(3))
-        exact = all(len(o) == len(greedy) and all(np.array_equal(t, g) for t, g in zip(o, greedy))
-                    for o in outputs[row.name])
-        rates = [p[0] / p[1] for p in ps]
-        results.append({"name": row.name, "what": row.what, "settings": _settings(row), "tokens": n,
-                        "seconds": round(sec, 3), "passes": len(ps), "tokens_per_s": round(n / sec, 2),
-                        "tokens_per_s_range": [round(min(rates), 2), round(max(rates), 2)],
-                        "target_calls": calls, "tokens_per_call": round(n / max(calls, 1), 3), "exact": bool(exact)})
+    results = [_result(row, passes[row.name], outputs[row.name], greedy) for row in rows]
     g = next(r["tokens_per_s"] for r in results if r["name"] == GREEDY)
     for r in results:
         r["x_hf_greedy"] = round(r["tokens_per_s"] / g, 3)
-    step_pic = None
-    pic_row = next((r for r in rows if r.name == PICTURE_ROW), None)
-    if pic_row is not None:  # its steps recorded in one more, untimed pass (recording costs time) over the
-        # first PICTURE_PROMPTS prompts, with a gate of its own: a new gate drafts from the heads, whatever
-        # the session's measured
-        s = sessions[pic_row.on]
-        kept = s.learned.swap_gate(pic_row.options, HeadGate())
-        steps = s.decode(ids[:PICTURE_PROMPTS], "bpd", pic_row.options, max_new_tokens=max_new_tokens,
-                         record_steps=True).steps
-        s.learned.swap_gate(pic_row.options, kept)
-        step_pic = _pick_step(steps, greedy, ids)
+    step_pic = _picture_step(rows, sessions, ids, greedy, max_new_tokens)
     show = next((r.name for r in rows if r.name == DEFAULT), GREEDY)
     answer = outputs[show][0][0]
     import torch
@@ -216,11 +152,87 @@ def run_demo(session: Session, rows: list[Row], prompts_file=None, num_prompts: 
     return write_outputs(out_dir, summary, session.tokenizer, step_pic)
 
 
-def claim_out(out_dir) -> None:
-    """The overwrite rule for the demo's ``-o`` (``outputs.claim_dir``, before any work): a new or
-    empty directory, or one holding an earlier demo's results (replaced: a demo is re-run freely);
-    anything else is refused, naming what it holds."""
-    claim_dir(Path(out_dir), DEMO, force=True, flag="-o/--out")
+def _choose(rows: list[Row], session: Session, alphas: dict, notify) -> list[Row]:
+    """``rows`` the model can run (those on heads need heads), each n-gram-rescored row given its
+    tuned ``alphas`` (family name -> alpha; the CLI's default keeps its own)."""
+    chosen = []
+    for row in rows:
+        if row.on == "heads" and not has_heads(session):
+            notify(f"  skipping {row.name}: {session.model_dir} has no heads (train them with `latticedraft train "
+                   "heads`)")
+            continue
+        family = {"parallel": "ngram"}.get(getattr(row.options, "name", None))
+        if row.name != DEFAULT and isinstance(row.options, DrafterSpec) and (family or row.options.name) in alphas:
+            row = replace(row, options=replace(row.options, alpha=alphas[family or row.options.name]))
+        chosen.append(row)
+    return chosen
+
+
+def _warm(rows: list[Row], sessions: dict, counter, ids: list, notify) -> list[Row]:
+    """Warm each row up (JIT compilation, allocator, first-call costs, the int4 copy) on one short
+    prompt, untimed; a row whose LM or rescorer is missing or made for another vocabulary is left
+    out with a note. Returns the rows that ran."""
+    usable = []
+    for row in rows:
+        try:
+            if row.kind == "ours":  # also measures T(n) and fits acceptance rates once (cached)
+                sessions[row.on].prepare(row.method, row.options)
+            _run(row, sessions, counter, ids[:1], 8)
+            usable.append(row)
+        except (InputError, ModelError) as e:
+            notify(f"  skipping {row.name}: {e}")
+    return usable
+
+
+def _time_rows(rows: list[Row], sessions: dict, counter, ids: list, max_new_tokens: int, min_seconds: float,
+               notify) -> tuple[dict, dict, int]:
+    """Time every row over all ``ids`` in rounds until each has decoded for ``min_seconds``: (row
+    name -> [(tokens, seconds, target calls)] per pass, row name -> each pass's outputs, rounds)."""
+    passes: dict = {r.name: [] for r in rows}
+    outputs: dict = {}
+    rounds = 0
+    while True:
+        todo = [r for r in rows if sum(p[1] for p in passes[r.name]) < min_seconds or not passes[r.name]]
+        if not todo:
+            return passes, outputs, rounds
+        rounds += 1
+        if rounds == 2:
+            notify(f"  timing again, until each row has decoded for {min_seconds:g} s: "
+                   + ", ".join(r.name for r in todo))
+        for row in todo:
+            t0 = time.perf_counter()
+            toks, calls, _ = _run(row, sessions, counter, ids, max_new_tokens)
+            dt = time.perf_counter() - t0
+            passes[row.name].append((sum(len(t) for t in toks), dt, calls))
+            outputs.setdefault(row.name, []).append(toks)
+            if rounds == 1:
+                notify(f"  {row.name:<28} {passes[row.name][0][0]} tokens in {calls} target calls, {dt:.1f} s")
+
+
+def _result(row: Row, ps: list, outs: list, greedy: list) -> dict:
+    """One row of the table from its passes ``ps`` and outputs ``outs``, compared with ``greedy``'s."""
+    n, sec, calls = (sum(p[i] for p in ps) for i in range(3))
+    exact = all(len(o) == len(greedy) and all(np.array_equal(t, g) for t, g in zip(o, greedy)) for o in outs)
+    rates = [p[0] / p[1] for p in ps]
+    return {"name": row.name, "what": row.what, "settings": _settings(row), "tokens": n,
+            "seconds": round(sec, 3), "passes": len(ps), "tokens_per_s": round(n / sec, 2),
+            "tokens_per_s_range": [round(min(rates), 2), round(max(rates), 2)],
+            "target_calls": calls, "tokens_per_call": round(n / max(calls, 1), 3), "exact": bool(exact)}
+
+
+def _picture_step(rows: list[Row], sessions: dict, ids: list, greedy: list, max_new_tokens: int):
+    """The step to draw (``_pick_step``), recorded in one more untimed pass of the picture's row
+    (recording costs time) over the first ``PICTURE_PROMPTS`` prompts with a gate of its own (a new
+    gate drafts from the heads, whatever the session's measured); None without that row."""
+    pic_row = next((r for r in rows if r.name == PICTURE_ROW), None)
+    if pic_row is None:
+        return None
+    s = sessions[pic_row.on]
+    kept = s.learned.swap_gate(pic_row.options, HeadGate())
+    steps = s.decode(ids[:PICTURE_PROMPTS], "bpd", pic_row.options, max_new_tokens=max_new_tokens,
+                     record_steps=True).steps
+    s.learned.swap_gate(pic_row.options, kept)
+    return _pick_step(steps, greedy, ids)
 
 
 def write_outputs(out_dir, summary: dict, tokenizer, step_pic) -> dict:

@@ -91,13 +91,13 @@ def _lookahead_name(o: LookaheadOptions) -> str:
     return f"Lookahead (W={o.W}, N={o.N}, G={o.G})"
 
 
-def _self_draft_name(o) -> str:
+def _early_layer_name(o) -> str:
     if isinstance(o, KangarooOptions):
         return f"Kangaroo (gamma={o.gamma}, eta={o.eta})"
     return f"PPD (exit layer {o.dbar or 'd/2'}, k={o.k}{', trained exit heads' if o.exit_heads else ''})"
 
 
-def _self_draft_stats(session: Session, spec, res) -> dict:
+def _early_layer_stats(session: Session, spec, res) -> dict:
     """Kangaroo: the early-exit acceptance rate per draft position; PPD: the measured match
     rate and Theorem 4.1's predicted latency and compute per token against greedy."""
     if isinstance(spec, KangarooOptions):
@@ -114,7 +114,7 @@ def _self_draft_stats(session: Session, spec, res) -> dict:
     return predicted(res.sequences, d, spec.dbar or d // 2, spec.k)
 
 
-def _self_draft_md(stats: dict) -> list[str]:
+def _early_layer_md(stats: dict) -> list[str]:
     if not stats:
         return []
     L = ["", "## Early-layer self-drafting (Kangaroo, PPD)", ""]
@@ -144,27 +144,15 @@ def _run(session: Session, name, ids, refs, method: str, spec, cfg: EvalConfig, 
     return run, res
 
 
-def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, notify=print) -> dict:
-    """Run everything; returns the paths written."""
-    from tqdm import tqdm
+Entry = tuple[str, str, object, str]  # a plan row: (name, method, options, group)
 
-    cfg.validate()
-    recs = prompts[cfg.skip : cfg.skip + cfg.num_prompts]
-    if not recs:
-        raise InputError(f"no prompts left after skipping {cfg.skip}; lower --skip or give more prompts")
-    ids = fit_prompts(session.model, encode(session.tokenizer, [r["prompt"] for r in recs]), cfg.max_new_tokens,
-                      cfg.truncate_left)
-    h = int(getattr(session.model, "num_heads", 1))
-    head_counts = sorted({min(c, h) for c in cfg.head_counts if c >= 2})
-    if h < 2:
-        raise InputError(f"{session.model_dir or 'the model'} has no multi-token heads; eval needs a BPD model")
+
+def _bpd_plan(cfg: EvalConfig, head_counts: list[int], rescorers: dict, a_ng: float, a_nn: float) -> list[Entry]:
+    """The BPD rows: Table 4's drafters, Figure 7's p sweep, Table 10's head counts and Figure 6's
+    oracle k sweep, all on one top-``cfg.k`` lattice setting."""
     base = DrafterSpec("top1", k=cfg.k, nbest=cfg.nbest, prune=cfg.prune, eps=cfg.eps, backoff=cfg.backoff)
-    a_ng, a_nn = float(cfg.alphas.get("ngram", 1.0)), float(cfg.alphas.get("neural", 1.0))
-
-    plan: list[tuple[str, str, object, str]] = [("greedy", "greedy", None, "greedy")]  # name, method, options, group
-    plan.append(("Base", "bpd", base, "table4"))
-    plan.append(("4-gram", "bpd", replace(base, name="ngram", alpha=a_ng), "table4"))
-    rescorers = cfg.rescorers or {"neural": session.rescorer_dir}
+    plan: list[Entry] = [("Base", "bpd", base, "table4"),
+                         ("4-gram", "bpd", replace(base, name="ngram", alpha=a_ng), "table4")]
     for label in rescorers:
         plan.append((label, "bpd", replace(base, name="neural", alpha=a_nn), "table4"))
     plan.append(("Parallel Base BPD", "bpd", replace(base, name="parallel-base", nbest=cfg.nbest), "table4"))
@@ -178,30 +166,48 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
         plan.append((f"top1 h={hc}", "bpd", replace(base, slots=hc - 1), "table10"))
         for k in cfg.ks:
             plan.append((f"oracle h={hc} k={k}", "bpd", replace(base, name="oracle", k=k, slots=hc - 1), "fig6"))
+    return plan
+
+
+def _other_plan(session: Session, cfg: EvalConfig, notify) -> list[Entry]:
+    """The lookahead, Kangaroo and PPD rows; a model that cannot run Kangaroo or PPD gets no row and
+    ``notify`` says why."""
+    plan: list[Entry] = []
     if cfg.lookahead is not None:
         plan.append((_lookahead_name(cfg.lookahead), "lookahead", cfg.lookahead, "lookahead"))
     if cfg.kangaroo is not None:
         try:  # a model without a matching adapter gets no Kangaroo row, and is told why
             session.prepare("kangaroo", cfg.kangaroo)
-            plan.append((_self_draft_name(cfg.kangaroo), "kangaroo", cfg.kangaroo, "self-draft"))
+            plan.append((_early_layer_name(cfg.kangaroo), "kangaroo", cfg.kangaroo, "early-layer"))
         except (InputError, ModelError) as e:
             notify(f"no Kangaroo row: {e}")
     if cfg.ppd is not None:
         try:  # a one-layer model has no early exit
             session.prepare("ppd", cfg.ppd)
-            plan.append((_self_draft_name(cfg.ppd), "ppd", cfg.ppd, "self-draft"))
+            plan.append((_early_layer_name(cfg.ppd), "ppd", cfg.ppd, "early-layer"))
         except (InputError, ModelError) as e:
             notify(f"no PPD row: {e}")
-    if cfg.sampling is not None:  # the oracle drafts the greedy output: nothing to sample
-        plan = [e for e in plan if getattr(e[2], "name", None) != "oracle"]
+    return plan
 
-    _warm_up(session, ids[:1], plan, rescorers)
-    runs: dict[str, Run] = {}
+
+@dataclass
+class _Done:
+    """What the plan's runs gave: every row's ``Run``, greedy's outputs (the references; None when
+    sampling), the Base row's recorded steps (Tables 3 and 5) and the early-layer drafting rows' statistics."""
+
+    runs: dict[str, Run]
+    refs: list | None
+    base_steps: list | None
+    early_layer: dict[str, dict]
+
+
+def _run_plan(session: Session, plan: list[Entry], ids, cfg: EvalConfig, rescorers: dict, h: int, notify) -> _Done:
+    """Every row of ``plan`` in order (greedy first, so later rows are checked against it); rows with
+    identical settings run once and share the result."""
+    from tqdm import tqdm
+
+    out = _Done({}, None, None, {})
     done: dict[str, Run] = {}  # identical specs run once
-    refs = None
-    base_steps = None
-    self_draft: dict[str, dict] = {}
-    t0 = time.perf_counter()
     bar = tqdm(plan, desc="eval", unit="run", disable=None)
     for name, method, spec, group in bar:
         bar.set_postfix_str(name)
@@ -211,35 +217,25 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
         if kind == "top1" and spec.slots in (None, h - 1):
             key = "top1-all"
         if key in done:
-            runs[name] = replace(done[key], name=name)
+            out.runs[name] = replace(done[key], name=name)
             continue
         if kind == "neural":
             session.rescorer_dir = rescorers[name]
-        run, res = _run(session, name, ids, refs, method, spec, cfg, record_steps=(name == "Base"))
+        run, res = _run(session, name, ids, out.refs, method, spec, cfg, record_steps=(name == "Base"))
         if spec is None:
-            refs = [s.tokens for s in res.sequences]
+            out.refs = [s.tokens for s in res.sequences]
         if name == "Base":
-            base_steps = res.steps
-        if group == "self-draft":
-            self_draft[name] = _self_draft_stats(session, spec, res)
-        runs[name] = done[key] = run
+            out.base_steps = res.steps
+        if group == "early-layer":
+            out.early_layer[name] = _early_layer_stats(session, spec, res)
+        out.runs[name] = done[key] = run
         if run.exact is False:
             notify(f"warning: {name} differs from greedy decoding")
-    table3 = _repetition(session, base_steps, cfg, a_ng)
-    first = next(iter(rescorers))
-    session.rescorer_dir = rescorers[first]
-    table5 = _wins(session, base_steps, ids, refs, a_nn, first)  # both {} when sampling (no greedy steps)
-    results = {
-        "config": {**asdict(cfg), "model": session.base_dir, "heads": h, "prompts": len(recs)},
-        "machine": machine(),
-        "seconds": round(time.perf_counter() - t0, 2),
-        "runs": {k: asdict(v) for k, v in runs.items()},
-        "table3": table3,
-        "table5": table5,
-        "self_draft": self_draft,
-        "all_exact": all(r.exact for r in runs.values() if r.exact is not None),
-        "sampling": None if cfg.sampling is None else asdict(cfg.sampling),
-    }
+    return out
+
+
+def _write(out_dir, results: dict, rescorers: dict, head_counts: list[int], cfg: EvalConfig) -> dict:
+    """``results.json``, ``results.md`` and the figures into ``out_dir``; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -250,6 +246,45 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
     if cfg.sampling is None:  # the oracle rows are greedy-only
         paths["fig6"] = plot_fig6(results, head_counts, cfg.ks, out / "fig6_oracle_vs_k.png")
     return paths
+
+
+def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, notify=print) -> dict:
+    """Run everything; returns the paths written."""
+    cfg.validate()
+    recs = prompts[cfg.skip : cfg.skip + cfg.num_prompts]
+    if not recs:
+        raise InputError(f"no prompts left after skipping {cfg.skip}; lower --skip or give more prompts")
+    ids = fit_prompts(session.model, encode(session.tokenizer, [r["prompt"] for r in recs]), cfg.max_new_tokens,
+                      cfg.truncate_left)
+    h = int(getattr(session.model, "num_heads", 1))
+    head_counts = sorted({min(c, h) for c in cfg.head_counts if c >= 2})
+    if h < 2:
+        raise InputError(f"{session.model_dir or 'the model'} has no multi-token heads; eval needs a BPD model")
+    a_ng, a_nn = float(cfg.alphas.get("ngram", 1.0)), float(cfg.alphas.get("neural", 1.0))
+    rescorers = cfg.rescorers or {"neural": session.rescorer_dir}
+    plan: list[Entry] = [("greedy", "greedy", None, "greedy"), *_bpd_plan(cfg, head_counts, rescorers, a_ng, a_nn),
+                         *_other_plan(session, cfg, notify)]
+    if cfg.sampling is not None:  # the oracle drafts the greedy output: nothing to sample
+        plan = [e for e in plan if getattr(e[2], "name", None) != "oracle"]
+    _warm_up(session, ids[:1], plan, rescorers)
+    t0 = time.perf_counter()
+    done = _run_plan(session, plan, ids, cfg, rescorers, h, notify)
+    table3 = _repetition(session, done.base_steps, cfg, a_ng)
+    first = next(iter(rescorers))
+    session.rescorer_dir = rescorers[first]
+    table5 = _wins(session, done.base_steps, ids, done.refs, a_nn, first)  # both {} when sampling (no greedy steps)
+    results = {
+        "config": {**asdict(cfg), "model": session.base_dir, "heads": h, "prompts": len(recs)},
+        "machine": machine(),
+        "seconds": round(time.perf_counter() - t0, 2),
+        "runs": {k: asdict(v) for k, v in done.runs.items()},
+        "table3": table3,
+        "table5": table5,
+        "early_layer": done.early_layer,
+        "all_exact": all(r.exact for r in done.runs.values() if r.exact is not None),
+        "sampling": None if cfg.sampling is None else asdict(cfg.sampling),
+    }
+    return _write(out_dir, results, rescorers, head_counts, cfg)
 
 
 def _warm_up(session: Session, ids, plan, rescorers) -> None:
@@ -393,7 +428,7 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
               "| Ties | Win | % Repair | % Regress | Loss | % Repair | % Regress |", "|---|---|---|---|---|---|---|",
               f"| {t5['ties']} | {w['total']} | {w['pct_repair']:.2f} | {w['pct_regress']:.2f} | {lo['total']} | "
               f"{lo['pct_repair']:.2f} | {lo['pct_regress']:.2f} |"]
-    L += _self_draft_md(results.get("self_draft") or {})
+    L += _early_layer_md(results.get("early_layer") or {})
     L += ["", "## Table 10: block efficiency using the first h heads (vanilla BPD)", "",
           "| " + " | ".join(f"h = {hc}" for hc in head_counts) + " |", "|" + "---|" * len(head_counts),
           "| " + " | ".join(f"{runs[f'top1 h={hc}']['block_efficiency']:.2f}" for hc in head_counts) + " |", ""]

@@ -20,25 +20,19 @@ from dataclasses import asdict, dataclass, make_dataclass, replace
 import numpy as np
 
 from latticedraft.decoding.methods.lookahead import DESTS as LOOKAHEAD_DESTS
-from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB, DRAFTER_FILES
+from latticedraft.decoding.drafters import HEADS as HEAD_DRAFTERS
+from latticedraft.decoding.drafters import NAMES as DRAFTERS
+from latticedraft.decoding.drafters import file_of, help_text, reading
+from latticedraft.decoding.methods.bpd_session import AUTO_DRAFT_VOCAB
 from latticedraft.decoding.registry import Method, Request, cli_defaults, flags, option, sampling_label
 from latticedraft.decoding import sources as draft_sources
 from latticedraft.decoding.runs.loaders import DRAFT_MODEL_HINT, plain_model
 from latticedraft.errors import InputError
 
-DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model", "none")
-HEAD_DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle")
-
-
-def _readers(file: str) -> tuple:
-    """The drafters that read ``file`` (``DRAFTER_FILES``)."""
-    return tuple(d for d, f in DRAFTER_FILES.items() if f == file)
-
-
-LM_READERS = _readers("lm")
+LM_READERS = reading("lm")
 # which drafters read the options _Drafting does not declare (its own declare ``only``): their
 # files but the LM (which LM drafts read too: refused in ``_configure``), and the draft model's --gamma
-FILE_OPTIONS = {**{f: _readers(f) for f in sorted(set(DRAFTER_FILES.values()) - {"lm"})}, "gamma": ("model",)}
+FILE_OPTIONS = {"rescorer": reading("rescorer"), "draft_model": reading("draft_model"), "gamma": ("model",)}
 LOOKAHEAD_POOL = (*LOOKAHEAD_DESTS, "lookahead_config")  # what --lookahead-pool reads
 
 # why batched verification runs the fixed tree: its step costs rows x depth, which T(n) of n tree nodes
@@ -63,11 +57,7 @@ class _Drafting:
     ``lookahead``: ``LookaheadOptions`` of a Jacobi window + n-gram pool riding along
     (``--lookahead-pool``); ``gamma``: tokens the auxiliary draft model drafts per step."""
 
-    name: str = option("top1", group="drafting", flag="--drafter", choices=DRAFTERS, help=(
-        "top1 = vanilla BPD; ngram/parallel = n-gram rescoring, p = 1 / --nbest; parallel-base = --nbest paths of "
-        "the un-rescored lattice; neural = Algorithm 2; oracle = best lattice path given the greedy output; model = "
-        "an auxiliary draft model (--draft-model DIR, classic speculative decoding); none = no head drafts (with "
-        "--context-ngrams: prompt lookup on latticedraft's verifier)"))
+    name: str = option("top1", group="drafting", flag="--drafter", choices=DRAFTERS, help=help_text())
     k: int = option(16, group="drafting", only=HEAD_DRAFTERS, type=int, help="candidates per head in the lattice")
     prune: str = option("none", group="drafting", only=HEAD_DRAFTERS, choices=["none", "static", "otsu"],
                         help="lattice pruning")
@@ -77,14 +67,14 @@ class _Drafting:
                                    help="cut the lattice at the first head whose best probability is below EPS_B")
     slots: int | None = option(None, group="drafting", only=HEAD_DRAFTERS, type=int, metavar="D",
                                help="draft from the first D extra heads only; the others are not computed "
-                                    "(default: all)")
+                                    "(default: all; 2 under --do-sample)")
     alpha: float = option(1.0, group="drafting", only=("ngram", "parallel", "neural"), type=float,
                           help="interpolation weight of the rescoring LM")
     nbest: int = option(16, group="drafting", only=("parallel", "parallel-base"), type=int,
                         help="drafts verified per step for parallel drafters")
     tree: str = option("fixed", cli="auto", fit=False, group="tree", choices=["auto", "fixed"], help=(
         "auto: verify the nodes that maximise expected tokens per second under the measured step cost T(n); "
-        "fixed: every drafted path"))
+        "fixed: every drafted path (the default under --do-sample)"))
     draft_vocab: int | str | None = option(None, cli="auto", group="tree", only=HEAD_DRAFTERS, metavar="V", help=(
         "the extra heads project onto the V most frequent tokens (draft_vocab.json beside the heads); 0 = the full "
         f"vocabulary; verification always uses all (default auto: {AUTO_DRAFT_VOCAB} where the heads ship a "
@@ -128,8 +118,6 @@ FAST = cli_defaults(DrafterSpec)  # the CLI's defaults where they differ: the fa
 def _configure(values: dict, given: set) -> DrafterSpec:
     """The ``DrafterSpec`` of option values (dest -> value); a missing value takes the CLI's default,
     so ``Session.configure`` and ``custom_generate`` decode as ``latticedraft decode`` does."""
-    from latticedraft.decoding.proposers.heads import LatticeOptions
-
     values = {**cli_defaults(DrafterSpec, changed_only=False, by_dest=True),
               **{k: v for k, v in values.items() if v is not None}}
     name = values["drafter"]
@@ -146,41 +134,92 @@ def _configure(values: dict, given: set) -> DrafterSpec:
         readers = [s.flag for s in draft_sources.sources() if "lm" in s.files]
         raise InputError(f"--lm does not apply to --drafter {name} without {' / '.join(readers)} (it applies to "
                          f"--drafter {' / '.join(LM_READERS)} and to those sources); drop it")
-    pool = bool(values.get("lookahead_pool"))
-    if not pool:
+    declared = {f.name: values[dest] for dest, f, _ in flags(DrafterSpec)}
+    tree = _batched_verification(values, given, on, declared["tree"])
+    spec = DrafterSpec(**{**declared, **on, "name": name, "tree": tree, "draft_vocab": _draft_vocab(values["draft_vocab"])},
+                       lookahead=_lookahead(values, given),
+                       gamma=DrafterSpec.gamma if values.get("gamma") is None else values["gamma"])
+    _check_ranges(spec, values, given)
+    if values.get("do_sample"):
+        if spec.name == "oracle":
+            raise InputError("--drafter oracle drafts the greedy output; it has nothing to offer sampling "
+                             "(choose another drafter)")
+        if spec.name in HEAD_DRAFTERS and plain_model(values.get("model")):
+            if "drafter" in given:
+                raise InputError(f"--drafter {name} drafts from multi-token heads, and --model {values.get('model')} "
+                                 "has none (no heads_config.json), so it would draft nothing; use --drafter none "
+                                 "(context and LM n-grams) or a head directory built for this model")
+            spec = replace(spec, name="none")  # the default drafter on a plain model: the n-grams, as in greedy
+        spec = _sampled_defaults(spec, given)
+    return spec
+
+
+SAMPLED_SLOTS = 2  # heads drafted under sampling where --slots is not given
+
+
+def _sampled_defaults(spec: DrafterSpec, given: set) -> DrafterSpec:
+    """Under ``--do-sample``, what is not given drafts less: the first SAMPLED_SLOTS heads, each
+    source at its ``sampled_default`` (LM drafts off), every drafted path verified (``--tree fixed``). A sampled token matches a draft less
+    often than a greedy one, so deep drafts, extra sources and tree planning cost more than they
+    return (bundled model, 8 held-back code prompts: 0.73x HF sampling with the greedy defaults,
+    1.08x with these; docs/sampling.md)."""
+    changes = {}
+    if spec.name in HEAD_DRAFTERS and "slots" not in given:
+        changes["slots"] = SAMPLED_SLOTS if spec.slots is None else min(spec.slots, SAMPLED_SLOTS)
+    for src in draft_sources.sources():
+        if src.sampled_default is not None and src.dest not in given:
+            changes[src.dest] = src.sampled_default
+    if "tree" not in given:
+        changes["tree"] = "fixed"
+    return replace(spec, **changes)
+
+
+def _draft_vocab(vocab):
+    """``--draft-vocab``: "auto", a number of tokens, or None (0: the full vocabulary)."""
+    if vocab == "auto":
+        return vocab
+    try:
+        vocab = int(vocab)
+    except ValueError:
+        raise InputError(f"--draft-vocab {vocab!r}: give a number of tokens (0 = full vocabulary) or auto") from None
+    if vocab < 0:
+        raise InputError(f"--draft-vocab {vocab}: give a number of tokens >= 1, 0 for the full vocabulary, or auto")
+    return vocab or None
+
+
+def _lookahead(values: dict, given: set):
+    """The ``LookaheadOptions`` of ``--lookahead-pool`` (None without it; its options refused then)."""
+    if not values.get("lookahead_pool"):
         for dest in LOOKAHEAD_POOL:
             if dest in given:
                 raise InputError(f"--{dest.replace('_', '-')} does not apply to --method bpd unless --lookahead-pool "
                                  "runs a Jacobi window (or use --method lookahead); add --lookahead-pool or drop it")
-    vocab = values["draft_vocab"]
-    if vocab != "auto":
-        try:
-            vocab = int(vocab)
-        except ValueError:
-            raise InputError(f"--draft-vocab {vocab!r}: give a number of tokens (0 = full vocabulary) or auto") from None
-        if vocab < 0:
-            raise InputError(f"--draft-vocab {vocab}: give a number of tokens >= 1, 0 for the full vocabulary, or auto")
-        vocab = vocab or None
-    look = None
-    if pool:
-        from latticedraft.decoding.methods.lookahead import options_from
+        return None
+    from latticedraft.decoding.methods.lookahead import options_from
 
-        look = options_from(values, given)
-    declared = {f.name: values[dest] for dest, f, _ in flags(DrafterSpec)}
-    tree = declared["tree"]
-    if values.get("verify") == "batched":
-        for src in draft_sources.sources():
-            if src.shares_cache and src.is_on(on[src.dest]):
-                if src.dest in given:
-                    raise InputError(f"{src.flag} {on[src.dest]} does not apply to --verify batched: it drafts over the "
-                                     f"verifier's own cache, which tree verification keeps; drop {src.flag} or --verify")
-                on[src.dest] = src.option.default  # (the CLI's default under batched verification: off)
-    if values.get("verify") == "batched" and tree == "auto":
-        if "tree" in given:
-            raise InputError(f"--tree auto does not apply to --verify batched: {BATCHED_TREE}; drop --tree auto")
-        tree = "fixed"
-    spec = DrafterSpec(**{**declared, **on, "name": name, "tree": tree, "draft_vocab": vocab}, lookahead=look,
-                       gamma=DrafterSpec.gamma if values.get("gamma") is None else values["gamma"])
+    return options_from(values, given)
+
+
+def _batched_verification(values: dict, given: set, on: dict, tree: str) -> str:
+    """Under ``--verify batched``: sources that draft over the verifier's cache are off (refused
+    where given), and the tree is fixed (refused where ``--tree auto`` is given); the tree policy."""
+    if values.get("verify") != "batched":
+        return tree
+    for src in draft_sources.sources():
+        if src.shares_cache and src.is_on(on[src.dest]):
+            if src.dest in given:
+                raise InputError(f"{src.flag} {on[src.dest]} does not apply to --verify batched: it drafts over the "
+                                 f"verifier's own cache, which tree verification keeps; drop {src.flag} or --verify")
+            on[src.dest] = src.option.default  # (the CLI's default under batched verification: off)
+    if tree == "auto" and "tree" in given:
+        raise InputError(f"--tree auto does not apply to --verify batched: {BATCHED_TREE}; drop --tree auto")
+    return "fixed"
+
+
+def _check_ranges(spec: DrafterSpec, values: dict, given: set) -> None:
+    """The ranges of the drafting options, and what ``--drafter model`` needs."""
+    from latticedraft.decoding.proposers.heads import LatticeOptions
+
     if spec.name in HEAD_DRAFTERS:
         LatticeOptions(spec.k, spec.prune, spec.eps, spec.backoff, spec.slots)  # the lattice options' ranges
     if spec.nbest < 1:
@@ -195,19 +234,6 @@ def _configure(values: dict, given: set) -> DrafterSpec:
         raise InputError("--eps applies to --prune static or otsu only; add --prune static or drop --eps")
     if spec.name == "model" and values.get("draft_model") is None:
         raise InputError(f"--drafter model needs an auxiliary draft model: {DRAFT_MODEL_HINT}")
-    if values.get("do_sample"):
-        if spec.name == "oracle":
-            raise InputError("--drafter oracle drafts the greedy output; it has nothing to offer sampling "
-                             "(choose another drafter)")
-        if spec.name in HEAD_DRAFTERS and plain_model(values.get("model")):
-            if "drafter" in given:
-                raise InputError(f"--drafter {name} drafts from multi-token heads, and --model {values.get('model')} "
-                                 "has none (no heads_config.json), so it would draft nothing; use --drafter none "
-                                 "(context and LM n-grams) or a head directory built for this model")
-            spec = replace(spec, name="none")  # the default drafter on a plain model: the n-grams, as in greedy
-    return spec
-
-
 
 
 def _label(spec: DrafterSpec, sampling) -> str:
@@ -227,10 +253,11 @@ def _check(session, spec: DrafterSpec) -> None:
 
 
 def _prepare(session, spec: DrafterSpec, batch_size: int) -> None:
-    """Load and check what ``spec`` drafts from; with ``--tree auto`` also measure T(n) and fit the
-    acceptance rates now (both cached on disk after the first run), by decoding a warm-up prompt
-    at batch 1 and at the run's batch size (between which a last, partial batch interpolates), so
-    that streaming output and timings never include them. (The oracle's references come per call.)"""
+    """Load and check what ``spec`` drafts from; with ``--tree auto`` also measure T(n) now (cached
+    on disk after the first run) and read the stored acceptance counts, by decoding a warm-up
+    prompt at batch 1 and at the run's batch size (between which a last, partial batch
+    interpolates), so that streaming output and timings never include them. (The oracle's
+    references come per call.)"""
     from latticedraft.decoding.methods import bpd_session
 
     bpd_session.load(session, spec)
@@ -242,8 +269,9 @@ def _prepare(session, spec: DrafterSpec, batch_size: int) -> None:
 
 def _run(session, prompts: list, spec: DrafterSpec, req, warm_up: bool = False) -> object:
     """One decode call of ``spec``; ``warm_up``: with a new head gate, sources and draft-model
-    proposer, so that the warm-up teaches neither the session's gate, the suffix drafts' memory nor
-    the draft model's calibration."""
+    proposer, so that the warm-up teaches neither the session's gate, the suffix drafts' memory,
+    the draft model's calibration nor the acceptance counts. A greedy auto-tree decode records its
+    steps and adds them to the acceptance counts (``bpd_session.count_steps``)."""
     from latticedraft.decoding.methods import bpd_session as ses
     from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
     from latticedraft.decoding.planning.head_gate import HeadGate
@@ -255,7 +283,14 @@ def _run(session, prompts: list, spec: DrafterSpec, req, warm_up: bool = False) 
                    gate=HeadGate() if warm_up else learned.gate(spec), lookahead=spec.lookahead,
                    sources=draft_sources.build_all(session, spec, fresh=warm_up),
                    correction=None if warm_up or spec.tree != "auto" else learned.correction(spec, req.sampling))
-    return bpd_decode(session.model, prompts, ses.proposer(session, spec, refs, fresh=warm_up), plan, req)
+    count = not warm_up and ses.counting(session, spec, req.sampling)  # the session's steps teach the tables
+    res = bpd_decode(session.model, prompts, ses.proposer(session, spec, refs, fresh=warm_up), plan,
+                     replace(req, record_steps=True) if count else req)
+    if count:
+        ses.count_steps(session, spec, res)
+        if not req.record_steps:
+            res.steps = []
+    return res
 
 
 METHOD = Method(
@@ -275,6 +310,6 @@ METHOD = Method(
     check=_check,
     continuous=lambda spec: spec.name in ("none", *HEAD_DRAFTERS) and spec.lookahead is None,
     files=lambda spec: tuple(dict.fromkeys(
-        ([DRAFTER_FILES[spec.name]] if spec.name in DRAFTER_FILES else [])
+        ([file_of(spec.name)] if file_of(spec.name) else [])
         + [f for s in draft_sources.sources() if s.on(spec) for f in s.files])),
 )

@@ -56,7 +56,6 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
     from latticedraft.decoding.proposers.heads import HeadProposer
     from latticedraft.decoding.proposers.lookahead import LookaheadProposer
     from latticedraft.gpu.models import hf
-    from latticedraft.gpu.verify.cost_model import CostModel
     from latticedraft.gpu.verify.verifier import Verifier
 
     plan = BpdPlan() if plan is None else plan
@@ -76,7 +75,7 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
     policy = tree if from_heads or source is None else "fixed"
     if policy == "auto" and cost is None:
         rows = len(prompts) if req.in_flight is None else min(req.in_flight, len(prompts))
-        cost = CostModel.for_batch(verifier, rows)
+        cost = verifier.step_costs(rows)
     planner = TreePlanner(policy, plan.acceptance, cost, correction=plan.correction)
     gated = GatedHeads(plan.gate or HeadGate(), ctx) if tree == "auto" and ctx is not None and from_heads else None
     return speculative_decode(verifier, prompts, proposers, req, rule=rule, planner=planner, gate=gated)

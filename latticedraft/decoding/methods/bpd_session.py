@@ -1,8 +1,9 @@
 """What a ``--method bpd`` decode loads, fits and measures for a ``DrafterSpec``, each memoised on
 the ``Session``: the drafter (lattice drafter or draft model), the oracle's references, the draft
-vocabulary (``session.once``) and the acceptance rates (fitted on held-out prompts, cached on disk;
-kept in ``session.learned`` with the head gate and the rate corrections). The session itself knows
-no decoder; ``methods/bpd.py`` asks for these where it runs and prepares.
+vocabulary (``session.once``) and the acceptance counts (counted from the session's own greedy
+steps, stored on disk per model and settings; kept in ``session.learned`` with the head gate and
+the rate corrections). The session itself knows no decoder; ``methods/bpd.py`` asks for these
+where it runs and prepares.
 """
 
 from __future__ import annotations
@@ -11,13 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
+from latticedraft.decoding.drafters import file_of
 from latticedraft.decoding.runs.loaders import default_model_dir
-from latticedraft.paths import data_dir
 
 AUTO_DRAFT_VOCAB = 1024  # V' of the bundled heads: 80% of corpus tokens, projection 8x cheaper
-# the file each drafter reads (loaded here, fingerprinted in ``--output``); draft sources declare theirs
-DRAFTER_FILES = {"ngram": "lm", "parallel": "lm", "neural": "rescorer", "model": "draft_model"}
-CALIBRATION_PROMPTS = slice(30, 42)  # the tuning split (Appendix E): never in the benchmark or eval prompts
+SETTLED = 20000  # observations in the heads' and sources' tables past which a session stops counting
 
 
 def proposer(session, spec, references=None, fresh: bool = False):
@@ -32,7 +31,7 @@ def proposer(session, spec, references=None, fresh: bool = False):
         build = lambda: make_drafter("model", draft_model=session.draft_model, gamma=spec.gamma,  # noqa: E731
                                      confidence=spec.draft_confidence)
         return build() if fresh else session.learned.source("draft_model", (spec.gamma, spec.draft_confidence), build)
-    lm = session.lm if DRAFTER_FILES.get(spec.name) == "lm" else None
+    lm = session.lm if file_of(spec.name) == "lm" else None
     rescorer = session.rescorer if spec.name == "neural" else None
     return make_drafter(spec.name, options=spec.lattice_options(), lm=lm, rescorer=rescorer, alpha=spec.alpha,
                         nbest=spec.nbest, references=references)
@@ -68,56 +67,56 @@ def draft_vocab(session, size: int | str | None):
 
 
 def acceptance(session, spec):
-    """Acceptance rates for ``spec``'s drafts, fitted on the held-out calibration prompts
-    (``CALIBRATION_PROMPTS`` of data/prompts.jsonl) and cached on disk per model and lattice
-    settings; looked up once per session and spec."""
-    return session.learned.acceptance(spec, lambda: _fit_acceptance(session, spec))
+    """The acceptance counts ``spec``'s auto tree rates paths with: those stored for this model,
+    dtype and settings under .cache/acceptance, else none yet (the priors); looked up once per
+    session and spec (``session.learned``), then added to by ``count_steps``."""
+    from latticedraft.decoding.planning.acceptance import AcceptanceModel, load
+
+    def stored():
+        found = load(acceptance_key(session, spec, counted_sources(spec)))
+        session.learned.event(f"acceptance counts for --drafter {spec.name}: "
+                              + (f"{found.counts} read from .cache/acceptance" if found else "none yet (the priors)"))
+        return found or AcceptanceModel()
+
+    return session.learned.acceptance(spec, stored)
 
 
-def _fit_acceptance(session, spec):
-    from dataclasses import replace
-
-    from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
-    from latticedraft.decoding.planning.acceptance import cached
-    from latticedraft.decoding.planning.calibrate import calibrate
-    from latticedraft.decoding.registry import Request
-    from latticedraft.decoding.runs.loaders import encode
-    from latticedraft.decoding.runs.prompt_set import read_prompts
+def counted_sources(spec) -> list:
+    """The draft sources ``spec`` turns on whose rate tables are counted (``rates="fitted"``)."""
     from latticedraft.decoding.sources import sources
 
-    file = data_dir() / "prompts.jsonl"
-    recs = read_prompts(file)[CALIBRATION_PROMPTS] if file.is_file() else []
-    fitted = [(s, s.build(session, getattr(spec, s.dest))) for s in sources() if s.on(spec) and s.rates == "fitted"]
-    fitted = [(s, p) for s, p in fitted if p is not None]
-    # without heads, a table of match lengths alone is not worth a calibration decode: its prior serves
-    if not recs or spec.name in ("oracle", "model") or (
-            spec.name == "none" and not any(s.bins == "probability" for s, _ in fitted)):
-        return None  # the planner falls back to the uncalibrated prior
-    key = acceptance_key(session, spec, [s for s, _ in fitted], [r["prompt"] for r in recs])
-    calib = replace(spec.drafter_only(), tree="fixed")
-
-    def build():
-        if session.notify:
-            session.notify(f"--tree auto: fitting acceptance rates for --drafter {spec.name} on {len(recs)} held-out "
-                           "prompts and measuring the step cost T(n) of this model (once per model and settings; "
-                           "cached under .cache/acceptance and .cache/cost_model)")
-        ids = encode(session.tokenizer, [r["prompt"] for r in recs])
-        drafter, vocab = proposer(session, calib), draft_vocab(session, spec.draft_vocab)
-
-        def decode(prompts, max_new_tokens, on_tokens):
-            return bpd_decode(session.model, prompts, drafter, BpdPlan(tree="fixed", draft_vocab=vocab),
-                              Request(max_new_tokens=max_new_tokens, eos_token_id=session.eos, record_steps=True,
-                                      on_tokens=on_tokens))
-
-        return calibrate(decode, ids, sources=tuple((s.name, p, s.bins) for s, p in fitted))
-
-    return cached(key, build, report=session.learned.event)
+    return [s for s in sources() if s.on(spec) and s.rates == "fitted"]
 
 
-def acceptance_key(session, spec, fitted: list, prompts: list[str]) -> dict:
-    """What fitted rates depend on: the weights' files and the dtype they run in (a bfloat16
-    verifier rounds its argmax differently), the lattice settings, the fitted sources (each
-    one's value and the files it reads) and the prompts."""
+def counting(session, spec, sampling) -> bool:
+    """Whether a decode of ``spec`` records its steps to count them (``count_steps``): greedy
+    decodes of the auto tree whose tables have not settled (``SETTLED`` observations)."""
+    if spec.tree != "auto" or sampling is not None or spec.name in ("oracle", "model"):
+        return False
+    if spec.name == "none" and not counted_sources(spec):
+        return False  # nothing of it is counted: no lattice, no source table
+    return sum(acceptance(session, spec).counts.values()) < SETTLED
+
+
+def count_steps(session, spec, result) -> None:
+    """Add the recorded steps of ``result`` (a greedy decode of ``spec``) to its acceptance counts
+    and store them (the next sessions start from them)."""
+    from latticedraft.decoding.planning.acceptance import store
+    from latticedraft.decoding.planning.calibrate import counted
+
+    fitted = counted_sources(spec)
+    built = [(s, session.learned.source(s.name, getattr(spec, s.dest), lambda s=s: s.build(session, getattr(spec, s.dest))))
+             for s in fitted]
+    delta = counted(result, tuple((s.name, p, s.bins) for s, p in built if p is not None))
+    model = acceptance(session, spec).add(delta)
+    session.learned.fitted[session.learned.key_of(spec)] = model
+    store(acceptance_key(session, spec, fitted), model)
+
+
+def acceptance_key(session, spec, fitted: list) -> dict:
+    """What the counts depend on: the weights' files and the dtype they run in (a bfloat16
+    verifier rounds its argmax differently), the lattice settings and the counted sources (each
+    one's value and the files it reads)."""
     weights = [p for p in Path(session.base_dir).glob("*.safetensors")]
     if session.model_dir is not None or default_model_dir().exists():
         weights += list(Path(session.model_dir or default_model_dir()).glob("*.safetensors"))
@@ -126,8 +125,7 @@ def acceptance_key(session, spec, fitted: list, prompts: list[str]) -> dict:
             "spec": spec.acceptance_key(),
             "sources": {s.name: {"value": getattr(spec, s.dest), **({"lm": str(session.lm.build_dir.resolve()),
                                                                      "built": session.lm.manifest.get("built_at")}
-                                                                    if "lm" in s.files else {})} for s in fitted},
-            "prompts": prompts}
+                                                                    if "lm" in s.files else {})} for s in fitted}}
 
 
 def load(session, spec) -> None:
@@ -135,7 +133,7 @@ def load(session, spec) -> None:
     model, the draft vocabulary, the draft sources (``methods/bpd.py`` then warms the tree up)."""
     from latticedraft.decoding.sources import build_all
 
-    if DRAFTER_FILES.get(spec.name) == "lm":
+    if file_of(spec.name) == "lm":
         from latticedraft.lattice.lm_tables import lm_arrays
         from latticedraft.lattice.search import warm_up
 

@@ -1,32 +1,32 @@
-"""How likely a draft token is to be accepted: calibrated from the drafters' own probabilities.
+"""How likely a draft token is to be accepted: learned from the session's own decode steps.
 
 A draft tree's expected gain is the sum, over its nodes, of the probability that the node lies
 on the target's greedy path. A node's probability is its parent's times the conditional
-acceptance rate of its token, which is read from tables fitted on held-out greedy decodes:
+acceptance rate of its token, which is read from tables of counts over greedy decode steps:
 
-- ``head_rate[j, b]``: for the draft-tree nodes at slot j whose token's head probability falls in
-  bin b (``HEAD_EDGES``), how often the token equals the greedy token at that place, counted
-  where the node's parent is the greedy prefix (the conditional the tree's chain rule
-  multiplies: the drafted paths of the calibration decode give the nodes; without them, every
-  candidate of slot j where the greedy tokens of slots < j are in the lattice, which
-  underestimates deep nodes: a path whose tokens were right so far is right more often next);
-- ``tables[name][b, d]``, one per draft source whose rates are fitted (``decoding/sources.py``,
-  ``rates="fitted"``): for token d of the source's paths whose bin is b, how often it equals the
-  greedy token given tokens < d did. A source's bins are its ``DraftSource.bins``: "match" (the
-  suffix match a copied continuation came from, 0 .. ``MAX_MATCH``: context n-grams) or
-  "probability" (the ``HEAD_EDGES`` bin of the source's own probability for the token: the n-gram
-  LM's continuation).
+- the heads' table, per slot j and ``HEAD_EDGES`` bin b of a token's head probability: of the
+  draft-tree nodes at slot j in bin b whose parent is the greedy prefix (the conditional the
+  tree's chain rule multiplies), how many were the greedy token;
+- one table per draft source whose rates are counted (``decoding/sources.py``, ``rates="fitted"``),
+  per bin b and depth d: of token d of the source's paths in bin b, given tokens < d were right,
+  how many were right. A source's bins are its ``DraftSource.bins``: "match" (the suffix match a
+  copied continuation came from, 0 .. ``MAX_MATCH``: context n-grams) or "probability" (the
+  ``HEAD_EDGES`` bin of the source's own probability for the token: the n-gram LM's).
 
-Counts are smoothed towards a prior (``PRIOR_WEIGHT`` pseudo-observations of the bin's mean
-probability), so empty bins fall back to the raw probability. ``AcceptanceModel.prior()`` is the
-table before any data: raw head and source probabilities and a flat ``CTX_PRIOR`` for matches.
+A rate is the hits smoothed towards a prior by ``PRIOR_WEIGHT`` pseudo-observations: the bin's
+middle probability (a raw head or LM probability), a flat ``CTX_PRIOR`` for matches. No decode
+runs to fit them: an ``AcceptanceModel`` starts empty (the priors), counts the steps a session
+decodes greedily (``counted``: their lattices, paths and what the target chose after each root)
+and is stored per model, dtype and settings under ``.cache/acceptance`` (``load`` / ``store``),
+where the next session's counts add to it. The planner's ``RateCorrection`` (below) corrects
+the rates online meanwhile.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,7 +38,8 @@ PRIOR_WEIGHT = 4.0
 CTX_PRIOR = 0.5
 MAX_MATCH = 8  # the longest suffix match a "match" table tells apart
 DEPTH = 16  # the deepest token a source table tells apart
-FORMAT = 4  # 2: the head table counts tree nodes whose parent is the greedy prefix; 3: lm_rate; 4: tables per source
+SLOTS = 16  # the deepest head slot the heads' table tells apart
+FORMAT = 5  # 4: tables per source; 5: counts, added to by every session
 
 
 def head_bins(probs):
@@ -53,37 +54,55 @@ def prior_table(bins: str, depth: int = DEPTH) -> np.ndarray:
     return np.tile(_bin_mid()[:, None], (1, depth))
 
 
+def _zeros(bins: str) -> np.ndarray:
+    return np.zeros_like(prior_table(bins))
+
+
 @dataclass
 class AcceptanceModel:
-    """head_rate: float[slots, bins]; tables: source name -> float[bins, depth] (a source's table
-    not fitted yet reads as its prior); counts: how many observations went into each (for the
-    report)."""
+    """Counts: head_hit, head_seen float[SLOTS, bins]; tables: source name -> (bins kind, hit
+    float[bins, depth], seen float[bins, depth]). The rates they give are smoothed towards the
+    priors (a source without counts reads as its prior)."""
 
-    head_rate: np.ndarray
-    tables: dict
-    counts: dict
+    head_hit: np.ndarray = field(default_factory=lambda: np.zeros((SLOTS, len(HEAD_EDGES) - 1)))
+    head_seen: np.ndarray = field(default_factory=lambda: np.zeros((SLOTS, len(HEAD_EDGES) - 1)))
+    tables: dict = field(default_factory=dict)
 
     @classmethod
-    def prior(cls, slots: int = 16) -> "AcceptanceModel":
-        return cls(np.tile(_bin_mid(), (slots, 1)), {}, {"head": 0})
+    def prior(cls) -> "AcceptanceModel":
+        return cls()
+
+    @property
+    def head_rate(self) -> np.ndarray:
+        """float[SLOTS, bins]: the heads' smoothed rates."""
+        return (self.head_hit + PRIOR_WEIGHT * _bin_mid()[None]) / (self.head_seen + PRIOR_WEIGHT)
+
+    @property
+    def counts(self) -> dict:
+        """How many observations went into each table (for reports)."""
+        return {"head": int(self.head_seen.sum()), **{k: int(v[2].sum()) for k, v in self.tables.items()}}
 
     def head(self, slot: int, prob: float) -> float:
         """Conditional acceptance rate of a slot-``slot`` candidate with head probability ``prob``."""
-        j = min(slot, self.head_rate.shape[0] - 1)
-        return float(self.head_rate[j, int(head_bins(prob))])
+        return float(self.head_rate[min(slot, SLOTS - 1), int(head_bins(prob))])
 
     def head_rates(self, probs: np.ndarray) -> np.ndarray:
         """``head`` for a whole draft matrix: probs float[p, d] (slot = column) -> float[p, d]."""
-        bins = head_bins(probs)
-        slots = np.minimum(np.arange(probs.shape[1]), self.head_rate.shape[0] - 1)
-        return self.head_rate[slots[None, :], bins]
+        slots = np.minimum(np.arange(probs.shape[1]), SLOTS - 1)
+        return self.head_rate[slots[None, :], head_bins(probs)]
 
     def table(self, name: str) -> np.ndarray:
-        """Source ``name``'s table, float[bins, depth] (its prior where none was fitted)."""
-        if name not in self.tables:
-            from latticedraft.decoding.sources import by_name
+        """Source ``name``'s rates, float[bins, depth] (its prior where nothing was counted)."""
+        kind, hit, seen = self._counts(name)
+        return (hit + PRIOR_WEIGHT * prior_table(kind)) / (seen + PRIOR_WEIGHT)
 
-            self.tables[name] = prior_table(by_name(name).bins)
+    def _counts(self, name: str, bins: str | None = None) -> tuple:
+        if name not in self.tables:
+            if bins is None:
+                from latticedraft.decoding.sources import by_name
+
+                bins = by_name(name).bins
+            self.tables[name] = (bins, _zeros(bins), _zeros(bins))
         return self.tables[name]
 
     def rates(self, name: str, bins) -> np.ndarray:
@@ -93,14 +112,24 @@ class AcceptanceModel:
         b = np.minimum(np.asarray(bins, dtype=np.int64), t.shape[0] - 1)
         return t[b, np.minimum(np.arange(len(b)), t.shape[1] - 1)]
 
+    def add(self, other: "AcceptanceModel") -> "AcceptanceModel":
+        """These counts and ``other``'s together (a new model)."""
+        out = AcceptanceModel(self.head_hit + other.head_hit, self.head_seen + other.head_seen, dict(self.tables))
+        for name, (kind, hit, seen) in other.tables.items():
+            _, h0, s0 = out._counts(name, kind)
+            out.tables[name] = (kind, h0 + hit, s0 + seen)
+        return out
+
     def to_json(self) -> dict:
-        return {"format": FORMAT, "head_edges": HEAD_EDGES.tolist(), "head_rate": self.head_rate.round(5).tolist(),
-                "tables": {k: v.round(5).tolist() for k, v in self.tables.items()}, "counts": self.counts}
+        return {"format": FORMAT, "head_edges": HEAD_EDGES.tolist(), "head_hit": self.head_hit.tolist(),
+                "head_seen": self.head_seen.tolist(),
+                "tables": {k: {"bins": b, "hit": h.tolist(), "seen": n.tolist()} for k, (b, h, n) in self.tables.items()}}
 
     @classmethod
     def from_json(cls, d: dict) -> "AcceptanceModel":
-        return cls(np.asarray(d["head_rate"], float), {k: np.asarray(v, float) for k, v in d["tables"].items()},
-                   dict(d.get("counts", {})))
+        return cls(np.asarray(d["head_hit"], float), np.asarray(d["head_seen"], float),
+                   {k: (v["bins"], np.asarray(v["hit"], float), np.asarray(v["seen"], float))
+                    for k, v in d["tables"].items()})
 
 
 def _bin_mid() -> np.ndarray:
@@ -110,32 +139,27 @@ def _bin_mid() -> np.ndarray:
 
 def fit(lattices: list, greedy: list, histories: list, drafts: list | None = None,
         paths: dict | None = None) -> AcceptanceModel:
-    """Fit the tables from decode steps on held-out data.
+    """The counts of decode steps.
 
     lattices[i]: the Sausage the heads gave at step i (slot j = token j + 1 after the root; None
     for a step without head drafts, which then feeds the source tables only); greedy[i]:
     int64[>= h], the greedy tokens that followed the root; histories[i]: int64[t], the text up to
     and including the root; drafts[i]: int64[p, d], the paths drafted from that lattice (-1 pads),
     whose tree nodes the head table counts; paths: source name -> (paths(history) -> [(tokens
-    int64[d], bins int64[d])], its bins kind) for every source whose table is fitted.
+    int64[d], bins int64[d])], its bins kind) for every source whose table is counted.
     """
-    prior = AcceptanceModel.prior(max([s.h for s in lattices if s is not None], default=1))
-    hit, seen = np.zeros_like(prior.head_rate), np.zeros_like(prior.head_rate)
-    tables, counts = {}, {"steps": len(lattices)}
+    m = AcceptanceModel()
     for i, (s, g) in enumerate(zip(lattices, greedy)):
         if s is not None:
-            _count_heads(s, np.asarray(g, dtype=np.int64), None if drafts is None else drafts[i], hit, seen)
+            _count_heads(s, np.asarray(g, dtype=np.int64), None if drafts is None else drafts[i], m.head_hit,
+                         m.head_seen)
     for name, (source_paths, bins) in (paths or {}).items():
-        p0 = prior_table(bins)
-        t_hit, t_seen = np.zeros_like(p0), np.zeros_like(p0)
+        _, hit, seen = m._counts(name, bins)
         for g, hist in zip(greedy, histories):
             for toks, b in source_paths(hist):
-                _count_path(np.asarray(toks), np.minimum(b, p0.shape[0] - 1), np.asarray(g, dtype=np.int64), t_hit,
-                            t_seen)
-        tables[name] = (t_hit + PRIOR_WEIGHT * p0) / (t_seen + PRIOR_WEIGHT)
-        counts[name] = int(t_seen.sum())
-    counts["head"] = int(seen.sum())
-    return AcceptanceModel((hit + PRIOR_WEIGHT * prior.head_rate) / (seen + PRIOR_WEIGHT), tables, counts)
+                _count_path(np.asarray(toks), np.minimum(b, hit.shape[0] - 1), np.asarray(g, dtype=np.int64), hit,
+                            seen)
+    return m
 
 
 def _count_heads(s, g: np.ndarray, drafts, hit: np.ndarray, seen: np.ndarray) -> None:
@@ -144,7 +168,7 @@ def _count_heads(s, g: np.ndarray, drafts, hit: np.ndarray, seen: np.ndarray) ->
     if drafts is not None:
         _count_tree(s, g, drafts, hit, seen)
         return
-    for j in range(min(s.h, len(g))):
+    for j in range(min(s.h, len(g), SLOTS)):
         live = s.tokens[j] >= 0
         bins = head_bins(np.exp(s.logp[j][live].astype(np.float64)))
         np.add.at(seen[j], bins, 1)
@@ -160,6 +184,7 @@ def _count_path(toks: np.ndarray, bins: np.ndarray, g: np.ndarray, hit: np.ndarr
         if toks[d] != g[d]:
             return
         hit[bins[d], d] += 1
+
 
 def _count_tree(s, g: np.ndarray, drafts: np.ndarray, hit: np.ndarray, seen: np.ndarray) -> None:
     """Add one step's tree to the head table: every node (a distinct prefix of the drafted paths)
@@ -183,13 +208,13 @@ def _count_tree(s, g: np.ndarray, drafts: np.ndarray, hit: np.ndarray, seen: np.
 
 
 class RateCorrection:
-    """The fitted rates corrected online by what verification kept, per draft source.
+    """The rates corrected online by what verification kept, per draft source.
 
-    The tables above are fitted once, on held-out greedy decodes. Where a run differs from that
-    data -- lossless sampling, where a draft token is kept only when it is the target's argmax
-    under the run's Gumbel noise, which a greedy-fitted rate overestimates; chat where the
-    calibration prompts were code -- the planner's trees are sized for acceptance that does not
-    come. Per source s (the position of its proposal in a step's list: the drafter, context
+    The tables above count greedy steps, across sessions, and start empty. Where a run differs
+    from what they counted -- a new model or settings (nothing counted yet); lossless sampling,
+    where a draft token is kept only when it is the target's argmax under the run's Gumbel noise,
+    which a greedy rate overestimates; text unlike the earlier sessions' -- the planner's trees
+    are sized for acceptance that does not come. Per source s (the position of its proposal in a step's list: the drafter, context
     n-grams, the LM...; each rated from its own table, each off in its own way) and
     ``HEAD_EDGES`` bin b of the predicted rate r, this keeps ``kept[s, b]`` (tokens verification
     kept) and ``expected[s, b]`` (the sum of r over the nodes tried), counted over verified nodes
@@ -221,26 +246,25 @@ class RateCorrection:
         np.add.at(self.kept, (s, b), np.asarray(kept, dtype=np.float64))
 
 
-def cached(key_parts: dict, build, report=None) -> AcceptanceModel:
-    """The model stored under a hash of ``key_parts`` in ``cache_dir()/acceptance``, else
-    ``build()`` (then stored); ``report(line)`` hears which."""
-    import time
-
+def _path(key_parts: dict):
     key = hashlib.sha256(json.dumps(key_parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = cache_dir() / "acceptance" / f"{key}.json"
-    if path.is_file():
-        try:
-            d = json.loads(path.read_text())
-            if d.get("format") == FORMAT:
-                if report is not None:
-                    report(f"acceptance rates read from {path}")
-                return AcceptanceModel.from_json(d)
-        except (OSError, ValueError, KeyError):
-            pass  # a damaged entry is fitted again
-    t0 = time.perf_counter()
-    model = build()
-    if report is not None:
-        report(f"acceptance rates fitted in {time.perf_counter() - t0:.1f} s, stored as {path}")
+    return cache_dir() / "acceptance" / f"{key}.json"
+
+
+def load(key_parts: dict) -> AcceptanceModel | None:
+    """The counts stored under a hash of ``key_parts`` in ``cache_dir()/acceptance`` (None: none,
+    of another format, or damaged)."""
+    path = _path(key_parts)
+    try:
+        d = json.loads(path.read_text())
+        return AcceptanceModel.from_json(d) if d.get("format") == FORMAT else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(key_parts: dict, model: AcceptanceModel):
+    """Write ``model``'s counts under a hash of ``key_parts`` (atomically); returns the path."""
+    path = _path(key_parts)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps({**model.to_json(), "key": key_parts}, indent=1, default=str) + "\n")
-    return model
+    write_atomic(path, json.dumps({**model.to_json(), "key": key_parts}, default=str) + "\n")
+    return path

@@ -15,10 +15,10 @@ never grows along a path) for the n that maximises
 the rescored lattice. ``overhead`` is the per-step time that does not grow with n: outside the
 verify call (drafting, bookkeeping) and the extra heads inside it, measured by the decode loop
 as it runs. In a batched step the rows' trees are padded to the largest, so one n serves every
-row (``plan_rows``). The rates were fitted on held-out greedy decodes; a ``RateCorrection``
+row (``plan_rows``). The rates count earlier greedy steps (``acceptance.py``); a ``RateCorrection``
 rescales each source's rates by what verification has kept of them so far in the run
-(``observe``), so a tree planned under sampling, or on text unlike the calibration prompts, is
-sized for the acceptance that actually comes. The ``fixed`` policy verifies every candidate
+(``observe``), so a tree planned under sampling, or on text unlike what was counted, is sized for
+the acceptance that actually comes; T(n) follows the run's own verify calls (``observe_cost``). The ``fixed`` policy verifies every candidate
 path, as given.
 
     >>> plan = TreePlanner("fixed").plan([Proposal(np.array([[4, 5]]))])
@@ -63,15 +63,23 @@ class TreePlanner:
             raise InputError("--tree auto needs a measured cost model (CostModel.cached(verifier))")
         if max_nodes < 1:
             raise InputError(f"max_nodes must be >= 1, got {max_nodes}")
+        from latticedraft.gpu.verify.cost_model import StepCosts
+
         self.policy = policy
         self.acceptance = acceptance or AcceptanceModel.prior()
         self.cost, self.max_nodes = cost, max_nodes
-        if cost is not None:
-            n = np.arange(1, max_nodes + 1)
-            self._T = np.asarray(cost.seconds(n), dtype=np.float64)  # _T[n - 1] = T(n)
+        if cost is not None:  # a StepCosts is shared (refined across decode calls); a CostModel, tabled here
+            self.costs = cost if isinstance(cost, StepCosts) else StepCosts(cost, max_nodes)
+            self._T = self.costs.T[:max_nodes]  # _T[n - 1] = T(n) (a view: refinements reach the shared curve)
         self.overhead = 0.0
         self.correction = correction
         self._chosen: list = []  # with a correction, per row of the last auto plan: (parent, token, raw, chosen ids)
+
+    def observe_cost(self, n: int, seconds: float) -> None:
+        """A verify call over ``n`` nodes per row took ``seconds`` (heads left out): T(n) follows it
+        (``StepCosts.observe``; nothing without a cost model)."""
+        if self.cost is not None:
+            self.costs.observe(min(n, len(self._T)), seconds)
 
     def step_seconds(self, n: int) -> float:
         """Predicted seconds of a step verifying n nodes per row (root included): T(n) and the

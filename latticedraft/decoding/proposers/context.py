@@ -20,7 +20,7 @@ import numpy as np
 
 from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows, rated
 from latticedraft.decoding.registry import option
-from latticedraft.decoding.sources import DraftSource
+from latticedraft.decoding.sources import DraftSource, longest_match
 from latticedraft.errors import InputError
 
 
@@ -125,15 +125,10 @@ def copied(cands: list[ContextCandidate]) -> list[tuple[np.ndarray, np.ndarray]]
     return [(c.tokens, np.full(len(c.tokens), c.match, dtype=np.int64)) for c in cands]
 
 
-def _check(value) -> int:
-    if int(value) < 0:
-        raise InputError(f"--context-ngrams {value}: give the longest suffix to match (>= 1), or 0 for off")
-    return int(value)
-
-
 SOURCE = DraftSource(
     name="context", dest="context_ngrams", summary="prompt lookup: what followed earlier matches of the text's end",
     option=option(0, cli=3, group="tree", type=int, metavar="N", help=(
         "also draft what followed earlier matches of the last N..1 tokens in the prompt and output (prompt "
         "lookup); 0 = off")),
-    build=lambda session, value: ContextProposer(ContextNgrams(max_ngram=value)), check=_check, bins="match")
+    build=lambda session, value: ContextProposer(ContextNgrams(max_ngram=value)),
+    check=longest_match("--context-ngrams"), bins="match")

@@ -20,7 +20,8 @@ Sampling: the same drafters draft from the heads' scores perturbed by the run's 
 (``HeadProposer``: log q_j + g_t, q_j head j's distribution after the sampling processors, g_t the
 noise of the position it drafts; ``accept/sampling.py``), whose argmax is the target's sampled
 token wherever the head agrees with the target; verification keeps what equals it, so any path is
-exact here too.
+exact here too. A single drafted path gets the first slot's runner-up beside it
+(``with_runner_up``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from latticedraft.lattice.rescoring import base_drafts, rescore
 from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage
 from latticedraft.lattice.threshold import prune
 
-DRAFTERS = ("top1", "neural", "ngram", "parallel", "parallel-base", "oracle", "model")
 PRUNES = ("none", "otsu", "static")
 
 
@@ -259,7 +259,7 @@ def make_drafter(
     gamma: int = 4,
     confidence: float = 0.2,
 ):
-    """A draft source by name (see ``DRAFTERS``): a lattice ``Drafter`` of the heads, or for
+    """A drafter by name (``decoding/drafters.py``): a lattice ``Drafter`` of the heads, or for
     "model" the auxiliary draft model's ``ModelProposer`` (``gamma``, ``confidence``: its options);
     the message says what is missing."""
     if name == "top1":
@@ -284,7 +284,9 @@ def make_drafter(
         from latticedraft.decoding.proposers.draft_model import ModelProposer
 
         return ModelProposer(draft_model, gamma, confidence)
-    raise InputError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+    from latticedraft.decoding.drafters import NAMES
+
+    raise InputError(f"unknown drafter {name!r}; choose one of {', '.join(n for n in NAMES if n != 'none')}")
 
 
 class HeadProposer(Proposer):
@@ -323,6 +325,8 @@ class HeadProposer(Proposer):
             sausage = d.lattice(scores, step.vocab)
             self.lattice_seconds += time.perf_counter() - t0
             toks = as_paths(d.draft(sausage, history))
+            if q is not None:
+                toks = with_runner_up(toks, sausage)
             rates = None
             if step.acceptance is not None:  # rated by the heads' own probability of each token (sampling: q's)
                 rates = step.acceptance.head_rates(draft_probs(sausage, toks) if q is None else q_probs(q, toks))
@@ -338,10 +342,24 @@ def perturbed(head_logits: torch.Tensor, vocab, history: np.ndarray, sampler) ->
     h, cols = head_logits.shape[0], None if vocab is None else vocab.cpu().numpy()
     ctx = [history] * h if sampler.options.repetition_penalty != 1.0 else None
     q = sampler.probs(torch.as_tensor(head_logits), ctx, columns=cols)
-    out = np.stack([sampler.scores(q[j], len(history) + j) for j in range(h)])
-    if cols is not None:
-        out = out[:, cols]
+    out = np.stack([sampler.scores(q[j], len(history) + j, cols) for j in range(h)])  # (the columns' noise alone)
     return torch.as_tensor(np.maximum(out, -1e30), dtype=torch.float32), q
+
+
+def with_runner_up(paths: np.ndarray, sausage: Sausage) -> np.ndarray:
+    """Under sampling, a single drafted path gets a second: the first slot's runner-up (its best
+    perturbed score other than the path's own token) alone. The target's sampled token is the draft's perturbed
+    argmax only as often as the two couple, and among its top two much more often (bundled
+    model, held-back code: 1.49 -> 1.61 tokens per call at T = 1, 1.62 -> 1.75 at T = 0.7);
+    one more node. paths int64[1, d] -> int64[2, d] (others unchanged)."""
+    if paths.shape[0] != 1 or paths.shape[1] == 0 or sausage.h == 0:
+        return paths
+    others = [t for t in sausage.tokens[0][:2] if t >= 0 and t != paths[0, 0]]  # (slot arcs best first)
+    if not others:
+        return paths
+    alt = np.full((1, paths.shape[1]), -1, dtype=np.int64)
+    alt[0, 0] = others[0]
+    return np.concatenate([paths, alt])
 
 
 def q_probs(q: np.ndarray, drafts: np.ndarray) -> np.ndarray:

@@ -113,5 +113,5 @@ SOURCE = DraftSource(
     name="lm", dest="lm_drafts", summary="the n-gram LM's most likely continuation (REST-style global n-grams)",
     option=option(0, cli="auto", fit=False, group="tree", metavar="D", help=(
         "also draft the n-gram LM's (--lm) most likely continuation, D tokens deep; 0 = off (default auto: "
-        f"{AUTO_DEPTH} where the LM build exists and fits the tokenizer, else off)")),
-    build=build, check=_check, files=("lm",))
+        f"{AUTO_DEPTH} where the LM build exists and fits the tokenizer, else off; off under --do-sample)")),
+    build=build, check=_check, files=("lm",), sampled_default=0)

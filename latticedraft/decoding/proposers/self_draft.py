@@ -20,7 +20,8 @@ probability bin; learned across the session's calls). With a cost-aware tree (``
 C(n), the step's predicted seconds at n nodes per row: the verify call's T(n) and the step's
 other work, drafting included, as measured) the chain grows while the next token pays for
 itself: while ``P_next / (t_d + C(n+1) - C(n)) > E / C(n)``, E the step's expected tokens (per
-row 1 + its chain's chance), t_d the measured seconds of one draft forward at this batch size
+row 1 + the sum of its chain's prefixes' chances), t_d the measured seconds of one draft forward
+at this batch size
 and P_next the chance that the chain's next token is accepted (guessed as the chain's chance
 times the last token's rate). Without a cost model it stops where every chain's chance is below
 ``CONFIDENCE``.
@@ -45,7 +46,7 @@ from latticedraft.decoding.sources import DraftSource
 from latticedraft.errors import InputError, ModelError
 
 KINDS = ("auto", "int4", "int8", "off")
-MAX_DEPTH = 12  # the longest chain a step drafts
+MAX_DEPTH = 24  # the longest chain a step drafts (the measured costs stop it sooner)
 CONFIDENCE = 0.3  # without a cost model: stop once the chain's chance is below this
 BRANCH = 0.5  # a runner-up with at least this share of the top probability joins the tree
 AUTO_RATIO = 0.5  # auto: on where a draft forward costs at most this share of a float forward
@@ -91,6 +92,7 @@ class SelfDraftProposer(Proposer):
         chain, alts = [[] for _ in range(b)], [[] for _ in range(b)]
         x = np.asarray([int(h[-1]) for h in step.histories], dtype=np.int64)
         chance = np.ones(b)  # each row's chance that its chain so far is accepted
+        expected = np.ones(b)  # each row's expected tokens from the step: 1 + the sum of its prefixes' chances
         try:
             with torch.inference_mode():
                 for t in range(depth):
@@ -103,7 +105,8 @@ class SelfDraftProposer(Proposer):
                         chain[j].append((int(toks[j]), float(probs[j])))
                     rate = self.calibration.corrected(probs, CHAIN) * live
                     chance = chance * rate
-                    if t + 1 == depth or not self._worth(step, chance, rate, t + 2, b):
+                    expected = expected + chance
+                    if t + 1 == depth or not self._worth(step, chance, rate, expected.sum(), t + 2, b):
                         break
                     x = toks
         finally:
@@ -142,10 +145,8 @@ class SelfDraftProposer(Proposer):
             for j, sampler in enumerate(step.samplers):
                 context = np.concatenate([step.histories[j], [c for c, _ in chain[j]]]).astype(np.int64)
                 q = sampler.probs(logits[j:j + 1], [context])[0]
-                scores = sampler.scores(q, len(step.histories[j]) + t)
-                order = np.argpartition(-scores, 1)[:2]
-                order = order[np.argsort(-scores[order])]
-                toks[j], probs[j] = order, q[order]
+                order = sampler.ranked(q, len(step.histories[j]) + t)
+                toks[j, : len(order)], probs[j, : len(order)] = order, q[order]
         for j in range(len(toks)):
             if probs[j, 1] >= BRANCH * probs[j, 0] and probs[j, 1] > 0:
                 alts[j].append((t, int(toks[j, 1]), float(probs[j, 1])))
@@ -156,14 +157,13 @@ class SelfDraftProposer(Proposer):
         old = self.seconds.get(b)
         self.seconds[b] = seconds if old is None else 0.9 * old + 0.1 * seconds
 
-    def _worth(self, step: Step, chance: np.ndarray, rate: np.ndarray, nodes: int, b: int) -> bool:
+    def _worth(self, step: Step, chance: np.ndarray, rate: np.ndarray, expected: float, nodes: int, b: int) -> bool:
         """Whether drafting one more token pays: with a cost model, when its expected tokens per
         second beat the step's (module doc; the next token's chance is guessed as the last one's
         rate again: confident runs go on); without, while some chain's chance is at least
         ``CONFIDENCE``. ``step.cost(n)`` holds the step's other seconds too (drafting included)."""
         if step.cost is None:
             return bool(chance.max(initial=0.0) >= CONFIDENCE)
-        expected = b + chance.sum()  # (every row verifies as many nodes: the tree's cost is per row)
         more = self.seconds[b] + step.cost(nodes + 1) - step.cost(nodes)
         return (chance * rate).sum() / max(more, 1e-9) > expected / max(step.cost(nodes), 1e-9)
 

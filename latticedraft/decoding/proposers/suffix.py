@@ -24,7 +24,7 @@ import numpy as np
 from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows, rated
 from latticedraft.decoding.proposers.context import ContextCandidate, copied
 from latticedraft.decoding.registry import option
-from latticedraft.decoding.sources import DraftSource
+from latticedraft.decoding.sources import DraftSource, longest_match
 from latticedraft.errors import InputError
 
 MEMORY_TOKENS = 1 << 20  # earlier sequences kept, oldest dropped first: int64, 8 MiB
@@ -133,16 +133,11 @@ class SuffixProposer(Proposer):
                                            np.asarray(bonus[j], dtype=np.int64).reshape(-1)])
 
 
-def _check(value) -> int:
-    if int(value) < 0:
-        raise InputError(f"--suffix-drafts {value}: give the longest suffix to match (>= 1), or 0 for off")
-    return int(value)
-
-
 SOURCE = DraftSource(
     name="suffix", dest="suffix_drafts", summary="what followed matches in the session's earlier outputs",
     option=option(0, fit=False, group="tree", type=int, metavar="N", help=(
         "also draft what followed the longest match (N..1 tokens) of the output's end in the session's earlier "
         "outputs and this call's prompts (a suffix array; a data-set run's later batches learn from the earlier); "
         "0 = off")),
-    build=lambda session, value: SuffixProposer(value), check=_check, rates="context", bins="match")
+    build=lambda session, value: SuffixProposer(value), check=longest_match("--suffix-drafts"), rates="context",
+    bins="match")

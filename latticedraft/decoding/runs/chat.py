@@ -39,8 +39,7 @@ class ChatTemplate:
             raise InputError(f"{opt}: cannot load the tokenizer of {d} ({str(e).splitlines()[0]}); "
                              f"pass a model directory with tokenizer files, or drop {opt}") from None
         if not getattr(tok, "chat_template", None):
-            raise InputError(f"{opt}: {d} has no chat template (tokenizer_config.json 'chat_template' or "
-                             f"chat_template.jinja); drop {opt} to decode the prompts as plain text")
+            raise no_template(d, opt)
         return cls(tok)
 
     def ids(self, messages: list[dict]) -> np.ndarray:
@@ -69,6 +68,45 @@ class ChatTemplate:
         to write a question of its own."""
         ids = self.tokenizer(self.around_user_text()[0], add_special_tokens=False)["input_ids"]
         return np.asarray(ids, dtype=np.int64).reshape(-1)
+
+
+def no_template(d, opt: str = "--chat") -> InputError:
+    """The refusal of ``opt`` for base directory ``d``, which has no chat template."""
+    return InputError(f"{opt}: {d} has no chat template (tokenizer_config.json 'chat_template' or "
+                      f"chat_template.jinja); drop {opt} to decode the prompts as plain text")
+
+
+def has_template(base_dir) -> bool:
+    """Whether the files of ``base_dir`` carry a chat template (``tokenizer_config.json``'s
+    ``chat_template``, ``chat_template.jinja`` or ``chat_template.json``), read without loading a
+    tokenizer; an unreadable config counts as carrying one (loading it then names the problem)."""
+    import json
+
+    d = Path(base_dir)
+    if (d / "chat_template.jinja").is_file() or (d / "chat_template.json").is_file():
+        return True
+    try:
+        cfg = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+    return not isinstance(cfg, dict) or bool(cfg.get("chat_template"))
+
+
+def check_chat(prompts: list, chat: bool, model_dir) -> None:
+    """What the model's files alone answer, before any model loads: a chat record (``messages`` /
+    ``turns``) needs ``chat``, and ``chat`` needs a chat template beside the base of ``model_dir``
+    (None: the bundled heads). ``InputError`` naming the line or the directory and the fix."""
+    from latticedraft.decoding.runs.loaders import base_dir_from_files
+    from latticedraft.decoding.runs.prompt_set import refuse_chat
+
+    if not chat:
+        refuse_chat(prompts, "--prompts", "pass --chat to decode it through the model's chat template")
+        return
+    base = base_dir_from_files(model_dir)
+    if not has_template(base):
+        raise no_template(base)
 
 
 def prompt_ids(session, prompts: list, chat: bool) -> list[np.ndarray]:

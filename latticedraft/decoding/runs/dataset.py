@@ -67,29 +67,49 @@ class OutputPlan:
         return rf.fingerprint(self.settings)
 
 
-def plan_output(output: str, world: World, settings: dict, resume: bool, prompts: str | None = None) -> OutputPlan:
-    """Check OUT against ``resume``, ``settings`` and the prompt file ``prompts`` (OUT must be
-    another file) and find this rank's finished prompts."""
-    plan = OutputPlan(output, world, settings)
-    if output != STDOUT and prompts not in (None, STDOUT) and _same_file(prompts, output):
-        raise InputError(f"--output {output} is the --prompts file itself; write the records to another file "
-                         "(a run appends them to --output)")
+def claim_output(output: str, resume: bool, prompts: str | None = None) -> None:
+    """The overwrite rule for ``--output``, checked before anything is read: OUT is a file path and not
+    the ``prompts`` file; without ``resume`` it (and its part files) must not hold anything yet, with
+    it an existing OUT must hold records of ``decode --output`` (their settings are checked later,
+    ``plan_output``); standard output (``-``) cannot be resumed."""
+    from latticedraft.decoding.runs import line_kinds as lk
+    from latticedraft.paths import check_writable
+
     if output == STDOUT:
         if resume:
             raise InputError("--resume needs --output FILE: records written to standard output (-) cannot be read back")
+        return
+    if prompts not in (None, STDOUT) and _same_file(prompts, output):
+        raise InputError(f"--output {output} is the --prompts file itself; write the records to another file "
+                         "(a run appends them to --output)")
+    out = Path(output)
+    check_writable(out, "--output", "file")
+    parts = rf.part_files(out)
+    held = out if out.exists() and out.stat().st_size > 0 else (parts[0] if parts else None)
+    if held is not None and not resume:
+        raise InputError(_existing(out, held))
+    if held is not None:  # --resume appends only to records
+        with open(held, "rb") as f:
+            head = f.read(1 << 20)
+        first = head.split(b"\n", 1)[0]
+        why = lk.describe_line(first)
+        if why is not None and not (b"\n" not in head and lk.is_torn_tail(first)):
+            raise InputError(rf.not_records("--output", held, 1, why, head,
+                                            "choose another --output (a run appends its records to it)", ""))
+
+
+def plan_output(output: str, world: World, settings: dict, resume: bool, prompts: str | None = None) -> OutputPlan:
+    """Check OUT against ``resume``, ``settings`` and the prompt file ``prompts`` (OUT must be
+    another file: ``claim_output``) and find this rank's finished prompts."""
+    plan = OutputPlan(output, world, settings)
+    claim_output(output, resume, prompts)
+    if output == STDOUT:
         if world.distributed:
             raise InputError(f"--output - under a launcher ({world.size} processes): each rank writes a part file "
                              "that is merged at the end; give --output FILE")
         return plan
     out = Path(output)
-    from latticedraft.paths import check_writable
-
-    check_writable(out, "--output", "file")
     parts = rf.part_files(out)
-    if not resume:
-        held = out if out.exists() and out.stat().st_size > 0 else (parts[0] if parts else None)
-        if held is not None:
-            raise InputError(_existing(out, held))
     plan.target = rf.part_path(out, world.rank, world.size) if world.distributed else out
     # this rank reads OUT, its own part file and parts of other world sizes (no rank writes
     # those now); the parts of its fellow ranks are theirs until the merge
@@ -190,6 +210,17 @@ class ShardSummary:
         return (f"{who}decoded {self.decoded} of {self.prompts} prompts ({self.already} already had records), "
                 f"{self.tokens} tokens in {self.seconds:.2f} s: {rate:.1f} tokens/s, block efficiency {be:.2f}")
 
+    def kept(self, target: Path | None, todo: int, mine: int) -> str:
+        """What an interrupt leaves (``interrupts.keeping``) of a run writing to ``target`` (None: standard
+        output) with ``todo`` of this rank's ``mine`` prompts to decode."""
+        done = self.already + self.decoded
+        if target is None:
+            return f"the records of {self.decoded} of {todo} prompts were written to standard output"
+        if done == 0:
+            return f"no prompt had a complete record yet and {target} was not written; rerun the command"
+        return (f"{done} of {mine} prompts have complete records in {target}; rerun the same command with "
+                f"--resume to decode the other {mine - done}")
+
 
 @dataclass
 class ShardWork:
@@ -239,15 +270,6 @@ def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, opt
     t0 = time.perf_counter()
     shares = [0.0] * len(todo)  # each prompt's wall seconds, summed over its turns
 
-    def kept() -> str:  # what an interrupt leaves (interrupts.keeping)
-        done = summary.already + summary.decoded
-        if plan.target is None:
-            return f"the records of {summary.decoded} of {len(todo)} prompts were written to standard output"
-        if done == 0:
-            return f"no prompt had a complete record yet and {plan.target} was not written; rerun the command"
-        return (f"{done} of {len(mine)} prompts have complete records in {plan.target}; rerun the same command with "
-                f"--resume to decode the other {len(mine) - done}")
-
     def write(i: int) -> None:
         """Prompt ``todo[i]``'s record, once its last turn is done."""
         rec = talk.record(i)
@@ -296,7 +318,7 @@ def decode_shard(session, plan: OutputPlan, work: ShardWork, *, method: str, opt
                 turn_done(i, res.alone(j), share)
                 on_done(at[i], res.alone(j))
 
-    with interrupts.keeping(kept):
+    with interrupts.keeping(lambda: summary.kept(plan.target, len(todo), len(mine))):
         try:
             rounds(ids, decode_round, talk, write)
         finally:

@@ -11,8 +11,9 @@ settings' fingerprint, never an object's ``repr``):
 - ``sources``: per draft source and value, its proposer, which keeps what it learns: the suffix
   drafts' memory of earlier outputs, the self-draft's calibration and measured step time, the
   draft model's calibration;
-- ``acceptance``: per drafting settings, the ``AcceptanceModel`` the auto tree rates paths with,
-  fitted on held-out prompts or read from ``.cache/acceptance`` (persisted there);
+- ``fitted``: per drafting settings, the ``AcceptanceModel`` the auto tree rates paths with: the
+  counts read from ``.cache/acceptance`` and those of this session's greedy steps, stored back
+  there after every decode call (the next session starts from them);
 - ``events``: one line per thing fitted, measured or loaded from the cache (``decode --verbose``
   prints them).
 
@@ -86,9 +87,14 @@ class Learned:
             self.sources[k] = build()
         return self.sources[k]
 
-    def acceptance(self, spec, fit):
-        """The acceptance model of ``spec``: ``fit()`` (which fits or reads the cache) on first use."""
+    def acceptance(self, spec, read):
+        """The acceptance counts of ``spec``: ``read()`` (the stored ones, or none) on first use."""
         k = key(spec)
         if k not in self.fitted:
-            self.fitted[k] = fit()
+            self.fitted[k] = read()
         return self.fitted[k]
+
+    @staticmethod
+    def key_of(spec) -> str:
+        """The key settings are kept under (``key``)."""
+        return key(spec)

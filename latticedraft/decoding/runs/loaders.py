@@ -38,12 +38,11 @@ def default_rescorer_dir() -> Path:
     return data_dir() / "rescorer-small"
 
 
-def load_model(model_dir=None, device=None, dtype=None):
-    """A ``BlockwiseModel`` from a head checkpoint, or a plain HF causal LM directory (then BPD
-    has no heads and decodes one token per call)."""
-    from latticedraft.gpu.models import hf
-    from latticedraft.gpu.models.blockwise import CONFIG_NAME, BlockwiseModel
-
+def check_model_dir(model_dir=None) -> Path:
+    """The model directory ``model_dir`` names (None: the bundled heads), checked without loading it:
+    ``InputError`` when it is empty or does not exist, naming the fix."""
+    if model_dir is not None and str(model_dir) == "":
+        raise InputError("--model '' is empty; pass --model DIR (a head directory or an HF causal LM directory)")
     path = Path(model_dir) if model_dir is not None else default_model_dir()
     if not path.exists():
         hint = " (the bundled heads: run `bash scripts/setup.sh` or `bash data/build.sh heads-stern`)" if model_dir is None else ""
@@ -51,6 +50,30 @@ def load_model(model_dir=None, device=None, dtype=None):
             hint = (" (SmolLM2 is `--model data/heads-smollm2` with its heads, or the directory `latticedraft fetch "
                     "smollm2` prints)")
         raise InputError(f"model directory {path} does not exist{hint}; pass --model DIR")
+    return path
+
+
+def base_dir_from_files(model_dir=None) -> Path:
+    """The directory the base model of ``model_dir`` (None: the bundled heads) loads from, read from
+    its files alone (no torch): a head directory's ``heads_config.json`` names it, relative to the
+    head directory; any other model directory is its own base."""
+    import json
+
+    path = check_model_dir(model_dir)
+    try:
+        ref = json.loads((path / "heads_config.json").read_text(encoding="utf-8"))["base"]
+    except (OSError, ValueError, KeyError, TypeError):  # no heads (or a config the loader will refuse)
+        return path
+    return (path / ref).resolve() if isinstance(ref, str) else path
+
+
+def load_model(model_dir=None, device=None, dtype=None):
+    """A ``BlockwiseModel`` from a head checkpoint, or a plain HF causal LM directory (then BPD
+    has no heads and decodes one token per call)."""
+    from latticedraft.gpu.models import hf
+    from latticedraft.gpu.models.blockwise import CONFIG_NAME, BlockwiseModel
+
+    path = check_model_dir(model_dir)
     if (path / CONFIG_NAME).is_file():
         return BlockwiseModel.from_pretrained(path, device=device, dtype=dtype)
     return hf.load_causal_lm(path, device=device, dtype=dtype)

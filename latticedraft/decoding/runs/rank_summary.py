@@ -97,36 +97,6 @@ def table(summary: dict) -> str:
     return "\n".join([head, *rows])
 
 
-def _is_summary_json(p: Path) -> bool:
-    try:
-        obj = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(obj, dict) and {"ranks", "total", "fingerprint"} <= set(obj)
-
-
-def _is_summary_table(p: Path) -> bool:
-    try:
-        with open(p, "rb") as f:
-            return f.read(12) == b"| rank | pro"
-    except OSError:
-        return False
-
-
-def check_out(out_dir, force: bool) -> None:
-    """``eval --records --out DIR``: ``records.json`` and ``records.md`` there are replaced only with
-    ``force``, and only when an earlier ``eval --records`` wrote them (``outputs.claim_file``)."""
-    from latticedraft.outputs import claim_file
-    from latticedraft.paths import check_writable
-
-    out = Path(out_dir)
-    check_writable(out, "--out", "directory")
-    for name, what, own in (("records.json", "a records summary (records.json)", _is_summary_json),
-                            ("records.md", "a records table (records.md)", _is_summary_table)):
-        claim_file(out / name, force=force, is_own=own, what=what, command="latticedraft eval --records",
-                   flag="--out")
-
-
 def write(summary: dict, out_dir) -> dict:
     from latticedraft.atomic import write_atomic
 

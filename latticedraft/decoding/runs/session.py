@@ -24,6 +24,12 @@ from latticedraft.errors import InputError
 
 
 
+def weights_dtype(model) -> str:
+    """The dtype of ``model``'s weights as ``--dtype`` spells it ("float32", "bfloat16", "float16")."""
+    p = next(iter(model.parameters()), None)
+    return "float32" if p is None else str(p.dtype).replace("torch.", "")
+
+
 class Session:
     """model_dir: heads checkpoint or HF causal LM (default ``data/heads-stern``); tokenizer_path,
     lm_dir, rescorer_dir, draft_model_dir: as the CLI's options (None: defaults); threads: torch
@@ -51,6 +57,7 @@ class Session:
         self.learned = Learned()  # what adapts as it decodes: gates, corrections, sources, fitted rates
         self.notify = None  # notify(message): one-time work worth telling a user about (the CLI: stderr)
         self.eos = end_ids(self.model, self.tokenizer)  # as generate: the generation config's end id(s)
+        self.dtype = weights_dtype(self.model)  # "float32", "bfloat16" ...: what records and summaries name
 
     def once(self, key, build):
         """``build()`` the first time ``key`` is asked for in this session, the same object after."""

@@ -67,7 +67,9 @@ class Conversations:
         from latticedraft.decoding.results import records
 
         s = self.session
-        return [records(res, s.tokenizer, s.base_dir, [turn])[0] for turn, res in zip(self.turns[i], self.results[i])]
+        dtype = getattr(s, "dtype", None)
+        return [records(res, s.tokenizer, s.base_dir, [turn], dtype)[0]
+                for turn, res in zip(self.turns[i], self.results[i])]
 
     def record(self, i: int) -> dict:
         """Prompt ``i``'s one record: its last turn's, with ``turns`` (every turn's record, in

@@ -28,6 +28,7 @@ from latticedraft.atomic import atomic_dir
 from latticedraft.errors import InputError, ModelError
 from latticedraft.outputs import GGUF_IMPORT, claim_dir, remove_stale
 from latticedraft.outputs import MARKER_GGUF_IMPORT as MARKER
+from latticedraft.quiet import libraries_speaking
 
 MAGIC = b"GGUF"  # the first 4 bytes of every GGUF file
 
@@ -64,16 +65,17 @@ def sha256(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def check_gguf_file(src) -> Path:
-    """``src`` if it is a readable file starting with the GGUF magic bytes, else ``InputError``."""
+def check_gguf_file(src, shown=None) -> Path:
+    """``src`` if it is a readable file starting with the GGUF magic bytes, else ``InputError`` (naming
+    it as ``shown``, default ``src``)."""
     from latticedraft.paths import require_file
 
     p = require_file(src, "GGUF file", "pass the path of a .gguf file (llama.cpp's format)")
     with open(p, "rb") as f:
         head = f.read(4)
     if head != MAGIC:
-        raise InputError(f"{p} is not a GGUF file (it starts with {head!r}, not {MAGIC!r}); pass a .gguf file "
-                         "written by llama.cpp or the gguf package")
+        raise InputError(f"{shown or p} is not a GGUF file (it starts with {head!r}, not {MAGIC!r}); pass a .gguf "
+                         "file written by llama.cpp or the gguf package")
     return p
 
 
@@ -98,7 +100,9 @@ def _alone(src: Path):
         yield tmp
 
 
-def _unreadable(src: Path, what: str, e: Exception) -> InputError:
+def _unreadable(shown, what: str, e: Exception, where: str) -> InputError:
+    """transformers' failure to read ``shown``, its message rid of ``where`` (the temporary directory
+    it was read from, gone by the time the user reads the message)."""
     import transformers
 
     from latticedraft.gpu.models.hf import brief
@@ -107,11 +111,13 @@ def _unreadable(src: Path, what: str, e: Exception) -> InputError:
     fix = ("convert the model to a GGUF of an architecture transformers can dequantize (llama, mistral, qwen2, "
            "gemma, phi3, ...) or upgrade transformers" if "not supported" in text or "Supported" in text
            else "check the file: download or convert it again")
-    return InputError(f"transformers {transformers.__version__} cannot read the {what} in {src} ({brief(e)}); {fix}")
+    gist = brief(e).replace(where.rstrip("/") + "/", "").replace(where, ".")
+    return InputError(f"transformers {transformers.__version__} cannot read the {what} in {shown} ({gist}); {fix}")
 
 
-def _load(src: Path):
-    """(model in float32 with transformers' GGUF quantizer detached, tokenizer) read from ``src``."""
+def _load(src: Path, shown):
+    """(model in float32 with transformers' GGUF quantizer detached, tokenizer) read from ``src``
+    (``shown``: its name in messages); transformers' own bars dropped (``quiet.libraries_speaking``)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -125,23 +131,23 @@ def _load(src: Path):
         kw["quantization_config"] = GgufConfig(dequantize=True)
     except ImportError:
         pass
-    with _alone(src) as where:
+    with _alone(src) as where, libraries_speaking():
         try:
             model, info = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, output_loading_info=True,
                                                                **kw)
         except Exception as e:
-            raise _unreadable(src, "model", e) from e
+            raise _unreadable(shown, "model", e, where) from e
         try:
             tok = AutoTokenizer.from_pretrained(where, gguf_file=src.name)
         except Exception as e:
-            raise _unreadable(src, "tokenizer", e) from e
-    _check_complete(info, src)
+            raise _unreadable(shown, "tokenizer", e, where) from e
+    _check_complete(info, shown)
     _detach_quantizer(model)
     model = model.float().eval()
     return model, tok
 
 
-def _check_complete(info: dict, src: Path) -> None:
+def _check_complete(info: dict, src) -> None:
     """``InputError`` when the file lacks weights the model needs (transformers would start them at
     random) or holds tensors it could not place."""
     from latticedraft.gpu.models.hf import loading_problem
@@ -185,19 +191,21 @@ def _set_end_ids(model, tok) -> None:
         gc.bos_token_id = bos
 
 
-def import_gguf(src, out, force: bool = False) -> GGUFImport:
+def import_gguf(src, out, force: bool = False, shown=None) -> GGUFImport:
     """Read GGUF file ``src`` and write it as a float32 HF model directory ``out`` (module docstring).
 
     ``InputError`` before any work when ``src`` is missing or not a GGUF file, when ``out`` is
     ``src``'s own directory, or when ``out`` holds anything but an earlier import (that one only
     with ``force``: ``outputs.claim_dir``); also when transformers cannot read the file (one line,
-    naming its reason). Nothing is left behind on failure."""
+    naming its reason). Messages name the file as ``shown`` (default ``src``: a caller that unpacked
+    it to a temporary path names where it came from). Nothing is left behind on failure."""
     t0 = time.perf_counter()
-    src = check_gguf_file(src)
+    src = check_gguf_file(src, shown)
+    shown = shown or src
     out = Path(out)
     claim_dir(out, GGUF_IMPORT, force=force, flag="--out", inputs={"FILE": src})
     _require_packages()
-    model, tok = _load(src)
+    model, tok = _load(src, shown)
     _set_end_ids(model, tok)
     params = sum(p.numel() for p in model.parameters())
     import gguf
@@ -209,11 +217,11 @@ def import_gguf(src, out, force: bool = False) -> GGUFImport:
             "dtype": "float32", "eos_token_id": model.generation_config.eos_token_id,
             "versions": {"latticedraft": __version__, "transformers": transformers.__version__,
                          "gguf": getattr(gguf, "__version__", None) or _dist_version("gguf")}}
-    with atomic_dir(out) as stage:
+    with atomic_dir(out) as stage, libraries_speaking():
         model.save_pretrained(stage)
         tok.save_pretrained(stage)
         if not (stage / "tokenizer.json").is_file():
-            raise ModelError(f"transformers wrote no tokenizer.json for {src} (its tokenizer is a "
+            raise ModelError(f"transformers wrote no tokenizer.json for {shown} (its tokenizer is a "
                              f"{type(tok).__name__}); latticedraft reads tokenizers from tokenizer.json, so this "
                              "GGUF's tokenizer cannot be used here")
         (stage / MARKER).write_text(json.dumps(meta, indent=1) + "\n")

@@ -123,17 +123,20 @@ def _config_count(cfg: dict, what: str) -> int | None:
     return int(cfg[keys[0]]) if keys and isinstance(cfg[keys[0]], (int, float)) else None
 
 
-def read_checkpoint(src: str | Path) -> MedusaCheckpoint:
-    """Read Medusa heads from ``src`` (vLLM's or FasterDecoding's layout, told apart by the weight names).
+@dataclass
+class _Parsed:
+    """A weights file's tensors by role: ``blocks[(head, layer)]`` -> {"weight", "bias"}, ``lms[head]`` the
+    LM heads, ``finals[head]`` -> (layer, tensor) (FasterDecoding's LM head after the blocks), the layout."""
 
-    Raises ``ModelError`` naming the file and the key for anything else: unknown weight names,
-    missing or ragged heads, shapes that disagree, a truncated vocabulary."""
-    src = Path(src)
-    if not src.is_dir():
-        raise InputError(f"Medusa checkpoint {src} is {'a file' if src.exists() else 'missing'}; "
-                         "pass the directory holding config.json and the weights")
-    cfg = _read_config(src)
-    wfile, state = _read_weights(src)
+    blocks: dict
+    lms: dict
+    finals: dict
+    layout: str
+
+
+def _parse_weights(state: dict, wfile: Path) -> _Parsed:
+    """Sort the tensors of ``wfile`` by their names (either layout, a ``medusa_heads.`` / ``medusa_head.``
+    prefix dropped); refuses a ``token_map``, a name of neither layout, and a mix of both."""
     blocks, lms, finals, layouts = {}, {}, {}, set()
     for key, t in state.items():
         k = key.removeprefix("medusa_heads.").removeprefix("medusa_head.")
@@ -159,66 +162,107 @@ def read_checkpoint(src: str | Path) -> MedusaCheckpoint:
     if len(layouts) != 1:
         raise ModelError(f"{wfile} holds " + ("no Medusa head weights" if not layouts else
                          "both vLLM's and FasterDecoding's weight names") + "; pass one Medusa checkpoint")
-    layout = layouts.pop()
+    return _Parsed(blocks, lms, finals, layouts.pop())
+
+
+def _check_untruncated(cfg: dict, src: Path) -> None:
+    """Refuse a config whose ``truncated_vocab_size`` differs from its ``vocab_size`` (a token_map)."""
     truncated, vocab = cfg.get("truncated_vocab_size"), cfg.get("vocab_size")
     if truncated is not None and vocab is not None and truncated != vocab:
         raise ModelError(f"{src / 'config.json'}: truncated_vocab_size {truncated} differs from vocab_size {vocab} "
                          "(a token_map draft vocabulary): latticedraft's Medusa heads predict over the whole vocabulary; "
                          "import heads without truncation (decode's --draft-vocab reduces the drafting vocabulary instead)")
-    original = bool(cfg.get("original_lm_head", False))
-    if layout == "fasterdecoding":
-        for i, (j, t) in finals.items():
-            lms[i] = t
-            if any((i, l) not in blocks for l in range(j)) or (i, j) in blocks:
+
+
+def _head_count(p: _Parsed, cfg: dict, original: bool, wfile: Path, src: Path) -> tuple[int, int]:
+    """``(n heads, L blocks per head)`` as the weights hold them (FasterDecoding's final layers become the
+    LM heads in ``p.lms``), checked against what ``config.json`` states."""
+    if p.layout == "fasterdecoding":
+        for i, (j, t) in p.finals.items():
+            p.lms[i] = t
+            if any((i, l) not in p.blocks for l in range(j)) or (i, j) in p.blocks:
                 raise ModelError(f"{wfile}: head {i}'s LM head is layer {j}, but its residual blocks are not layers "
                                  f"0..{j - 1}; pass an unmodified FasterDecoding checkpoint")
-    n = 1 + max({i for i, _ in blocks} | (set() if original else set(lms)), default=-1)
-    if original and not blocks:  # no blocks and one shared LM head: only the config tells the number of heads
+    n = 1 + max({i for i, _ in p.blocks} | (set() if original else set(p.lms)), default=-1)
+    if original and not p.blocks:  # no blocks and one shared LM head: only the config tells the number of heads
         n = _config_count(cfg, "heads") or 0
-    L = 1 + max([l for _, l in blocks], default=-1)
-    where = f"{wfile} ({layout} layout)"
+    L = 1 + max([l for _, l in p.blocks], default=-1)
     if n < 1:
-        raise ModelError(f"{where} holds no heads; pass a Medusa checkpoint")
+        raise ModelError(f"{wfile} ({p.layout} layout) holds no heads; pass a Medusa checkpoint")
     for what, stated, got in (("heads", _config_count(cfg, "heads"), n), ("layers", _config_count(cfg, "layers"), L)):
         if stated is not None and stated != got:
             raise ModelError(f"{src / 'config.json'} says {stated} {what} but {wfile} holds {got}; "
                              "the config and the weights are from different checkpoints")
-    missing = [f"block {i}.{l}" for i in range(n) for l in range(L) if "weight" not in blocks.get((i, l), {})]
-    missing += [] if original else [f"LM head {i}" for i in range(n) if i not in lms]
-    if original and 0 not in lms:
+    return n, L
+
+
+def _check_complete(p: _Parsed, n: int, L: int, original: bool, where: str) -> set:
+    """Refuse missing blocks or LM heads and blocks of which only some have a bias; returns the set
+    of "has a bias" over the blocks (``{True}``, ``{False}`` or empty)."""
+    missing = [f"block {i}.{l}" for i in range(n) for l in range(L) if "weight" not in p.blocks.get((i, l), {})]
+    missing += [] if original else [f"LM head {i}" for i in range(n) if i not in p.lms]
+    if original and 0 not in p.lms:
         missing.append("LM head 0 (original_lm_head)")
     if missing:
         raise ModelError(f"{where} lacks {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''}; "
                          "pass a complete Medusa checkpoint")
-    biased = {("bias" in blocks[i, l]) for i in range(n) for l in range(L)}
+    biased = {("bias" in p.blocks[i, l]) for i in range(n) for l in range(L)}
     if len(biased) > 1:
         raise ModelError(f"{where}: some residual blocks have a bias and some do not; pass a consistent Medusa checkpoint")
-    lm_first = lms[0]
+    return biased
+
+
+def _check_shapes(p: _Parsed, n: int, L: int, original: bool, where: str) -> tuple[int, int]:
+    """``(V, H)`` of LM head 0; refuses any block or LM head of another shape."""
+    lm_first = p.lms[0]
     if lm_first.dim() != 2:
         raise ModelError(f"{where}: LM head 0 has shape {tuple(lm_first.shape)}, not [vocab, hidden]")
     V, H = lm_first.shape
-    bad = [f"block {i}.{l} {p} has shape {tuple(t.shape)}" for i in range(n) for l in range(L)
-           for p, t in blocks[i, l].items() if tuple(t.shape) != ((H, H) if p == "weight" else (H,))]
-    bad += [] if original else [f"LM head {i} has shape {tuple(lms[i].shape)}" for i in range(n)
-                                if tuple(lms[i].shape) != (V, H)]
+    bad = [f"block {i}.{l} {q} has shape {tuple(t.shape)}" for i in range(n) for l in range(L)
+           for q, t in p.blocks[i, l].items() if tuple(t.shape) != ((H, H) if q == "weight" else (H,))]
+    bad += [] if original else [f"LM head {i} has shape {tuple(p.lms[i].shape)}" for i in range(n)
+                                if tuple(p.lms[i].shape) != (V, H)]
     if bad:
         raise ModelError(f"{where}: LM head 0 is [{V}, {H}] but {bad[0]}; pass an unmodified Medusa checkpoint")
+    return V, H
+
+
+def read_checkpoint(src: str | Path) -> MedusaCheckpoint:
+    """Read Medusa heads from ``src`` (vLLM's or FasterDecoding's layout, told apart by the weight names).
+
+    Raises ``ModelError`` naming the file and the key for anything else: unknown weight names,
+    missing or ragged heads, shapes that disagree, a truncated vocabulary."""
+    src = Path(src)
+    if not src.is_dir():
+        raise InputError(f"Medusa checkpoint {src} is {'a file' if src.exists() else 'missing'}; "
+                         "pass the directory holding config.json and the weights")
+    cfg = _read_config(src)
+    wfile, state = _read_weights(src)
+    p = _parse_weights(state, wfile)
+    _check_untruncated(cfg, src)
+    original = bool(cfg.get("original_lm_head", False))
+    n, L = _head_count(p, cfg, original, wfile, src)
+    where = f"{wfile} ({p.layout} layout)"
+    biased = _check_complete(p, n, L, original, where)
+    V, H = _check_shapes(p, n, L, original, where)
+    lm_first, blocks = p.lms[0], p.blocks
     w = (torch.stack([torch.stack([blocks[i, l]["weight"] for l in range(L)]) for i in range(n)]) if L
          else lm_first.new_zeros(n, 0, H, H))
-    fc_bias = biased == {True} if L else bool(cfg.get("medusa_fc_bias", layout == "fasterdecoding"))
-    if layout == "vllm" and L and fc_bias != bool(cfg.get("medusa_fc_bias", False)):
+    fc_bias = biased == {True} if L else bool(cfg.get("medusa_fc_bias", p.layout == "fasterdecoding"))
+    if p.layout == "vllm" and L and fc_bias != bool(cfg.get("medusa_fc_bias", False)):
         raise ModelError(f"{where}: the residual blocks {'have' if fc_bias else 'lack'} biases but config.json "
                          f"{'does not set' if fc_bias else 'sets'} medusa_fc_bias (vLLM reads the blocks as "
                          f"{'unbiased' if fc_bias else 'biased'}); set medusa_fc_bias to {str(fc_bias).lower()} there")
     b = (torch.stack([torch.stack([blocks[i, l]["bias"] for l in range(L)]) for i in range(n)]) if L
          else lm_first.new_zeros(n, 0, H)) if fc_bias else None
-    lm = None if original else torch.stack([lms[i] for i in range(n)])
+    lm = None if original else torch.stack([p.lms[i] for i in range(n)])
     for key, size in (("hidden_size", H), ("vocab_size", V)):
         if key in cfg and cfg[key] != size:
             raise ModelError(f"{src / 'config.json'} says {key} {cfg[key]} but the weights in {wfile} have {size}; "
                              "the config and the weights are from different checkpoints")
     return MedusaCheckpoint(w=w, b=b, fc_bias=fc_bias, lm=lm, shared_lm=lm_first if original else None,
-                            logit_scale=float(cfg.get("logit_scale", 1.0)), layout=layout, config=cfg, dtype=lm_first.dtype)
+                            logit_scale=float(cfg.get("logit_scale", 1.0)), layout=p.layout, config=cfg,
+                            dtype=lm_first.dtype)
 
 
 @dataclass

@@ -27,7 +27,6 @@ stop on NaN); saves the student in HF format with the base's ``tokenizer.json`` 
 from __future__ import annotations
 
 import copy
-import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -36,7 +35,8 @@ import torch
 
 from latticedraft.errors import InputError
 from latticedraft.gpu.train.distill import DistillConfig, frozen_copy, lm_kl_loss, training_text
-from latticedraft.gpu.train.loop import OptimConfig, TrainResult, finish_dir, load_base, run_training, write_json_atomic
+from latticedraft.gpu.train.loop import (OptimConfig, TrainResult, base_config_id, finish_dir, load_base, run_training,
+                                         write_json_atomic)
 from latticedraft.outputs import DRAFT_MODEL, claim_dir
 
 
@@ -148,6 +148,66 @@ def init_from_base(student: torch.nn.Module, base: torch.nn.Module) -> list[str]
     return done
 
 
+def _student(teacher, arch: DraftArch, cfg: OptimConfig, init: str, device):
+    """The student ``draft_config(teacher, arch)``, seeded, started from what fits of the teacher with
+    ``init="base"``: ``(student, names of the tensors copied)``; refuses a vocabulary that differs."""
+    from transformers import AutoModelForCausalLM
+
+    from latticedraft.gpu.models.hf import model_vocab_size
+
+    scfg = draft_config(teacher.config, arch)
+    torch.manual_seed(cfg.seed)
+    student = AutoModelForCausalLM.from_config(scfg)
+    copied = init_from_base(student, teacher) if init == "base" else []
+    if device is not None:
+        student = student.to(device)
+    if model_vocab_size(student) != model_vocab_size(teacher):
+        raise InputError(f"the draft model's vocabulary ({model_vocab_size(student)}) differs from the base's "
+                         f"({model_vocab_size(teacher)}); the base's config does not carry its vocabulary size")
+    return student, copied
+
+
+def _loss_fn(student, teacher, distill: DistillConfig):
+    """``run_training``'s loss: ``KL(p_base || p_student)`` (with the top-1 agreement ``a``), or the
+    cross-entropy on the text with ``loss="hard"``."""
+    def loss_fn(batch):
+        if distill.loss == "kl":
+            loss, agree = lm_kl_loss(student, batch, teacher)
+            return loss, {"kl": loss.item(), "a": agree}
+        logits = student(input_ids=batch).logits[:, :-1].float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        return loss, {"ce": loss.item()}
+
+    return loss_fn
+
+
+def _save_student(stage: Path, student, save_dtype: str, assistant_tokens: int, tok) -> None:
+    """The student (``save_dtype``, HF format, files readable by all) with its generation config's
+    assistant schedule and the base's ``tokenizer.json``; float32 again after."""
+    from latticedraft.atomic import publish_mode
+    from latticedraft.gpu.models.hf import resolve_dtype
+
+    student.generation_config.num_assistant_tokens = assistant_tokens
+    student.generation_config.num_assistant_tokens_schedule = "heuristic"
+    student.to(resolve_dtype(save_dtype)).save_pretrained(stage)
+    student.float()
+    for f in stage.iterdir():  # transformers writes some files with mode 0600
+        publish_mode(f)
+    tok.save(str(stage / "tokenizer.json"))
+
+
+def _check_draft_options(cfg: OptimConfig, distill: DistillConfig, arch: DraftArch, init: str,
+                         assistant_tokens: int) -> None:
+    """Every option's range, before anything is read or written."""
+    if assistant_tokens < 1:
+        raise InputError(f"--assistant-tokens {assistant_tokens} must be at least 1")
+    cfg.validate()
+    distill.validate()
+    arch.validate()
+    if init not in INITS:
+        raise InputError(f"--init {init!r} is not one of {', '.join(INITS)}")
+
+
 def train_draft_model(
     base_dir: str | Path,
     corpus: Sequence[Path],
@@ -169,68 +229,31 @@ def train_draft_model(
     """Distil a ``draft_config(base, arch)`` student from the frozen base in ``base_dir`` and save it
     into ``out_dir`` (HF format + ``tokenizer.json`` + ``training.json``); ``init``: ``base`` (start
     from what fits of the base, ``init_from_base``) or ``random``."""
-    from transformers import AutoModelForCausalLM
+    import os
 
-    from latticedraft.gpu.models.hf import model_vocab_size, resolve_dtype
     from latticedraft.lm.tokenizer import fingerprint
 
-    if assistant_tokens < 1:
-        raise InputError(f"--assistant-tokens {assistant_tokens} must be at least 1")
-    cfg.validate()
-    distill.validate()
-    arch.validate()
-    if init not in INITS:
-        raise InputError(f"--init {init!r} is not one of {', '.join(INITS)}")
+    _check_draft_options(cfg, distill, arch, init, assistant_tokens)
     claim_dir(out_dir, DRAFT_MODEL, force=force, resume=resume,
               inputs={"--base": base_dir, "--tokenizer": tokenizer_path})
-    base_dir = Path(base_dir)
+    base_dir, out = Path(base_dir), Path(out_dir)
     base, tok, tok_path = load_base(base_dir, cfg.seq_len, tokenizer_path, device)
     text = training_text(base_dir, corpus, tok, tok_path, cfg.seq_len, cfg.batch_size, cfg.seed, distill,
                          encoding_errors, device)
     teacher = frozen_copy(base)
     del base
-    scfg = draft_config(teacher.config, arch)
-    torch.manual_seed(cfg.seed)
-    student = AutoModelForCausalLM.from_config(scfg)
-    copied = init_from_base(student, teacher) if init == "base" else []
-    if device is not None:
-        student = student.to(device)
-    if model_vocab_size(student) != model_vocab_size(teacher):
-        raise InputError(f"the draft model's vocabulary ({model_vocab_size(student)}) differs from the base's "
-                         f"({model_vocab_size(teacher)}); the base's config does not carry its vocabulary size")
-    with open(base_dir / "config.json", "rb") as f:
-        base_id = hashlib.sha256(f.read()).hexdigest()[:16]
-    key = {"kind": "draft-model", "arch": asdict(arch), "init": init, "base_config": base_id, "tokenizer": fingerprint(tok),
-           "tokens": int(text.windows.tokens.size), "distill": distill.settings(),
+    student, copied = _student(teacher, arch, cfg, init, device)
+    key = {"kind": "draft-model", "arch": asdict(arch), "init": init, "base_config": base_config_id(base_dir),
+           "tokenizer": fingerprint(tok), "tokens": int(text.windows.tokens.size), "distill": distill.settings(),
            "optim": cfg.key()}
-
-    def loss_fn(batch):
-        if distill.loss == "kl":
-            loss, agree = lm_kl_loss(student, batch, teacher)
-            return loss, {"kl": loss.item(), "a": agree}
-        logits = student(input_ids=batch).logits[:, :-1].float()
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-        return loss, {"ce": loss.item()}
-
-    out = Path(out_dir)
-    res = run_training(student, [{"params": [p for p in student.parameters() if p.requires_grad]}], loss_fn,
-                       text.windows, cfg, out, key, resume, desc="train draft model", device=device,
-                       stop_after=stop_after)
+    res = run_training(student, [{"params": [p for p in student.parameters() if p.requires_grad]}],
+                       _loss_fn(student, teacher, distill), text.windows, cfg, out, key, resume,
+                       desc="train draft model", device=device, stop_after=stop_after)
     if not res.finished:
         return res
 
     def write(stage: Path) -> None:
-        import os
-
-        from latticedraft.atomic import publish_mode
-
-        student.generation_config.num_assistant_tokens = assistant_tokens
-        student.generation_config.num_assistant_tokens_schedule = "heuristic"
-        student.to(resolve_dtype(save_dtype)).save_pretrained(stage)
-        student.float()
-        for f in stage.iterdir():  # transformers writes some files with mode 0600
-            publish_mode(f)
-        tok.save(str(stage / "tokenizer.json"))
+        _save_student(stage, student, save_dtype, assistant_tokens, tok)
         write_json_atomic(stage / "training.json", {
             "kind": "draft-model", "base": os.path.relpath(base_dir.resolve(), out.resolve()), "arch": asdict(arch),
             "init": init, "init_from_base": copied,

@@ -12,7 +12,6 @@ Same progress bar, checkpoints, ``--resume`` and ``training.json`` as ``train he
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
@@ -21,7 +20,8 @@ import torch
 
 from latticedraft.gpu.train.data import TokenWindows, encode_files
 from latticedraft.gpu.models.layer_split import LayerSplit
-from latticedraft.gpu.train.loop import OptimConfig, TrainResult, finish_dir, run_training, write_json_atomic
+from latticedraft.gpu.train.loop import (OptimConfig, TrainResult, base_config_id, finish_dir, run_training,
+                                         write_json_atomic)
 from latticedraft.outputs import ADAPTER, EXIT_HEADS, OutputKind, claim_dir
 
 
@@ -73,9 +73,7 @@ def _setup(base_dir, corpus, cfg: OptimConfig, tokenizer_path, device, encoding_
     windows = TokenWindows(tokens, cfg.seq_len, cfg.batch_size, cfg.seed, source=f"the corpus ({len(corpus)} files)")
     for p in base.parameters():
         p.requires_grad_(False)
-    with open(base_dir / "config.json", "rb") as f:
-        base_id = hashlib.sha256(f.read()).hexdigest()[:16]
-    key = {"base_config": base_id, "tokenizer": fingerprint(tok), "tokens": int(len(tokens)),
+    key = {"base_config": base_config_id(base_dir), "tokenizer": fingerprint(tok), "tokens": int(len(tokens)),
            "optim": cfg.key()}
     return split, windows, key, len(tokens)
 

@@ -20,7 +20,7 @@ token t+j; with ``unfreeze`` a frozen copy of the base made before training is t
 from __future__ import annotations
 
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -34,6 +34,7 @@ from latticedraft.gpu.train.distill import DistillConfig, Teacher, frozen_copy, 
 from latticedraft.gpu.train.loop import (
     OptimConfig,
     TrainResult,
+    base_config_id,
     finish_dir,
     load_base,
     run_training,
@@ -166,6 +167,131 @@ def check_draft_vocab(size: int | None, kind: str, medusa_lm_head: str, unfreeze
                          "the whole vocabulary)")
 
 
+@dataclass
+class _HeadsSpec:
+    """What ``train_heads`` trains beside the optimiser settings (its arguments; ``lambdas`` checked)."""
+
+    kind: str
+    num_heads: int
+    lambdas: list[float]
+    unfreeze: bool
+    lr_base: float
+    lr_stem: float
+    ffn_dim: int | None
+    medusa_layers: int
+    medusa_lm_head: str
+    distill: DistillConfig | None
+    token_input: bool
+    draft_vocab: int | None
+
+    @property
+    def medusa(self) -> dict:
+        """The Medusa settings (empty for other kinds)."""
+        if self.kind != "medusa":
+            return {}
+        return {"medusa_layers": self.medusa_layers, "medusa_lm_head": self.medusa_lm_head}
+
+    @property
+    def kl(self) -> bool:
+        return self.distill is not None and self.distill.loss == "kl"
+
+    def key(self, cfg: OptimConfig, base_id: str, tokenizer: str, tokens: int) -> dict:
+        """The checkpoint's ``config_key``: what a resumed run must share."""
+        key = {"kind": self.kind, "num_heads": self.num_heads, "ffn_dim": self.ffn_dim, **self.medusa,
+               "lambdas": self.lambdas, "unfreeze": self.unfreeze, "lr_base": self.lr_base if self.unfreeze else None,
+               "lr_stem": self.lr_stem if self.unfreeze else None, "base_config": base_id, "tokenizer": tokenizer,
+               "tokens": tokens, "optim": cfg.key()}
+        if self.distill is not None:
+            key["distill"] = self.distill.settings()
+        if self.token_input:
+            key["token_input"] = True
+        if self.draft_vocab is not None:
+            key["draft_vocab"] = self.draft_vocab
+        return key
+
+    def training_json(self, cfg: OptimConfig, res: TrainResult, text_info: dict, head_parameters: int) -> dict:
+        """``training.json``: these settings, the optimiser's, the text and what the run did."""
+        return {
+            "kind": self.kind, "num_heads": self.num_heads, **self.medusa, "lambdas": self.lambdas,
+            "unfreeze": self.unfreeze, "lr_heads": cfg.lr, "lr_base": self.lr_base if self.unfreeze else None,
+            "lr_stem": self.lr_stem if self.unfreeze else None, "optim": asdict(cfg),
+            "head_parameters": head_parameters, **text_info, "steps": res.steps, "tokens_seen": res.tokens,
+            "seconds": res.seconds, "final_loss": res.losses, "resumed_from": res.resumed_from,
+            "self_distill": None if self.distill is None else self.distill.settings(), "token_input": self.token_input,
+            "draft_vocab": self.draft_vocab,
+        }
+
+
+def _head_model(base, spec: _HeadsSpec, cfg: OptimConfig):
+    """The ``BlockwiseModel`` with new heads on ``base`` (trainable only with ``unfreeze``) and its
+    optimiser parameter groups: the heads at ``cfg.lr`` (LR_M), the base's own at ``lr_base`` (LR_B)."""
+    from latticedraft.gpu.models.blockwise import BlockwiseModel
+
+    bm = BlockwiseModel.from_base(base, spec.num_heads, spec.kind, seed=cfg.seed, ffn_dim=spec.ffn_dim,
+                                  medusa_layers=spec.medusa_layers, medusa_lm_head=spec.medusa_lm_head,
+                                  token_input=spec.token_input)
+    for p in bm.base.parameters():
+        p.requires_grad_(spec.unfreeze)
+    head_params = bm.head_parameters()
+    groups = [{"params": head_params, "lr": cfg.lr}]
+    if spec.unfreeze:
+        ids = {id(p) for p in head_params}
+        groups.append({"params": [p for p in bm.base.parameters() if id(p) not in ids], "lr": spec.lr_base})
+    return bm, groups
+
+
+def _loss_fn(bm, spec: _HeadsSpec, teacher, columns: torch.Tensor | None):
+    """``run_training``'s loss: ``Σ_j λ_j L_j`` on a batch, with each head's loss (``hj``) and, for the
+    KL loss, its top-1 agreement with the teacher (``aj``; head 1's only where the base trains).
+    ``teacher``: the frozen copy of an unfrozen base (None: the base is its own teacher)."""
+    scale = spec.lr_stem / spec.lr_base if spec.unfreeze else 1.0
+
+    def loss_fn(batch):
+        if not spec.unfreeze:
+            bm.base.eval()
+        agree = []
+        if spec.kl:
+            t_logits = None
+            if teacher is not None:
+                with torch.no_grad():
+                    t_logits = teacher(input_ids=batch).logits
+            losses, agree = head_kl_losses(bm, batch, t_logits, frozen=not spec.unfreeze, stem_grad_scale=scale)
+        else:
+            losses = head_losses(bm, batch, frozen=not spec.unfreeze, stem_grad_scale=scale, draft_vocab=columns)
+        total = sum(lam * l for lam, l in zip(spec.lambdas, losses))
+        parts = {f"h{j + 1}": l.item() for j, l in enumerate(losses)}
+        parts.update({f"a{j + 1}": a for j, a in enumerate(agree) if j > 0 or spec.unfreeze})
+        return total, parts
+
+    return loss_fn
+
+
+def _draft_columns(windows, base, draft_vocab: int | None, device) -> torch.Tensor | None:
+    """The ``draft_vocab`` most frequent token ids of the training text (int64[V']; None: all)."""
+    if draft_vocab is None:
+        return None
+    from latticedraft.gpu.models import hf
+    from latticedraft.gpu.models.draft_vocab import rank_tokens
+
+    return torch.from_numpy(rank_tokens(windows.tokens, hf.model_vocab_size(base))[:draft_vocab]).to(device)
+
+
+def _save_heads(stage: Path, bm, spec: _HeadsSpec, tok, base_dir: Path, out: Path, save_dtype: str) -> None:
+    """The heads (``save_dtype``) into ``stage``, naming the base relatively; with ``unfreeze`` the
+    trained base and its tokenizer into ``stage/base``. The model is float32 again after."""
+    from latticedraft.gpu.models.hf import resolve_dtype
+
+    quiet_hf_progress()
+    bm.heads.to(resolve_dtype(save_dtype))
+    if spec.unfreeze:
+        bm.base.to(resolve_dtype(save_dtype))
+        bm.save_pretrained(stage, bundle_base=True)
+        tok.save(str(stage / "base" / "tokenizer.json"))
+    else:
+        bm.save_pretrained(stage, base_ref=os.path.relpath(base_dir.resolve(), out.resolve()))
+    bm.float()
+
+
 def train_heads(
     base_dir: str | Path,
     corpus: Sequence[Path],
@@ -205,101 +331,38 @@ def train_heads(
     token (``SternHeads``). ``draft_vocab`` V': heads 2..h learn to draft among the V' most frequent
     tokens of the training text only (``head_losses``; the ranking is saved as ``draft_vocab.json``).
     """
-    import hashlib
-
     from latticedraft.gpu.models import hf
-    from latticedraft.gpu.models.blockwise import BlockwiseModel
-    from latticedraft.gpu.models.hf import resolve_dtype
     from latticedraft.lm.tokenizer import fingerprint
 
     cfg.validate()
     if distill is not None:
         distill.validate()
-    lambdas = check_head_options(num_heads, cfg.seq_len, lambdas)
+    spec = _HeadsSpec(kind, num_heads, check_head_options(num_heads, cfg.seq_len, lambdas), unfreeze, lr_base,
+                      lr_stem, ffn_dim, medusa_layers, medusa_lm_head, distill, token_input, draft_vocab)
     check_draft_vocab(draft_vocab, kind, medusa_lm_head, unfreeze, distill)
     claim_dir(out_dir, HEADS, force=force, resume=resume, inputs={"--base": base_dir, "--tokenizer": tokenizer_path})
-    base_dir = Path(base_dir)
+    base_dir, out = Path(base_dir), Path(out_dir)
     base, tok, tok_path = load_base(base_dir, cfg.seq_len, tokenizer_path, device)
     text = training_text(base_dir, corpus, tok, tok_path, cfg.seq_len, cfg.batch_size, cfg.seed, distill,
                          encoding_errors, device)
     windows = text.windows
-    columns = None
-    if draft_vocab is not None:
-        from latticedraft.gpu.models.draft_vocab import rank_tokens
-
-        columns = torch.from_numpy(rank_tokens(windows.tokens, hf.model_vocab_size(base))[:draft_vocab]).to(device)
-    kl = distill is not None and distill.loss == "kl"
-    teacher = frozen_copy(base) if kl and unfreeze else None
-    bm = BlockwiseModel.from_base(base, num_heads, kind, seed=cfg.seed, ffn_dim=ffn_dim, medusa_layers=medusa_layers,
-                                  medusa_lm_head=medusa_lm_head, token_input=token_input)
-    for p in bm.base.parameters():
-        p.requires_grad_(unfreeze)
-    head_params = bm.head_parameters()
-    groups = [{"params": head_params, "lr": cfg.lr}]
-    if unfreeze:
-        ids = {id(p) for p in head_params}
-        groups.append({"params": [p for p in bm.base.parameters() if id(p) not in ids], "lr": lr_base})
-    with open(base_dir / "config.json", "rb") as f:
-        base_id = hashlib.sha256(f.read()).hexdigest()[:16]
-    medusa = {"medusa_layers": medusa_layers, "medusa_lm_head": medusa_lm_head} if kind == "medusa" else {}
-    key = {"kind": kind, "num_heads": num_heads, "ffn_dim": ffn_dim, **medusa, "lambdas": lambdas, "unfreeze": unfreeze,
-           "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None, "base_config": base_id,
-           "tokenizer": fingerprint(tok), "tokens": int(windows.tokens.size),
-           "optim": cfg.key()}
-    if distill is not None:
-        key["distill"] = distill.settings()
-    if token_input:
-        key["token_input"] = True
-    if draft_vocab is not None:
-        key["draft_vocab"] = draft_vocab
-    scale = lr_stem / lr_base if unfreeze else 1.0
-
-    def loss_fn(batch):
-        if not unfreeze:
-            bm.base.eval()
-        agree = []
-        if kl:
-            t_logits = None
-            if teacher is not None:
-                with torch.no_grad():
-                    t_logits = teacher(input_ids=batch).logits
-            losses, agree = head_kl_losses(bm, batch, t_logits, frozen=not unfreeze, stem_grad_scale=scale)
-        else:
-            losses = head_losses(bm, batch, frozen=not unfreeze, stem_grad_scale=scale, draft_vocab=columns)
-        total = sum(lam * l for lam, l in zip(lambdas, losses))
-        parts = {f"h{j + 1}": l.item() for j, l in enumerate(losses)}
-        parts.update({f"a{j + 1}": a for j, a in enumerate(agree) if j > 0 or unfreeze})
-        return total, parts
-
-    out = Path(out_dir)
-    res = run_training(bm, groups, loss_fn, windows, cfg, out, key, resume, desc=f"train {kind} heads", device=device,
-                       stop_after=stop_after)
+    columns = _draft_columns(windows, base, draft_vocab, device)
+    teacher = frozen_copy(base) if spec.kl and unfreeze else None
+    bm, groups = _head_model(base, spec, cfg)
+    key = spec.key(cfg, base_config_id(base_dir), fingerprint(tok), int(windows.tokens.size))
+    res = run_training(bm, groups, _loss_fn(bm, spec, teacher, columns), windows, cfg, out, key, resume,
+                       desc=f"train {kind} heads", device=device, stop_after=stop_after)
     if not res.finished:
         return res
 
     def write(stage: Path) -> None:
-        quiet_hf_progress()
-        bm.heads.to(resolve_dtype(save_dtype))
-        if unfreeze:
-            bm.base.to(resolve_dtype(save_dtype))
-            bm.save_pretrained(stage, bundle_base=True)
-            tok.save(str(stage / "base" / "tokenizer.json"))
-        else:
-            bm.save_pretrained(stage, base_ref=os.path.relpath(base_dir.resolve(), out.resolve()))
-        bm.float()
+        _save_heads(stage, bm, spec, tok, base_dir, out, save_dtype)
         if draft_vocab is not None:
             from latticedraft.gpu.models.draft_vocab import write_ranked
 
             write_ranked(stage, windows.tokens, hf.model_vocab_size(base), windows.source, trained=draft_vocab)
-        write_json_atomic(stage / "training.json", {
-            "kind": kind, "num_heads": num_heads, **medusa, "lambdas": lambdas, "unfreeze": unfreeze,
-            "lr_heads": cfg.lr, "lr_base": lr_base if unfreeze else None, "lr_stem": lr_stem if unfreeze else None,
-            "optim": asdict(cfg), "head_parameters": sum(p.numel() for p in head_params),
-            **text.info, "steps": res.steps, "tokens_seen": res.tokens,
-            "seconds": res.seconds, "final_loss": res.losses, "resumed_from": res.resumed_from,
-            "self_distill": None if distill is None else distill.settings(), "token_input": token_input,
-            "draft_vocab": draft_vocab,
-        })
+        n_params = sum(p.numel() for p in bm.head_parameters())
+        write_json_atomic(stage / "training.json", spec.training_json(cfg, res, text.info, n_params))
 
     finish_dir(out, write, keep_checkpoint, HEADS)
     return res

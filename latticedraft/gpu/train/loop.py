@@ -150,102 +150,140 @@ def run_training(
         raise
 
 
-def _run(module, param_groups, loss_fn, windows, cfg: OptimConfig, out_dir: Path, config_key: dict, resume: bool,
-         desc: str, device, stop_after: int | None) -> TrainResult:
-    ckpt_path = out_dir / CHECKPOINT
-    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
-    opt = torch.optim.AdamW(param_groups, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, cosine_lr_lambda(cfg.steps, cfg.warmup_frac))
-    start, history, before = 0, [], 0.0  # before: seconds the earlier slices trained
-    if not resume:
-        ckpt_path.unlink(missing_ok=True)  # allowed by outputs.claim_dir (--force) or absent
-    if resume:
-        if not ckpt_path.is_file():
-            raise InputError(f"--resume given but {ckpt_path} does not exist; drop --resume to start afresh")
-        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        if ck["config_key"] != config_key:
+@dataclass
+class _Run:
+    """One slice of a training run: the module and the names of its trainable parameters, the optimizer
+    and schedule, the checkpoint path and key; ``start``: the step this slice began at; ``history``:
+    one dict per step; ``before``: seconds the earlier slices trained; ``t0``: when this slice began;
+    ``last_good``: the last step checkpointed (None: none yet)."""
+
+    module: torch.nn.Module
+    trainable: set
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    ckpt_path: Path
+    config_key: dict
+    start: int = 0
+    history: list = field(default_factory=list)
+    before: float = 0.0
+    t0: float = 0.0
+    last_good: int | None = None
+
+    def resume(self) -> None:
+        """Load the checkpoint into the module, optimizer, schedule and RNG; refuses a missing one
+        and one made with another ``config_key`` (``ModelError`` naming the differences)."""
+        if not self.ckpt_path.is_file():
+            raise InputError(f"--resume given but {self.ckpt_path} does not exist; drop --resume to start afresh")
+        ck = torch.load(self.ckpt_path, map_location="cpu", weights_only=False)
+        if ck["config_key"] != self.config_key:
             from latticedraft.gpu.train.key_diff import differences
 
             raise ModelError(
-                f"checkpoint {ckpt_path} was made with other settings: "
-                f"{'; '.join(differences(ck['config_key'], config_key))}; rerun with the checkpoint's settings, "
+                f"checkpoint {self.ckpt_path} was made with other settings: "
+                f"{'; '.join(differences(ck['config_key'], self.config_key))}; rerun with the checkpoint's settings, "
                 "or drop --resume and pass --force (discarding the checkpoint) or choose another --out"
             )
-        own = {n: p for n, p in module.named_parameters() if n in trainable}
+        own = {n: p for n, p in self.module.named_parameters() if n in self.trainable}
         with torch.no_grad():
             for n, t in ck["trainable"].items():
                 own[n].copy_(t)
-        opt.load_state_dict(ck["optimizer"])
-        sched.load_state_dict(ck["scheduler"])
+        self.opt.load_state_dict(ck["optimizer"])
+        self.sched.load_state_dict(ck["scheduler"])
         torch.set_rng_state(ck["rng"])
-        start, history, before = int(ck["step"]), list(ck["history"]), float(ck.get("seconds", 0.0))
+        self.start, self.history, self.before = int(ck["step"]), list(ck["history"]), float(ck.get("seconds", 0.0))
+        self.last_good = self.start
 
-    def save(step: int) -> None:
-        state = {n: p.detach().cpu().clone() for n, p in module.named_parameters() if n in trainable}
+    def save(self, step: int) -> None:
+        """Checkpoint after ``step`` steps (atomically)."""
+        state = {n: p.detach().cpu().clone() for n, p in self.module.named_parameters() if n in self.trainable}
         _atomic_torch_save(
-            {"step": step, "trainable": state, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-             "rng": torch.get_rng_state(), "config_key": config_key, "history": history,
-             "seconds": before + time.time() - t0},
-            ckpt_path,
+            {"step": step, "trainable": state, "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+             "rng": torch.get_rng_state(), "config_key": self.config_key, "history": self.history,
+             "seconds": self.before + time.time() - self.t0},
+            self.ckpt_path,
         )
+        self.last_good = step
 
-    params = [p for g in param_groups for p in g["params"]]
-    last_good = start if resume else None
-    t0 = time.time()
-
-    def kept() -> str:
-        if last_good is None:
+    def kept(self, cfg: OptimConfig) -> str:
+        """What an interrupt leaves and how to continue."""
+        if self.last_good is None:
             return (f"no checkpoint had been written yet (the first comes at step {min(cfg.checkpoint_every, cfg.steps)}); "
                     f"rerun the command to start again")
-        return (f"the checkpoint of step {last_good} of {cfg.steps} is kept in {ckpt_path}; rerun the same command "
-                "with --resume to continue")
+        return (f"the checkpoint of step {self.last_good} of {cfg.steps} is kept in {self.ckpt_path}; rerun the same "
+                "command with --resume to continue")
 
+    def result(self, out_dir: Path, cfg: OptimConfig) -> TrainResult:
+        """The ``TrainResult`` of the slice (losses: means over the last 10% of steps)."""
+        history = self.history
+        tail = history[-max(1, len(history) // 10):]
+        losses = {k: float(np.mean([h[k] for h in tail])) for k in tail[0] if k != "step"} if tail else {}
+        done = history[-1]["step"] if history else self.start
+        return TrainResult(
+            out_dir=str(out_dir), steps=done, tokens=done * cfg.batch_size * cfg.grad_accum * cfg.seq_len,
+            seconds=round(self.before + time.time() - self.t0, 1), resumed_from=self.start, losses=losses,
+            history=history, finished=done == cfg.steps,
+        )
+
+
+def _accumulate(run: _Run, step: int, loss_fn, windows: TokenWindows, cfg: OptimConfig, device, bar) -> dict[str, float]:
+    """The gradients of step ``step`` over its ``grad_accum`` micro-batches; returns each loss term's
+    mean. A non-finite loss closes the bar and raises ``BuildError`` naming the last good checkpoint."""
+    sums: dict[str, float] = {}
+    for micro in range(cfg.grad_accum):
+        batch = torch.from_numpy(windows.batch(step * cfg.grad_accum + micro))
+        if device is not None:
+            batch = batch.to(device)
+        with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=cfg.autocast is not None):
+            loss, parts = loss_fn(batch)
+        if not torch.isfinite(loss):
+            bar.close()
+            good = (f"the last good checkpoint (step {run.last_good}) is kept in {run.ckpt_path}"
+                    if run.last_good is not None else "no checkpoint had been written yet")
+            raise BuildError(
+                f"training loss became {loss.item()} at step {step}; stopped, {good}; "
+                "lower --lr or check the data, then --resume"
+            )
+        (loss / cfg.grad_accum).backward()
+        for k, v in parts.items():
+            sums[k] = sums.get(k, 0.0) + v / cfg.grad_accum
+    return sums
+
+
+def _run(module, param_groups, loss_fn, windows, cfg: OptimConfig, out_dir: Path, config_key: dict, resume: bool,
+         desc: str, device, stop_after: int | None) -> TrainResult:
+    """``run_training`` once its directory exists: resume or start, then the steps, checkpointing
+    every ``checkpoint_every``, at the last step and where ``stop_after`` ends the slice."""
+    opt = torch.optim.AdamW(param_groups, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    run = _Run(module, {n for n, p in module.named_parameters() if p.requires_grad}, opt,
+               torch.optim.lr_scheduler.LambdaLR(opt, cosine_lr_lambda(cfg.steps, cfg.warmup_frac)),
+               out_dir / CHECKPOINT, config_key)
+    if resume:
+        run.resume()
+    else:
+        run.ckpt_path.unlink(missing_ok=True)  # allowed by outputs.claim_dir (--force) or absent
+    params = [p for g in param_groups for p in g["params"]]
+    run.t0 = time.time()
     module.train()
-    bar = tqdm(range(start, cfg.steps), desc=desc, unit="step", initial=start, total=cfg.steps,
+    bar = tqdm(range(run.start, cfg.steps), desc=desc, unit="step", initial=run.start, total=cfg.steps,
                disable=not progress_enabled())
-    with interrupts.keeping(kept):
+    with interrupts.keeping(lambda: run.kept(cfg)):
         for step in bar:
-            sums: dict[str, float] = {}
-            for micro in range(cfg.grad_accum):
-                batch = torch.from_numpy(windows.batch(step * cfg.grad_accum + micro))
-                if device is not None:
-                    batch = batch.to(device)
-                with torch.autocast(batch.device.type, dtype=torch.bfloat16, enabled=cfg.autocast is not None):
-                    loss, parts = loss_fn(batch)
-                if not torch.isfinite(loss):
-                    bar.close()
-                    good = (f"the last good checkpoint (step {last_good}) is kept in {ckpt_path}"
-                            if last_good is not None else "no checkpoint had been written yet")
-                    raise BuildError(
-                        f"training loss became {loss.item()} at step {step}; stopped, {good}; "
-                        "lower --lr or check the data, then --resume"
-                    )
-                (loss / cfg.grad_accum).backward()
-                for k, v in parts.items():
-                    sums[k] = sums.get(k, 0.0) + v / cfg.grad_accum
+            sums = _accumulate(run, step, loss_fn, windows, cfg, device, bar)
             if cfg.max_grad_norm > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             opt.step()
-            sched.step()
+            run.sched.step()
             opt.zero_grad(set_to_none=True)
-            history.append({"step": step + 1, **{k: round(v, 5) for k, v in sums.items()}})
+            run.history.append({"step": step + 1, **{k: round(v, 5) for k, v in sums.items()}})
             bar.set_postfix({k: f"{v:.3f}" for k, v in sums.items()}, refresh=False)
-            stopping = stop_after is not None and step + 1 - start >= stop_after
+            stopping = stop_after is not None and step + 1 - run.start >= stop_after
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps or stopping:
-                save(step + 1)
-                last_good = step + 1
+                run.save(step + 1)
             if stopping:
                 break
     bar.close()
     module.eval()
-    tail = history[-max(1, len(history) // 10):]
-    losses = {k: float(np.mean([h[k] for h in tail])) for k in tail[0] if k != "step"} if tail else {}
-    done = history[-1]["step"] if history else start
-    return TrainResult(
-        out_dir=str(out_dir), steps=done, tokens=done * cfg.batch_size * cfg.grad_accum * cfg.seq_len,
-        seconds=round(before + time.time() - t0, 1), resumed_from=start, losses=losses, history=history,
-        finished=done == cfg.steps,
-    )
+    return run.result(out_dir, cfg)
 
 
 def load_base(base_dir, seq_len: int, tokenizer_path=None, device=None):
@@ -255,6 +293,14 @@ def load_base(base_dir, seq_len: int, tokenizer_path=None, device=None):
 
     base = load_causal_lm(Path(base_dir), device=device)
     return (base, *check_base(base, base_dir, seq_len, tokenizer_path))
+
+
+def base_config_id(base_dir: Path) -> str:
+    """The first 16 hex digits of the sha256 of ``base_dir/config.json``: the base in a checkpoint's key."""
+    import hashlib
+
+    with open(Path(base_dir) / "config.json", "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
 def check_base(base, base_dir, seq_len: int, tokenizer_path=None, position_limit: int | None = None):

@@ -70,11 +70,12 @@ class CostModel:
     # -- measuring ------------------------------------------------------------------------
     @classmethod
     def measure(cls, verifier, batch: int = 1, context: int = 100, grid=GRID, repeats: int = 15,
-                max_nodes: int | None = None, budget_s: float = 10.0, min_repeats: int = 4) -> "CostModel":
+                max_nodes: int | None = None, budget_s: float = 2.0, min_repeats: int = 2) -> "CostModel":
         """Time ``verifier.verify`` over chains of n nodes (n in ``grid``), each after a cache of
         ``context`` tokens, ``repeats`` times interleaved (fewer, but at least ``min_repeats``, once
-        the rounds have taken ``budget_s`` seconds: a 135 M model's round takes seconds, the bundled
-        model's milliseconds); per n the ``QUANTILE`` of the times, then the nondecreasing
+        the rounds have taken ``budget_s`` seconds: a 135 M model's round takes most of a second,
+        the bundled model's milliseconds; the decode loop refines the curve from its own calls,
+        ``TreePlanner.observe_cost``); per n the ``QUANTILE`` of the times, then the nondecreasing
         least-squares fit (``monotone``). The model's state is restored after every call, so the
         measurement leaves nothing behind."""
         limit = _position_limit(verifier.model)
@@ -157,6 +158,38 @@ class CostModel:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(cm.to_json(), indent=1) + "\n")
         return cm
+
+
+class StepCosts:
+    """T(1..max_nodes) of one verifier at one batch size, following the verify calls a decode
+    times (``observe``): kept on the verifier (``Verifier.step_costs``), so every decode call of a
+    process plans with what the earlier ones measured. The measured curve keeps its shape (what
+    n nodes cost against one) and its level follows the calls: T(n) = scale x the measured T(n),
+    scale a running mean of observed / measured (each ratio clipped to [1/2, 2], so one call
+    slowed by a burst of load moves it little): a curve measured under load, or after a short
+    cache while a long decode's calls grow, heals as it is used. T: float64[max_nodes], T[n - 1]
+    = T(n), updated in place."""
+
+    def __init__(self, model: "CostModel", max_nodes: int = 64, weight: float = 0.1):
+        self.base = np.asarray(model.seconds(np.arange(1, max_nodes + 1)), dtype=np.float64)
+        self.T, self.scale, self.weight = self.base.copy(), 1.0, float(weight)
+
+    @property
+    def max_nodes(self) -> int:
+        return len(self.T)
+
+    def seconds(self, n):
+        """T(n) for n scalar or array (capped at ``max_nodes``)."""
+        i = np.minimum(np.maximum(np.asarray(n, dtype=np.int64), 1), len(self.T)) - 1
+        out = self.T[i]
+        return float(out) if np.ndim(out) == 0 else out
+
+    def observe(self, n: int, seconds: float) -> None:
+        """A verify call over ``n`` nodes per row took ``seconds``."""
+        measured = self.base[min(max(int(n), 1), len(self.base)) - 1]
+        ratio = float(np.clip(seconds / max(measured, 1e-12), 0.5, 2.0))
+        self.scale += self.weight * (ratio - self.scale)
+        np.multiply(self.base, self.scale, out=self.T)
 
 
 def monotone(y) -> list[float]:

@@ -21,9 +21,11 @@ the same weights: norms, projections, rotary embedding, scaled-dot-product atten
   side by side); likewise the RMS norms as one ``F.rms_norm`` call each.
 
 With ``scheme`` (``gpu.models.quantized.Scheme``) the stack is the model's own weights at 4 or 8
-bits: every projection, the output projection included, is a ``QuantizedLinear`` (bfloat16
-activations into the kernel, the rest in the model's dtype), sharing the embeddings, norms and
-rotary tables: the self-draft (``decoding/proposers/self_draft.py``). A projection whose widths
+bits: every projection is a ``QuantizedLinear``'s product (the output projection in int8,
+``quantized.OUTPUT``)
+(``Quantized``: bfloat16 in and out; the residual stream, norms and attention stay in the
+model's dtype), sharing the embeddings, norms and rotary tables: the self-draft
+(``decoding/proposers/self_draft.py``). A projection whose widths
 the scheme cannot hold falls back to int8, else keeps its float weights (``fallbacks`` says which
 and why).
 
@@ -46,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from latticedraft.gpu.models.layer_split import LayerSplit
+from latticedraft.gpu.models.quantized import OUTPUT
 from latticedraft.gpu.verify.archs import Arch, arch_of
 from latticedraft.gpu.masks import CAUSAL
 from latticedraft.memo import kept, weights_key
@@ -75,6 +78,13 @@ class Dense:
         return F.linear(x, self.w, self.b)
 
 
+class DenseCast(Dense):
+    """``Dense`` on inputs of any dtype (cast to the weights'): a quantized stack's float fallback."""
+
+    def __call__(self, x):
+        return F.linear(x.to(self.w.dtype), self.w, self.b)
+
+
 class Conv1D:
     """GPT-2's ``Conv1D``: ``addmm(bias, x, weight)`` over the last dimension (weight [in, out])."""
 
@@ -84,6 +94,28 @@ class Conv1D:
     def __call__(self, x):
         out = torch.addmm(self.b, x.reshape(-1, x.shape[-1]), self.w)
         return out.view(*x.shape[:-1], out.shape[-1])
+
+
+class Quantized:
+    """A ``quantized.QuantizedLinear``'s product without the module's call machinery (a draft
+    forward runs over a hundred of them): x [.., K] -> [.., N] in bfloat16 where the model's
+    dtype is float32 (adding it to the residual stream keeps float32) or bfloat16, else in the
+    model's dtype (float16: bfloat16 and float16 would add up to float32)."""
+
+    def __init__(self, module, dtype: torch.dtype):
+        self.module, self.mm, self.bias, self.n = module, module.product(), module.bias, module.out_features
+        self.cast = None if dtype in (torch.float32, torch.bfloat16) else dtype
+
+    def __call__(self, x):
+        shape = x.shape
+        y = self.mm(x.reshape(-1, shape[-1]).to(torch.bfloat16))
+        if self.bias is not None:
+            y = y + self.bias
+        y = y.view(*shape[:-1], self.n)
+        return y if self.cast is None else y.to(self.cast)
+
+    def nbytes(self) -> int:
+        return self.module.nbytes()
 
 
 class SideBySide:
@@ -156,7 +188,8 @@ class LeanStack:
                 w.norm1.rms = w.norm2.rms = rms
         self.final = _norm_of(self.arch, self.split.norm)
         self.final.rms = self.weights[0].norm1.rms if self.weights else _rms
-        self.unembed = self.split.head if scheme is None else self._quantized(self.split.head.weight, None, "lm_head")
+        self.unembed = self.split.head if scheme is None else self._quantized(self.split.head.weight, None, "lm_head",
+                                                                              OUTPUT)
         self.cos = self.sin = None
         if self.rotary:  # every position's rotary cos/sin, from the model's own module
             p = self.split.position_limit or 4096
@@ -197,19 +230,21 @@ class LeanStack:
                 return fused
         return SideBySide([Dense(w, b) for w, b in zip(ws, bs)])
 
-    def _quantized(self, w: torch.Tensor, b, name: str):
-        """``w`` [N, K] (+ b) in ``scheme``; else int8, else float (each fallback recorded)."""
+    def _quantized(self, w: torch.Tensor, b, name: str, first=None):
+        """``w`` [N, K] (+ b) in ``first`` (default the stack's scheme); else int8, else float (each
+        fallback recorded)."""
         from latticedraft.gpu.models.quantized import Scheme, quantize
 
-        for scheme in (self.scheme, Scheme("int8")):
+        first = first or self.scheme
+        for scheme in (first, Scheme("int8")):
             why = scheme.fits(*w.shape)
             if why is None:
-                if scheme != self.scheme:
-                    self.fallbacks.append(f"{name}: {self.scheme.kind} cannot hold it ({self._why}), int8 instead")
-                return quantize(w, b, scheme)
+                if scheme != first:
+                    self.fallbacks.append(f"{name}: {first.kind} cannot hold it ({self._why}), int8 instead")
+                return Quantized(quantize(w, b, scheme), self.split.dtype)
             self._why = why
-        self.fallbacks.append(f"{name}: neither {self.scheme.kind} nor int8 can hold it ({self._why}); float weights")
-        return Dense(w, b)
+        self.fallbacks.append(f"{name}: neither {first.kind} nor int8 can hold it ({self._why}); float weights")
+        return DenseCast(w, b)
 
     def _choose_rms(self):
         """``F.rms_norm`` (one op) where this machine gives transformers' RMSNorm arithmetic bit for

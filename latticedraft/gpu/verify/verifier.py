@@ -73,14 +73,9 @@ from latticedraft.gpu.verify.screened_topk import topk_projection
 from latticedraft.gpu.verify.side_branch import SideBranch, step_layout
 from latticedraft.gpu.verify.split_cache import left_pad
 from latticedraft.gpu.verify.tree import build_tree, main_path, pack_trees
-from latticedraft.gpu.verify.walk import node_of, prefix_of, walk, walk_batched
+from latticedraft.gpu.verify.tree_call import TreeCall
+from latticedraft.gpu.verify.walk import draft_positions
 from latticedraft.memo import kept, memo_of, weights_key
-
-
-def top_k_reads(choose) -> int | None:
-    """k where an acceptance rule's ``choose`` reads only each node's k largest logits (ties
-    included; its ``top_k`` attribute), else None (it reads them all, or greedy: None)."""
-    return getattr(choose, "top_k", None)
 
 
 UNEMBED_ROWS = (1, 2, 4, 8, 16, 32, 64)  # rows at which the output projection is timed (once per model)
@@ -168,6 +163,17 @@ class Verifier:
         self.position_limit = position_limit(model)
         self.begin()
 
+    def step_costs(self, rows: int):
+        """This verifier's ``cost_model.StepCosts`` at ``rows`` rows: T(n) from the stored or newly
+        measured curve (``CostModel.for_batch``), made once and refined by every decode that plans
+        with it."""
+        from latticedraft.gpu.verify.cost_model import CostModel, StepCosts
+
+        costs = memo_of(self, "step_costs")
+        if rows not in costs:
+            costs[rows] = StepCosts(CostModel.for_batch(self, rows))
+        return costs[rows]
+
     def begin(self) -> None:
         """Start a decode's tallies: ``peak_cache_bytes``, the largest KV cache seen right after a
         forward (in-flight nodes included), and ``timing``, seconds per part of every verify call."""
@@ -209,50 +215,64 @@ class Verifier:
 
     # -- prefill -------------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompts: list[np.ndarray], choose=None, stem=None, heads: bool = True):
-        """Run the left-padded prompts; returns the cache, the base model's greedy next token
-        after each prompt (int64[b], the first root; ``choose(rows, logits, [()] * b, None)`` picks it
-        instead when given, with empty prefixes) and the extra heads' logits there ([b, h-1, V'], as
-        ``StepResult.head_logits``; [b, 0, V'] with ``heads`` False: not computed). Split mode:
-        ``stem(ids, valid, pos, bias)`` runs the first layers (the proposer's) and returns their
-        states [b, n, H], which the verifier continues."""
+    def prompt_call(self, prompts: list[np.ndarray], stem=None, reads="argmax") -> tuple[KVCache, TreeCall]:
+        """Run the left-padded prompts into a new cache; returns it and the call whose one-node
+        trees (each prompt's last token) acceptance picks the first token from (``TreeCall.walk``:
+        the bonus of an empty tree). reads: as ``forward``. Split mode: ``stem(ids, valid, pos,
+        bias)`` runs the first layers (the proposer's) and returns their states [b, n, H], which the
+        verifier continues."""
         ids, valid, pos = left_pad(prompts, self.device)
         b, n = ids.shape
-        valid_h, pos_h = valid.cpu().numpy(), pos.cpu().numpy()
         state = self.new_state(b)
         if self.rolling:  # chunks of W into a rolling buffer; the last chunk's results give the roots
             out = chunked_prefill(lambda x, allowed, p: self._run(x, allowed, p, state), state, ids, valid, self.window)
             last = torch.full((b,), (n - 1) % self.window, dtype=torch.long)
-            return (state, *self._prefill_result(out, last, choose, b, heads))
+        else:
+            out = self._prompt_forward(state, ids, valid, pos, stem)
+            state.append_valid(valid, pos)
+            last = torch.full((b,), n - 1, dtype=torch.long)
+        if self.sample_states is None and out.lazy:  # real final states to time projections on
+            end = int(last[0]) + 1
+            self.sample_states = out.hidden[0, max(0, end - max(UNEMBED_ROWS)):end].clone()
+        if out.lazy:
+            out.top_k = reads if isinstance(reads, int) else None
+        at = last.tolist()
+        trees = [build_tree(-1, np.zeros((1, 0), dtype=np.int64)) for _ in range(b)]
+        return state, TreeCall(trees, out, lambda r, k: (r, at[r]), None, 0, last=last, t_done=time.perf_counter())
+
+    def _prompt_forward(self, state, ids, valid, pos, stem) -> Forward:
+        b, n = ids.shape
         if self.mode == "batched":
             state.reserve(n)
             out = hf_forward(self.model, ids, valid.long(), pos, state.transformers_cache(), lazy=self.lazy,
                              num_heads=self.num_heads)
             self._track(state)
-        else:
-            none = np.zeros((b, 0), dtype=bool)
-            # no cache yet; a prompt's tokens see the earlier ones, padding rows see themselves
-            allowed = visible(none, none.astype(np.int64), pos_h, causal(valid_h), self.window)
-            x = ids
-            if self.mode == "split":
-                if stem is None:
-                    raise InputError("split verification needs the proposer's stem (its first layers) at the prefill")
-                x = stem(ids, valid, pos, attention_bias(allowed, self.dtype, self.device))
-            out = self._run(x, allowed, pos, state)
-        state.append_valid(valid, pos)
-        return (state, *self._prefill_result(out, torch.full((b,), n - 1, dtype=torch.long), choose, b, heads))
+            return out
+        none = np.zeros((b, 0), dtype=bool)
+        # no cache yet; a prompt's tokens see the earlier ones, padding rows see themselves
+        allowed = visible(none, none.astype(np.int64), pos.cpu().numpy(), causal(valid.cpu().numpy()), self.window)
+        x = ids
+        if self.mode == "split":
+            if stem is None:
+                raise InputError("split verification needs the proposer's stem (its first layers) at the prefill")
+            x = stem(ids, valid, pos, attention_bias(allowed, self.dtype, self.device))
+        return self._run(x, allowed, pos, state)
 
-    def _prefill_result(self, out: Forward, last: torch.Tensor, choose, b: int, heads: bool = True):
-        if self.sample_states is None and out.lazy:  # real final states to time projections on
-            end = int(last[0]) + 1
-            self.sample_states = out.hidden[0, max(0, end - max(UNEMBED_ROWS)):end].clone()
-        if choose is None:
-            roots = out.argmax_at(list(range(b)), last.tolist()).astype(np.int64)
-        else:
-            out.top_k = top_k_reads(choose) if out.lazy else None
-            picked = choose(list(range(b)), out.logits_at(list(range(b)), last.tolist()), [()] * b, None)
-            roots = np.asarray(picked[0] if isinstance(picked, tuple) else picked, dtype=np.int64)
-        return roots, out.draft_heads_at(last, self.draft_vocab, next_tokens=roots) if heads else self._no_heads(b)
+    @torch.inference_mode()
+    def prompt_heads(self, call: TreeCall, first: np.ndarray, heads: bool = True) -> torch.Tensor:
+        """The extra heads' logits after each prompt ([b, h-1, V'], as ``StepResult.head_logits``;
+        [b, 0, V'] with ``heads`` False: not computed), given the first token after it."""
+        if not heads:
+            return self._no_heads(len(first))
+        return call.out.draft_heads_at(call.last, self.draft_vocab, next_tokens=np.asarray(first, dtype=np.int64))
+
+    @torch.inference_mode()
+    def prefill(self, prompts: list[np.ndarray], stem=None, heads: bool = True):
+        """``prompt_call`` with the greedy first token: (the cache, the base model's greedy next token
+        after each prompt int64[b], the extra heads' logits there)."""
+        state, call = self.prompt_call(prompts, stem)
+        _, first = call.walk()
+        return state, first, self.prompt_heads(call, first, heads)
 
     def unembed_seconds(self, rows: int, reads="argmax") -> float:
         """Measured seconds of the output projection over ``rows`` hidden states, as a walk
@@ -278,28 +298,56 @@ class Verifier:
         slope = (y[-1] - y[-2]) / (x[-1] - x[-2])  # linear beyond the last measured size (>= 0)
         return float(np.interp(rows, x, y) if rows <= x[-1] else y[-1] + slope * (rows - x[-1]))
 
-    # -- verify --------------------------------------------------------------------------
+    # -- verify: forward, then (acceptance, outside), commit -----------------------------
     @torch.inference_mode()
-    def verify(self, state, roots: np.ndarray, drafts: list[np.ndarray], sides: list[SideBranch] | None = None,
-               heads=True, choose=None, hidden=None) -> StepResult:
-        """Verify ``drafts[i]`` (int64[p_i, d_i]; negative = end of draft) after ``roots[i]``
-        (the token already chosen, not yet in the cache) for every row i of ``state``;
-        ``sides[i]``, if given, rides along and only its argmax comes back. heads: compute the
-        extra heads at the accepted nodes (True), not (False: head_logits is [b, 0, V']), or
-        ``heads(accepted, bonus) -> bool`` deciding once the walk is done. choose: None for
-        greedy acceptance, else ``choose(rows, logits [m, V], prefixes, logits_at) -> int64[m]``, the
-        token at each walked node given its draft prefix (see the module doc).
-        hidden: split mode only, per row the states [1 + d_i, H] of [root, drafts[i][0]] at the first
-        verified layer (each row's drafts one chain)."""
+    def forward(self, state, roots: np.ndarray, drafts: list[np.ndarray], sides: list[SideBranch] | None = None,
+                hidden=None, reads="argmax") -> TreeCall:
+        """One target call over ``drafts[i]`` (int64[p_i, d_i]; negative = end of draft) after
+        ``roots[i]`` (the token already chosen, not yet in the cache) for every row i of ``state``;
+        ``sides[i]``, if given, rides along (its argmax comes back in the call). reads: what the
+        acceptance will read at the walked nodes, "argmax" | "logits" | k (a top-k's reads), which
+        sets how the output projection is run. hidden: split mode only, per row the states [1 + d_i,
+        H] of [root, drafts[i][0]] at the first verified layer (each row's drafts one chain)."""
         if len(drafts) != state.batch or len(roots) != state.batch:
             raise InputError(f"{len(drafts)} draft sets and {len(roots)} roots for a batch of {state.batch}")
         if sides is not None and len(sides) != state.batch:
             raise InputError(f"{len(sides)} side branches for a batch of {state.batch}")
         if self.mode == "batched":
-            return self._verify_batched(state, roots, drafts, sides, heads, choose)
+            return self._forward_batched(state, roots, drafts, sides, reads)
         if (hidden is None) != (self.mode != "split"):
             raise InputError("split verification takes the proposer's states (hidden=...), the other modes tokens")
-        return self._verify_tree(state, roots, drafts, sides, heads, choose, hidden)
+        return self._forward_tree(state, roots, drafts, sides, hidden, reads)
+
+    @torch.inference_mode()
+    def commit(self, state, call: TreeCall, paths: list[list[int]], bonus: np.ndarray, heads=True) -> StepResult:
+        """Keep each row's accepted node path (``TreeCall.walk``) in the cache and compute the extra
+        heads at its last node: True, False (head_logits [b, 0, V']) or ``heads(accepted, bonus) ->
+        bool`` deciding now."""
+        t0 = time.perf_counter()
+        out, tm = call.out, self.timing
+        tm["project"] += out.seconds
+        tm["walk"] += t0 - call.t_done - out.seconds
+        if self.lazy and not out.project_all:
+            self.off_path = 0.8 * self.off_path + 0.2 * (out.projections - 1)
+        accepted, bonus = call.accepted(paths), np.asarray(bonus, dtype=np.int64)
+        commit = self._commit_batched if call.batched else self._commit_tree
+        nodes = commit(state, call, paths)
+        t1 = time.perf_counter()
+        head_logits = self._heads(out, nodes, heads, accepted, bonus)
+        if call.batched:
+            head_logits = head_logits[call.batched[2]] if head_logits.shape[1] else head_logits[: len(paths)]
+        tm["cache"] += t1 - t0
+        tm["heads"] += time.perf_counter() - t1
+        return StepResult(accepted, bonus, head_logits, call.side_argmax)
+
+    @torch.inference_mode()
+    def verify(self, state, roots: np.ndarray, drafts: list[np.ndarray], sides: list[SideBranch] | None = None,
+               heads=True, hidden=None) -> StepResult:
+        """``forward``, the greedy walk and ``commit``: one greedy step, for callers without an
+        acceptance rule of their own (the cost model's timed steps, tests)."""
+        call = self.forward(state, roots, drafts, sides, hidden)
+        paths, bonus = call.walk()
+        return self.commit(state, call, paths, bonus, heads)
 
     def _heads(self, out: Forward, nodes: torch.Tensor, want, accepted, bonus) -> torch.Tensor:
         if callable(want):
@@ -314,12 +362,12 @@ class Verifier:
         cols = self.draft_vocab_size or hf.model_vocab_size(getattr(self.model, "base", self.model))
         return torch.zeros(b, 0, cols, dtype=self.dtype, device=self.device)
 
-    def _verify_tree(self, state, roots, drafts, sides=None, want_heads=True, choose=None, hidden=None) -> StepResult:
+    def _forward_tree(self, state, roots, drafts, sides, hidden, reads) -> TreeCall:
+        """Tree and split modes: every row's layout (root, side nodes, tree) packed into one forward."""
         tm, t0 = self.timing, time.perf_counter()
         trees = [build_tree(int(r), d) for r, d in zip(roots, drafts)]
         layouts = [step_layout(t, None if sides is None else sides[i]) for i, t in enumerate(trees)]
         packed = pack_trees(layouts)
-        dev = self.device
         b, n = packed.tokens.shape
         start = state.length
         q_pos = self._clamp(state.next_pos[:, None] + packed.depth)
@@ -327,33 +375,15 @@ class Verifier:
         if hidden is not None:  # split mode: each row's chain of states, in layout order (root first)
             x = hidden[0].new_zeros(b, n, hidden[0].shape[-1])
             for i, h in enumerate(hidden):
-                x[i, torch.as_tensor(layouts[i].tree_index[: len(h)], device=dev)] = h
+                x[i, torch.as_tensor(layouts[i].tree_index[: len(h)], device=self.device)] = h
         else:
-            x = torch.as_tensor(packed.tokens, device=dev)
+            x = torch.as_tensor(packed.tokens, device=self.device)
         t1 = time.perf_counter()
-        out = self._run(x, allowed, torch.from_numpy(q_pos).to(dev), state)
-        t2 = time.perf_counter()
+        out = self._run(x, allowed, torch.from_numpy(q_pos).to(self.device), state)
         tm["tree"] += t1 - t0
-        tm["forward"] += t2 - t1
+        tm["forward"] += time.perf_counter() - t1
         if self.lazy:
-            out.top_k = top_k_reads(choose)
-        if self.lazy and n == 1:  # every row's root alone: one projection of the b roots
-            out.project_all = True
-        elif self.lazy:  # one projection of all b * n nodes, or each row's main path first (+ the side nodes)
-            main = [main_path(t) for t in trees]
-            rows = np.repeat(np.arange(b), [len(m) for m in main])
-            nodes = np.concatenate([layouts[i].tree_index[m] for i, m in enumerate(main)])
-            n_side = 0 if sides is None else sum(len(sd.wanted) for sd in sides)
-            reads = "argmax" if choose is None else out.top_k or "logits"
-            cost = functools.partial(self.unembed_seconds, reads=reads)
-            by_path = cost(len(nodes) + n_side) + self.off_path * cost(b)
-            out.project_all = cost(b * n) <= by_path
-            if not out.project_all:
-                if sides is not None:
-                    rows = np.concatenate([rows, [i for i, sd in enumerate(sides) for _ in sd.wanted]]).astype(np.int64)
-                    nodes = np.concatenate([nodes, [int(layouts[i].side_index[k]) for i, sd in enumerate(sides)
-                                                    for k in sd.wanted]]).astype(np.int64)
-                out.prefetch(rows, nodes, logits=choose is not None)
+            self._plan_projection(out, trees, layouts, sides, reads, b, n)
         side_argmax = None
         if sides is not None:
             rows = [i for i, sd in enumerate(sides) for _ in range(len(sd.wanted))]
@@ -361,86 +391,110 @@ class Verifier:
             flat = out.argmax_at(rows, nodes) if nodes else np.zeros(0, dtype=np.int64)
             ends = np.cumsum([0] + [len(sd.wanted) for sd in sides])
             side_argmax = [flat[ends[i]:ends[i + 1]].astype(np.int64) for i in range(b)]
+        return TreeCall(trees, out, lambda r, k: (r, int(layouts[r].tree_index[k])), side_argmax, start,
+                        layouts=layouts, t_done=time.perf_counter())
 
-        def pick(rows, nodes):
-            at = [int(layouts[r].tree_index[k]) for r, k in zip(rows, nodes)]
-            if choose is None:
-                return out.argmax_at(rows, at)
-            return choose(rows, out.logits_at(rows, at), [prefix_of(trees[r], k) for r, k in zip(rows, nodes)],
-                          lambda rs, pres: out.logits_at(rs, [int(layouts[r].tree_index[node_of(trees[r], pre)])
-                                                              for r, pre in zip(rs, pres)]))
+    def _plan_projection(self, out: Forward, trees, layouts, sides, reads, b: int, n: int) -> None:
+        """How a lazy call projects: every row's root alone (n = 1) or all b * n nodes at once, or
+        each row's main path first (+ the side nodes), whichever the measured projection cost and
+        the walk's measured depth make cheaper."""
+        out.top_k = reads if isinstance(reads, int) else None
+        if n == 1:
+            out.project_all = True
+            return
+        main = [main_path(t) for t in trees]
+        rows = np.repeat(np.arange(b), [len(m) for m in main])
+        nodes = np.concatenate([layouts[i].tree_index[m] for i, m in enumerate(main)])
+        n_side = 0 if sides is None else sum(len(sd.wanted) for sd in sides)
+        cost = functools.partial(self.unembed_seconds, reads=reads)
+        out.project_all = cost(b * n) <= cost(len(nodes) + n_side) + self.off_path * cost(b)
+        if not out.project_all:
+            if sides is not None:
+                rows = np.concatenate([rows, [i for i, sd in enumerate(sides) for _ in sd.wanted]]).astype(np.int64)
+                nodes = np.concatenate([nodes, [int(layouts[i].side_index[k]) for i, sd in enumerate(sides)
+                                                for k in sd.wanted]]).astype(np.int64)
+            out.prefetch(rows, nodes, logits=reads != "argmax")
 
-        paths, bonus = walk(trees, pick)
-        t3 = time.perf_counter()
-        tm["project"] += out.seconds
-        tm["walk"] += t3 - t2 - out.seconds
-        if self.lazy and not out.project_all:
-            self.off_path = 0.8 * self.off_path + 0.2 * (out.projections - 1)
-        m = max(len(p) for p in paths)
+    def _commit_tree(self, state, call: TreeCall, paths) -> torch.Tensor:
+        """Keep the accepted nodes (nothing moves when they are the written prefix); returns each
+        row's last accepted node (layout index)."""
+        b, m = len(paths), max(len(p) for p in paths)
         keep = np.zeros((b, m), dtype=np.int64)
         keep_valid = np.zeros((b, m), dtype=bool)
         for i, p in enumerate(paths):
-            keep[i, : len(p)] = layouts[i].tree_index[p]
+            keep[i, : len(p)] = call.layouts[i].tree_index[p]
             keep_valid[i, : len(p)] = True
         prefix = bool(keep_valid.all()) and bool((keep == np.arange(m)).all())
-        state.commit(start, keep, keep_valid, prefix)
-        last = torch.as_tensor(keep[np.arange(b), keep_valid.sum(axis=1) - 1], device=dev)  # layout index
-        accepted = [t.tokens[p[1:]] for t, p in zip(trees, paths)]
-        t4 = time.perf_counter()
-        heads = self._heads(out, last, want_heads, accepted, bonus)
-        tm["cache"] += t4 - t3
-        tm["heads"] += time.perf_counter() - t4
-        return StepResult(accepted, bonus, heads, side_argmax)
+        state.commit(call.start, keep, keep_valid, prefix)
+        return torch.as_tensor(keep[np.arange(b), keep_valid.sum(axis=1) - 1], device=self.device)
 
-    def _verify_batched(self, state, roots, drafts, sides=None, want_heads=True, choose=None) -> StepResult:
+    def _forward_batched(self, state, roots, drafts, sides, reads) -> TreeCall:
         """Rows i*q .. i*q+q-1 of the forward are row i's p drafts, then (with side branches)
         one row per wanted side node: the root and the side chain that node sees."""
-        dev = self.device
+        t0 = time.perf_counter()
         b = state.batch
-        rows = [np.atleast_2d(np.asarray(d, dtype=np.int64)) for d in drafts]
-        p = max(r.shape[0] for r in rows)
-        chains = [[] for _ in range(b)] if sides is None else [
-            [sd.tokens[sd.chain(int(k))] for k in sd.wanted] for sd in sides]
-        w = max(len(c) for c in chains)
-        d = max([r.shape[1] for r in rows] + [len(x) for c in chains for x in c])
-        q = p + w
-        seq = np.full((b, q, 1 + d), -1, dtype=np.int64)
-        seq[:, :, 0] = np.asarray(roots, dtype=np.int64)[:, None]
-        for i, r in enumerate(rows):
-            r = np.concatenate([r, np.repeat(r[:1], p - r.shape[0], axis=0)]) if r.shape[0] < p else r
-            seq[i, :p, 1 : 1 + r.shape[1]] = r
-            for j, c in enumerate(chains[i]):
-                seq[i, p + j, 1 : 1 + len(c)] = c
-        for i in range(b):  # a negative token ends a draft: blank everything after it
-            for j in range(q):
-                neg = np.nonzero(seq[i, j] < 0)[0]
-                if len(neg):
-                    seq[i, j, neg[0]:] = -1
+        seq, p, chains = batched_rows(roots, drafts, sides)
+        q, d = seq.shape[1], seq.shape[2] - 1
         state.left_align()  # the model's masks see slot order: after rows kept different counts or joined
         start = state.length
         if q > 1:  # one row per draft, each over a copy of its row's cache (q = 1: the cache itself)
             state.select_rows(np.repeat(np.arange(b), q))
-        flat = torch.as_tensor(seq.reshape(b * q, 1 + d), device=dev)
+        flat = torch.as_tensor(seq.reshape(b * q, 1 + d), device=self.device)
         mask = torch.from_numpy(np.concatenate([state.valid, np.ones((b * q, 1 + d), dtype=bool)], axis=1))
         q_pos = torch.from_numpy(self._clamp(state.next_pos[:, None] + np.arange(1 + d)[None]))
         state.reserve(1 + d)
-        out = hf_forward(self.model, flat.clamp(min=0), mask.long().to(dev), q_pos.to(dev), state.transformers_cache(),
-                         num_heads=self.num_heads)
+        out = hf_forward(self.model, flat.clamp(min=0), mask.long().to(self.device), q_pos.to(self.device),
+                         state.transformers_cache(), num_heads=self.num_heads)
         self._track(state)
+        self.timing["forward"] += time.perf_counter() - t0
         side_argmax = None
         if sides is not None:
             argmax_all = out.logits.argmax(dim=-1).view(b, q, 1 + d).cpu().numpy()
             side_argmax = [np.asarray([argmax_all[i, p + j, len(c)] for j, c in enumerate(chains[i])], dtype=np.int64)
                            for i in range(b)]
-        best, nacc, bonus = walk_batched(seq[:, :p], out.logits.view(b, q, 1 + d, -1), choose)
+        trees = [build_tree(int(seq[i, 0, 0]), seq[i, :p, 1:]) for i in range(b)]
+        where = [draft_positions(t, seq[i, :p]) for i, t in enumerate(trees)]
+        return TreeCall(trees, out, lambda r, k: (r * q + where[r][k][0], where[r][k][1]), side_argmax, start,
+                        batched=(q, where, None), t_done=time.perf_counter())
+
+    def _commit_batched(self, state, call: TreeCall, paths) -> torch.Tensor:
+        """Keep each row's copy of the cache whose draft holds the accepted path, up to its end;
+        returns the accepted node per forward row (the heads read the kept rows')."""
+        q, where, _ = call.batched
+        b = len(paths)
+        best = np.asarray([where[i][path[-1]][0] for i, path in enumerate(paths)], dtype=np.int64)
+        nacc = np.asarray([len(path) - 1 for path in paths], dtype=np.int64)
         rows = np.arange(b) * q + best  # the forward row of each row's kept draft
         if q > 1:
             state.select_rows(rows)
-        sel = torch.as_tensor(rows, device=dev)
-        state.commit_prefix(start, nacc + 1)
-        nodes = torch.zeros(b * q, dtype=torch.long, device=dev)
-        nodes[sel] = torch.as_tensor(nacc, device=dev)
-        accepted = [seq[i, best[i], 1 : 1 + nacc[i]].copy() for i in range(b)]
-        bonus = bonus.astype(np.int64)
-        heads = self._heads(out, nodes, want_heads, accepted, bonus)
-        return StepResult(accepted, bonus, heads[sel] if heads.shape[1] else heads[:b], side_argmax)
+        state.commit_prefix(call.start, nacc + 1)
+        sel = torch.as_tensor(rows, device=self.device)
+        call.batched = (q, where, sel)
+        nodes = torch.zeros(b * q, dtype=torch.long, device=self.device)
+        nodes[sel] = torch.as_tensor(nacc, device=self.device)
+        return nodes
+
+
+def batched_rows(roots, drafts, sides) -> tuple[np.ndarray, int, list]:
+    """The batched fallback's forward rows: seq int64[b, q, 1 + d] (per row its p drafts, each
+    [root, draft..., -1 after its end], then one row per wanted side node), p, and the side chains."""
+    b = len(drafts)
+    rows = [np.atleast_2d(np.asarray(d, dtype=np.int64)) for d in drafts]
+    p = max(r.shape[0] for r in rows)
+    chains = [[] for _ in range(b)] if sides is None else [[sd.tokens[sd.chain(int(k))] for k in sd.wanted]
+                                                            for sd in sides]
+    w = max(len(c) for c in chains)
+    d = max([r.shape[1] for r in rows] + [len(x) for c in chains for x in c])
+    seq = np.full((b, p + w, 1 + d), -1, dtype=np.int64)
+    seq[:, :, 0] = np.asarray(roots, dtype=np.int64)[:, None]
+    for i, r in enumerate(rows):
+        r = np.concatenate([r, np.repeat(r[:1], p - r.shape[0], axis=0)]) if r.shape[0] < p else r
+        seq[i, :p, 1 : 1 + r.shape[1]] = r
+        for j, c in enumerate(chains[i]):
+            seq[i, p + j, 1 : 1 + len(c)] = c
+    for i in range(b):  # a negative token ends a draft: blank everything after it
+        for j in range(p + w):
+            neg = np.nonzero(seq[i, j] < 0)[0]
+            if len(neg):
+                seq[i, j, neg[0]:] = -1
+    return seq, p, chains

@@ -1,30 +1,27 @@
 """The accept walk over verified draft trees: from each row's root, follow the child whose token
-the target chose (its argmax, or an acceptance rule's ``choose``) until none matches; the last
-choice is the bonus token. Numpy only, given the target's choices per visited node."""
+was chosen (the target's argmax, or an acceptance rule's choice: ``tree_call.TreeCall.walk``)
+until none matches; the last choice is the bonus token. Numpy only, given the choices per
+visited node."""
 
 from __future__ import annotations
 
 import numpy as np
-import torch
-
-from latticedraft.gpu.verify.tree import build_tree
 
 
-def walk(trees, argmax_at) -> tuple[list[list[int]], np.ndarray]:
-    """Accept walk over all rows at once, level by level: at each level one ``argmax_at``
-    call for the rows still matching (at most depth + 1 calls). Same result as
-    ``tree.accept_path`` per row. Returns (node paths from the root, bonus tokens)."""
+def walk(trees, pick) -> tuple[list[list[int]], np.ndarray]:
+    """Accept walk over all rows at once, level by level: at each level one ``pick(rows, nodes)
+    -> (tokens int64[m], stop bool[m] or None)`` call for the rows still matching (at most depth
+    + 1 calls): the token chosen after each visited node, and where the walk ends at it even if
+    it is a child (a rule ending the step there). Returns (node paths from the root, bonus tokens)."""
     b = len(trees)
     paths = [[0] for _ in range(b)]
     bonus = np.zeros(b, dtype=np.int64)
     live = list(range(b))
     while live:
-        am = argmax_at(live, [paths[i][-1] for i in live])
-        stop = np.zeros(len(live), dtype=bool)
-        if isinstance(am, tuple):  # (tokens, stop): a chooser ending the walk at a token that is a child
-            am, stop = am
+        chosen, stop = pick(live, [paths[i][-1] for i in live])
+        stop = np.zeros(len(live), dtype=bool) if stop is None else np.asarray(stop)
         nxt = []
-        for i, a, end in zip(live, np.asarray(am).tolist(), np.asarray(stop).tolist()):
+        for i, a, end in zip(live, np.asarray(chosen).tolist(), stop.tolist()):
             child = None if end else trees[i].children[paths[i][-1]].get(a)
             if child is None:
                 bonus[i] = a
@@ -52,40 +49,15 @@ def node_of(tree, prefix) -> int:
     return node
 
 
-def greedy_choice(rows, logits: torch.Tensor, prefixes, logits_at) -> np.ndarray:
-    """Greedy acceptance as a ``choose``: the target's argmax at each walked node (int64[m])."""
-    return logits.argmax(dim=-1).cpu().numpy()
-
-
-def walk_batched(seq: np.ndarray, logits: torch.Tensor, choose=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``walk`` with ``choose`` (None: ``greedy_choice``) over drafts laid out as batch rows: seq
-    int64[b, p, 1 + d] (root, draft, -1 after its end), logits [b, p, 1 + d, V]. The drafts of a
-    row become a trie; trie node -> (the first draft holding that prefix, position). Returns the
-    draft whose prefix was accepted, the accepted length and the chosen bonus token, each int64[b]."""
-    choose = greedy_choice if choose is None else choose
-    b, p, _ = seq.shape
-    trees = [build_tree(int(seq[i, 0, 0]), seq[i, :, 1:]) for i in range(b)]
-    where = []
-    for i, t in enumerate(trees):
-        at = {0: (0, 0)}
-        for j in range(p):
-            node = 0
-            for k, tok in enumerate(seq[i, j, 1:].tolist(), start=1):
-                if tok < 0:
-                    break
-                node = t.children[node][tok]
-                at.setdefault(node, (j, k))
-        where.append(at)
-
-    def at(rows, nodes):
-        jk = [where[r][k] for r, k in zip(rows, nodes)]
-        return logits[torch.as_tensor(rows), torch.as_tensor([j for j, _ in jk]), torch.as_tensor([k for _, k in jk])]
-
-    def pick(rows, nodes):
-        return choose(rows, at(rows, nodes), [prefix_of(trees[r], k) for r, k in zip(rows, nodes)],
-                      lambda rs, pres: at(rs, [node_of(trees[r], pre) for r, pre in zip(rs, pres)]))
-
-    paths, bonus = walk(trees, pick)
-    best = np.asarray([where[i][path[-1]][0] for i, path in enumerate(paths)], dtype=np.int64)
-    nacc = np.asarray([len(path) - 1 for path in paths], dtype=np.int64)
-    return best, nacc, bonus
+def draft_positions(tree, seq: np.ndarray) -> dict:
+    """Tree node -> (the first draft holding that prefix, its position in the draft's row), for
+    drafts laid out as rows seq int64[p, 1 + d] (root, draft, -1 after its end) and their trie."""
+    at = {0: (0, 0)}
+    for j in range(seq.shape[0]):
+        node = 0
+        for k, tok in enumerate(seq[j, 1:].tolist(), start=1):
+            if tok < 0:
+                break
+            node = tree.children[node][tok]
+            at.setdefault(node, (j, k))
+    return at

@@ -17,7 +17,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import GenerationConfig
 
-from latticedraft.decoding.accept.sampling import GumbelNoise, SamplingOptions, coupled_choice
+from latticedraft.decoding.accept.sampling import DraftSampler, GumbelNoise, SamplingOptions, coupled_choice
 from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.decoding.registry import Request
@@ -396,3 +396,42 @@ def test_kept_lists_the_nonzero_entries_of_probs(opts):
     assert np.array_equal(np.sort(rows * 300 + toks), np.flatnonzero(dense))
     np.testing.assert_allclose(p, dense[rows, toks], rtol=1e-12)
     np.testing.assert_allclose(np.bincount(rows, p), 1.0, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        SamplingOptions(top_k=20),
+        SamplingOptions(top_k=7, top_p=0.5, temperature=0.7),
+        SamplingOptions(top_k=0, top_p=0.9),
+        SamplingOptions(top_k=5, repetition_penalty=1.3),
+    ],
+)
+def test_a_draft_vocabulary_gives_the_distribution_of_its_columns_alone(opts):
+    """``DraftSampler.probs`` over a reduced draft vocabulary (columns) lists only the entries a
+    top-k can keep; q must equal the processors on the full row with every other token at -inf,
+    a tie at the k-th score included."""
+    g = torch.Generator().manual_seed(4)
+    V, n = 500, 120
+    cols = torch.randperm(V, generator=g)[:n].numpy()
+    x = torch.randn(3, n, generator=g, dtype=torch.float32) * 2
+    if opts.top_k:
+        kth = torch.topk(x[1], opts.top_k).values[-1]
+        x[1, torch.argsort(x[1])[:3]] = kth  # three more tokens tied at the k-th score
+    full = torch.full((3, V), -float("inf"))
+    full[:, torch.as_tensor(cols)] = x
+    ctx = [np.arange(6)] * 3
+    sampler = DraftSampler(opts, GumbelNoise(0), row=0, vocab_size=V)
+    np.testing.assert_allclose(sampler.probs(x, ctx, columns=cols), opts.probs(full.double(), ctx), atol=1e-7)
+
+
+def test_draft_scores_are_the_perturbed_log_probabilities_on_the_support_alone():
+    opts = SamplingOptions(top_k=4)
+    sampler = DraftSampler(opts, GumbelNoise(7), row=3, vocab_size=30)
+    q = opts.probs(torch.randn(1, 30, generator=torch.Generator().manual_seed(0), dtype=torch.float64))[0]
+    cols = np.arange(0, 30, 2)
+    s = sampler.scores(q, 11, cols)
+    live = q[cols] > 0
+    assert np.all(np.isneginf(s[~live]))
+    np.testing.assert_array_equal(s[live], np.log(q[cols][live]) + GumbelNoise(7).of(3, 11, cols[live]))
+    assert sampler.ranked(q, 11, 1)[0] == sampler.draw(q, 11)

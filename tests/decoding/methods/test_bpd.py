@@ -9,11 +9,24 @@ from latticedraft.decoding.methods.bpd import METHOD, DrafterSpec
 from latticedraft.errors import InputError
 
 
-def test_sampling_keeps_every_drafting_setting():
-    """Under ``--do-sample`` the drafter, tree, n-grams and slots are those of greedy decoding (every
-    draft is lossless under the shared noise); the oracle, which drafts the greedy output, is refused."""
-    values = {"drafter": "top1", "tree": "auto", "context_ngrams": 3, "lm_drafts": 2, "suffix_drafts": 2}
+def test_sampling_drafts_less_where_the_user_is_silent():
+    """Under ``--do-sample`` what is not given drafts less (``_sampled_defaults``: the first
+    SAMPLED_SLOTS heads, no LM drafts, a fixed tree); what is given, even at the greedy default,
+    stays (every draft is lossless under the shared noise); the oracle, which drafts the greedy
+    output, is refused."""
+    from latticedraft.cli import decode_options
+    from latticedraft.decoding.methods.bpd import SAMPLED_SLOTS
+
+    values = {"drafter": "top1", "tree": "auto", "context_ngrams": 3, "lm_drafts": 2, "suffix_drafts": 2, "slots": 3}
     assert METHOD.configure({**values, "do_sample": True}, set(values)) == METHOD.configure(values, set(values))
+    values.pop("slots")
+    sampled = METHOD.configure({**values, "do_sample": True}, {"drafter"})
+    assert (sampled.slots, sampled.lm_drafts, sampled.tree, sampled.context_ngrams) == (SAMPLED_SLOTS, 0, "fixed", 3)
+    assert METHOD.configure({**values, "do_sample": True, "slots": 5}, {"slots"}).slots == 5
+    assert METHOD.configure({"drafter": "none", "do_sample": True}, {"drafter"}).slots is None  # no heads drafted
+    typed = decode_options("--do-sample", "--tree", "auto", "--lm-drafts", "auto")[1]  # typed at the default
+    assert (typed.tree, typed.lm_drafts, typed.slots) == ("auto", "auto", SAMPLED_SLOTS)
+    assert decode_options("--do-sample")[1].tree == "fixed"
     with pytest.raises(InputError, match="--drafter oracle drafts the greedy output"):
         METHOD.configure({"drafter": "oracle", "do_sample": True}, {"drafter"})
 
@@ -44,14 +57,16 @@ def test_lm_drafts_option():
 
 
 def test_sampling_a_model_without_heads_drafts_its_ngrams_unless_a_head_drafter_is_asked_for(tmp_path):
-    """The CLI's default drafter (top1) on a plain causal LM under ``--do-sample``: the context and LM
-    n-grams planned as in greedy decoding (a head drafter would sample nothing); named, it is refused."""
+    """The CLI's default drafter (top1) on a plain causal LM under ``--do-sample``: the context n-grams
+    (LM drafts off unless given, as for every sampled drafter; a head drafter would sample nothing);
+    named, it is refused."""
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "config.json").write_text("{}")
     values = {"drafter": "top1", "do_sample": True, "model": str(plain), "context_ngrams": 4, "lm_drafts": "auto"}
     spec = METHOD.configure(values, set())
-    assert (spec.name, spec.context_ngrams, spec.lm_drafts) == ("none", 4, "auto")
+    assert (spec.name, spec.context_ngrams, spec.lm_drafts) == ("none", 4, 0)
+    assert METHOD.configure(values, {"lm_drafts"}).lm_drafts == "auto"
     with pytest.raises(InputError, match=r"--drafter top1 drafts from multi-token heads, and --model .*plain has"):
         METHOD.configure(values, {"drafter"})
     heads = METHOD.configure({**values, "model": None}, set())  # the default model has heads: they draft
@@ -108,7 +123,7 @@ def test_a_drafting_option_applies_to_the_drafters_its_declaration_names(dest, r
     ("neural", 3, ("rescorer", "lm")), ("model", 0, ("draft_model",)), ("none", 2, ("lm",)),
 ])
 def test_the_files_a_drafter_reads_decide_its_output_fingerprint(drafter, lm_drafts, files):
-    """``METHOD.files``: the drafter's own file (``DRAFTER_FILES``) and the LM where LM drafts read it."""
+    """``METHOD.files``: the drafter's own file (``drafters.DRAFTERS``) and the LM where LM drafts read it."""
     spec = DrafterSpec(name=drafter, lm_drafts=lm_drafts)
     assert METHOD.files(spec) == files
     assert all(METHOD.uses_file(dest, spec) == (dest in files) for dest in ("lm", "rescorer", "draft_model"))

@@ -195,3 +195,20 @@ def test_each_source_is_corrected_on_its_own():
     assert c.corrected(np.array([0.85]), 0)[0] < 0.3 and c.corrected(np.array([0.85]), 1)[0] > 0.85
     kept = prefixes([row[row >= 0].tolist() for row in planner.plan([first, second]).drafts])
     assert (4, 5, 6) in kept and (1,) not in kept
+
+
+def test_the_calls_own_times_rescale_t_of_n_and_keep_its_shape():
+    """T(n) follows the verify calls' times as one scale on the measured curve: its shape (what n
+    nodes cost against one) is kept, so calls at one size teach every size, and a burst of load in
+    one call moves it little."""
+    from latticedraft.gpu.verify.cost_model import CostModel
+
+    p = TreePlanner("auto", cost=CostModel((1, 4, 8), (1.0, 1.3, 1.6)), max_nodes=8)
+    before = p._T.copy()
+    for _ in range(60):
+        p.observe_cost(4, 2.6)  # calls twice as slow as measured (a longer cache, a busy machine)
+    assert np.allclose(p._T, 2 * before, rtol=0.01) and (np.diff(p._T) >= 0).all()
+    p.observe_cost(2, 1000.0)  # one call stalled: clipped to twice the curve, a tenth of the way
+    assert np.allclose(p._T, before * (2 + 0.1 * (2 - 2)), rtol=0.02)
+    assert p.step_seconds(4) == pytest.approx(p._T[3] + p.overhead)
+    TreePlanner("fixed").observe_cost(3, 9.0)  # no cost model: nothing to refine

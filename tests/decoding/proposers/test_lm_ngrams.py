@@ -34,8 +34,7 @@ def test_continuation_is_the_reference_lms_greedy_walk_from_the_last_tokens(toy)
 def test_proposals_are_cut_to_the_room_and_rated_by_the_lm_table(toy):
     _, A = toy
     model = AcceptanceModel.prior()
-    table = model.table("lm")
-    table[:] = np.arange(table.shape[1])[None, :] / 100 + 0.01  # rate = depth-coded
+    model.table = lambda name: np.tile(np.arange(16)[None, :] / 100 + 0.01, (14, 1))  # rate = depth-coded
     prop = LMProposer(LMNgrams(depth=4), A)
     hist = [np.array([1, 2, 3], dtype=np.int64), np.array([8, 0], dtype=np.int64), np.array([5], dtype=np.int64)]
     step = Step(index=[0, 1, 2], rows=[0, 1, 2], histories=hist, rooms=[4, 2, 0], acceptance=model)
@@ -52,9 +51,9 @@ def test_proposals_are_cut_to_the_room_and_rated_by_the_lm_table(toy):
 
 def test_lm_rates_read_the_table_by_probability_bin_and_depth():
     m = AcceptanceModel.prior()
-    m.tables["lm"] = np.arange(14 * 3, dtype=float).reshape(14, 3)  # 3 depths: depth 3 reads the last column
+    t = np.arange(14 * 3, dtype=float).reshape(14, 3)  # 3 depths: depth 3 reads the last column
+    m.table = lambda name: t
     probs = np.array([0.95, 0.3, 0.01, 0.5])
-    t = m.tables["lm"]
     want = [t[head_bins(0.95), 0], t[head_bins(0.3), 1], t[head_bins(0.01), 2], t[head_bins(0.5), 2]]
     assert m.rates("lm", head_bins(probs)).tolist() == want
 

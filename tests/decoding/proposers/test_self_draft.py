@@ -169,3 +169,14 @@ def tiny_model_neox():
     torch.manual_seed(0)
     return GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=8192, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                             num_attention_heads=4, max_position_embeddings=64)).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_targets_draft_and_decode(dtype):
+    """A bfloat16 or float16 target: the copy's products keep the residual stream in the target's
+    dtype, drafts are kept, and (no near-ties in a peaked model) the output is generate's in that dtype."""
+    model = peaked("llama", seed=11, dtype=dtype)
+    ps = prompts(2, seed=12, lengths=(5, 9))
+    r = bpd_decode(model, ps, None, BpdPlan(sources=(self_draft(model),)), Request(max_new_tokens=16))
+    assert [s.tokens.tolist() for s in r.sequences] == [reference(model, p, 16) for p in ps]
+    assert sum(sum(s.accepted_drafts) for s in r.sequences) > 0

@@ -102,7 +102,7 @@ def _conversation_checked(d, m, rec, turns, n):
         assert t["prompt_ids"] == _rendered(d / "chat", msgs)
         assert t["tokens"] == _greedy(m, t["prompt_ids"], n)
         msgs.append({"role": "assistant", "content": tok.decode(t["tokens"], skip_special_tokens=True).strip()})
-    assert {k: v for k, v in rec.items() if k not in ("turns", "method")} == rec["turns"][-1]  # the last turn
+    assert {k: v for k, v in rec.items() if k not in ("turns", "method", "id")} == rec["turns"][-1]  # the last turn
 
 
 def test_every_turn_is_asked_after_the_models_own_answer(chat_model, capsys, tmp_path):
@@ -158,3 +158,62 @@ def test_chat_refusals_are_one_line(chat_model, capsys, tmp_path):
             str(d / "plain"), watch=[tmp_path])
     refused(capsys, ["decode", "--model", str(d / "plain"), "--prompts", str(d / "chat.jsonl"), "--chat", "--output",
                      str(tmp_path / "o.jsonl")], "no chat template", watch=[tmp_path])
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if a model or a transformers tokenizer is loaded: what is refused here is refused
+    from the files alone (issue 59, class E)."""
+    from latticedraft.decoding.runs import chat, session
+
+    def loaded(*a, **k):
+        raise AssertionError("a model or tokenizer was loaded before the refusal")
+
+    monkeypatch.setattr(session, "load_model", loaded)
+    monkeypatch.setattr(chat.ChatTemplate, "load", loaded)
+
+
+MODES = [["--json"], ["--output", "OUT"], []]  # records as JSON, a data-set run, the text stream
+
+
+@pytest.mark.parametrize("mode", MODES, ids=["json", "output", "stream"])
+def test_chat_records_without_chat_and_chat_without_a_template_are_refused_before_loading(
+        chat_model, capsys, tmp_path, no_model_load, mode):
+    d, _ = chat_model
+    mode = [str(tmp_path / "o.jsonl") if m == "OUT" else m for m in mode]
+    refused(capsys, ["decode", "--model", str(d / "chat"), "--prompts", str(d / "chat.jsonl"), *mode],
+            "line 2 is a chat record", "pass --chat", watch=[tmp_path])
+    refused(capsys, ["decode", "--model", str(d / "plain"), "--prompts", str(d / "chat.jsonl"), "--chat", *mode],
+            f"--chat: {d / 'plain'} has no chat template", "drop --chat", watch=[tmp_path])
+    heads = tmp_path / "heads"  # a head directory: the template is looked for beside its base
+    heads.mkdir()
+    (heads / "heads_config.json").write_text(json.dumps({"base": "../../" + str((d / "plain").relative_to(d.parent))}))
+    refused(capsys, ["decode", "--model", str(heads), "--prompt", "Hi", "--chat"],
+            f"{(d / 'plain').resolve()} has no chat template", watch=[tmp_path])
+
+
+@pytest.mark.parametrize("mode", MODES, ids=["json", "output", "stream"])
+def test_every_malformed_chat_record_is_refused_before_loading(chat_model, capsys, tmp_path, no_model_load, mode):
+    """Issue 59, class B, through decode: the record's line and the fix, in one line, with no model loaded."""
+    from tests.decoding.runs.test_prompt_set import MALFORMED_CHATS
+
+    d, _ = chat_model
+    mode = [str(tmp_path / "o.jsonl") if m == "OUT" else m for m in mode]
+    for record, why, fix in MALFORMED_CHATS:
+        f = tmp_path / "bad.jsonl"
+        f.write_text(json.dumps({"prompt": "Hi"}) + "\n" + json.dumps(record) + "\n")
+        line = refused(capsys, ["decode", "--model", str(d / "chat"), "--prompts", f, "--chat", *mode],
+                       f"--prompts {f} line 2: {why}; {fix}", watch=[tmp_path / "o.jsonl"])
+        assert ("--skip-bad" in line) == ("--output" in mode), line  # offered where it applies
+
+
+def test_an_empty_chat_prompt_is_refused_at_once(chat_model, capsys, no_model_load, monkeypatch):
+    import io
+    import sys
+
+    d, _ = chat_model
+    with pytest.raises(SystemExit):
+        main(["decode", "--model", str(d / "chat"), "--chat", "--prompt", ""])
+    assert "--prompt: the value is empty" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    refused(capsys, ["decode", "--model", str(d / "chat"), "--chat", "--prompt", "-"], "empty prompt")

@@ -123,12 +123,16 @@ def test_eval_records_out_replaces_only_its_own_files_with_force(tmp_path, capsy
     out = tmp_path / "summary"
     capsys.readouterr()
     assert main(["eval", "--records", str(full), "--out", str(out)]) == 0
-    refused(capsys, ["eval", "--records", full, "--out", out], f"--out {out / 'records.json'} already holds a records "
-            "summary (records.json); pass --force", watch=[tmp_path])
+    refused(capsys, ["eval", "--records", full, "--out", out], f"--out {out} already holds a records summary "
+            "(records.json + records.md); pass --force", watch=[tmp_path])
+    (out / "NOTES.md").write_text("mine")
     assert main(["eval", "--records", str(full), "--out", str(out), "--force"]) == 0
-    (out / "records.md").write_text("my notes")
-    refused(capsys, ["eval", "--records", full, "--out", out, "--force"], f"--out {out / 'records.md'} exists and is "
-            "not a records table", watch=[tmp_path])
+    assert (out / "NOTES.md").read_text() == "mine" and json.loads((out / "records.json").read_text())["total"]
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    refused(capsys, ["eval", "--records", full, "--out", notes, "--force"], f"--out {notes} holds 1 entry (todo.txt)",
+            "not a records summary", watch=[tmp_path])
     refused(capsys, ["eval", "--records", full, "--force"], "--force does not apply here")
 
 

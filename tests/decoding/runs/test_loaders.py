@@ -68,3 +68,21 @@ def test_the_demos_name_for_smollm2_is_no_directory_and_the_error_says_what_is(t
     with pytest.raises(InputError) as e:
         load_model(tmp_path / "elsewhere")
     assert "smollm2" not in str(e.value)  # other missing directories get no SmolLM2 hint
+
+
+def test_an_empty_model_path_is_named_as_empty_not_as_the_current_directory():
+    from latticedraft.decoding.runs.loaders import check_model_dir
+    from latticedraft.errors import InputError
+
+    with pytest.raises(InputError, match=r"--model '' is empty; pass --model DIR"):
+        check_model_dir("")
+
+
+def test_the_base_of_a_head_directory_is_read_from_its_files(tmp_path):
+    from latticedraft.decoding.runs.loaders import base_dir_from_files
+
+    heads, plain = tmp_path / "heads", tmp_path / "plain"
+    heads.mkdir()
+    plain.mkdir()
+    (heads / "heads_config.json").write_text(json.dumps({"base": "../plain"}))
+    assert base_dir_from_files(heads) == plain.resolve() and base_dir_from_files(plain) == plain
