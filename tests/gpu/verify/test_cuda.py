@@ -1,6 +1,7 @@
 """The lean step on CUDA (skipped without a CUDA device): LeanStack and the KV cache compute what
 transformers computes there, and the one loop, tree verification with heads, equals
-``generate(do_sample=False)`` on the GPU token for token, batch 1 and 3. The CPU suite proves
+``generate(do_sample=False)`` on the GPU token for token, batch 1 and 3, also with the self-draft
+(torch's CUDA int4 / int8 kernels). The CPU suite proves
 the same on the CPU; CI has no GPU."""
 
 import numpy as np
@@ -74,3 +75,25 @@ def test_incremental_draft_model_on_cuda():
     with torch.no_grad():
         want = model(torch.as_tensor(history[None], device=DEV)).logits[0, -1]
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_self_draft_equals_generate_on_cuda(kind, batch):
+    """The model's own quantized copy drafting on the GPU (torch's CUDA int4 / int8 kernels) over the
+    verifier's cache: the output is generate's, and the copy's drafts are kept."""
+    from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+    from latticedraft.decoding.proposers.self_draft import SelfDraftProposer
+    from latticedraft.gpu.models.quantized import Scheme, kernels_missing
+
+    if kernels_missing(DEV) is not None:
+        pytest.skip(kernels_missing(DEV))
+    model = tiny_model("llama", torch.float32, seed=0, window=7).to(DEV)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(8.0)  # peaked next-token distributions: the copy agrees often
+    ps = prompts(batch, seed=1)
+    want = [_reference(model, p, 24) for p in ps]
+    src = SelfDraftProposer(LeanStack(model, Scheme(kind)))
+    r = bpd_decode(model, ps, None, BpdPlan(tree="fixed", sources=(src,)), Request(max_new_tokens=24))
+    assert [q.tokens.tolist() for q in r.sequences] == want
+    assert sum(sum(q.accepted_drafts) for q in r.sequences) > 0
