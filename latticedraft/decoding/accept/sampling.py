@@ -31,7 +31,6 @@ same seed; their distribution is the same.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -233,14 +232,10 @@ class GumbelNoise:
     """The run's sampling noise: row r's position t has Gumbel(0, 1) noise g_t[v] for every token
     v, a function of (seed, r, t, v) alone: a counter-based hash (splitmix64's finalizer, twice)
     to a uniform u in (0, 1) with 53 bits, g = -log(-log u). So any tokens' noise is computed
-    alone (``of``: a top-k's support, a draft vocabulary's columns), never the whole vocabulary's
-    unless asked (``at``, kept for the last ``KEEP`` positions asked for)."""
-
-    KEEP = 64
+    alone (``of``: a top-k's support, a draft vocabulary's columns), never the whole vocabulary's."""
 
     def __init__(self, seed: int):
         self.seed = int(seed)
-        self.kept: OrderedDict = OrderedDict()
 
     def of(self, row: int, position: int, tokens) -> np.ndarray:
         """g_t[v] of row ``row`` at position ``position`` for ``tokens`` (int[k]): float64[k]."""
@@ -251,34 +246,23 @@ class GumbelNoise:
         u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
         return -np.log(-np.log(u))
 
-    def at(self, row: int, position: int, vocab_size: int) -> np.ndarray:
-        """g_t of every token: float64[vocab_size]."""
-        key = (int(row), int(position), int(vocab_size))
-        g = self.kept.get(key)
-        if g is None:
-            g = self.of(key[0], key[1], np.arange(key[2]))
-            self.kept[key] = g
-            if len(self.kept) > self.KEEP:
-                self.kept.popitem(last=False)
-        return g
+    def ranked(self, p: np.ndarray, row: int, position: int, k: int = 1) -> np.ndarray:
+        """The k tokens of p float64[V] (fewer where its support is smaller) with the largest log p
+        + g_t under row ``row``'s noise at ``position``, best first, reading the noise of p's
+        support alone: int64[<= k]. The first is a draw from p (Gumbel-max)."""
+        support = np.flatnonzero(p > 0)
+        s = np.log(p[support]) + self.of(row, position, support)
+        return support[np.argsort(-s, kind="stable")[:k]]
 
     def choice(self, p: np.ndarray, row: int, position: int) -> int:
-        """``coupled_choice`` of p float64[V] under row ``row``'s noise at ``position``, reading
-        the noise of p's support alone."""
-        support = np.flatnonzero(p > 0)
-        return int(support[np.argmax(np.log(p[support]) + self.of(row, position, support))])
-
-
-def coupled_choice(p: np.ndarray, g: np.ndarray) -> int:
-    """The token of distribution p float64[V] under noise g float64[V]: argmax over p's support
-    of log p + g (a draw from p when g is Gumbel(0, 1) noise independent of p)."""
-    support = np.flatnonzero(p > 0)
-    return int(support[np.argmax(np.log(p[support]) + g[support])])
+        """p's token under row ``row``'s noise at ``position``: argmax over p's support of log p +
+        g_t (``ranked``'s first)."""
+        return int(self.ranked(p, row, position)[0])
 
 
 class SpeculativeRule:
     """Lossless sampling as an acceptance rule (``accept/rule.py``): at every walked node the
-    target's perturbed argmax (``coupled_choice``), so a draft token is kept where it equals it.
+    target's perturbed argmax (``GumbelNoise.choice``), so a draft token is kept where it equals it.
 
     options: ``SamplingOptions`` (what turns the target's logits into p); noise: ``GumbelNoise``
     (default: of ``options.seed``)."""
@@ -357,12 +341,8 @@ class DraftSampler:
         return out
 
     def ranked(self, q: np.ndarray, position: int, k: int = 2) -> np.ndarray:
-        """q's k tokens of the largest perturbed scores at ``position``, best first (its support's;
-        fewer where the support is smaller): int64[<= k]."""
-        support = np.flatnonzero(q > 0)
-        s = np.log(q[support]) + self.noise.of(self.row, position, support)
-        top = np.argsort(-s, kind="stable")[:k]
-        return support[top]
+        """q's k tokens of the largest perturbed scores at ``position``, best first (``GumbelNoise.ranked``)."""
+        return self.noise.ranked(q, self.row, position, k)
 
     def draw(self, q: np.ndarray, position: int) -> int:
         """q's token for ``position``: its perturbed argmax (the target's wherever q = p)."""

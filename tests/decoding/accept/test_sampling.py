@@ -17,7 +17,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import GenerationConfig
 
-from latticedraft.decoding.accept.sampling import DraftSampler, GumbelNoise, SamplingOptions, coupled_choice
+from latticedraft.decoding.accept.sampling import DraftSampler, GumbelNoise, SamplingOptions
 from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
 from latticedraft.decoding.proposers.heads import LatticeOptions, make_drafter
 from latticedraft.decoding.registry import Request
@@ -97,13 +97,14 @@ def test_the_perturbed_argmax_draws_from_p():
     a token without mass; the noise repeats by (seed, row, position) and differs between them."""
     p = np.array([0.35, 0.0, 0.05, 0.3, 0.2, 0.1])
     noise = GumbelNoise(seed=4)
-    counts = np.bincount([coupled_choice(p, noise.at(0, t, 6)) for t in range(60000)], minlength=6)
+    counts = np.bincount([noise.choice(p, 0, t) for t in range(60000)], minlength=6)
     assert counts[1] == 0
     support = p > 0
     assert chisquare(counts[support], p[support] * counts.sum()).pvalue > 1e-3
-    assert np.array_equal(noise.at(2, 7, 6), GumbelNoise(seed=4).at(2, 7, 6))
-    assert not np.array_equal(noise.at(2, 7, 6), noise.at(3, 7, 6))
-    assert not np.array_equal(noise.at(2, 7, 6), noise.at(2, 8, 6))
+    v = np.arange(6)
+    assert np.array_equal(noise.of(2, 7, v), GumbelNoise(seed=4).of(2, 7, v))
+    assert not np.array_equal(noise.of(2, 7, v), noise.of(3, 7, v))
+    assert not np.array_equal(noise.of(2, 7, v), noise.of(2, 8, v))
 
 
 def _suffix_and_context():
