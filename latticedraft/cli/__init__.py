@@ -30,8 +30,8 @@ def description() -> str:
 
     lossy = [m.name for m in registry.methods().values() if not m.lossless]
     return ("Faster language-model decoding without changing the output. Draft sources (multi-token heads and "
-            "their lattices rescored with n-gram or neural LMs, context n-grams, a draft model, the model's own "
-            "early layers, a lookahead window) propose several tokens per step; the model verifies them in one "
+            "their lattices rescored with n-gram or neural LMs, context n-grams, the model's own weights at 4 bits, "
+            "a draft model, the model's own early layers, a lookahead window) propose several tokens per step; the model verifies them in one "
             "forward pass and keeps exactly what greedy decoding would write, or with sampling draws from its own "
             f"distribution ({' and '.join(lossy)} sample approximately). latticedraft also trains the heads and "
             "draft models and builds the n-gram LMs they use.")

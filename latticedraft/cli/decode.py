@@ -214,8 +214,9 @@ def description() -> str:
             f"a resumable data set (--output). The lossless methods ({', '.join(lossless)}) write exactly what "
             f"greedy decoding would, or with --do-sample ({', '.join(sampled)}) draw from the model's own "
             f"sampling distribution; {' and '.join(lossy)} sample approximately (not lossless). With no options: "
-            "--method bpd with --drafter top1: the heads' top-1 drafts, context n-grams and, where an n-gram LM "
-            "build fits the tokenizer, its continuations, verified as one cost-aware tree per step.")
+            "--method bpd with --drafter top1: the heads' top-1 drafts, context n-grams, where an n-gram LM build "
+            "fits the tokenizer its continuations and, where a 4-bit forward pays, the model's own int4 copy "
+            "(--self-draft auto), verified as one cost-aware tree per step.")
 
 
 def _is_records(path) -> bool:
