@@ -111,7 +111,7 @@ def get_smollm2() -> bool:
     from latticedraft.cli import fetch
     from latticedraft.paths import smollm2_dir, smollm2_lm_dir
 
-    if not (fetch._is_fetched(smollm2_dir()) and fetch.lm_is_current(smollm2_lm_dir(), smollm2_dir())):
+    if not (fetch.is_fetched(smollm2_dir()) and fetch.lm_is_current(smollm2_lm_dir(), smollm2_dir())):
         _say("latticedraft demo: first run: fetching SmolLM2-135M-Instruct and building its 4-gram (about a "
              "minute; later runs reuse both)")
     try:

