@@ -246,18 +246,24 @@ class GumbelNoise:
         u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
         return -np.log(-np.log(u))
 
-    def ranked(self, p: np.ndarray, row: int, position: int, k: int = 1) -> np.ndarray:
-        """The k tokens of p float64[V] (fewer where its support is smaller) with the largest log p
-        + g_t under row ``row``'s noise at ``position``, best first, reading the noise of p's
-        support alone: int64[<= k]. The first is a draw from p (Gumbel-max)."""
+    def scores(self, p: np.ndarray, row: int, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """(p's support int64[m], log p + g_t there float64[m]) under row ``row``'s noise at
+        ``position``, reading the noise of the support alone."""
         support = np.flatnonzero(p > 0)
-        s = np.log(p[support]) + self.of(row, position, support)
-        return support[np.argsort(-s, kind="stable")[:k]]
+        return support, np.log(p[support]) + self.of(row, position, support)
 
     def choice(self, p: np.ndarray, row: int, position: int) -> int:
         """p's token under row ``row``'s noise at ``position``: argmax over p's support of log p +
-        g_t (``ranked``'s first)."""
-        return int(self.ranked(p, row, position)[0])
+        g_t (a draw from p, Gumbel-max)."""
+        support, s = self.scores(p, row, position)
+        return int(support[np.argmax(s)])
+
+    def ranked(self, p: np.ndarray, row: int, position: int, k: int) -> np.ndarray:
+        """The k tokens of p's support (fewer where it is smaller) with the largest log p + g_t,
+        best first (``choice``'s first): int64[<= k]."""
+        support, s = self.scores(p, row, position)
+        top = np.argpartition(-s, k - 1)[:k] if k < len(s) else np.arange(len(s))
+        return support[top[np.argsort(-s[top], kind="stable")]]
 
 
 class SpeculativeRule:
