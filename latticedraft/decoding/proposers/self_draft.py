@@ -50,6 +50,7 @@ MAX_DEPTH = 24  # the longest chain a step drafts (the measured costs stop it so
 CONFIDENCE = 0.3  # without a cost model: stop once the chain's chance is below this
 BRANCH = 0.5  # a runner-up with at least this share of the top probability joins the tree
 AUTO_RATIO = 0.5  # auto: on where a draft forward costs at most this share of a float forward
+AUTO_KINDS = ("int4", "int8")  # auto: the schemes it times against each other
 CHAIN, RUNNER_UP = 0, 1  # calibration sources
 
 
@@ -128,9 +129,9 @@ class SelfDraftProposer(Proposer):
         mask = None if allowed.all() else torch.from_numpy(allowed).to(st.split.device)[:, None]
         cache.reserve(1)
         p = torch.from_numpy(q_pos).to(st.split.device)
-        h = st.run(st.embed(torch.from_numpy(x[:, None]).to(st.split.device), p), 0, st.num_layers, mask, p, cache)
+        logits = st.token_logits(torch.from_numpy(x[:, None]).to(st.split.device), p, mask, cache)
         cache.mark(np.ones((b, 1), dtype=bool), q_pos)
-        return st.unembed(st.norm(h[:, -1])).float()
+        return logits
 
     def _pick(self, step: Step, logits, t: int, chain: list, alts: list) -> tuple[np.ndarray, np.ndarray]:
         """Each row's draft token at depth t and its probability (greedy: the argmax; sampling: the
@@ -219,10 +220,12 @@ def build(session, value: str) -> SelfDraftProposer | None:
 
 def quantized_stack(session, value: str):
     """The quantized ``LeanStack`` of the session's model for ``value``: "int4" / "int8" (refused in
-    one line where the model, the torch build or the device cannot run it), "auto" (int4 where it
-    can run and a draft forward costs at most ``AUTO_RATIO`` of a float one, measured; else None)."""
-    from latticedraft.gpu.models.quantized import Scheme, kernels_missing
-    from latticedraft.gpu.verify.lean import LeanStack, supports
+    one line where the model, the torch build or the device cannot run it), "auto" (int4 and int8
+    built and timed against a float forward on this machine; the faster, where it costs at most
+    ``AUTO_RATIO`` of a float one, else None). Its draft forward runs in one call of the fused
+    kernels (``gpu/verify/fused_draft.py``) where they build and run the model, else op by op."""
+    from latticedraft.gpu.models.quantized import kernels_missing
+    from latticedraft.gpu.verify.lean import supports
     from latticedraft.gpu.verify.modes import model_device
 
     model = session.model
@@ -232,23 +235,45 @@ def quantized_stack(session, value: str):
             session.learned.event(f"--self-draft auto: off ({why})")
             return None
         raise ModelError(f"--self-draft {value}: {why}")
+    if value != "auto":
+        return _built(session, value)
+    return _fastest(session, {kind: _built(session, kind) for kind in AUTO_KINDS})
+
+
+def _built(session, kind: str):
+    """The ``kind`` stack of the session's model with its fused kernels where they run (events say
+    what was built, and why a draft runs op by op)."""
+    from latticedraft.gpu.models.quantized import Scheme
+    from latticedraft.gpu.verify.fused_draft import FusedDraft
+    from latticedraft.gpu.verify.lean import LeanStack
+
     t0 = time.perf_counter()
-    stack = LeanStack(model, Scheme("int4" if value == "auto" else value))
+    stack = LeanStack(session.model, Scheme(kind))
     built = time.perf_counter() - t0
     if stack.fallbacks:
         session.learned.event(f"--self-draft: {len(stack.fallbacks)} projection(s) not in {stack.scheme.kind}: "
                               f"{stack.fallbacks[0]}" + (" ..." if len(stack.fallbacks) > 1 else ""))
-    if value == "auto":
-        from latticedraft.gpu.verify.lean import stack_for, token_seconds
-
-        ratio = token_seconds(stack, stack_for(model))
-        if ratio > AUTO_RATIO:
-            session.learned.event(f"--self-draft auto: off (a 4-bit draft forward takes {ratio:.2f}x a "
-                                  f"{stack.split.dtype} one: it would not pay)")
-            return None
-    session.learned.event(f"--self-draft: {stack.scheme.kind} copy built in {built:.2f} s, "
-                          f"{stack.nbytes() / 2**20:.1f} MiB")
+    stack.fused, why = FusedDraft.of(stack, progress=session.notify)
+    how = "fused kernels" if why is None else f"op by op ({why})"
+    session.learned.event(f"--self-draft: {kind} copy built in {built:.2f} s, {stack.nbytes() / 2**20:.1f} MiB; "
+                          f"its forward runs as {how}")
     return stack
+
+
+def _fastest(session, stacks: dict):
+    """Of ``stacks`` (kind -> stack), the one whose token forward is fastest against a float one on
+    this machine (measured), None where even it costs more than ``AUTO_RATIO``."""
+    from latticedraft.gpu.verify.lean import stack_for, token_seconds
+
+    ratios = {kind: token_seconds(st, stack_for(session.model)) for kind, st in stacks.items()}
+    best = min(ratios, key=ratios.get)
+    timed = ", ".join(f"{k} {r:.2f}x" for k, r in ratios.items())
+    dtype = stacks[best].split.dtype
+    if ratios[best] > AUTO_RATIO:
+        session.learned.event(f"--self-draft auto: off (a draft forward takes {timed} a {dtype} one: it would not pay)")
+        return None
+    session.learned.event(f"--self-draft auto: {best} (a draft forward takes {timed} a {dtype} one, measured)")
+    return stacks[best]
 
 
 def _check(value) -> str:
@@ -262,6 +287,6 @@ SOURCE = DraftSource(
     option=option("off", cli="auto", fit=False, group="tree", choices=KINDS, help=(
         "also draft with the model's own weights quantized at load (int4: groups of 32; int8: per channel), "
         "sharing the verifier's cache; the chain stops where the next token no longer pays under the measured "
-        "costs (default auto: int4 where the lean path runs the model and a 4-bit forward costs at most half a "
-        "float one)")),
+        "costs (default auto: int4 or int8, whichever forward is faster on this machine, where the lean path runs "
+        "the model and it costs at most half a float one)")),
     build=build, check=_check, rates="online", shares_cache=True)

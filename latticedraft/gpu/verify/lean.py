@@ -172,6 +172,7 @@ class LeanStack:
         self.lm, self.config = self.split.lm, self.split.config
         self.arch: Arch = arch_of(self.lm)[0]
         self.scheme, self.fallbacks = scheme, []
+        self.fused = None  # a fused_draft.FusedDraft running ``token_logits`` in one call (the self-draft sets it)
         self.num_layers, self.hidden = self.split.num_layers, self.split.hidden_size
         attn = getattr(self.split.layers[0], self.arch.attention)
         self.head_dim = int(attn.head_dim)
@@ -287,6 +288,14 @@ class LeanStack:
             h = self._layer(i, h, mask, cos, sin, cache)
         return h
 
+    def token_logits(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
+        """One token per row through every layer and the output projection: ids x int64[b, 1] at
+        positions pos int64[b, 1], after ``cache.reserve(1)``; mask bool[b, 1, 1, K] (K = cache.end) or
+        None (every slot) -> logits float32[b, V]. Through ``fused`` where set, else op by op."""
+        if self.fused is not None:
+            return self.fused(self.embed(x, pos)[:, 0], pos[:, 0], cache, None if mask is None else mask[:, 0, 0])
+        return self.unembed(self.norm(self.run(self.embed(x, pos), 0, self.num_layers, mask, pos, cache)[:, -1])).float()
+
     def _layer(self, i, h, mask, cos, sin, cache):
         w = self.weights[i]
         b, n, _ = h.shape
@@ -338,7 +347,7 @@ def token_seconds(stack: LeanStack, other: LeanStack, context: int = 64, repeats
         def one() -> float:
             t0 = time.perf_counter()
             cache.reserve(1)
-            st.unembed(st.norm(st.run(st.embed(x, p), 0, st.num_layers, None, p, cache)[:, -1]))
+            st.token_logits(x, p, None, cache)
             cache.truncate(context)
             return time.perf_counter() - t0
 
