@@ -36,6 +36,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from latticedraft import learned_state
 from latticedraft.atomic import atomic_file
 from latticedraft.errors import InputError, ModelError
 
@@ -211,6 +212,13 @@ class CooccurrenceStats:
         p = Path(path)
         if p.is_dir():
             p = p / FILE_NAME
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(p, suffix=".npz") as tmp:
+            self.write(tmp)
+        return p
+
+    def write(self, path: Path) -> None:
+        """Write the table to file ``path`` as it is (``save``'s content)."""
         meta = dict(self.meta)
         meta.pop("path", None)
         header = {
@@ -224,10 +232,7 @@ class CooccurrenceStats:
             arrays[f"pair{d}_data"] = m.data.astype(np.int64)
             arrays[f"pair{d}_indices"] = m.indices.astype(np.int64)
             arrays[f"pair{d}_indptr"] = m.indptr.astype(np.int64)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(p, suffix=".npz") as tmp:
-            np.savez_compressed(tmp, **arrays)
-        return p
+        np.savez_compressed(path, **arrays)
 
     @classmethod
     def load(cls, path: str | Path) -> "CooccurrenceStats":
@@ -362,6 +367,20 @@ def _progress(it, enabled: bool | None, desc: str):
     return tqdm(it, desc=desc, unit="seq", disable=disable)
 
 
+def _schema(s: "CooccurrenceStats") -> str | None:
+    """None where a loaded table's arrays fit its vocabulary (``load`` checks the pairs), else why not."""
+    arrays = (s.unigram, s.triple_keys, s.triple_counts)
+    if any(a.dtype.kind not in "iu" for a in arrays) or s.unigram.shape != (s.vocab_size,):
+        return "unigram counts of another vocabulary or type"
+    if s.triple_keys.shape != s.triple_counts.shape or min((a.min() for a in arrays if a.size), default=0) < 0:
+        return "triples misshapen or negative counts"
+    return None
+
+
+KIND = learned_state.kind("cooccurrence", "co-occurrence counts", _schema, parse=lambda p: CooccurrenceStats.load(p),
+                          example=lambda: CooccurrenceStats.from_sequences([[0, 1, 2, 1, 0, 3]], 5, "f" * 64).write)
+
+
 def resolve_table(spec: str | Path | None, tokenizer, corpus: Sequence[str] = ("stdlib:train",),
                   notify=None) -> "CooccurrenceStats":
     """The co-occurrence table for ``tokenizer``: a path (file or LM build dir), or ``None``/``"auto"``.
@@ -371,7 +390,7 @@ def resolve_table(spec: str | Path | None, tokenizer, corpus: Sequence[str] = ("
     standard library) when missing. Refuses a table from another vocabulary (``ModelError``).
     """
     from latticedraft.lm.tokenizer import fingerprint
-    from latticedraft.paths import cache_dir, default_lm_dir
+    from latticedraft.paths import default_lm_dir
 
     fp = fingerprint(tokenizer)
     V = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -384,18 +403,16 @@ def resolve_table(spec: str | Path | None, tokenizer, corpus: Sequence[str] = ("
         stats = CooccurrenceStats.load(bundled)
         if stats.fingerprint == fp and stats.vocab_size == V:
             return stats
-    name = "-".join(str(c).replace(":", "_").replace("/", "_") for c in corpus)
-    cached = cache_dir() / "cooccurrence" / f"{name}-{fp[:12]}.npz"
-    if cached.is_file():
-        stats = CooccurrenceStats.load(cached)
-        stats.check(vocab_size=V, fingerprint=fp, where="the tokenizer")
+    name = "-".join(str(c).replace(":", "_").replace("/", "_") for c in corpus) + f"-{fp[:12]}.npz"
+    stats = learned_state.read(KIND, name, notify, check=lambda s: s.check(vocab_size=V, fingerprint=fp))
+    if stats is not None:
         return stats
     from latticedraft.lm.corpus import resolve_corpus
 
     if notify:
-        notify(f"counting co-occurrences of {', '.join(corpus)} into {cached} (once)")
+        notify(f"counting co-occurrences of {', '.join(corpus)} into {KIND.path(name)} (once)")
     stats = CooccurrenceStats.from_files(resolve_corpus(list(corpus)), tokenizer)
     stats.meta["corpus"] = list(corpus)
-    stats.save(cached)
-    stats.meta["path"] = str(cached)
+    if learned_state.write(KIND, name, stats.write) is not None:
+        stats.meta["path"] = str(KIND.path(name))
     return stats

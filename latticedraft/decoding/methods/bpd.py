@@ -282,7 +282,8 @@ def _run(session, prompts: list, spec: DrafterSpec, req, warm_up: bool = False) 
                    draft_vocab=ses.draft_vocab(session, spec.draft_vocab) if spec.name in HEAD_DRAFTERS else None,
                    gate=HeadGate() if warm_up else learned.gate(spec), lookahead=spec.lookahead,
                    sources=draft_sources.build_all(session, spec, fresh=warm_up),
-                   correction=None if warm_up or spec.tree != "auto" else learned.correction(spec, req.sampling))
+                   correction=None if warm_up or spec.tree != "auto" else learned.correction(spec, req.sampling),
+                   note=learned.event)
     count = not warm_up and ses.counting(session, spec, req.sampling)  # the session's steps teach the tables
     res = bpd_decode(session.model, prompts, ses.proposer(session, spec, refs, fresh=warm_up), plan,
                      replace(req, record_steps=True) if count else req)

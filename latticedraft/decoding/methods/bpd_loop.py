@@ -25,7 +25,8 @@ class BpdPlan:
     ``LookaheadOptions`` of a window + pool riding along;
     draft_vocab: token ids the extra heads project onto (None: all); kv_cache: "auto" | "full" |
     "rolling"; correction: a ``planning.acceptance.RateCorrection`` the auto tree corrects the
-    rates with and teaches as it runs (None: the rates as fitted)."""
+    rates with and teaches as it runs (None: the rates as fitted); note(line): hears of a cached
+    step-cost curve that was not used (``learned_state.read``; the session's ``learned.event``)."""
 
     tree: str = "fixed"
     acceptance: object = None
@@ -36,6 +37,7 @@ class BpdPlan:
     draft_vocab: object = None
     kv_cache: str = "auto"
     correction: object = None
+    note: object = None
 
 
 def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, request: Request | None = None, *,
@@ -75,7 +77,7 @@ def bpd_decode(model, prompts: list, drafter=None, plan: BpdPlan | None = None, 
     policy = tree if from_heads or source is None else "fixed"
     if policy == "auto" and cost is None:
         rows = len(prompts) if req.in_flight is None else min(req.in_flight, len(prompts))
-        cost = verifier.step_costs(rows)
+        cost = verifier.step_costs(rows, note=plan.note)
     planner = TreePlanner(policy, plan.acceptance, cost, correction=plan.correction)
     gated = GatedHeads(plan.gate or HeadGate(), ctx) if tree == "auto" and ctx is not None and from_heads else None
     return speculative_decode(verifier, prompts, proposers, req, rule=rule, planner=planner, gate=gated)

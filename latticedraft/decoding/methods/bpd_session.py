@@ -68,14 +68,15 @@ def draft_vocab(session, size: int | str | None):
 
 def acceptance(session, spec):
     """The acceptance counts ``spec``'s auto tree rates paths with: those stored for this model,
-    dtype and settings under .cache/acceptance, else none yet (the priors); looked up once per
+    dtype and settings in the cache's acceptance folder, else none yet (the priors); looked up once per
     session and spec (``session.learned``), then added to by ``count_steps``."""
-    from latticedraft.decoding.planning.acceptance import AcceptanceModel, load
+    from latticedraft.decoding.planning.acceptance import AcceptanceModel, load, path_of
 
     def stored():
-        found = load(acceptance_key(session, spec, counted_sources(spec)))
+        key = acceptance_key(session, spec, counted_sources(spec))
+        found = load(key, note=session.learned.event)
         session.learned.event(f"acceptance counts for --drafter {spec.name}: "
-                              + (f"{found.counts} read from .cache/acceptance" if found else "none yet (the priors)"))
+                              + (f"{found.counts} read from {path_of(key)}" if found else "none yet (the priors)"))
         return found or AcceptanceModel()
 
     return session.learned.acceptance(spec, stored)

@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from latticedraft.atomic import write_atomic
-from latticedraft.paths import cache_dir
+from latticedraft import learned_state
 
 HEAD_EDGES = np.array([0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0 + 1e-6])
 PRIOR_WEIGHT = 4.0
@@ -246,25 +245,62 @@ class RateCorrection:
         np.add.at(self.kept, (s, b), np.asarray(kept, dtype=np.float64))
 
 
-def _path(key_parts: dict):
-    key = hashlib.sha256(json.dumps(key_parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return cache_dir() / "acceptance" / f"{key}.json"
+def _schema(d) -> str | None:
+    """None where ``d`` (parsed JSON) holds counts ``from_json`` reads, else why not: this
+    ``FORMAT`` and ``HEAD_EDGES``, the heads' counts float[SLOTS, bins] and every table's
+    float[bins, DEPTH] finite, >= 0, hits <= seen."""
+    S = learned_state
+    why = S.fields(d, "format", "head_edges", "head_hit", "head_seen", "tables")
+    if why or d["format"] != FORMAT or d["head_edges"] != HEAD_EDGES.tolist():
+        return why or "of another format"
+    shape = (SLOTS, len(HEAD_EDGES) - 1)
+    why = S.numbers(d["head_hit"], shape, "head_hit") or S.numbers(d["head_seen"], shape, "head_seen")
+    if why or not isinstance(d["tables"], dict):
+        return why or "tables is not an object"
+    if (np.asarray(d["head_hit"]) > np.asarray(d["head_seen"])).any():
+        return "more head hits than seen"
+    for name, t in d["tables"].items():
+        why = S.fields(t, "bins", "hit", "seen")
+        if why or t["bins"] not in ("match", "probability"):
+            return f"table {name}: {why or 'bins is not match or probability'}"
+        shape = prior_table(t["bins"]).shape
+        why = S.numbers(t["hit"], shape, f"table {name} hit") or S.numbers(t["seen"], shape, f"table {name} seen")
+        if why or (np.asarray(t["hit"]) > np.asarray(t["seen"])).any():
+            return why or f"table {name}: more hits than seen"
+    return None
 
 
-def load(key_parts: dict) -> AcceptanceModel | None:
+def _example() -> dict:
+    """Counts of two greedy steps (the heads' table and a context table), as ``store`` writes them."""
+    from latticedraft.lattice.sausage import Sausage
+
+    s = Sausage(np.array([[3, 4], [5, 6]]), np.log(np.array([[0.7, 0.2], [0.6, 0.3]], dtype=np.float32)))
+    m = fit([s] * 2, [np.array([3, 5])] * 2, [np.array([0])] * 2)
+    m._counts("context", "match")
+    return m.to_json()
+
+
+KIND = learned_state.kind("acceptance", "acceptance counts", _schema, example=_example)
+
+
+def _name(key_parts: dict) -> str:
+    return hashlib.sha256(json.dumps(key_parts, sort_keys=True, default=str).encode()).hexdigest()[:16] + ".json"
+
+
+def path_of(key_parts: dict):
+    """The real path the counts of ``key_parts`` are stored at (``$LATTICEDRAFT_CACHE`` respected)."""
+    return KIND.path(_name(key_parts))
+
+
+def load(key_parts: dict, note=None) -> AcceptanceModel | None:
     """The counts stored under a hash of ``key_parts`` in ``cache_dir()/acceptance`` (None: none,
-    of another format, or damaged)."""
-    path = _path(key_parts)
-    try:
-        d = json.loads(path.read_text())
-        return AcceptanceModel.from_json(d) if d.get("format") == FORMAT else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    or a file that fails the schema, of which ``note`` hears one line naming it)."""
+    d = learned_state.read(KIND, _name(key_parts), note)
+    return None if d is None else AcceptanceModel.from_json(d)
 
 
 def store(key_parts: dict, model: AcceptanceModel):
-    """Write ``model``'s counts under a hash of ``key_parts`` (atomically); returns the path."""
-    path = _path(key_parts)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps({**model.to_json(), "key": key_parts}, default=str) + "\n")
-    return path
+    """Write ``model``'s counts under a hash of ``key_parts`` (atomically); returns the path (None
+    where the cache could not be written: said once on stderr, the decode goes on)."""
+    text = json.dumps({**model.to_json(), "key": key_parts}, default=str) + "\n"
+    return learned_state.write(KIND, _name(key_parts), text)

@@ -19,7 +19,9 @@ settings' fingerprint, never an object's ``repr``):
 
 Measured per model rather than per session, and kept on the model (``memo.kept``): the
 verifier's output-projection timings and walk statistics and the lean layer stacks; the step cost
-T(n) is persisted in ``.cache/cost_model``. ``reset`` forgets the session's part.
+T(n) is persisted in ``.cache/cost_model``. ``reset`` forgets the session's part. What is kept on
+disk is advisory (``latticedraft/learned_state.py``): an entry that fails its schema reads as absent
+(one event names the file) and one that cannot be written is said once on stderr, never an error.
 
     >>> learned = Learned()
     >>> gate = learned.gate(spec)            # doctest: +SKIP  (the same object on every call for spec)

@@ -42,7 +42,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from latticedraft.atomic import atomic_file, write_atomic
+from latticedraft import learned_state
 from latticedraft.errors import InputError
 from latticedraft.gpu.train.data import progress_enabled
 
@@ -218,7 +218,6 @@ def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSp
     the missing ones made by ``decoder`` (the base in ``base_dir`` with the tokenizer at
     ``tokenizer_path``, as the cache is keyed)."""
     from latticedraft.lm.tokenizer import fingerprint, load_tokenizer
-    from latticedraft.paths import cache_dir
 
     spec.validate()
     base_dir = Path(base_dir)
@@ -230,12 +229,10 @@ def continuations(base_dir: str | Path, stream: np.ndarray, spec: ContinuationSp
     chat = decoder.chat() if n_chat else None
     key_ids = prompts if chat is None else np.concatenate([chat.header, prompts.reshape(-1)])
     key = cache_key(base_dir, fingerprint(load_tokenizer(tokenizer_path)), key_ids, spec, engine_setting(decoder))
-    where = Path(root) if root is not None else cache_dir() / "continuations"
-    where = where / key
-    where.mkdir(parents=True, exist_ok=True)
-    meta_file = where / "spec.json"
-    if not meta_file.is_file():
-        write_atomic(meta_file, json.dumps({"format": FORMAT, "base": str(base_dir), "spec": asdict(spec)}, indent=1) + "\n")
+    where = (Path(root) if root is not None else KIND.where) / key
+    if not (where / "spec.json").is_file():  # what the folder holds, for a reader (never read back)
+        learned_state.write(KIND, "spec.json", json.dumps({"format": FORMAT, "base": str(base_dir), "spec": asdict(spec)},
+                                                          indent=1) + "\n", root=where)
     gen = _Generator(decoder, where)
     chat_prompts = _chat_prompts(gen, chat, spec) if n_chat else []
     chat_new = spec.seq_len - min((len(p) for p in chat_prompts), default=0)
@@ -275,16 +272,17 @@ class _Generator:
     def rows(self, name: str, prompts: list, new_tokens: int, temperature: float | None, seed: int, first_row: int,
              seq_len: int) -> np.ndarray:
         """int32[len(prompts), seq_len]: each prompt then its continuation, cut to ``seq_len``."""
-        f = self.where / name
-        if not f.is_file():
+        shape = (len(prompts), seq_len)
+        fits = lambda a: None if a.shape == shape else f"shape {list(a.shape)}, not {list(shape)}"  # noqa: E731
+        rows = learned_state.read(KIND, name, check=fits, root=self.where)
+        if rows is None:
             t0 = time.perf_counter()
             new = self.new(prompts, new_tokens, temperature, seed, first_row)
             rows = np.stack([np.concatenate([p, n])[:seq_len] for p, n in zip(prompts, new)]).astype(np.int32)
-            with atomic_file(f, suffix=".npy") as tmp:
-                np.save(tmp, rows)
+            learned_state.write(KIND, name, lambda tmp: np.save(tmp, rows), root=self.where)
             _add_seconds(self.where, time.perf_counter() - t0)
             self.generated += len(prompts)
-        return np.load(f)
+        return rows
 
 
 QUESTION_ROWS = 1 << 20  # sampling seeds of the questions: rows [QUESTION_ROWS, ...) never meet a continuation's
@@ -294,8 +292,9 @@ def _chat_prompts(gen: _Generator, chat: ChatTurns, spec: ContinuationSpec) -> l
     """The chat rows' prompts: questions the base writes after the user-turn header (sampled at
     ``spec.temperature``, cut at the first end id), each rendered with the assistant's turn
     opened. The questions are cached as ``questions.json``."""
-    f = gen.where / "questions.json"
-    if not f.is_file():
+    is_list = lambda q: None if isinstance(q, list) and all(isinstance(x, str) for x in q) else "not a list of texts"  # noqa: E731
+    questions = learned_state.read(KIND, "questions.json", check=is_list, root=gen.where)
+    if questions is None:
         batches = []
         for s in range(0, spec.chat_rows, spec.batch_size):
             n = min(spec.batch_size, spec.chat_rows - s)
@@ -309,15 +308,29 @@ def _chat_prompts(gen: _Generator, chat: ChatTurns, spec: ContinuationSpec) -> l
             for row in new.tolist():
                 cut = next((i for i, t in enumerate(row) if t in ends), len(row))
                 questions.append(chat.text(row[:cut]))
-        write_atomic(f, json.dumps(questions, indent=0, ensure_ascii=False) + "\n")
-    questions = json.loads(f.read_text())
+        learned_state.write(KIND, "questions.json", json.dumps(questions, indent=0, ensure_ascii=False) + "\n",
+                            root=gen.where)
     return [chat.render(q) for q in questions]
 
 
 def _seconds(where: Path) -> float:
-    f = where / "seconds.json"
-    return float(json.loads(f.read_text())["seconds"]) if f.is_file() else 0.0
+    """The seconds spent making the rows cached in ``where`` (0 where unknown)."""
+    d = learned_state.read(KIND, "seconds.json", root=where,
+                           check=lambda d: None if learned_state.finite(d.get("seconds")) else "no seconds >= 0")
+    return 0.0 if d is None else float(d["seconds"])
 
 
 def _add_seconds(where: Path, dt: float) -> None:
-    write_atomic(where / "seconds.json", json.dumps({"seconds": _seconds(where) + dt}) + "\n")
+    learned_state.write(KIND, "seconds.json", json.dumps({"seconds": _seconds(where) + dt}) + "\n", root=where)
+
+
+def _schema(x) -> str | None:
+    """A cached batch is int32[rows, seq_len] of ids >= 0; the JSON files are checked where read."""
+    if isinstance(x, np.ndarray):
+        return None if x.dtype == np.int32 and x.ndim == 2 and (not x.size or x.min() >= 0) else "not int32 rows of ids"
+    return learned_state.fields(x) if isinstance(x, dict) else None
+
+
+KIND = learned_state.kind("continuations", "the base's continuations", _schema,
+                          parse=lambda p: np.load(p) if p.suffix == ".npy" else learned_state.read_json(p),
+                          example=lambda: lambda p: np.save(p, np.ones((2, 5), np.int32)))

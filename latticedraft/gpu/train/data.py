@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from latticedraft.atomic import atomic_file
+from latticedraft import learned_state
 from latticedraft.errors import InputError
 from latticedraft.lm.corpus import read_text
 from latticedraft.lm.tokenizer import EOS_TOKEN
@@ -37,15 +37,26 @@ def quiet_hf_progress() -> None:
         hf_logging.disable_progress_bar()
 
 
-def _cache_file(files: Sequence[Path], tokenizer, encoding_errors: str) -> Path:
+def _stream_schema(a) -> str | None:
+    """None where a cached stream is int32[N] of ids >= 0, else why not."""
+    if not isinstance(a, np.ndarray) or a.dtype != np.int32 or a.ndim != 1:
+        return "not a one-dimensional int32 array"
+    return "negative token ids" if a.size and a.min() < 0 else None
+
+
+TOKENS = learned_state.kind("tokens", "a tokenized corpus", _stream_schema, parse=lambda p: np.load(p),
+                            example=lambda: lambda p: np.save(p, np.arange(7, dtype=np.int32)))
+
+
+def _cache_file(files: Sequence[Path], tokenizer, encoding_errors: str) -> str:
+    """The stream's entry name in ``TOKENS``: a hash of the tokenizer and every file's path, size and mtime."""
     from latticedraft.lm.tokenizer import fingerprint
-    from latticedraft.paths import cache_dir
 
     h = hashlib.sha256(f"{fingerprint(tokenizer)}\n{encoding_errors}\n".encode())
     for f in files:
         st = Path(f).stat()
         h.update(f"{Path(f).resolve()}\t{st.st_size}\t{st.st_mtime_ns}\n".encode())
-    return cache_dir() / "tokens" / f"{h.hexdigest()[:24]}.npy"
+    return f"{h.hexdigest()[:24]}.npy"
 
 
 def encode_files(files: Sequence[Path], tokenizer, encoding_errors: str = "strict", batch: int = 32,
@@ -60,13 +71,14 @@ def encode_files(files: Sequence[Path], tokenizer, encoding_errors: str = "stric
         raise InputError(f"the tokenizer has no {EOS_TOKEN!r} token; train it with latticedraft's train_tokenizer")
     files = list(files)
     cfile = _cache_file(files, tokenizer, encoding_errors) if cache and files else None
-    if cfile is not None and cfile.is_file():
-        return np.load(cfile)
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    fits = lambda a: "token ids beyond the vocabulary" if a.size and a.max() >= vocab else None  # noqa: E731
+    hit = None if cfile is None else learned_state.read(TOKENS, cfile, check=fits)
+    if hit is not None:
+        return hit
     out = _encode(files, tokenizer, eos, encoding_errors, batch)
     if cfile is not None:
-        cfile.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(cfile, suffix=".npy") as tmp:
-            np.save(tmp, out)
+        learned_state.write(TOKENS, cfile, lambda tmp: np.save(tmp, out))
     return out
 
 

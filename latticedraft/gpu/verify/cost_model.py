@@ -24,9 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from latticedraft.atomic import write_atomic
+from latticedraft import learned_state
 from latticedraft.gpu.models import hf
-from latticedraft.paths import cache_dir
 
 GRID = (1, 2, 4, 6, 8, 16, 24, 32)  # between: interpolated, beyond 32 the last slope (SmolLM2: within 2%)
 MAX_BATCH = 64  # the batch sizes ``for_batch`` looks for among the stored curves
@@ -111,55 +110,69 @@ class CostModel:
                                                            "raw_seconds": raw, "quantile": QUANTILE})
 
     @classmethod
-    def stored(cls, verifier, batch: int, described: dict | None = None) -> "CostModel | None":
-        """The curve for this verifier and batch size from the cache, or None. described:
+    def stored(cls, verifier, batch: int, described: dict | None = None, note=None) -> "CostModel | None":
+        """The curve for this verifier and batch size from the cache, or None (also for an entry that
+        fails the schema, which ``note`` hears of: it is measured again). described:
         ``describe(verifier, any batch)``, when the caller has it already."""
         key = fingerprint(verifier, batch, described)
-        path = cache_dir() / "cost_model" / f"{key}.json"
-        if path.is_file():
-            try:
-                d = json.loads(path.read_text())
-                if d.get("format") == FORMAT and d.get("key") == key:
-                    return cls.from_json(d)
-            except (OSError, ValueError, KeyError):
-                pass  # a damaged cache entry is measured again
-        return None
+        d = learned_state.read(KIND, f"{key}.json", note, check=lambda d: None if d["key"] == key else "another key")
+        return None if d is None else cls.from_json(d)
 
     @classmethod
-    def for_batch(cls, verifier, batch: int) -> "CostModel":
+    def for_batch(cls, verifier, batch: int, note=None) -> "CostModel":
         """The curve at ``batch`` rows: the one stored for it, else, between the nearest stored
         sizes below and above, their linear interpolation in the number of rows (a decode's
         last, partial batch, between batch 1 and the run's size, which the run's warm-up
         measured); measured and stored when no stored sizes lie on both sides."""
         described = describe(verifier, batch)
-        exact = cls.stored(verifier, batch, described)
+        exact = cls.stored(verifier, batch, described, note)
         if exact is not None:
             return exact
         lo = next((b for b in range(batch - 1, 0, -1) if cls.stored(verifier, b, described) is not None), None)
         hi = next((b for b in range(batch + 1, MAX_BATCH + 1) if cls.stored(verifier, b, described) is not None), None)
-        if lo is None or hi is None:
-            return cls.cached(verifier, batch)
-        below, above = cls.stored(verifier, lo, described), cls.stored(verifier, hi, described)
+        below = None if lo is None or hi is None else cls.stored(verifier, lo, described)
+        above = None if below is None else cls.stored(verifier, hi, described)
+        nodes = [] if above is None else [n for n in below.nodes if n in above.nodes]
+        if not nodes:  # no stored sizes on both sides (or curves over disjoint sizes)
+            return cls.cached(verifier, batch)  # (the stored entry, if any, was noted above)
         w = (batch - lo) / (hi - lo)
-        nodes = [n for n in below.nodes if n in above.nodes]
         secs = [(1 - w) * below.seconds(n) + w * above.seconds(n) for n in nodes]
         return cls(tuple(nodes), tuple(secs), f"{below.key}+{above.key}",
                    {"interpolated": {"batch": batch, "from": [lo, hi]}})
 
     @classmethod
-    def cached(cls, verifier, batch: int = 1, refresh: bool = False, **measure_kw) -> "CostModel":
+    def cached(cls, verifier, batch: int = 1, refresh: bool = False, note=None, **measure_kw) -> "CostModel":
         """The curve for this verifier and batch size from the cache, measured and stored if
         absent (or ``refresh``). Measuring takes ~1-3 s on the bundled model."""
         key = fingerprint(verifier, batch)
-        path = cache_dir() / "cost_model" / f"{key}.json"
-        hit = None if refresh else cls.stored(verifier, batch)
+        hit = None if refresh else cls.stored(verifier, batch, note=note)
         if hit is not None:
             return hit
         cm = cls.measure(verifier, batch=batch, **measure_kw)
         cm = cls(cm.nodes, cm.seconds_at, key, {**(cm.info or {}), **describe(verifier, batch)})
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(cm.to_json(), indent=1) + "\n")
+        learned_state.write(KIND, f"{key}.json", json.dumps(cm.to_json(), indent=1) + "\n")  # unsaved: said once
         return cm
+
+
+def _schema(d) -> str | None:
+    """None where ``d`` (parsed JSON) is a curve ``from_json`` reads: this ``FORMAT``, nodes
+    int[m] increasing from >= 1, seconds float[m] finite, > 0 and nondecreasing, info an object."""
+    S = learned_state
+    why = S.fields(d, "format", "key", "nodes", "seconds")
+    if why or d["format"] != FORMAT:
+        return why or "of another format"
+    nodes, secs = d["nodes"], d["seconds"]
+    why = S.numbers(nodes, (None,), "nodes", 1, 1 << 20, integer=True) or S.numbers(secs, (None,), "seconds", 1e-12, 1e6)
+    if why or not 0 < len(nodes) == len(secs):
+        return why or "nodes and seconds differ in length"
+    if (np.diff(nodes) <= 0).any() or (np.diff(secs) < 0).any():
+        return "nodes not increasing or seconds decreasing"
+    return None if isinstance(d.get("info"), (dict, type(None))) and isinstance(d["key"], str) else "info or key mistyped"
+
+
+KIND = learned_state.kind("cost_model", "step costs T(n)", _schema,
+                          example=lambda: {k: v for k, v in CostModel((1, 2, 8), (0.5, 0.75, 1.5), key="k").to_json().items()
+                                           if k != "info"})  # (info: optional, any object)
 
 
 class StepCosts:

@@ -163,15 +163,15 @@ class Verifier:
         self.position_limit = position_limit(model)
         self.begin()
 
-    def step_costs(self, rows: int):
+    def step_costs(self, rows: int, note=None):
         """This verifier's ``cost_model.StepCosts`` at ``rows`` rows: T(n) from the stored or newly
-        measured curve (``CostModel.for_batch``), made once and refined by every decode that plans
-        with it."""
+        measured curve (``CostModel.for_batch``; ``note`` hears of a stored one not used), made once
+        and refined by every decode that plans with it."""
         from latticedraft.gpu.verify.cost_model import CostModel, StepCosts
 
         costs = memo_of(self, "step_costs")
         if rows not in costs:
-            costs[rows] = StepCosts(CostModel.for_batch(self, rows))
+            costs[rows] = StepCosts(CostModel.for_batch(self, rows, note))
         return costs[rows]
 
     def begin(self) -> None:
