@@ -68,8 +68,9 @@ class _Drafting:
     slots: int | None = option(None, group="drafting", only=HEAD_DRAFTERS, type=int, metavar="D",
                                help="draft from the first D extra heads only; the others are not computed "
                                     "(default: all; 2 under --do-sample)")
-    alpha: float = option(1.0, group="drafting", only=("ngram", "parallel", "neural"), type=float,
-                          help="interpolation weight of the rescoring LM")
+    alpha: float | None = option(1.0, group="drafting", only=("ngram", "parallel", "neural"), type=float, help=(
+        "interpolation weight of the rescoring LM (default: --drafter ngram / parallel learn it while decoding, "
+        "within [0, 2], from what the target keeps of each ranking, and keep it in the cache; otherwise 1.0)"))
     nbest: int = option(16, group="drafting", only=("parallel", "parallel-base"), type=int,
                         help="drafts verified per step for parallel drafters")
     tree: str = option("fixed", cli="auto", fit=False, group="tree", choices=["auto", "fixed"], help=(
@@ -136,6 +137,8 @@ def _configure(values: dict, given: set) -> DrafterSpec:
                          f"--drafter {' / '.join(LM_READERS)} and to those sources); drop it")
     declared = {f.name: values[dest] for dest, f, _ in flags(DrafterSpec)}
     tree = _batched_verification(values, given, on, declared["tree"])
+    if name in LM_READERS and "alpha" not in given:
+        declared["alpha"] = None  # learned as it decodes (planning/rescore_weight.py)
     spec = DrafterSpec(**{**declared, **on, "name": name, "tree": tree, "draft_vocab": _draft_vocab(values["draft_vocab"])},
                        lookahead=_lookahead(values, given),
                        gamma=DrafterSpec.gamma if values.get("gamma") is None else values["gamma"])
@@ -228,7 +231,7 @@ def _check_ranges(spec: DrafterSpec, values: dict, given: set) -> None:
         raise InputError(f"--gamma {spec.gamma}: the draft model drafts at least 1 token per step")
     if not 0.0 <= spec.draft_confidence < 1.0:
         raise InputError(f"--draft-confidence {spec.draft_confidence}: give a probability in [0, 1) (0 = off)")
-    if not (np.isfinite(spec.alpha) and spec.alpha >= 0):
+    if spec.alpha is not None and not (np.isfinite(spec.alpha) and spec.alpha >= 0):
         raise InputError(f"--alpha {spec.alpha} must be a finite number >= 0 (the weight of the rescoring LM)")
     if "eps" in given and spec.prune == "none":
         raise InputError("--eps applies to --prune static or otsu only; add --prune static or drop --eps")
@@ -291,6 +294,8 @@ def _run(session, prompts: list, spec: DrafterSpec, req, warm_up: bool = False) 
         ses.count_steps(session, spec, res)
         if not req.record_steps:
             res.steps = []
+    if not warm_up and req.sampling is None and ses.learns_alpha(spec):
+        ses.store_rescore_weight(session, spec)  # (what this call taught it, for the next sessions)
     return res
 
 

@@ -8,6 +8,7 @@ where it runs and prepares.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +34,57 @@ def proposer(session, spec, references=None, fresh: bool = False):
         return build() if fresh else session.learned.source("draft_model", (spec.gamma, spec.draft_confidence), build)
     lm = session.lm if file_of(spec.name) == "lm" else None
     rescorer = session.rescorer if spec.name == "neural" else None
+    learner = None
+    if learns_alpha(spec):  # the session's, or for a warm-up a copy that teaches it nothing
+        learner = rescore_weight(session, spec)
+        learner = copy.deepcopy(learner) if fresh else learner
     return make_drafter(spec.name, options=spec.lattice_options(), lm=lm, rescorer=rescorer, alpha=spec.alpha,
-                        nbest=spec.nbest, references=references)
+                        nbest=spec.nbest, references=references, learner=learner)
+
+
+def learns_alpha(spec) -> bool:
+    """Whether ``spec``'s drafter learns the n-gram weight (``--drafter ngram / parallel`` without
+    ``--alpha``: ``spec.alpha`` None)."""
+    return spec.alpha is None and file_of(spec.name) == "lm"
+
+
+def rescore_weight(session, spec):
+    """The ``AlphaLearner`` of ``spec``'s n-gram drafter: the one stored for this model, LM and
+    lattice settings in the cache's rescore_weight folder, else a new one (alpha 0); looked up once
+    per session (``session.learned``), then taught by every greedy decode call."""
+    from latticedraft.decoding.planning import rescore_weight as rw
+
+    key = rescore_weight_key(session, spec)
+
+    def stored():
+        found = rw.load(key, note=session.learned.event)
+        session.learned.event(f"n-gram weight (alpha) of --drafter {spec.name}: " + (
+            f"{found.summary()}, read from {rw.path_of(key)}" if found else "none learned yet, starts at 0 (the heads' "
+                                                                           "own ranking)"))
+        return found or rw.AlphaLearner()
+
+    return session.learned.rescore_weight(key, stored)
+
+
+def store_rescore_weight(session, spec) -> None:
+    """Store what ``spec``'s learner holds now (the next sessions start from it); say the weight
+    after the session's first decode call and whenever it changes."""
+    from latticedraft.decoding.planning import rescore_weight as rw
+
+    learner = rescore_weight(session, spec)
+    rw.store(rescore_weight_key(session, spec), learner)
+    if learner.alpha != learner.reported:
+        learner.reported = learner.alpha
+        session.learned.event(f"n-gram weight (alpha) of --drafter {spec.name} learned: {learner.summary()}")
+
+
+def rescore_weight_key(session, spec) -> dict:
+    """What the learned weight depends on: the weights and dtype (as the acceptance counts), the
+    LM build, and the lattice and the paths drawn from it."""
+    model = acceptance_key(session, spec, [])
+    lattice = ("name", "k", "prune", "eps", "backoff", "slots", "nbest", "draft_vocab")
+    return {"weights": model["weights"], "dtype": model["dtype"], "lm": str(session.lm.build_dir.resolve()),
+            "built": session.lm.manifest.get("built_at"), "drafter": {f: getattr(spec, f) for f in lattice}}
 
 
 def references(session, prompts: list, max_new_tokens: int) -> list[np.ndarray]:

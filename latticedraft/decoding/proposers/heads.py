@@ -42,6 +42,7 @@ from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage
 from latticedraft.lattice.threshold import prune
 
 PRUNES = ("none", "otsu", "static")
+MAX_STEP = 1.0  # seconds: a longer gap between two steps (a pause between decode calls) counts as this
 
 
 @dataclass
@@ -103,9 +104,11 @@ class LatticeOptions:
 
 
 class Drafter:
-    """Base class; subclasses implement ``draft``. Stateless drafters share one instance."""
+    """Base class; subclasses implement ``draft``. Stateless drafters share one instance.
+    ``learns``: after each greedy step the proposer tells it what the target kept (``learn``)."""
 
     name = "base"
+    learns = False
 
     def __init__(self, options: LatticeOptions | None = None):
         self.options = options or LatticeOptions()
@@ -120,6 +123,12 @@ class Drafter:
 
     def spawn(self, row: int = 0) -> "Drafter":
         return self
+
+    def learn(self, sausage: Sausage, history: np.ndarray, paths: np.ndarray, target: np.ndarray,
+              seconds: float, drafted) -> None:
+        """A step's outcome: ``paths`` int64[p, d] drafted from ``sausage`` after ``history``, the
+        target's tokens after the root int64[m] (accepted + bonus), this row's share of the step's
+        seconds and what ``draft`` recorded then (``drafted``)."""
 
 
 def _one(tokens) -> Drafts:
@@ -151,17 +160,38 @@ class ParallelBaseDrafter(Drafter):
 
 class NgramDrafter(Drafter):
     """Global n-gram rescoring: ``head_logp + alpha * lm_logp`` over all paths, conditioned
-    on the last n-1 emitted tokens; p = nbest paths (1: "ngram", > 1: "parallel")."""
+    on the last n-1 emitted tokens; p = nbest paths (1: "ngram", > 1: "parallel").
+
+    ``learner``: a ``planning.rescore_weight.AlphaLearner`` whose weight replaces ``alpha`` at
+    every step and which learns, from what the target kept, which weight keeps the most (at 0 the
+    lattice is ranked by the heads alone, ``base_drafts``, and the LM search is skipped)."""
 
     name = "ngram"
 
-    def __init__(self, lm, alpha: float = 1.0, nbest: int = 1, options=None, method: str = "exact"):
+    def __init__(self, lm, alpha: float = 1.0, nbest: int = 1, options=None, method: str = "exact", learner=None):
         super().__init__(options)
         self.lm, self.alpha, self.nbest, self.method = lm, alpha, nbest, method
         self.name = "ngram" if nbest == 1 else "parallel"
+        self.learner, self.learns = learner, learner is not None
+        self.drafted = (alpha, 0.0)  # the last draft's (weight, seconds spent ranking)
+
+    def rank(self, sausage, history, alpha: float):
+        """The ``nbest`` best paths at weight ``alpha`` (int64[p, d]) and the seconds they took."""
+        t0 = time.perf_counter()
+        d = rescore(sausage, self.lm, alpha, self.nbest, history, method=self.method)
+        return d.tokens, time.perf_counter() - t0
 
     def draft(self, sausage, history):
-        return rescore(sausage, self.lm, self.alpha, self.nbest, history, method=self.method)
+        alpha = self.alpha if self.learner is None else self.learner.alpha
+        t0 = time.perf_counter()
+        d = rescore(sausage, self.lm, alpha, self.nbest, history, method=self.method)
+        self.drafted = (alpha, time.perf_counter() - t0)
+        return d
+
+    def learn(self, sausage, history, paths, target, seconds, drafted):
+        used, spent = drafted
+        self.learner.observe(lambda a: self.rank(sausage, history, a), used, paths, sausage.top1(), target,
+                             seconds, spent)
 
 
 class OracleDrafter(Drafter):
@@ -252,16 +282,18 @@ def make_drafter(
     options: LatticeOptions | None = None,
     lm=None,
     rescorer=None,
-    alpha: float = 1.0,
+    alpha: float | None = 1.0,
     nbest: int = 16,
     references: list | None = None,
+    learner=None,
     draft_model=None,
     gamma: int = 4,
     confidence: float = 0.2,
 ):
     """A drafter by name (``decoding/drafters.py``): a lattice ``Drafter`` of the heads, or for
     "model" the auxiliary draft model's ``ModelProposer`` (``gamma``, ``confidence``: its options);
-    the message says what is missing."""
+    the message says what is missing. ``alpha`` None: the n-gram drafters learn it (``learner``, an
+    ``AlphaLearner``; None: a new one), the neural one takes 1.0."""
     if name == "top1":
         return Top1Drafter(options)
     if name == "parallel-base":
@@ -269,11 +301,16 @@ def make_drafter(
     if name in ("ngram", "parallel"):
         if lm is None:
             raise InputError(f"drafter {name!r} needs an n-gram LM: pass --lm DIR (a build of `latticedraft lm build`)")
-        return NgramDrafter(lm, alpha, 1 if name == "ngram" else nbest, options)
+        if alpha is None and learner is None:
+            from latticedraft.decoding.planning.rescore_weight import AlphaLearner
+
+            learner = AlphaLearner()
+        return NgramDrafter(lm, 0.0 if alpha is None else alpha, 1 if name == "ngram" else nbest, options,
+                            learner=learner if alpha is None else None)
     if name == "neural":
         if rescorer is None:
             raise InputError("drafter 'neural' needs a small rescoring LM: pass --rescorer DIR")
-        return NeuralDrafter(rescorer, alpha, options)
+        return NeuralDrafter(rescorer, 1.0 if alpha is None else alpha, options)
     if name == "oracle":
         if references is None:
             raise InputError("drafter 'oracle' needs the true continuations (greedy outputs) of the prompts")
@@ -302,6 +339,8 @@ class HeadProposer(Proposer):
         self.drafter = drafter
         self.rows: dict[int, Drafter] = {}
         self.lattice_seconds = 0.0  # time spent building lattices (top-k + pruning), part of propose
+        self.pending: dict = {}  # batch position -> (sausage, history, paths, drafted) for ``learn``
+        self.clock = None  # perf_counter of the last update
 
     @property
     def heads_needed(self) -> int | None:
@@ -311,6 +350,7 @@ class HeadProposer(Proposer):
 
     def start(self, rows: StepRows) -> None:
         self.rows = {i: self.drafter.spawn(i) for i in rows.index}
+        self.pending, self.clock = {}, None
 
     def propose(self, step: Step) -> list[Proposal]:
         heads = step.head_logits
@@ -327,11 +367,24 @@ class HeadProposer(Proposer):
             toks = as_paths(d.draft(sausage, history))
             if q is not None:
                 toks = with_runner_up(toks, sausage)
+            elif d.learns:
+                self.pending[j] = (sausage, history, toks, d.drafted)
             rates = None
             if step.acceptance is not None:  # rated by the heads' own probability of each token (sampling: q's)
                 rates = step.acceptance.head_rates(draft_probs(sausage, toks) if q is None else q_probs(q, toks))
             out.append(Proposal(toks, rates=rates, sausage=sausage, heads=True))
         return out
+
+    def update(self, step: Step, accepted: list, bonus: np.ndarray, side_argmax) -> None:
+        """Tell each row's learning drafter what the target kept after the paths it drafted: the
+        accepted tokens and the bonus, and the row's share of the step's seconds (from the last
+        update to this one, at most ``MAX_STEP``; 0 on a call's first step)."""
+        now = time.perf_counter()
+        seconds, self.clock = (0.0 if self.clock is None else min(now - self.clock, MAX_STEP)), now
+        pending, self.pending = self.pending, {}
+        for j, (sausage, history, paths, drafted) in pending.items():
+            target = np.append(np.asarray(accepted[j], dtype=np.int64), np.int64(bonus[j]))
+            self.rows[step.index[j]].learn(sausage, history, paths, target, seconds / len(step.index), drafted)
 
 
 def perturbed(head_logits: torch.Tensor, vocab, history: np.ndarray, sampler) -> tuple[torch.Tensor, np.ndarray]:

@@ -14,6 +14,10 @@ settings' fingerprint, never an object's ``repr``):
 - ``fitted``: per drafting settings, the ``AcceptanceModel`` the auto tree rates paths with: the
   counts read from ``.cache/acceptance`` and those of this session's greedy steps, stored back
   there after every decode call (the next session starts from them);
+- ``weights``: per model, n-gram LM and lattice settings, the n-gram drafters' learned
+  interpolation weight (``planning.rescore_weight.AlphaLearner``: what the target kept of the
+  rescored and the heads' own rankings), read from ``.cache/rescore_weight`` and stored back there
+  after every decode call;
 - ``events``: one line per thing fitted, measured or loaded from the cache (``decode --verbose``
   prints them).
 
@@ -54,6 +58,7 @@ class Learned:
         self.corrections: dict = {}
         self.sources: dict = {}
         self.fitted: dict = {}
+        self.weights: dict = {}
         self.events: list[str] = []
 
     def event(self, line: str) -> None:
@@ -95,6 +100,13 @@ class Learned:
         if k not in self.fitted:
             self.fitted[k] = read()
         return self.fitted[k]
+
+    def rescore_weight(self, settings: dict, read):
+        """The n-gram weight's ``AlphaLearner`` for ``settings``: ``read()`` on first use."""
+        k = key(settings)
+        if k not in self.weights:
+            self.weights[k] = read()
+        return self.weights[k]
 
     @staticmethod
     def key_of(spec) -> str:

@@ -150,3 +150,60 @@ def test_auto_draft_vocabulary_stays_within_what_the_heads_were_trained_on(tmp_p
     assert len(draft_vocab(session(tmp_path / "few"), 300)) == 300  # an explicit size is the user's
     assert draft_vocab(session(tmp_path / "all", heads=1), "auto") is None
     assert draft_vocab(session(tmp_path / "none"), "auto") is None
+
+
+def test_the_n_gram_weight_is_learned_unless_alpha_is_given():
+    """``--drafter ngram / parallel`` learn alpha (``spec.alpha`` None) unless ``--alpha`` is typed,
+    even at the library's default; the neural drafter and a ``DrafterSpec`` built directly (the
+    paper's drafters as published) keep a fixed 1.0."""
+    from latticedraft.cli import decode_options
+    from latticedraft.decoding.methods.bpd_session import learns_alpha
+
+    assert decode_options("--drafter", "parallel")[1].alpha is None
+    assert decode_options("--drafter", "ngram")[1].alpha is None
+    assert decode_options("--drafter", "parallel", "--alpha", "1.0")[1].alpha == 1.0
+    assert decode_options("--drafter", "ngram", "--alpha", "0.25")[1].alpha == 0.25
+    assert METHOD.configure({"drafter": "parallel"}, set()).alpha is None
+    assert METHOD.configure({"drafter": "parallel", "alpha": 0.5}, {"alpha"}).alpha == 0.5
+    assert METHOD.configure({"drafter": "neural"}, set()).alpha == 1.0
+    assert METHOD.configure({"drafter": "parallel-base"}, set()).alpha == 1.0  # (it reads no LM)
+    assert DrafterSpec("parallel").alpha == 1.0
+    assert learns_alpha(decode_options("--drafter", "parallel")[1])
+    assert not learns_alpha(decode_options("--drafter", "parallel", "--alpha", "0.5")[1])
+    assert not learns_alpha(DrafterSpec("parallel"))
+    with pytest.raises(InputError, match="--alpha -1.0 must be a finite number >= 0"):
+        METHOD.configure({"drafter": "parallel", "alpha": -1.0}, {"alpha"})
+
+
+def test_a_session_learns_the_weight_stores_it_and_the_next_session_reads_it(own_cache):
+    """A decode with the learned weight writes its learner under the cache's rescore_weight folder
+    after the call (the warm-up at prepare teaches it nothing) and a new session starts from it;
+    ``--alpha`` given: nothing is learned or stored; the output is greedy's either way."""
+    from latticedraft.decoding.methods.greedy import greedy_decode
+    from latticedraft.decoding.planning import rescore_weight as rw
+    from latticedraft.decoding.methods import bpd_session
+    from latticedraft.decoding.runs.session import Session
+    from latticedraft.paths import repo_root
+
+    lm = repo_root() / ".cache" / "lm" / "stdlib-4gram"
+    if not (lm / "manifest.json").is_file():
+        pytest.skip("the bundled 4-gram is built by scripts/setup.sh")
+    s = Session(lm_dir=lm, threads=1)
+    spec = s.configure("bpd", {"drafter": "parallel", "tree": "fixed", "nbest": 4, "slots": 3})
+    assert spec.alpha is None
+    s.prepare("bpd", spec)
+    learner = bpd_session.rescore_weight(s, spec)
+    assert learner.steps == 0  # the warm-up decoded on a copy
+    prompt = np.asarray(s.tokenizer.encode("import os\nimport sys\n\n\ndef main(").ids)
+    r = s.decode([prompt], "bpd", spec, max_new_tokens=16)
+    ref = greedy_decode(s.model, [prompt], eos_token_id=s.eos, max_new_tokens=16).sequences[0].tokens
+    assert np.array_equal(r.sequences[0].tokens, ref)
+    assert learner.steps > 0
+    key = bpd_session.rescore_weight_key(s, spec)
+    assert rw.path_of(key).is_file() and rw.load(key).steps == learner.steps
+    again = Session(lm_dir=lm, threads=1, model=s.model)
+    assert bpd_session.rescore_weight(again, spec).to_json() == learner.to_json()
+    assert any("read from" in e and "alpha" in e for e in again.learned.events)
+    fixed = s.configure("bpd", {"drafter": "parallel", "tree": "fixed", "nbest": 4, "slots": 3, "alpha": 0.5})
+    s.decode([prompt], "bpd", fixed, max_new_tokens=16)
+    assert len(list((own_cache / "rescore_weight").iterdir())) == 1

@@ -1,6 +1,9 @@
-"""The heads' drafts under sampling (``decoding/proposers/heads.py``): the first slot's runner-up."""
+"""The heads' drafts (``decoding/proposers/heads.py``): under sampling, the first slot's runner-up;
+greedy, the n-gram drafters' learned weight, which never changes the output."""
 
 import numpy as np
+import pytest
+import torch
 
 from latticedraft.decoding.proposers.heads import with_runner_up
 from latticedraft.lattice.sausage import Sausage
@@ -32,3 +35,29 @@ def test_a_runner_up_equal_to_the_drafted_token_is_not_repeated():
     """A rescoring drafter may draft the slot's second arc: its runner-up is then the path itself."""
     paths = np.array([[9, 5]])
     np.testing.assert_array_equal(with_runner_up(paths, sausage([[4, 9], [5, 1]])), [[9, 5], [4, -1]])
+
+
+@pytest.mark.parametrize("name,arch", [("parallel", "gpt2"), ("ngram", "llama")])
+def test_a_decode_with_a_learned_weight_equals_generate(name, arch, one_torch_thread):
+    """The n-gram drafters with a learned weight (``alpha=None``): a learner that believes in 0.5
+    drafts with it, probes the others and learns from every step; the output is generate's."""
+    from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    from latticedraft.decoding.planning.rescore_weight import GRID, AlphaLearner
+    from latticedraft.decoding.proposers.heads import LatticeOptions, NgramDrafter, make_drafter
+    from latticedraft.decoding.registry import Request
+    from tests.decoding.tiny import blockwise, prompts, reference
+    from tests.lattice.toylm import make_toy_lm
+
+    model = blockwise(arch, torch.float32, num_heads=5)
+    ps = prompts(4, seed=2, lengths=(3, 9, 5, 14))
+    refs = [reference(model, p, 24) for p in ps]
+    w = AlphaLearner(probe_share=1.0)
+    w.gain[GRID.index(0.5)], w.n[GRID.index(0.5)], w.seconds = 4.0, 1.0, 1.0
+    lm = make_toy_lm(V=64, order=3, seed=0, density=0.5)
+    d = make_drafter(name, options=LatticeOptions(k=8), lm=lm, alpha=None, nbest=4, learner=w)
+    r = bpd_decode(model, ps, d, request=Request(max_new_tokens=24))
+    assert [s.tokens.tolist() for s in r.sequences] == refs
+    assert w.steps > 0 and w.drafted_at[GRID.index(0.5)] > 0 and w.n[1:].sum() > 1.0
+    own = make_drafter(name, lm=lm, alpha=None)  # without a learner given: a new one, from 0
+    assert isinstance(own, NgramDrafter) and own.learner.alpha == 0.0
+    assert make_drafter(name, lm=lm, alpha=0.5).learner is None  # a given weight is fixed
