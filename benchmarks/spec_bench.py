@@ -53,6 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from latticedraft.atomic import write_atomic  # noqa: E402
+from latticedraft.cpu import cpu_info  # noqa: E402
 from latticedraft.cli.args import DTYPES  # noqa: E402
 from latticedraft.decoding.accept.sampling import SamplingOptions  # noqa: E402
 from latticedraft.decoding.methods.bpd import DrafterSpec  # noqa: E402
@@ -152,6 +153,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=1, help="> 1 adds HF batched greedy vs our default at that batch")
     ap.add_argument("--temperatures", type=float, nargs="*", default=[], help="add sampled rows (e.g. 0.7 1.0)")
     ap.add_argument("--pld-tokens", type=int, default=10)
+    ap.add_argument("--llama-cpp", choices=("on", "off"), default="on",
+                    help="the llama.cpp rows (F32 greedy, Q4_1 as shipped; bash benchmarks/install_llama_cpp.sh)")
     ap.add_argument("--only", nargs="+", default=None, help="run only these rows (HF greedy always runs)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default=None)
@@ -194,6 +197,8 @@ def main(argv=None) -> int:
         rows = {k: v for k, v in rows.items() if k in a.only}
     names = (["HF greedy", "HF prompt lookup", "HF assisted (int4 self-draft)"]
              + (["HF assisted (draft model)"] if a.draft_model else []) + list(rows))
+    peers = llama_cpp_rows(a)
+    names[1:1] = list(peers)
     if a.only:
         names = [n for n in names if n == "HF greedy" or n in a.only]
     if a.batch_size > 1:
@@ -221,6 +226,9 @@ def main(argv=None) -> int:
         if n == "HF prompt lookup":
             c0 = calls.n
             return hf_baselines.prompt_lookup(base, x, a.max_new_tokens, a.pld_tokens, eos)[0][0], calls.n - c0
+        if n in peers:
+            toks = peers[n].greedy(ids[i], a.max_new_tokens, eos)
+            return toks, len(toks)  # one forward a token (the prompt's prefill the first)
         if n == "HF assisted (int4 self-draft)":
             c0 = calls.n
             return hf_baselines.assisted(base, int4_copy(sb), x, a.max_new_tokens, eos)[0][0], calls.n - c0
@@ -282,6 +290,7 @@ def main(argv=None) -> int:
         if n in batch_secs:  # one batched pass: tokens/s over all questions only
             toks = sum(len(out_of[(n, i)][0]) for i in range(len(qs)))
             row["tokens_per_s"] = round(toks / statistics.median(batch_secs[n]), 2)
+            row["tokens_per_s_repeats"] = [round(toks / t, 2) for t in batch_secs[n]]
             cs = [out_of[(n, i)][1] for i in range(len(qs))]
             row["tokens_per_call"] = round(toks / sum(cs), 3) if all(c is not None for c in cs) else None
         else:
@@ -297,6 +306,8 @@ def main(argv=None) -> int:
             six = [v for c, v in row["categories"].items() if c != CODE]
             toks = sum(v["tokens"] for v in six)
             row["tokens_per_s"] = round(toks / sum(v["seconds"] for v in six), 2)
+            qi6 = [i for i in range(len(qs)) if cats[i] != CODE]
+            row["tokens_per_s_repeats"] = [round(toks / sum(secs[(n, i)][r] for i in qi6), 2) for r in range(a.repeats)]
             row["tokens_per_call"] = round(statistics.mean(v["tokens_per_call"] for v in six), 3)
         row["exact"] = row["equal_questions"] = None  # sampled rows: not compared with greedy
         if "sampling" not in n:
@@ -312,6 +323,10 @@ def main(argv=None) -> int:
                                                          if c != CODE), 3)
     by = {r["name"]: r for r in results}
     for r in results:
+        ref_row = (by[f"HF batched greedy b={a.batch_size}"] if " b=" in r["name"] else
+                   by["HF sampling T=" + r["name"].split(" T=")[1]] if r["name"].startswith("ours: lossless") else g)
+        steady(r, ref_row)
+    for r in results:
         if "HF prompt lookup" in by and r.get("speedup_overall"):
             r["vs_prompt_lookup"] = round(r["speedup_overall"] / by["HF prompt lookup"]["speedup_overall"], 3)
         if " b=" in r["name"] and f"HF batched greedy b={a.batch_size}" in by:
@@ -324,8 +339,9 @@ def main(argv=None) -> int:
     out = {"benchmark": "spec_bench", "model": a.model, "heads": a.heads, "lm": a.lm or str(lm_for(sb.tokenizer)), "draft_model": a.draft_model,
            "questions": [q["question_id"] for q in qs], "turns": a.turns, "per_category": a.per_category, "seed": a.seed,
            "max_new_tokens": a.max_new_tokens, "repeats": a.repeats, "dtype": a.dtype, "load_average": os.getloadavg(),
-           "machine": {**machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "machine": {**machine(), "cpu": cpu_info(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                        "device": a.device or "cpu"},
+           "self_draft": [e for s in (sb, sh) if s is not None for e in s.learned.events if e.startswith("--self-draft")],
            "rows": results}
     write_atomic(Path(a.out), json.dumps(out, indent=1) + "\n")
     print(f"\nSpec-Bench, {len(qs)} prompts ({a.per_category} questions per category, turns: {a.turns}, "
@@ -337,7 +353,7 @@ def main(argv=None) -> int:
     for r in results:
         cs = " ".join(f"{r['categories'][c]['speedup']:>7.2f}x" if c in r["categories"] else f"{'-':>8}"
                       for c in CATEGORIES)
-        ov = f"{r['speedup_overall']:.2f}x" if r.get("speedup_overall") else "-"
+        ov = "unsteady" if r.get("unsteady") else f"{r['speedup_overall']:.2f}x" if r.get("speedup_overall") else "-"
         xs = against_hf(r)
         ex = "-" if r["exact"] is None else ("yes" if r["exact"] else f"{r['equal_questions']}/{len(qs)}")
         tpc = f"{r['tokens_per_call']:.2f}" if r.get("tokens_per_call") else "-"
@@ -346,8 +362,43 @@ def main(argv=None) -> int:
               f"{(f'{xs:.2f}' if xs else '-'):>6} {code:>6} {ex:>5}")
     print("x HF: each row against what a user would run instead: HF prompt lookup for greedy rows, HF batched "
           "greedy for b= rows, HF sampling at the same T for sampled rows")
+    print(f"CPU: {out['machine']['cpu']['model']} ({', '.join(out['machine']['cpu']['flags'])}), torch {torch.__version__}")
+    for r in results:
+        if r.get("speedup_spread"):
+            lo, hi = r["speedup_spread"]
+            print(f"  {r['name']}: {lo:.2f}-{hi:.2f}x over its {a.repeats} passes" + (" (unsteady: > 15% apart, "
+                  "no figure)" if r.get("unsteady") else ""))
+    for e in out["self_draft"]:
+        print(f"  {e}")
     print(f"wrote {a.out}")
     return 0
+
+
+def steady(row: dict, reference: dict, tolerance: float = 0.15) -> None:
+    """The row's speed-up over ``reference`` pass by pass (``speedup_spread``: [min, max]);
+    ``unsteady`` where two passes disagree by more than ``tolerance``: the ratio is then no figure."""
+    mine, theirs = row.get("tokens_per_s_repeats") or [], reference.get("tokens_per_s_repeats") or []
+    if len(mine) < 2 or len(mine) != len(theirs):
+        return
+    ratios = [m / t for m, t in zip(mine, theirs)]
+    row["speedup_spread"] = [round(min(ratios), 3), round(max(ratios), 3)]
+    row["unsteady"] = max(ratios) > (1 + tolerance) * min(ratios)
+
+
+def llama_cpp_rows(a) -> dict:
+    """row name -> ``LlamaCppPeer`` for llama.cpp's rows, {} (one line saying why) where they cannot run."""
+    if a.llama_cpp == "off":
+        return {}
+    from llama_cpp_peer import LlamaCppPeer
+
+    rows = {}
+    for kind, name in (("F32", "llama.cpp F32 greedy"), ("Q4_1", "llama.cpp Q4_1 (as shipped)")):
+        peer, why = LlamaCppPeer.open(kind, a.threads)
+        if peer is None:
+            print(f"skipping the llama.cpp rows: {why}", file=sys.stderr)
+            return {}
+        rows[name] = peer
+    return rows
 
 
 def against_hf(row: dict) -> float | None:

@@ -109,6 +109,8 @@ SMOLLM2_READY = pytest.mark.skipif(not smollm2_dir().is_dir() or not (data_dir()
 
 
 @SMOLLM2_READY
+@pytest.mark.slow
+@pytest.mark.smollm2
 def test_the_default_demo_decodes_smollm2_with_every_row_exact(tmp_path, capsys):
     """The real model (where it is fetched): its heads, the chat questions through its template, the
     seven rows, every one equal to HF greedy, the default row the CLI's default, the picture."""

@@ -19,7 +19,8 @@ from latticedraft.cli import main
 from latticedraft.paths import data_dir, smollm2_dir
 
 pytestmark = [pytest.mark.skipif(not (smollm2_dir() / "gguf_import.json").is_file(),
-                                 reason="SmolLM2 not fetched (latticedraft fetch smollm2)"), pytest.mark.slow]
+                                 reason="SmolLM2 not fetched (latticedraft fetch smollm2)"), pytest.mark.slow,
+              pytest.mark.smollm2]
 QUESTIONS = [["What is the capital of France?", "And of Italy?"], ["Write a haiku about rain on a tin roof."]]
 
 
@@ -113,10 +114,11 @@ def test_what_smollm2_lacks_is_refused_in_one_line(args, needs, unseen_greedy, c
 BOUND = 1.5  # |z_int4 - z_float32| of the self-draft's copy on SmolLM2, stated from 0.96 measured at most (docs/self-draft.md)
 
 
-def test_the_int4_copys_logits_stay_within_the_stated_bound(unseen_greedy):
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_int4_copys_logits_stay_within_the_stated_bound(unseen_greedy, fused):
     """Teacher-forced on HF greedy's answers to the unseen prompts (over the float model's own
-    cache, as a draft forward reads it), the int4 copy's logits stay within ``BOUND`` of the float
-    model's and pick its argmax at most positions."""
+    cache, as a draft forward reads it), the int4 copy's logits, op by op and through the fused
+    kernels, stay within ``BOUND`` of the float model's and pick its argmax at most positions."""
     import sys
 
     import numpy as np
@@ -129,6 +131,11 @@ def test_the_int4_copys_logits_stay_within_the_stated_bound(unseen_greedy):
 
     s = Session(str(smollm2_dir()), threads=2)
     float_stack, copy = stack_for(s.model), LeanStack(s.model, Scheme("int4"))
+    if fused:
+        from latticedraft.gpu.verify.fused_draft import FusedDraft
+
+        copy.fused, why = FusedDraft.of(copy)
+        assert why is None, why
     template = s.chat_template()
     dev, agree = [], []
     for p, ans in zip(UNSEEN, unseen_greedy[1]):

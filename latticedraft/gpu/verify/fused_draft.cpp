@@ -9,6 +9,7 @@
 // end - 1 and attends to slots [0, end) (mask bool[b, end], True = attend; none: all).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
@@ -254,6 +255,7 @@ class FusedDraft : public torch::CustomClassHolder {
   // each key and value row once for its kv head's whole group of query heads; the chunks' partial
   // (max, sum, weighted values) are merged after.
   void attend(const Tensor& store, int64_t l, int64_t end, const Tensor& mask, int64_t b, Tensor& o) {
+    RECORD_FUNCTION("fused_draft::attention", c10::ArrayRef<const c10::IValue>{});
     const int64_t B = store.size(2), C = store.size(4), G = hq_ / hk_;
     const int64_t threads = at::get_num_threads();
     const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>((4 * threads + b * hk_ - 1) / (b * hk_), end / 32));

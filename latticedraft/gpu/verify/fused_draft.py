@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -49,14 +48,11 @@ _loaded: dict[str, str | None] = {}  # library path -> None (loaded) or why it f
 
 
 def cpu_signature() -> str:
-    """The CPU's model name and flags (``/proc/cpuinfo``), else ``platform.processor()``."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.machine() + " " + platform.processor()
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "")
-    flags = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
-    return model + " | " + flags
+    """The CPU's model name and every flag (the build key: ``-march=native`` follows them)."""
+    from latticedraft.cpu import cpuinfo
+
+    model, flags = cpuinfo()
+    return model + " | " + " ".join(flags)
 
 
 def compiler() -> str | None:
