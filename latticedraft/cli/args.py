@@ -40,8 +40,8 @@ def drafter_args(p: argparse.ArgumentParser) -> None:
 
 
 def tree_args(p: argparse.ArgumentParser) -> None:
-    """Which nodes each step verifies and the draft sources beside the drafter (decode only: eval and
-    tune measure the paper's drafters)."""
+    """Which nodes each step verifies and the draft sources beside the drafter (decode; eval has the
+    sources alone, ``source_args``, for its "Base + source" rows)."""
     from latticedraft.decoding.methods.bpd import DrafterSpec
     from latticedraft.decoding.registry import add_options
 
@@ -50,6 +50,16 @@ def tree_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lookahead-pool", action="store_true",
                    help="also run a lookahead Jacobi window in each verify call and add its n-gram pool's "
                         "paths for the last token to the tree (sizes from --window/--ngram/--pool)")
+
+
+def source_args(p: argparse.ArgumentParser, title: str) -> None:
+    """The draft sources' options alone (``decoding/sources.py``'s declarations, as ``decode`` has
+    them in its tree group), in a group called ``title``."""
+    from latticedraft.decoding.methods.bpd import DrafterSpec
+    from latticedraft.decoding.registry import add_options
+    from latticedraft.decoding.sources import sources
+
+    add_options(p.add_argument_group(title), DrafterSpec, "tree", only=tuple(s.dest for s in sources()))
 
 
 def mtad_args(p: argparse.ArgumentParser) -> None:

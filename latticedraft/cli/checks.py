@@ -89,22 +89,16 @@ def check_ranges(a) -> None:
     at_least(a, "skip", 0)
 
 
-def method_options(a, method: str | None = None, own: tuple = ()):
+def method_options(a, method: str | None = None):
     """(``Method``, its options object, ``SamplingOptions`` or None) of ``--method`` and the options
-    the user set, every option checked against the registry: one that ``--method`` does not read is
-    refused naming the methods that do (``own``: the command's own options, never refused)."""
+    the user set. An option ``--method`` does not read is refused by the method's own option check
+    (``registry.refuse_unread``, which ``Session.configure`` passes through too), naming the
+    methods that read it."""
     from latticedraft.decoding import registry
 
     m = registry.get(method or a.method)
-    given_ = given_dests(a)
-    for dest in sorted(given_):
-        if dest in own or m.reads(dest):
-            continue
-        users = registry.readers(dest)
-        where = f"it applies to --method {' / '.join(users)}" if users else "no method reads it here"
-        raise InputError(f"{flag(a, dest)} does not apply to --method {m.name} ({where}); drop {flag(a, dest)}")
-    sampling = sampling_for(a, m)
-    return m, m.configure(option_values(a), given_), sampling
+    options = m.configure(option_values(a), given_dests(a))
+    return m, options, sampling_for(a, m)
 
 
 def option_values(a) -> dict:

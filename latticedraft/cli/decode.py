@@ -22,9 +22,12 @@ def run(a) -> int:
     from latticedraft.decoding.runs.prompt_length import fit_prompts
     from latticedraft.decoding.runs.turns import Conversations, rounds
 
+    from latticedraft.decoding.sources import check_config
+
     check_ranges(a)
     _check_output(a)
     method, options, sampling = method_options(a)
+    check_config(options, model_dir_for(a, method))  # a source the model cannot run: before the load
     if a.output is not None:
         return _dataset(a, method, options, sampling)
     prompts = prompt_inputs(a)

@@ -101,7 +101,7 @@ def report(summary: dict) -> str:
         lines.append("one step of the BPD row's lattice, its n-gram-rescored best path framed in red: "
                      + summary["lattice_png"])
     else:
-        lines.append("no lattice picture: the model has no heads")
+        lines.append(f"no lattice picture: {summary.get('no_picture') or 'the model has no heads'}")
     return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ from latticedraft.cli.args import (
     sampling_args,
     early_layer_args,
     set_threads,
+    source_args,
 )
 
 
@@ -112,7 +113,8 @@ def _cmd_eval(a) -> int:
             raise InputError(f"{flag} {value}: eval runs every drafter (and Table 10's head counts) itself; "
                              f"drop {flag}, or use `latticedraft decode` for one drafter")
     rows[0].configure({**values, "drafter": "parallel"}, set())  # the lattice options' ranges
-    look, kangaroo, ppd = (m.configure(values, given_) for m in rows[1:])
+    look, kangaroo, ppd = (m.configure(values, {d for d in given_ if m.reads(d)}) for m in rows[1:])
+    sources = _sources(a, values, given_)
     alphas = read_alphas(a.alphas) if a.alphas else {"ngram": a.alpha, "neural": a.alpha}
     rescorers = {}
     for spec in a.rescorers or []:
@@ -121,7 +123,8 @@ def _cmd_eval(a) -> int:
     cfg = EvalConfig(num_prompts=a.num_prompts, skip=a.skip, max_new_tokens=a.max_new_tokens, k=a.k, nbest=a.nbest,
                      prune=a.prune, eps=a.eps, backoff=a.backoff, verify=a.verify,
                      alphas=alphas, batch_size=a.batch_size, lm2=a.lm2, rescorers=rescorers,
-                     lookahead=look, kangaroo=kangaroo, ppd=ppd, sampling=sampling, truncate_left=a.truncate_left)
+                     lookahead=look, kangaroo=kangaroo, ppd=ppd, sampling=sampling, truncate_left=a.truncate_left,
+                     sources=sources)
     prompts = read_prompts(a.prompts or data_dir() / "prompts.jsonl")
     s = Session(a.model, a.tokenizer, a.lm, a.rescorer, a.device, a.threads)
     s.notify = lambda m: print(m, file=sys.stderr)
@@ -130,6 +133,19 @@ def _cmd_eval(a) -> int:
     print(paths["table"].read_text())
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def _sources(a, values: dict, given_: set) -> dict:
+    """dest -> value of each draft source the options turn on (the "Base + source" rows), checked as
+    ``decode`` checks them (``--method bpd``'s option check, then before any model loads against the
+    model's config.json: ``sources.check_config``)."""
+    from latticedraft.decoding import registry
+    from latticedraft.decoding import sources as draft_sources
+
+    dests = {s.dest for s in draft_sources.sources()}
+    spec = registry.get("bpd").configure({**values, "drafter": "top1"}, given_ & (dests | {"verify"}))
+    draft_sources.check_config(spec, a.model)
+    return {s.dest: getattr(spec, s.dest) for s in draft_sources.sources() if s.on(spec)}
 
 
 def _cmd_eval_records(a) -> int:
@@ -190,6 +206,7 @@ def add_parser(groups) -> None:
                     "draft_model", "adapter", "exit_heads", "lookahead_config"),
             help="output directory for results.json, results.md and the figures (default ./out/eval)")
     drafter_args(p)
+    source_args(p, "draft sources: one \"Base + source\" row each (the top1 drafter with that source beside it)")
     lookahead_args(p)
     early_layer_args(p)
     gamma_arg(p)

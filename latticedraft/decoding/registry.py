@@ -12,7 +12,9 @@ methods that sample; every other option of a command (where to decode, what, how
 report) applies to every method. ``Method.configure(values, given)`` turns option values (dest ->
 value, ``None`` where the method's own default applies) into the method's options object,
 refusing bad values in one line; ``given`` (the dests the user set) lets it refuse options that
-do not apply to a sub-choice (a ``--drafter`` that reads no ``--lm``).
+do not apply to a sub-choice (a ``--drafter`` that reads no ``--lm``). Every call of ``configure``
+first refuses a given option the method does not read (``refuse_unread``), so the CLI, ``Session``
+and ``custom_generate`` follow one rule.
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ class Method:
     default_model: str | None = None  # the bundled model directory under data/ (None: data/heads-stern)
     continuous: Callable = lambda options: False  # noqa: E731  run takes all prompts at once with Request.in_flight
 
+    def __post_init__(self):
+        if not isinstance(self.configure, _Checked):  # every caller passes the one rule (``refuse_unread``)
+            object.__setattr__(self, "configure", _Checked(self, self.configure))
+
     def one_batch(self, options, batch_size: int, prompts: int) -> bool:
         """Whether ``prompts`` prompts in batches of ``batch_size`` run as one continuous batch."""
         return batch_size > 1 and prompts > batch_size and self.continuous(options)
@@ -97,6 +103,44 @@ class Method:
     def uses_file(self, dest: str, options) -> bool:
         """Whether file option ``dest`` (``lm``, ``rescorer``, ``draft_model``...) decides the output."""
         return dest in self.files(options)
+
+
+class _Checked:
+    """``Method.configure`` as every entry point calls it (the CLI, ``Session``, ``custom_generate``,
+    ``eval``): ``refuse_unread`` first, then the method's own ``configure(values, given)``."""
+
+    def __init__(self, method: "Method", own: Callable):
+        self.method, self.own = method, own
+
+    def __call__(self, values: dict, given=()):
+        given = set(given)
+        refuse_unread(self.method, values, given)
+        return self.own(values, given)
+
+
+OFF = ("off", "none")  # option values that ask for nothing, beside None, False and 0
+
+
+def inert(value) -> bool:
+    """Whether an option value asks for nothing (None, False, 0, "off", "none": a source off, no drafter)."""
+    if value is None or value is False or (isinstance(value, str) and value in OFF):
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and value == 0
+
+
+def refuse_unread(method: "Method", values: dict, given) -> None:
+    """The one rule of every entry point: an option given (``given``: the dests the user set) that
+    ``method`` does not read is refused in one line naming it, its value and the methods that read
+    it, unless its value asks for nothing (``inert``: ``--self-draft off`` goes with any method)."""
+    for dest in sorted(given):
+        value = values.get(dest)
+        if method.reads(dest) or inert(value):
+            continue
+        users = readers(dest)
+        where = f"it applies to --method {' / '.join(users)}" if users else "no method reads it here"
+        flag = "--" + dest.replace("_", "-")
+        shown = flag if isinstance(value, bool) else f"{flag} {value}"
+        raise InputError(f"{shown} does not apply to --method {method.name} ({where}); drop {flag}")
 
 
 _SAME = object()
@@ -168,12 +212,13 @@ def cli_defaults(cls, changed_only: bool = True, by_dest: bool = False) -> dict:
             if not changed_only or fl.cli is not _SAME}
 
 
-def add_options(group, cls, name: str, notes: dict | None = None) -> None:
+def add_options(group, cls, name: str, notes: dict | None = None, only: tuple | None = None) -> None:
     """Add the options of ``cls`` declared in group ``name`` to an argparse (group) ``group``;
-    notes: dest -> text appended to the help (where defaults differ by method)."""
+    notes: dest -> text appended to the help (where defaults differ by method); only: these dests
+    alone (None: all)."""
     notes = notes or {}
     for dest, f, fl in flags(cls):
-        if fl.group == name:
+        if fl.group == name and (only is None or dest in only):
             group.add_argument("--" + dest.replace("_", "-"), dest=dest, help=fl.help + notes.get(dest, ""),
                                default=_cli_default(f, fl), **fl.argparse)
 

@@ -48,7 +48,9 @@ class DraftSource:
     what a token's row of its fitted table is, "match" (the suffix match length of a copied
     continuation) or "probability" (the source's probability for it, ``acceptance.HEAD_EDGES``);
     shares_cache: it drafts over the verifier's own KV cache (``Step.cache``), which only tree
-    verification keeps (refused under ``--verify batched``)."""
+    verification keeps (refused under ``--verify batched``); lean: the values that run the model's
+    layers on the lean forward path (``gpu/verify/archs.py``), refused from the model's config.json
+    before its weights load where the path does not cover its architecture (``check_config``)."""
 
     name: str
     dest: str
@@ -62,6 +64,7 @@ class DraftSource:
     rates: str = "fitted"
     bins: str = "probability"
     shares_cache: bool = False
+    lean: tuple = ()
 
     def __post_init__(self):
         if self.rates not in RATES:
@@ -117,6 +120,29 @@ def build_all(session, spec, fresh: bool = False) -> tuple:
         if p is not None:
             out.append(p)
     return tuple(out)
+
+
+def check_config(spec, model_dir) -> None:
+    """Before the model of ``model_dir`` (None: the bundled heads) loads: every source ``spec`` turns
+    on at a ``lean`` value needs an architecture the lean path covers, read from its base's
+    config.json (``ModelError`` in one line naming the option, its value and why)."""
+    import json
+
+    from latticedraft.decoding.runs.loaders import base_dir_from_files
+    from latticedraft.errors import ModelError
+    from latticedraft.gpu.verify.archs import config_support
+
+    wanted = [s for s in sources() if hasattr(spec, s.dest) and s.on(spec) and getattr(spec, s.dest) in s.lean]
+    if not wanted:
+        return
+    try:
+        config = json.loads((base_dir_from_files(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # no readable config.json: the load refuses the directory in its own words
+    why = config_support(config)
+    if why is not None:
+        s = wanted[0]
+        raise ModelError(f"{s.flag} {getattr(spec, s.dest)}: {why}")
 
 
 def longest_match(flag: str):

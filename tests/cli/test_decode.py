@@ -170,8 +170,10 @@ def test_tune_then_eval_write_tables_and_figures(bundle, tmp_path, capsys):
     md = (out / "results.md").read_text()
     assert "Otsu pruning (eps 0.001)" in md.splitlines()[0]
     for needle in ("Table 4", "Parallel 4-gram BPD", "Oracle (k=16)", "Table 3", "Table 5", "Table 10",
-                   "| Lookahead (W=3, N=5, G=2) |"):
+                   "| Lookahead (W=3, N=5, G=2) |", "| Base + --self-draft auto |", "| Base + every source |"):
         assert needle in md
+    for row in ("Base + --context-ngrams 3", "Base + --lm-drafts auto", "Base + --self-draft auto"):  # decode's defaults
+        assert res["runs"][row]["exact"], row
     for png in ("fig6_oracle_vs_k.png", "fig7_parallel_vs_p.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.glob("*.tmp*"))

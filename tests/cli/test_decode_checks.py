@@ -4,6 +4,9 @@ any expensive work: no co-occurrence counting (DynaMo), no acceptance fitting or
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -94,3 +97,69 @@ def test_a_draft_model_method_without_one_names_where_each_model_gets_its_own(mo
     from latticedraft.decoding.runs.loaders import DRAFT_MODEL_HINT
 
     assert "build_smollm2.sh --draft" in DRAFT_MODEL_HINT and "train draft-model --base" in DRAFT_MODEL_HINT
+
+
+@pytest.fixture(scope="module")
+def neox(tmp_path_factory):
+    """A tiny GPT-NeoX (an architecture the lean path does not write out) with the 32-word tokenizer."""
+    import torch
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    d = tmp_path_factory.mktemp("neox")
+    torch.manual_seed(0)
+    GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=len(WORDS), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=32, max_position_embeddings=64)).save_pretrained(d)
+    _save_tokenizer(d / "tokenizer.json")
+    return d
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """Fail the test where a model's weights load."""
+    from latticedraft.decoding.runs import session
+
+    def forbidden(*a, **k):
+        raise AssertionError("the weights loaded before the refusal")
+
+    monkeypatch.setattr(session, "load_model", forbidden)
+
+
+@pytest.mark.parametrize("value", ["int4", "int8"])
+@pytest.mark.parametrize("command", ["decode", "eval"])
+def test_a_self_draft_the_lean_path_cannot_run_is_refused_from_config_json_before_the_load(
+        neox, no_load, own_cache, capsys, command, value):
+    args = ["--prompt", "w1 w2"] if command == "decode" else ["--out", own_cache.parent / "e"]
+    _refused(capsys, own_cache, command, "--model", neox, "--self-draft", value, *args,
+             needle=f"--self-draft {value}: gpt_neox layers are not written out")
+
+
+def test_auto_and_off_are_never_refused_from_config_json(neox, capsys, own_cache):
+    for value in ("auto", "off"):
+        assert main(["decode", "--model", str(neox), "--prompt", "w1 w2", "--max-new-tokens", "3", "--json",
+                     "--self-draft", value, "--lm-drafts", "0"]) == 0, capsys.readouterr().err
+
+
+def test_greedy_takes_the_value_that_means_none(models_dir, capsys, own_cache):
+    """``--self-draft off`` (or ``--context-ngrams 0``) changes nothing for --method greedy, so it goes;
+    ``--self-draft int4`` is refused before any model loads."""
+    for flags in (["--self-draft", "off"], ["--context-ngrams", "0"], ["--suffix-drafts", "0"]):
+        assert main(["decode", "--method", "greedy", "--model", str(models_dir / "llama"), "--prompt", "w1 w2",
+                     "--max-new-tokens", "3", "--json", *flags]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    shutil.rmtree(own_cache, ignore_errors=True)
+    _refused(capsys, own_cache, "decode", "--method", "greedy", "--model", models_dir / "llama", "--prompt", "w1",
+             "--self-draft", "int4", needle="--self-draft int4 does not apply to --method greedy (it applies to")
+
+
+@pytest.mark.parametrize("method", [[], ["--method", "greedy"], ["--method", "lookahead"]])
+def test_too_many_new_tokens_names_the_real_maximum_for_the_prompt_which_decodes(models_dir, capsys, own_cache,
+                                                                                   method):
+    """64 positions, a 5-token prompt: the refusal names --max-new-tokens 59, and 59 decodes."""
+    model = ["--model", str(models_dir / "llama"), "--prompt", "w0 w1 w2 w8 w4", "--json", *method]  # (no end id in 59)
+    for too_many in ("10000000000", "64", "60"):
+        _refused(capsys, own_cache, "decode", *model, "--max-new-tokens", too_many,
+                 needle="lower --max-new-tokens to 59 at most")
+    assert main(["decode", *model, "--max-new-tokens", "59", "--lm-drafts", "0", "--self-draft", "off"]
+                if not method else ["decode", *model, "--max-new-tokens", "59"]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert len(json.loads(out)["tokens"]) == 59

@@ -124,7 +124,8 @@ def run_demo(session: Session, rows: list[Row], prompts_file=None, num_prompts: 
     heads = has_heads(session)
     sessions = {"heads": session, "base": base_session(session)}
     counter = hf_baselines.CallCounter(getattr(session.model, "base", session.model))  # HF generate's calls
-    rows = _warm(_choose(rows, session, alphas or {}, notify), sessions, counter, ids, notify)
+    skipped: dict = {}  # row name -> why it could not run
+    rows = _warm(_choose(rows, session, alphas or {}, notify), sessions, counter, ids, notify, skipped)
     load_before = os.getloadavg()
     passes, outputs, rounds = _time_rows(rows, sessions, counter, ids, max_new_tokens, min_seconds, notify)
     load_after = os.getloadavg()
@@ -143,6 +144,7 @@ def run_demo(session: Session, rows: list[Row], prompts_file=None, num_prompts: 
                            for p, x in zip(recs, ids)],
                "chat": chat, "max_new_tokens": max_new_tokens, "min_seconds": min_seconds, "rounds": rounds,
                "all_exact": all(r["exact"] for r in results), "lattice_png": None,
+               "no_picture": None if step_pic is not None else _no_picture(heads, skipped),
                "sample": {"id": recs[0].id, "question": recs[0].text, "row": show,
                           "exact": next(r["exact"] for r in results if r["name"] == show),
                           "answer": session.tokenizer.decode([int(t) for t in answer], skip_special_tokens=True),
@@ -168,10 +170,20 @@ def _choose(rows: list[Row], session: Session, alphas: dict, notify) -> list[Row
     return chosen
 
 
-def _warm(rows: list[Row], sessions: dict, counter, ids: list, notify) -> list[Row]:
+def _no_picture(heads: bool, skipped: dict) -> str:
+    """Why the demo drew no lattice: no heads, the picture's row could not run (``skipped``: row
+    name -> why), or none of its steps drafted from the heads."""
+    if not heads:
+        return "the model has no heads"
+    if PICTURE_ROW in skipped:
+        return f"its row ({PICTURE_ROW}) could not run: {skipped[PICTURE_ROW]}"
+    return f"no step of {PICTURE_ROW} drafted from the heads' lattice"
+
+
+def _warm(rows: list[Row], sessions: dict, counter, ids: list, notify, skipped: dict | None = None) -> list[Row]:
     """Warm each row up (JIT compilation, allocator, first-call costs, the int4 copy) on one short
     prompt, untimed; a row whose LM or rescorer is missing or made for another vocabulary is left
-    out with a note. Returns the rows that ran."""
+    out with a note (and its reason in ``skipped``). Returns the rows that ran."""
     usable = []
     for row in rows:
         try:
@@ -181,6 +193,8 @@ def _warm(rows: list[Row], sessions: dict, counter, ids: list, notify) -> list[R
             usable.append(row)
         except (InputError, ModelError) as e:
             notify(f"  skipping {row.name}: {e}")
+            if skipped is not None:
+                skipped[row.name] = " ".join(str(e).split())
     return usable
 
 

@@ -60,6 +60,7 @@ class EvalConfig:
     ppd: PPDOptions | None = field(default_factory=PPDOptions)  # the PPD row (None: none)
     sampling: object = None  # SamplingOptions: every bpd / lookahead row samples losslessly (--do-sample)
     truncate_left: int | None = None  # keep the last N tokens of each prompt (``prompt_length``)
+    sources: dict = field(default_factory=dict)  # dest -> value of each draft source on: a "Base + ..." row each
 
     def validate(self):
         if self.num_prompts < 1 or self.skip < 0:
@@ -159,6 +160,7 @@ def _bpd_plan(cfg: EvalConfig, head_counts: list[int], rescorers: dict, a_ng: fl
     plan.append(("Parallel 4-gram BPD", "bpd", replace(base, name="parallel", alpha=a_ng, nbest=cfg.nbest), "table4"))
     for k in (2, 16):
         plan.append((f"Oracle (k={k})", "bpd", replace(base, name="oracle", k=k), "table4"))
+    plan += _source_plan(base, cfg.sources)
     for p in cfg.ps:
         plan.append((f"parallel p={p}", "bpd", replace(base, name="parallel", alpha=a_ng, nbest=p), "fig7"))
         plan.append((f"parallel-base p={p}", "bpd", replace(base, name="parallel-base", nbest=p), "fig7"))
@@ -167,6 +169,21 @@ def _bpd_plan(cfg: EvalConfig, head_counts: list[int], rescorers: dict, a_ng: fl
         for k in cfg.ks:
             plan.append((f"oracle h={hc} k={k}", "bpd", replace(base, name="oracle", k=k, slots=hc - 1), "fig6"))
     return plan
+
+
+def _source_plan(base: DrafterSpec, sources: dict) -> list[Entry]:
+    """The draft sources' rows: the Base drafter with each source on (``--self-draft auto``, ...)
+    alone, then with all of them where several are on."""
+    plan: list[Entry] = [(source_row(dest, value), "bpd", replace(base, **{dest: value}), "sources")
+                         for dest, value in sources.items()]
+    if len(sources) > 1:
+        plan.append(("Base + every source", "bpd", replace(base, **sources), "sources"))
+    return plan
+
+
+def source_row(dest: str, value) -> str:
+    """The name of the row of draft source option ``dest`` at ``value``: "Base + --self-draft auto"."""
+    return f"Base + --{dest.replace('_', '-')} {value}"
 
 
 def _other_plan(session: Session, cfg: EvalConfig, notify) -> list[Entry]:
@@ -214,7 +231,7 @@ def _run_plan(session: Session, plan: list[Entry], ids, cfg: EvalConfig, rescore
         kind = getattr(spec, "name", None)
         key = method + json.dumps(asdict(spec) if spec else {"greedy": 1}, sort_keys=True) + (
             name if kind == "neural" else "")
-        if kind == "top1" and spec.slots in (None, h - 1):
+        if kind == "top1" and spec.slots in (None, h - 1) and group != "sources":
             key = "top1-all"
         if key in done:
             out.runs[name] = replace(done[key], name=name)
@@ -290,8 +307,8 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
 def _warm_up(session: Session, ids, plan, rescorers) -> None:
     """One short untimed decode per drafter kind (numba compilation, first-call costs)."""
     seen = set()
-    for name, method, spec, _ in plan:
-        kind = getattr(spec, "name", method)
+    for name, method, spec, group in plan:
+        kind = name if group == "sources" else getattr(spec, "name", method)  # a source's first call builds it
         if kind in seen or kind == "oracle":
             continue
         seen.add(kind)
@@ -406,7 +423,7 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
          "`generate`:", "",
          "| run | block efficiency | tokens/s | vs greedy | exact |", "|---|---|---|---|---|",
          f"| greedy | 1.00 | {g['tokens_per_s']:.1f} | 1.00x | yes |"]
-    look = [n for n in runs if n.startswith(("Lookahead (", "Kangaroo (", "PPD ("))]
+    look = [n for n in runs if n.startswith(("Base + ", "Lookahead (", "Kangaroo (", "PPD ("))]
     for n in cols + look:
         r = runs[n]
         L.append(f"| {n} | {r['block_efficiency']:.2f} | {r['tokens_per_s']:.1f} | "

@@ -289,4 +289,4 @@ SOURCE = DraftSource(
         "sharing the verifier's cache; the chain stops where the next token no longer pays under the measured "
         "costs (default auto: int4 or int8, whichever forward is faster on this machine, where the lean path runs "
         "the model and it costs at most half a float one)")),
-    build=build, check=_check, rates="online", shares_cache=True)
+    build=build, check=_check, rates="online", shares_cache=True, lean=("int4", "int8"))

@@ -35,9 +35,14 @@ def check_fits(limit: int | None, lengths: Sequence[int], max_new_tokens: int, n
     longest = int(lengths[at])
     if longest + max_new_tokens <= limit:
         return
-    room = limit - max_new_tokens
-    fix = (f"pass --truncate-left {room} to keep the last {room} tokens of each prompt, or lower --max-new-tokens"
-           if room >= 1 else f"lower --max-new-tokens below {limit}")
+    room, most = limit - max_new_tokens, limit - longest  # the prompt tokens that fit; the new tokens that fit
+    lower = f"lower --max-new-tokens to {most} at most (the most this prompt leaves room for)"
+    if room >= 1:
+        fix = f"pass --truncate-left {room} to keep the last {room} tokens of each prompt" + (f", or {lower}"
+                                                                                                if most >= 1 else "")
+    else:
+        fix = lower if most >= 1 else (f"lower --max-new-tokens below {limit} and pass --truncate-left to leave "
+                                       "room for the new tokens")
     which = f"{names[at]}: " if names is not None else ""
     raise InputError(f"{which}a prompt of {longest} tokens + --max-new-tokens {max_new_tokens} exceeds the model's "
                      f"{limit} positions; {fix}")

@@ -103,9 +103,12 @@ class Session:
 
     # -- decoding -----------------------------------------------------------------------------
     def configure(self, method: str, values: dict | None = None, given=None):
-        """The options object of ``method`` from option values (dest -> value; missing: defaults)."""
+        """The options object of ``method`` from option values (dest -> value; missing: defaults).
+        Every value passed counts as given, as a typed option does on the command line: one that
+        ``method`` does not read is refused as the CLI refuses it (``registry.refuse_unread``)."""
+        given = set(given or ()) | set(values or {})
         values = {"draft_model": self.draft_model_dir, "model": self.model_dir, **(values or {})}
-        return registry.get(method).configure(values, set(given or ()))
+        return registry.get(method).configure(values, given)
 
     def prepare(self, method, options=None, batch_size: int = 1) -> None:
         """Check (``check``), then load, measure and check what ``method`` needs now, so that a missing
@@ -140,11 +143,11 @@ class Session:
         from latticedraft.decoding.runs.prompt_length import fit_prompts
 
         m = registry.get(method)
-        options = self.configure(m.name, {"do_sample": sampling is not None}) if options is None else options
-        self.check(m, options)
         if sampling is not None and m.sampling == "never":
             raise InputError(f"--method {m.name} decodes greedily; the sampling options apply to --method "
                              + ", ".join(n for n, x in registry.methods().items() if x.sampling != "never"))
+        options = self.configure(m.name, {"do_sample": sampling is not None}) if options is None else options
+        self.check(m, options)
         if sampling is None and m.sampling == "always":
             from latticedraft.decoding.accept.sampling import sampling_options
 

@@ -97,3 +97,15 @@ def arch_of(lm) -> tuple[Arch | None, str | None]:
         return None, f"attention implementation {cfg._attn_implementation!r}"
     why = arch.check(cfg, lm)
     return (None, why) if why else (arch, None)
+
+
+def config_support(config: dict) -> str | None:
+    """What ``arch_of`` can tell from a model's config.json alone (before its weights load): None
+    where its ``model_type`` has an entry and its activation is the entry's, else why not (the
+    loaded model's own check, ``arch_of``, still runs)."""
+    name = config.get("model_type", "") if isinstance(config, dict) else ""
+    if name not in ARCHS:
+        return f"{name or 'its'} layers are not written out (the lean path writes out {', '.join(sorted(ARCHS))})"
+    if ARCHS[name].act == "silu" and config.get("hidden_act", "silu") != "silu":
+        return f"activation {config['hidden_act']!r}"
+    return None

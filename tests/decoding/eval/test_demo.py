@@ -176,3 +176,18 @@ def test_a_rescorer_made_for_another_vocabulary_leaves_only_its_row_out(tmp_path
     assert names == [GREEDY, DEFAULT, "BPD top-1 (paper)"] and summary["all_exact"]
     skipped = [n for n in notes if n.strip().startswith("skipping neural BPD")]
     assert len(skipped) == 1 and "vocabulary" in skipped[0] and "\n" not in skipped[0]
+
+
+def test_no_picture_says_why_the_heads_drew_none_when_the_lm_is_missing(tmp_path):
+    """Issue 63, class E: heads without the bundled 4-gram (the offline fallback's case): the picture's
+    row is left out and the report says the LM is missing, not that the model has no heads."""
+    from latticedraft.cli.demo import report
+
+    d = save_bpd_bundle(tmp_path, ["def f(x):\n    return", "import os\n"])
+    s = Session(d / "heads", lm_dir=tmp_path / "no-4gram", threads=1)
+    rows = [r for r in demo_rows(_default(d / "heads"), heads=True) if r.name in (GREEDY, PICTURE_ROW)]
+    summary = run_demo(s, rows, prompts_file=d / "prompts.jsonl", num_prompts=1, max_new_tokens=4,
+                       out_dir=tmp_path / "demo", notify=lambda m: None, min_seconds=0)
+    assert summary["lattice_png"] is None and "no-4gram" in summary["no_picture"]
+    last = report(summary).splitlines()[-1]
+    assert last.startswith("no lattice picture: its row") and "no-4gram" in last and "has no heads" not in last

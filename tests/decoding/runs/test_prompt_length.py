@@ -99,8 +99,11 @@ def test_refusal_names_length_limit_and_fix():
         check_fits(64, [40, 50], 20)
     msg = str(e.value)
     assert "50 tokens" in msg and "64 positions" in msg and "--truncate-left 44" in msg and "\n" not in msg
-    with pytest.raises(InputError, match="lower --max-new-tokens below 64"):
-        check_fits(64, [3], 64)
+    with pytest.raises(InputError, match="lower --max-new-tokens to 61 at most"):
+        check_fits(64, [3], 64)  # the most this prompt leaves room for, not the model's limit
+    with pytest.raises(InputError, match="--truncate-left 54 .*, or lower --max-new-tokens to 4 at most"):
+        check_fits(64, [60], 10)
+    check_fits(64, [60], 4)  # that most is accepted
     assert [p.tolist() for p in truncate_left([[1, 2, 3, 4], [5]], 2)] == [[3, 4], [5]]
     model, ps, _ = _case(8, 1)
     with pytest.raises(InputError, match="--truncate-left"):

@@ -61,3 +61,21 @@ def test_the_dtype_applies_to_the_base_its_heads_and_the_draft_model(tmp_path):
     assert {p.dtype for p in Session(d / "heads", threads=1).model.parameters()} == {torch.float32}
     with pytest.raises(InputError, match="unknown dtype"):
         Session(d / "heads", dtype="int8", threads=1)
+
+
+@pytest.mark.parametrize("method", ["greedy", "lookahead", "ppd", "mtad"])
+def test_configure_refuses_what_the_cli_refuses_in_the_same_words(method, capsys):
+    """Issue 63, class C: ``Session.configure`` passes the method's own option check, as the CLI does:
+    an option the method does not read is refused in the CLI's line; its "none" value goes."""
+    from tests.contract import refused
+
+    s = Session(model=tiny_model("llama", vocab=8192))
+    s.draft_model_dir = "DIR" if method == "mtad" else None
+    with pytest.raises(InputError) as e:
+        s.configure(method, {"self_draft": "int4"})
+    extra = ["--draft-model", "DIR"] if method == "mtad" else []
+    line = refused(capsys, ["decode", "--method", method, "--self-draft", "int4", "--prompt", "x", *extra])
+    assert line == f"error: {e.value}" and "--self-draft int4 does not apply to --method" in line
+    if method != "mtad":
+        options = s.configure(method, {"self_draft": "off", "context_ngrams": 0})
+        assert len(s.decode([np.array([5, 6, 7])], method, options, max_new_tokens=3).sequences[0].tokens) == 3
