@@ -66,14 +66,70 @@ def new_dirs(path: str | Path) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield an empty staging directory beside ``path``; when the block succeeds its files (given the
+    """Yield an empty staging directory beside ``path`` (``stage_parent``); when the block succeeds its files (given the
     usual umask modes) become ``path`` (renamed whole if ``path`` does not exist, else moved in one by one, replacing files of
     the same name); when it fails the staging directory is removed and ``path`` is untouched."""
     path = Path(path)
     with new_dirs(path.parent):  # a failure leaves no empty parent behind either
-        stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+        stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=stage_parent(path)))
         with _staged(stage, path):
             yield stage
+
+
+def stage_parent(path: Path) -> Path:
+    """Where ``atomic_dir`` stages ``path``: beside it, or inside it where ``path`` is an existing
+    directory on another file system than its parent (a mount point), so that every rename stays on
+    one file system."""
+    path = Path(path)
+    try:
+        if path.is_dir() and path.stat().st_dev != path.absolute().parent.stat().st_dev:
+            return path
+    except OSError:
+        pass
+    return path.parent
+
+
+IMMUTABLE, APPEND_ONLY = 0x10, 0x20  # Linux inode flags (chattr +i, +a)
+
+
+def _inode_flags(path: Path) -> int:
+    """``path``'s Linux inode flags (``lsattr``), 0 where they cannot be read (another OS, no permission)."""
+    import struct
+
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (OSError, ImportError):
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(fd, 0x80086601, bytes(8))[:4])[0]  # FS_IOC_GETFLAGS
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+
+
+def unwritable(path: str | Path, directory: bool) -> tuple[Path, str] | None:
+    """Why the writers above could not publish ``path`` (a ``directory``, else a file): None where
+    they can, else (the directory or file at fault, why): a directory that cannot be written (its
+    mode, a read-only mount, ``chattr +i``), an existing file that cannot be replaced (``chattr +i``
+    or ``+a``). Creates nothing. The staging place is the one the writers use (``stage_parent``)."""
+    p = Path(path).absolute()
+    if p.exists() and _inode_flags(p) & (IMMUTABLE | APPEND_ONLY):
+        return p, "immutable or append-only (chattr +i / +a)"
+    anc = p.parent
+    while not anc.exists():
+        anc = anc.parent
+    places = [anc] if not (directory and p.is_dir()) else list(dict.fromkeys([p, stage_parent(p)]))
+    for d in places:
+        if not d.is_dir():
+            return d, "a file, not a directory"
+        if not os.access(d, os.W_OK | os.X_OK):
+            return d, "not writable (its permissions, a read-only file system or chattr +i)"
+        if _inode_flags(d) & IMMUTABLE:
+            return d, "immutable (chattr +i)"
+    return None
 
 
 @contextlib.contextmanager

@@ -116,9 +116,12 @@ def _require(path, what: str, fix: str, want: str) -> Path:
 def check_writable(path, flag: str, kind: str) -> Path:
     """Check, before any work, that output ``path`` (``kind`` "file" or "directory") can be made.
 
-    The nearest existing ancestor must be a writable directory and ``path`` itself must not be
-    the other kind. Creates nothing; ``InputError`` names ``flag`` and the fix.
+    ``path`` must not be the other kind, and the writers (``atomic.py``) must be able to publish it:
+    the nearest existing ancestor, or an existing output directory and the place it is staged in,
+    writable (not read-only, not immutable), an existing file replaceable (``atomic.unwritable``).
+    Creates nothing; ``InputError`` in one line names ``flag``, the directory at fault and the fix.
     """
+    from latticedraft.atomic import unwritable
     from latticedraft.errors import InputError
 
     p = Path(path)
@@ -126,11 +129,9 @@ def check_writable(path, flag: str, kind: str) -> Path:
         raise InputError(f"{flag} {p} is a directory; give a file path")
     if kind == "directory" and p.exists() and not p.is_dir():
         raise InputError(f"{flag} {p} is a file; give a directory path")
-    anc = p.absolute().parent
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir():
-        raise InputError(f"{flag} {p} cannot be created: {anc} is a file, not a directory; choose another path")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} {p} cannot be created: {anc} is not writable; choose another path")
+    bad = unwritable(p, kind == "directory")
+    if bad is not None:
+        at, why = bad
+        where = "it" if at == p.absolute() else str(at)
+        raise InputError(f"{flag} {p} cannot be written: {where} is {why}; choose another path")
     return p

@@ -112,6 +112,14 @@ FST_FILE = FileKind("an OpenFst LM (lm.fst)", "latticedraft lm convert", _is_fst
 FST_NPZ = FileKind("the CSR cache of an LM (lm.npz)", "latticedraft lm convert", _is_fst_npz)
 
 
+def _claim_index(a) -> None:
+    """``lm index DIR``'s rule: DIR is an LM build whose tables/ can be written, before any work."""
+    from latticedraft.paths import check_writable
+
+    _read_manifest(a.dir)
+    check_writable(Path(a.dir) / "tables", "DIR", "directory")
+
+
 def _claim_cooccurrence(a) -> None:
     """``lm cooccurrence --lm DIR``'s rule: DIR is an LM build and its ``cooccurrence.npz`` is new, or a
     table replaced with ``--force`` (``cooccurrence_output``); before standard input is read."""
@@ -190,7 +198,7 @@ def add_parser(groups) -> None:
                                    "maps at load (lm build writes them; builds from before need this once).")
     x.add_argument("dir", type=Path, metavar="DIR", help="an LM build directory (holds manifest.json)")
     x.add_argument("--force", action="store_true", help="rewrite the tables even if present")
-    declare(x, Output("DIR", "dir", IN_PLACE, (LM_BUILD,), claim=lambda a: _read_manifest(a.dir)))  # into a build
+    declare(x, Output("DIR", "dir", IN_PLACE, (LM_BUILD,), claim=_claim_index))  # into a build
     x.set_defaults(func=_cmd_lm_index)
     _add_lm_cooccurrence(sub, b)
 

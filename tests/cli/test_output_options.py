@@ -204,3 +204,35 @@ def test_every_option_that_writes_is_declared():
             looks = "-o" in a.option_strings or a.dest in ("out", "output", "cache") or WRITES.search(a.help or "")
             if looks and not isinstance(a, argparse._StoreTrueAction):
                 assert a.dest in mine, f"`{' '.join(name)} {a.option_strings}` writes but is not declared"
+
+
+def _chattr(flag: str, *paths: Path) -> bool:
+    import subprocess
+
+    return subprocess.run(["chattr", flag, *map(str, paths)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("name, out", WRITERS, ids=[f"{' '.join(n)} {out.flag}" for n, out in WRITERS])
+def test_every_writer_checks_its_destination_can_be_written_before_any_work(name, out, tmp_path, capsys, ran):
+    """Issue 63, class D: a destination under a file (a file where its directory belongs) is refused
+    before the command starts, in one line naming the option; where ``chattr`` works, an immutable
+    destination directory too (root writes past permissions, not past ``chattr +i``)."""
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where a directory belongs")
+    value = blocked / "out"
+    line = refused(capsys, argv(name, out, value, tmp_path) + [out.force], watch=[tmp_path])
+    if out.form == IN_PLACE:  # (into an input, which must be there: refused as not there)
+        assert ran == []
+        return
+    assert out.flag.split("'")[0].split()[-1] in line, line
+    frozen = tmp_path / "frozen"
+    frozen.mkdir()
+    value = frozen if out.form == DIRECTORY and out.target is None else frozen / "out"
+    if not _chattr("+i", frozen):
+        pytest.skip("chattr +i is not available here")
+    try:
+        line = refused(capsys, argv(name, out, value, tmp_path) + [out.force])
+    finally:
+        _chattr("-i", frozen)
+    assert "cannot be written" in line and str(frozen) in line and "chattr" in line, line
+    assert ran == []
