@@ -200,7 +200,8 @@ def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-KIND = learned_state.kind("rescore_weight", "the n-gram rescorer's learned weight", schema)
+KIND = learned_state.kind("rescore_weight", "the n-gram rescorer's learned weight", schema,
+                          example=lambda: AlphaLearner().to_json())
 
 
 def _name(key: dict) -> str:
