@@ -106,6 +106,10 @@ def test_verbose_names_each_damaged_file_by_its_real_path(bundle, clean, capsys)
     for f in files:
         assert sum(str(f) in line and "not used" in line for line in err) == 1, err
     assert not any("read from .cache/" in line for line in err)
+    assert any(f"stored in {cache / 'cost_model'}" in line for line in err), err  # measured again, said where
+    again, err = decode(bundle, cache, capsys, "--verbose")
+    assert any(f"read from {cache / 'cost_model'}" in line for line in err)
+    assert any(f"read from {cache / 'acceptance'}" in line for line in err), err
 
 
 REFUSALS = {  # name -> make the cache refuse its entries, needing no permissions (root passes those)

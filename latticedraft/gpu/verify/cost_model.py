@@ -127,6 +127,7 @@ class CostModel:
         described = describe(verifier, batch)
         exact = cls.stored(verifier, batch, described, note)
         if exact is not None:
+            _say(note, f"step costs T(n) at batch {batch}: read from {KIND.path(exact.key + '.json')}")
             return exact
         lo = next((b for b in range(batch - 1, 0, -1) if cls.stored(verifier, b, described) is not None), None)
         hi = next((b for b in range(batch + 1, MAX_BATCH + 1) if cls.stored(verifier, b, described) is not None), None)
@@ -134,7 +135,8 @@ class CostModel:
         above = None if below is None else cls.stored(verifier, hi, described)
         nodes = [] if above is None else [n for n in below.nodes if n in above.nodes]
         if not nodes:  # no stored sizes on both sides (or curves over disjoint sizes)
-            return cls.cached(verifier, batch)  # (the stored entry, if any, was noted above)
+            return cls._measured(verifier, batch, note)
+        _say(note, f"step costs T(n) at batch {batch}: interpolated between the stored batches {lo} and {hi}")
         w = (batch - lo) / (hi - lo)
         secs = [(1 - w) * below.seconds(n) + w * above.seconds(n) for n in nodes]
         return cls(tuple(nodes), tuple(secs), f"{below.key}+{above.key}",
@@ -144,14 +146,26 @@ class CostModel:
     def cached(cls, verifier, batch: int = 1, refresh: bool = False, note=None, **measure_kw) -> "CostModel":
         """The curve for this verifier and batch size from the cache, measured and stored if
         absent (or ``refresh``). Measuring takes ~1-3 s on the bundled model."""
-        key = fingerprint(verifier, batch)
         hit = None if refresh else cls.stored(verifier, batch, note=note)
         if hit is not None:
             return hit
+        return cls._measured(verifier, batch, note, **measure_kw)
+
+    @classmethod
+    def _measured(cls, verifier, batch: int, note=None, **measure_kw) -> "CostModel":
+        """The curve measured now and stored in the cache (where it refuses: said once on stderr)."""
+        key = fingerprint(verifier, batch)
         cm = cls.measure(verifier, batch=batch, **measure_kw)
         cm = cls(cm.nodes, cm.seconds_at, key, {**(cm.info or {}), **describe(verifier, batch)})
-        learned_state.write(KIND, f"{key}.json", json.dumps(cm.to_json(), indent=1) + "\n")  # unsaved: said once
+        path = learned_state.write(KIND, f"{key}.json", json.dumps(cm.to_json(), indent=1) + "\n")
+        _say(note, f"step costs T(n) at batch {batch}: measured over {len(cm.nodes)} tree sizes, "
+                   + (f"stored in {path}" if path is not None else "not stored"))
         return cm
+
+
+def _say(note, line: str) -> None:
+    if note is not None:
+        note(line)
 
 
 def _schema(d) -> str | None:
