@@ -27,7 +27,7 @@ def run(a) -> int:
     check_ranges(a)
     _check_output(a)
     method, options, sampling = method_options(a)
-    check_config(options, model_dir_for(a, method))  # a source the model cannot run: before the load
+    check_config(options, model_dir_for(a, method), a.device)  # a source the model cannot run: before the load
     if a.output is not None:
         return _dataset(a, method, options, sampling)
     prompts = prompt_inputs(a)

@@ -144,7 +144,7 @@ def _sources(a, values: dict, given_: set) -> dict:
 
     dests = {s.dest for s in draft_sources.sources()}
     spec = registry.get("bpd").configure({**values, "drafter": "top1"}, given_ & (dests | {"verify"}))
-    draft_sources.check_config(spec, a.model)
+    draft_sources.check_config(spec, a.model, a.device)
     return {s.dest: getattr(spec, s.dest) for s in draft_sources.sources() if s.on(spec)}
 
 

@@ -122,10 +122,11 @@ def build_all(session, spec, fresh: bool = False) -> tuple:
     return tuple(out)
 
 
-def check_config(spec, model_dir) -> None:
+def check_config(spec, model_dir, device=None) -> None:
     """Before the model of ``model_dir`` (None: the bundled heads) loads: every source ``spec`` turns
     on at a ``lean`` value needs an architecture the lean path covers, read from its base's
-    config.json (``ModelError`` in one line naming the option, its value and why)."""
+    config.json, and torch's weight-only kernels for ``device`` (None: cpu) (``ModelError`` in one
+    line naming the option, its value and why)."""
     import json
 
     from latticedraft.decoding.runs.loaders import base_dir_from_files
@@ -135,11 +136,13 @@ def check_config(spec, model_dir) -> None:
     wanted = [s for s in sources() if hasattr(spec, s.dest) and s.on(spec) and getattr(spec, s.dest) in s.lean]
     if not wanted:
         return
+    from latticedraft.gpu.models.quantized import kernels_missing  # (torch: only where a lean value asks)
+
     try:
         config = json.loads((base_dir_from_files(model_dir) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return  # no readable config.json: the load refuses the directory in its own words
-    why = config_support(config)
+        config = None  # no readable config.json: the load refuses the directory in its own words
+    why = (config_support(config) if config is not None else None) or kernels_missing(device or "cpu")
     if why is not None:
         s = wanted[0]
         raise ModelError(f"{s.flag} {getattr(spec, s.dest)}: {why}")

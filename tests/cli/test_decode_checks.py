@@ -163,3 +163,11 @@ def test_too_many_new_tokens_names_the_real_maximum_for_the_prompt_which_decodes
                 if not method else ["decode", *model, "--max-new-tokens", "59"]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert len(json.loads(out)["tokens"]) == 59
+
+
+def test_a_torch_without_the_kernels_refuses_int4_before_the_load(models_dir, no_load, own_cache, capsys, monkeypatch):
+    from latticedraft.gpu.models import quantized
+
+    monkeypatch.setattr(quantized, "kernels_missing", lambda device: f"torch has no int4 kernels for {device}")
+    _refused(capsys, own_cache, "decode", "--model", models_dir / "llama", "--prompt", "w1", "--self-draft", "int4",
+             needle="--self-draft int4: torch has no int4 kernels for cpu")
