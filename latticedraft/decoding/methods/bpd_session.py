@@ -73,8 +73,8 @@ def store_rescore_weight(session, spec) -> None:
 
     learner = rescore_weight(session, spec)
     rw.store(rescore_weight_key(session, spec), learner)
-    if learner.alpha != learner.reported:
-        learner.reported = learner.alpha
+    if learner.arm != learner.reported:
+        learner.reported = learner.arm
         session.learned.event(f"n-gram weight (alpha) of --drafter {spec.name} learned: {learner.summary()}")
 
 

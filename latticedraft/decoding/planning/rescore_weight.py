@@ -1,31 +1,37 @@
 """The n-gram rescorer's weight alpha, learned from what the target keeps.
 
 Parallel BPD drafts the p best paths of ``head_logp + alpha * lm_logp``. Whether the LM helps
-depends on the model and the LM (its domain, the heads' strength: docs/rescoring.md), so a
-fixed alpha can cost tokens. After each verify call the target's own path after the root is
-known for ``m = accepted + 1`` tokens (the accepted drafts and the bonus), so any ranking of
-the step's lattice can be scored against it without another target call: ``kept(paths,
-target)``, the longest prefix of the target equal to one of the paths (at most m: beyond the
-bonus the target is unknown, for every ranking alike).
+depends on the model and the LM (its domain, the heads' strength: docs/rescoring.md), so a fixed
+alpha can cost tokens. Any ranking of a step's lattice can be scored against the target without
+another target call: the target's own path after the step's root is what the row goes on to
+emit. ``kept(paths, target)`` is the longest prefix of the target equal to one of the paths.
 
-Per lattice step ``AlphaLearner.observe`` compares the drafted paths (at the current weight)
-and, where the time budget allows, one probed weight with the heads' own ranking (alpha = 0,
-``base_drafts``: the p best head paths), on the same lattice: the paired difference in kept
-tokens. Per weight of ``GRID`` (alpha_max = ``GRID[-1]``) it keeps decayed sums of those
-differences; a weight's gain is their mean shrunk towards 0 by ``PRIOR`` pseudo-observations.
-The weight used is the one with the largest gain, and only where the gain pays for the
-rescoring: ``gain / tokens > rescore_seconds / step_seconds`` (tokens per second, both
-measured); otherwise 0, the heads' own ranking (which skips the LM search). So where the LM does
-not help alpha backs off to 0, and where it does it rises to the weight that keeps the most.
+An arm is a weight of ``GRID`` (alpha_max = ``GRID[-1]``) and the arcs per slot the LM search
+ranks (``WIDTHS``: the best 4, or 0 = all k; the search's time grows with the cube of the width,
+so a narrow one can pay where the whole lattice cannot); arm 0 is the heads' own ranking (alpha =
+0, ``base_drafts``: the p best head paths, no LM search). At the end of each greedy lattice step
+``AlphaLearner.ranked`` ranks the lattice with arm 0 and, while the probes' seconds stay under
+``PROBE_SHARE`` of the lattice steps', with one other arm in turn (one that costs more than
+``MAX_SHARE`` of a step only every ``REPROBE``-th probe); once the row has emitted the
+lattice's depth of tokens after that root, ``observe`` scores the drafted, the probed and arm 0's
+rankings against them: the paired differences in kept tokens against arm 0. (Scored against the
+accepted tokens and the bonus alone, the ranking drafted with would be favoured: its tree made
+what was accepted, and another's could not be credited beyond the bonus.) Per arm it keeps decayed
+sums of those differences (its gain: their mean shrunk towards 0 by ``PRIOR`` pseudo-observations)
+and the median of its measured cost over arm 0 (seconds). The arm drafted with is the one of most
+tokens per second, ``(tokens + gain) / (seconds + cost)`` against arm 0's ``tokens / seconds`` (a
+lattice step's tokens kept and seconds, measured), among the arms whose cost is at most
+``MAX_SHARE`` of a step. So where the LM does not help, or costs more time than its tokens save,
+alpha backs off to 0 and the lattice is ranked by the heads alone; where it helps, alpha rises to
+the weight that keeps the most.
 
-Probes (a rescoring at a weight not drafted with, to learn its gain) run while their seconds stay
-under ``PROBE_SHARE`` of the lattice steps' seconds. The learner starts at 0. It only ranks
-drafts: verification keeps the target's own tokens whatever the weight, so the output never
-changes. ``to_json`` / ``from_json`` carry it across sessions (``.cache/rescore_weight``).
+The learner starts at 0. It only ranks drafts: verification keeps the target's own tokens
+whatever the weight, so the output never changes. ``to_json`` / ``from_json`` carry it across
+sessions (``.cache/rescore_weight``).
 
     >>> w = AlphaLearner()
-    >>> w.alpha
-    0.0
+    >>> w.alpha, w.width
+    (0.0, 0)
 """
 
 from __future__ import annotations
@@ -39,13 +45,17 @@ import numpy as np
 from latticedraft import learned_state
 
 GRID = (0.0, 0.0625, 0.125, 0.25, 0.5, 1.0, 2.0)  # the weights tried; alpha_max = GRID[-1]
-PRIOR = 8.0  # pseudo-observations of no gain each weight's mean is shrunk by
-DECAY = 0.995  # per observation of a weight: its sums' memory (about 200 lattice steps)
+WIDTHS = (4, 0)  # arcs per slot the LM search ranks (0: all of the lattice's)
+ARMS = ((0.0, 0),) + tuple((a, w) for w in WIDTHS for a in GRID[1:])  # arm 0: the heads' own ranking
+PRIOR = 8.0  # pseudo-observations of no gain each arm's mean is shrunk by
+DECAY = 0.995  # per observation of an arm: its sums' memory (about 200 lattice steps)
 RATE = 0.02  # the step statistics' moving-average rate
-COSTS = 31  # measured rescoring costs the cost's median is taken over
+COSTS = 15  # measured costs per arm its median is taken over
 PROBE_SHARE = 0.01  # probes' rescoring seconds at most this share of the lattice steps' seconds
+MAX_SHARE = 0.02  # an arm whose rescoring costs more than this share of a step is never drafted with
+REPROBE = 8  # one probe in this many may take such an arm (its cost is measured again)
 MAX_DIFF = 64  # tokens: more than any lattice's depth, so more than one step's difference
-FORMAT = 1
+FORMAT = 2
 
 
 def kept(paths: np.ndarray, target: np.ndarray) -> int:
@@ -60,116 +70,129 @@ def kept(paths: np.ndarray, target: np.ndarray) -> int:
 
 
 class AlphaLearner:
-    """n, gain: float[G] decayed counts and sums of paired kept-token differences against the
-    heads' ranking per weight of ``grid`` (``probe_share``: the probes' budget, a share of the
-    lattice steps' seconds); tokens, seconds, rescore: moving averages of a lattice
-    step's tokens kept (accepted + 1), its seconds without rescoring and what a rescoring costs
-    over the heads' own ranking (seconds; the median of the last measured); best: sums of the tokens kept from the rescored best
-    path and from the heads' best path, and their count (what ``summary`` reports)."""
+    """n, gain: float[A] decayed counts and sums of paired kept-token differences against arm 0
+    per arm of ``ARMS``; cost: float[A] the median of each arm's last measured costs over arm 0
+    (seconds); tokens, seconds: moving averages of a lattice step's tokens kept (accepted + 1) and
+    its seconds without rescoring; best: sums of the tokens kept from the drafted best path and
+    from the heads' best path, and their count (``summary``); probe_share: the probes' budget."""
 
-    def __init__(self, grid=GRID, probe_share: float = PROBE_SHARE):
-        self.grid = tuple(float(a) for a in grid)
+    def __init__(self, probe_share: float = PROBE_SHARE):
+        self.arms = ARMS
         self.probe_share = float(probe_share)
-        self.n = np.zeros(len(self.grid))
-        self.gain = np.zeros(len(self.grid))
-        self.tokens, self.seconds, self.rescore = 1.0, 0.0, 0.0
-        self.costs: list = []  # the last COSTS measured costs of a rescoring (seconds)
+        self.n, self.gain, self.cost = (np.zeros(len(ARMS)) for _ in range(3))
+        self.costs: dict = {}  # arm -> its last COSTS measured costs (this session's, seeded by ``cost``)
+        self.tokens, self.seconds = 1.0, 0.0
         self.best = np.zeros(3)
         self.steps = 0
         self.probe_seconds = self.step_seconds = 0.0  # this session's (the probe budget)
-        self.drafted_at = np.zeros(len(self.grid), dtype=np.int64)  # this session's lattice steps per weight
-        self.reported = None  # the weight last reported (``decode --verbose``)
+        self.drafted_at = np.zeros(len(ARMS), dtype=np.int64)  # this session's lattice steps per arm
+        self.probed = self.probes = 0  # the arm probed last (probes take the arms in turn), probes made
+        self.reported = None  # the arm last reported (``decode --verbose``)
 
     # -- the choice ---------------------------------------------------------------------------
     def gains(self) -> np.ndarray:
-        """float[G]: each weight's mean kept-token gain over the heads' ranking, shrunk to 0."""
+        """float[A]: each arm's mean kept-token gain over the heads' ranking, shrunk to 0."""
         return self.gain / (self.n + PRIOR)
+
+    def affordable(self) -> np.ndarray:
+        """bool[A]: the arms whose measured cost is at most ``MAX_SHARE`` of a step (unmeasured: yes)."""
+        return (self.cost <= MAX_SHARE * self.seconds) | (self.cost == 0)
+
+    @property
+    def arm(self) -> int:
+        """The arm to draft with: the most tokens per second among the affordable arms that gain."""
+        g = self.gains()
+        if self.seconds <= 0:
+            return 0
+        speed = np.where((g > 0) & self.affordable() & (self.cost > 0),
+                         (self.tokens + g) / (self.seconds + self.cost), 0.0)
+        speed[0] = self.tokens / self.seconds
+        return int(np.argmax(speed))
 
     @property
     def alpha(self) -> float:
-        """The weight to draft with: the largest gain where it pays for its rescoring, else 0."""
-        g = self.gains()
-        g[0] = 0.0
-        i = int(np.argmax(g))
-        if g[i] <= 0:
-            return 0.0
-        if self.seconds > 0 and g[i] / max(self.tokens, 1e-9) <= self.rescore / self.seconds:
-            return 0.0  # the LM search costs more time than its extra tokens save
-        return self.grid[i]
+        return self.arms[self.arm][0]
 
-    def index(self, alpha: float) -> int | None:
-        return next((i for i, a in enumerate(self.grid) if a == alpha), None)
+    @property
+    def width(self) -> int:
+        return self.arms[self.arm][1]
 
     # -- learning -----------------------------------------------------------------------------
-    def observe(self, rank, used: float, drafts: np.ndarray, top1: np.ndarray, target: np.ndarray,
-                step_seconds: float, rescore_seconds: float) -> None:
-        """One lattice step of one row: ``rank(alpha) -> (paths int64[p, d], seconds)`` ranks its
-        lattice at another weight; ``used``, ``drafts``: the weight drafted with and its paths;
-        ``top1``: the heads' best path int64[d]; ``target``: the target's tokens after the root,
-        int64[m] (accepted + bonus); ``step_seconds``: this row's share of the step's time;
-        ``rescore_seconds``: what drafting at ``used`` spent ranking (0 at 0)."""
-        base, base_s = (drafts, rescore_seconds) if used == 0 else rank(0.0)
-        at = self.index(used)
-        if at is not None:
-            self.drafted_at[at] += 1
-        k0 = kept(base, target)
-        self.best += (kept(drafts[:1], target), kept(top1[None], target), 1)
-        if used > 0:
-            self._add(at, kept(drafts, target) - k0)
-            self._cost(rescore_seconds - base_s)
+    def ranked(self, rank, used: int, drafts: np.ndarray, top1: np.ndarray, tokens: int, step_seconds: float,
+               rescore_seconds: float) -> tuple:
+        """One lattice step of one row, at its end: ``rank(alpha, width) -> (paths int64[p, d],
+        seconds)`` ranks its lattice with another arm; ``used``, ``drafts``: the arm drafted with and
+        its paths; ``top1``: the heads' best path int64[d]; ``tokens``: what the step kept (accepted
+        + bonus); ``step_seconds``: this row's share of the step's time; ``rescore_seconds``: what
+        drafting with ``used`` spent ranking. Ranks arm 0 (where not drafted with) and, within the
+        probes' budget, one probed arm; returns the record ``observe`` scores once the target's
+        path over the lattice is known."""
+        base, base_s = (drafts, rescore_seconds) if used == 0 else rank(0.0, 0)
+        self.drafted_at[used] += 1
         self.steps += 1
-        self.tokens += (RATE if self.steps > 1 else 1.0) * (len(target) - self.tokens)
+        self.tokens += (RATE if self.steps > 1 else 1.0) * (tokens - self.tokens)
         if step_seconds > 0:  # (the first step of a decode call has no measured time)
             own = max(step_seconds - (rescore_seconds - base_s if used > 0 else 0.0), 1e-9)
             self.seconds += (RATE if self.seconds > 0 else 1.0) * (own - self.seconds)
             self.step_seconds += step_seconds
+        probe = None
         if self.probe_seconds <= self.probe_share * self.step_seconds:
-            self._probe(rank, used, k0, base_s, target)
+            self.probes += 1  # (every REPROBE-th probe may take an arm that cost too much: costs change)
+            ok = self.affordable() | (self.probes % REPROBE == 0)
+            others = [i for i in range(1, len(self.arms)) if i != used and ok[i]]
+            if others:
+                i = next((j for j in others if j > self.probed), others[0])  # (in turn)
+                paths, secs = rank(*self.arms[i])
+                probe, self.probed = (i, paths, secs), i
+                # (a first call's compilation counts as a usual call, or two steps where unmeasured)
+                self.probe_seconds += min(secs, base_s + self.cost[i] if self.cost[i] > 0 else 2 * self.seconds)
+        return used, drafts, rescore_seconds, base, base_s, top1, probe
 
-    def _probe(self, rank, used: float, k0: int, base_s: float, target: np.ndarray) -> None:
-        """Rank the lattice at the least-tried weight other than 0 and ``used``; learn its gain."""
-        others = [i for i in range(1, len(self.grid)) if self.grid[i] != used]
-        if not others:
-            return
-        i = min(others, key=lambda j: (self.n[j], j))
-        paths, secs = rank(self.grid[i])
-        self._add(i, kept(paths, target) - k0)
-        self._cost(secs - base_s)
-        self.probe_seconds += min(secs, base_s + self.rescore)  # (a first call's compilation counts as a usual one)
+    def observe(self, record: tuple, target: np.ndarray) -> None:
+        """Score a ``ranked`` record against the target's tokens after the step's root int64[m]
+        (the lattice's depth of them, or all it emitted before it ended): each ranking's kept
+        tokens against arm 0's."""
+        used, drafts, spent, base, base_s, top1, probe = record
+        k0 = kept(base, target)
+        self.best += (kept(drafts[:1], target), kept(top1[None], target), 1)
+        if used > 0:
+            self._add(used, kept(drafts, target) - k0, spent - base_s)
+        if probe is not None:
+            i, paths, secs = probe
+            self._add(i, kept(paths, target) - k0, secs - base_s)
 
-    def _add(self, i: int | None, diff: float) -> None:
-        if i is not None:
-            self.n[i] = DECAY * self.n[i] + 1.0
-            self.gain[i] = DECAY * self.gain[i] + diff
-
-    def _cost(self, seconds: float) -> None:
-        """One measured cost of a rescoring over the heads' ranking: ``rescore`` is the median of
-        the last ``COSTS`` (a first call's compilation or a stall does not move it)."""
-        self.costs = (self.costs + [max(float(seconds), 0.0)])[-COSTS:]
-        self.rescore = float(np.median(self.costs))
+    def _add(self, i: int, diff: float, cost: float) -> None:
+        """Arm ``i``'s kept-token difference over arm 0 on one step and its cost (seconds): ``cost``
+        is the median of the last ``COSTS`` (a compilation or a stall does not move it)."""
+        self.n[i] = DECAY * self.n[i] + 1.0
+        self.gain[i] = DECAY * self.gain[i] + diff
+        seen = self.costs.get(i) or ([float(self.cost[i])] if self.cost[i] > 0 else [])
+        self.costs[i] = (seen + [max(float(cost), 1e-9)])[-COSTS:]
+        self.cost[i] = float(np.median(self.costs[i]))
 
     # -- reporting and storage ------------------------------------------------------------------
     def summary(self) -> str:
         """One line: the weight, the evidence and the best paths' kept tokens."""
-        b = self.best
-        kept_line = (f"; rescored best path kept {b[0] / b[2]:.2f}, the heads' best path {b[1] / b[2]:.2f} tokens a "
+        b, g = self.best, self.gains()
+        arms = ", ".join(f"{a:g}{'' if w == 0 else f' top-{w}'}: {g[i]:+.3f} in {self.cost[i] * 1e3:.2f} ms"
+                         for i, (a, w) in enumerate(self.arms) if i and self.n[i] > 0)
+        kept_line = (f"; drafted best path kept {b[0] / b[2]:.2f}, the heads' best path {b[1] / b[2]:.2f} tokens a "
                      f"step over {int(b[2])} lattice steps" if b[2] else "; no lattice step yet")
-        gains = ", ".join(f"{a:g}: {g:+.3f}" for a, g in zip(self.grid[1:], self.gains()[1:]))
-        return (f"{self.alpha:g} (gain in tokens a step over the heads' ranking per weight: {gains}; rescoring "
-                f"{self.rescore * 1e3:.3f} ms against a {self.seconds * 1e3:.3f} ms step{kept_line})")
+        return (f"{self.alpha:g}{'' if self.width == 0 else f' over the top {self.width} arcs of each slot'} "
+                f"(tokens a step kept over the heads' ranking, rescoring cost: {arms or 'none probed yet'}; a "
+                f"{self.seconds * 1e3:.2f} ms step keeps {self.tokens:.2f}{kept_line})")
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "grid": list(self.grid), "n": self.n.tolist(), "gain": self.gain.tolist(),
-                "tokens": self.tokens, "seconds": self.seconds, "rescore": self.rescore,
-                "best": self.best.tolist(), "steps": self.steps}
+        return {"format": FORMAT, "arms": [list(a) for a in self.arms], "n": self.n.tolist(),
+                "gain": self.gain.tolist(), "cost": self.cost.tolist(), "tokens": self.tokens,
+                "seconds": self.seconds, "best": self.best.tolist(), "steps": self.steps}
 
     @classmethod
     def from_json(cls, d: dict) -> "AlphaLearner":
         """The learner ``to_json`` wrote (``schema(d)`` is None: checked before)."""
-        w = cls(d["grid"])
-        w.n, w.gain = np.asarray(d["n"], dtype=np.float64), np.asarray(d["gain"], dtype=np.float64)
-        w.tokens, w.seconds, w.rescore = float(d["tokens"]), float(d["seconds"]), float(d["rescore"])
-        w.costs = [w.rescore] if w.rescore > 0 else []
+        w = cls()
+        w.n, w.gain, w.cost = (np.asarray(d[k], dtype=np.float64) for k in ("n", "gain", "cost"))
+        w.tokens, w.seconds = float(d["tokens"]), float(d["seconds"])
         w.best, w.steps = np.asarray(d["best"], dtype=np.float64), int(d["steps"])
         return w
 
@@ -178,19 +201,19 @@ def schema(d) -> str | None:
     """None where ``d`` (parsed JSON) is a learner ``from_json`` reads, else why not."""
     if not isinstance(d, dict):
         return f"a JSON {type(d).__name__}, not an object"
-    missing = [k for k in ("format", "grid", "n", "gain", "tokens", "seconds", "rescore", "best", "steps") if k not in d]
+    missing = [k for k in ("format", "arms", "n", "gain", "cost", "tokens", "seconds", "best", "steps") if k not in d]
     if missing:
         return f"no {', '.join(missing)}"
-    if d["format"] != FORMAT or d["grid"] != list(GRID):
-        return "of another format or grid"
-    for name, shape in (("n", len(GRID)), ("gain", len(GRID)), ("best", 3)):
+    if d["format"] != FORMAT or d["arms"] != [list(a) for a in ARMS]:
+        return "of another format or other arms"
+    for name, shape in (("n", len(ARMS)), ("gain", len(ARMS)), ("cost", len(ARMS)), ("best", 3)):
         a = d[name]
         if not (isinstance(a, list) and len(a) == shape and all(_number(x) for x in a)):
             return f"{name} is not {shape} finite numbers"
-    if any(x < 0 for x in d["n"]) or any(x < 0 for x in d["best"]):
-        return "negative counts"
-    if not all(_number(d[k]) and d[k] >= 0 for k in ("tokens", "seconds", "rescore", "steps")):
-        return "tokens, seconds, rescore or steps is not a finite number >= 0"
+    if any(x < 0 for x in d["n"] + d["cost"] + d["best"]):
+        return "negative counts or costs"
+    if not all(_number(d[k]) and d[k] >= 0 for k in ("tokens", "seconds", "steps")):
+        return "tokens, seconds or steps is not a finite number >= 0"
     if any(abs(g) > MAX_DIFF * n + 1e-6 for g, n in zip(d["gain"], d["n"])):
         return "a gain larger than its counts allow"
     return None

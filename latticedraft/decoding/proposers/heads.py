@@ -124,11 +124,15 @@ class Drafter:
     def spawn(self, row: int = 0) -> "Drafter":
         return self
 
-    def learn(self, sausage: Sausage, history: np.ndarray, paths: np.ndarray, target: np.ndarray,
-              seconds: float, drafted) -> None:
-        """A step's outcome: ``paths`` int64[p, d] drafted from ``sausage`` after ``history``, the
-        target's tokens after the root int64[m] (accepted + bonus), this row's share of the step's
-        seconds and what ``draft`` recorded then (``drafted``)."""
+    def learn(self, sausage: Sausage, history: np.ndarray, paths: np.ndarray, tokens: int, seconds: float,
+              drafted):
+        """A greedy step's end: ``paths`` int64[p, d] were drafted from ``sausage`` after ``history``,
+        the step kept ``tokens`` (accepted + bonus) in this row's share of its seconds, ``drafted`` is
+        what ``draft`` recorded. Returns a record for ``settle`` (None: nothing to learn)."""
+
+    def settle(self, record, target: np.ndarray) -> None:
+        """``record`` of ``learn`` with the target's tokens after that step's root, int64[m]: the
+        lattice's depth of them (fewer where the row ended first)."""
 
 
 def _one(tokens) -> Drafts:
@@ -162,9 +166,10 @@ class NgramDrafter(Drafter):
     """Global n-gram rescoring: ``head_logp + alpha * lm_logp`` over all paths, conditioned
     on the last n-1 emitted tokens; p = nbest paths (1: "ngram", > 1: "parallel").
 
-    ``learner``: a ``planning.rescore_weight.AlphaLearner`` whose weight replaces ``alpha`` at
-    every step and which learns, from what the target kept, which weight keeps the most (at 0 the
-    lattice is ranked by the heads alone, ``base_drafts``, and the LM search is skipped)."""
+    ``learner``: a ``planning.rescore_weight.AlphaLearner`` whose arm (a weight, and how many arcs
+    per slot the LM search ranks) replaces ``alpha`` at every step and which learns, from what the
+    target kept, which arm keeps the most tokens per second (arm 0: the lattice ranked by the heads
+    alone, ``base_drafts``, no LM search)."""
 
     name = "ngram"
 
@@ -173,25 +178,39 @@ class NgramDrafter(Drafter):
         self.lm, self.alpha, self.nbest, self.method = lm, alpha, nbest, method
         self.name = "ngram" if nbest == 1 else "parallel"
         self.learner, self.learns = learner, learner is not None
-        self.drafted = (alpha, 0.0)  # the last draft's (weight, seconds spent ranking)
+        self.drafted = (0, 0.0)  # the last draft's (learner's arm, seconds spent ranking)
 
-    def rank(self, sausage, history, alpha: float):
-        """The ``nbest`` best paths at weight ``alpha`` (int64[p, d]) and the seconds they took."""
+    def rank(self, sausage, history, alpha: float, width: int = 0):
+        """The ``nbest`` best paths at weight ``alpha`` over the best ``width`` arcs of each slot (0:
+        all), int64[p, d], and the seconds they took."""
         t0 = time.perf_counter()
-        d = rescore(sausage, self.lm, alpha, self.nbest, history, method=self.method)
+        d = rescore(narrow(sausage, width), self.lm, alpha, self.nbest, history, method=self.method)
         return d.tokens, time.perf_counter() - t0
 
     def draft(self, sausage, history):
-        alpha = self.alpha if self.learner is None else self.learner.alpha
+        if self.learner is None:
+            return rescore(sausage, self.lm, self.alpha, self.nbest, history, method=self.method)
+        arm = self.learner.arm
+        alpha, width = self.learner.arms[arm]
         t0 = time.perf_counter()
-        d = rescore(sausage, self.lm, alpha, self.nbest, history, method=self.method)
-        self.drafted = (alpha, time.perf_counter() - t0)
+        d = rescore(narrow(sausage, width), self.lm, alpha, self.nbest, history, method=self.method)
+        self.drafted = (arm, time.perf_counter() - t0)
         return d
 
-    def learn(self, sausage, history, paths, target, seconds, drafted):
-        used, spent = drafted
-        self.learner.observe(lambda a: self.rank(sausage, history, a), used, paths, sausage.top1(), target,
-                             seconds, spent)
+    def learn(self, sausage, history, paths, tokens, seconds, drafted):
+        arm, spent = drafted
+        return self.learner.ranked(lambda a, w: self.rank(sausage, history, a, w), arm, paths, sausage.top1(), tokens,
+                                   seconds, spent)
+
+    def settle(self, record, target):
+        self.learner.observe(record, target)
+
+
+def narrow(sausage: Sausage, width: int) -> Sausage:
+    """The best ``width`` arcs of each slot (0, or at least k: the sausage itself)."""
+    if width <= 0 or width >= sausage.k:
+        return sausage
+    return Sausage(np.ascontiguousarray(sausage.tokens[:, :width]), np.ascontiguousarray(sausage.logp[:, :width]))
 
 
 class OracleDrafter(Drafter):
@@ -340,6 +359,8 @@ class HeadProposer(Proposer):
         self.rows: dict[int, Drafter] = {}
         self.lattice_seconds = 0.0  # time spent building lattices (top-k + pruning), part of propose
         self.pending: dict = {}  # batch position -> (sausage, history, paths, drafted) for ``learn``
+        self.waiting: dict = {}  # row -> [(record, lattice depth, tokens emitted after its root)] to settle
+        self.live: list = []  # the live rows at the last update, in batch order
         self.clock = None  # perf_counter of the last update
 
     @property
@@ -350,7 +371,7 @@ class HeadProposer(Proposer):
 
     def start(self, rows: StepRows) -> None:
         self.rows = {i: self.drafter.spawn(i) for i in rows.index}
-        self.pending, self.clock = {}, None
+        self.pending, self.waiting, self.live, self.clock = {}, {}, [], None
 
     def propose(self, step: Step) -> list[Proposal]:
         heads = step.head_logits
@@ -376,15 +397,43 @@ class HeadProposer(Proposer):
         return out
 
     def update(self, step: Step, accepted: list, bonus: np.ndarray, side_argmax) -> None:
-        """Tell each row's learning drafter what the target kept after the paths it drafted: the
-        accepted tokens and the bonus, and the row's share of the step's seconds (from the last
-        update to this one, at most ``MAX_STEP``; 0 on a call's first step)."""
+        """Teach each row's learning drafter: what the step kept after the paths it drafted, its share
+        of the step's seconds (from the last update to this one, at most ``MAX_STEP``; 0 on a call's
+        first step); once the row has emitted the lattice's depth of tokens after that step's root
+        (the target's own path there), or ends, the record is settled against them."""
         now = time.perf_counter()
         seconds, self.clock = (0.0 if self.clock is None else min(now - self.clock, MAX_STEP)), now
-        pending, self.pending = self.pending, {}
-        for j, (sausage, history, paths, drafted) in pending.items():
-            target = np.append(np.asarray(accepted[j], dtype=np.int64), np.int64(bonus[j]))
-            self.rows[step.index[j]].learn(sausage, history, paths, target, seconds / len(step.index), drafted)
+        pending, self.pending, self.live = self.pending, {}, list(step.index)
+        for j, i in enumerate(step.index):
+            new = [int(t) for t in accepted[j]] + [int(bonus[j])]
+            for item in self.waiting.get(i, ()):
+                item[2].extend(new)
+            if j in pending:
+                sausage, history, paths, drafted = pending[j]
+                record = self.rows[i].learn(sausage, history, paths, len(new), seconds / len(step.index), drafted)
+                if record is not None:
+                    self.waiting.setdefault(i, []).append((record, sausage.h, list(new)))
+            if i in self.waiting:
+                self._settle(i, ended=step.rooms[j] + 1 - len(new) <= 0)
+
+    def _settle(self, i: int, ended: bool = False) -> None:
+        """Settle row ``i``'s records whose target is known over their lattice (all, where it ended)."""
+        left = []
+        for record, depth, got in self.waiting.pop(i, ()):
+            if ended or len(got) >= depth:
+                self.rows[i].settle(record, np.asarray(got[:depth], dtype=np.int64))
+            else:
+                left.append((record, depth, got))
+        if left:
+            self.waiting[i] = left
+
+    def retire(self, keep: list[int]) -> None:
+        """Rows that finished settle what they still hold (their output is complete)."""
+        kept_rows = set(keep)
+        for j, i in enumerate(self.live):
+            if j not in kept_rows and i in self.waiting:
+                self._settle(i, ended=True)
+        self.live = [self.live[j] for j in keep]
 
 
 def perturbed(head_logits: torch.Tensor, vocab, history: np.ndarray, sampler) -> tuple[torch.Tensor, np.ndarray]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from latticedraft.decoding.planning import rescore_weight as rw
-from latticedraft.decoding.planning.rescore_weight import GRID, AlphaLearner, kept
+from latticedraft.decoding.planning.rescore_weight import ARMS, AlphaLearner, kept
 from latticedraft.decoding.proposers.base import as_paths
 from latticedraft.decoding.proposers.heads import NgramDrafter
 from latticedraft.lattice.sausage import Sausage
@@ -47,7 +47,8 @@ def run(drafter: NgramDrafter, sausage: Sausage, steps: int, seconds: float = 0.
     history = np.array([1, 2])
     for _ in range(steps):
         paths = as_paths(drafter.draft(sausage, history))
-        drafter.learn(sausage, history, paths, np.append(TARGET, 7), seconds, drafter.drafted)
+        record = drafter.learn(sausage, history, paths, kept(paths, TARGET) + 1, seconds, drafter.drafted)
+        drafter.settle(record, TARGET)
 
 
 def test_kept_is_the_longest_target_prefix_a_path_holds():
@@ -70,7 +71,7 @@ def test_the_weight_rises_where_the_lm_knows_the_target(tmp_path):
     assert w.alpha > 0
     assert kept(as_paths(d.draft(lattice(False), np.array([1, 2]))), TARGET) == 4
     assert w.best[0] > w.best[1]  # the rescored best path kept more than the heads' best path
-    assert w.drafted_at[GRID.index(w.alpha)] > 0
+    assert w.drafted_at[w.arm] > 0
 
 
 def test_the_weight_backs_off_to_0_where_the_lm_is_mismatched(tmp_path):
@@ -79,8 +80,8 @@ def test_the_weight_backs_off_to_0_where_the_lm_is_mismatched(tmp_path):
     and backs off to 0."""
     lm = chain_lm(tmp_path, {2: 9, 9: 10, 10: 11, 11: 12}, "mismatched")
     w = AlphaLearner(probe_share=1.0)
-    i = GRID.index(1.0)
-    w.gain[i], w.n[i] = 2.0, 1.0
+    i = ARMS.index((1.0, 0))
+    w.gain[i], w.n[i], w.cost[i], w.seconds = 2.0, 1.0, 1e-6, 0.05
     d = NgramDrafter(lm, nbest=1, learner=w)
     assert w.alpha == 1.0
     run(d, lattice(heads_right=True), 40)
@@ -91,7 +92,7 @@ def test_the_weight_backs_off_to_0_where_the_lm_is_mismatched(tmp_path):
 
 def test_a_weight_that_gains_too_little_for_its_rescoring_stays_at_0(tmp_path):
     """Tokens per second decide: the same gain as above, but steps as cheap as a rescoring, so
-    the LM search would cost more time than its tokens save."""
+    the LM search would cost more time than its tokens save (and more than ``MAX_SHARE`` of a step)."""
     lm = chain_lm(tmp_path, {2: 3, 3: 4, 4: 5, 5: 6}, "helps")
     w = AlphaLearner(probe_share=1.0)
     d = NgramDrafter(lm, nbest=1, learner=w)
@@ -115,10 +116,11 @@ def test_the_learner_round_trips_through_the_cache(tmp_path, own_cache):
 @pytest.mark.parametrize("damage", [
     lambda d: "{not json",
     lambda d: json.dumps({**d, "gain": [1.0]}),
-    lambda d: json.dumps({**d, "n": [-1.0] * len(GRID)}),
-    lambda d: json.dumps({**d, "grid": [0.0, 1.0]}),
+    lambda d: json.dumps({**d, "n": [-1.0] * len(ARMS)}),
+    lambda d: json.dumps({**d, "arms": [[0.0, 0], [1.0, 0]]}),
     lambda d: json.dumps({**d, "seconds": float("nan")}),
-    lambda d: json.dumps({**d, "gain": [1e9] * len(GRID)}),
+    lambda d: json.dumps({**d, "gain": [1e9] * len(ARMS)}),
+    lambda d: json.dumps({**d, "cost": [-1.0] * len(ARMS)}),
 ])
 def test_a_damaged_entry_reads_as_none_and_says_why(own_cache, damage):
     key = {"lm": "/lm"}
@@ -127,3 +129,23 @@ def test_a_damaged_entry_reads_as_none_and_says_why(own_cache, damage):
     heard = []
     assert rw.load(key, note=heard.append) is None
     assert len(heard) == 1 and str(path) in heard[0]
+
+
+def test_a_narrow_lm_search_is_drafted_with_where_the_whole_lattice_costs_too_much():
+    """The arms' costs decide between LM searches that keep the same tokens: over the whole
+    lattice a rescoring costs 10% of a step (over ``MAX_SHARE``), over the best 4 arcs of each slot
+    0.1%; the learner drafts with a top-4 arm (costs given, not timed)."""
+    wrong = np.array([[9, 10, 11, 12]])
+
+    def rank(alpha, width):
+        return (TARGET[None] if alpha >= 0.25 else wrong), (1e-6 if alpha == 0 else 1e-3 if width == 0 else 1e-5)
+
+    w = AlphaLearner(probe_share=1.0)
+    arm = 0
+    for _ in range(60):
+        paths, secs = rank(*ARMS[arm])
+        w.observe(w.ranked(rank, arm, paths, wrong[0], kept(paths, TARGET) + 1, 0.01, secs), TARGET)
+        arm = w.arm
+    alpha, width = ARMS[w.arm]
+    assert alpha >= 0.25 and width == 4
+    assert not w.affordable()[ARMS.index((0.25, 0))]

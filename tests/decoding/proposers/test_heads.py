@@ -40,9 +40,10 @@ def test_a_runner_up_equal_to_the_drafted_token_is_not_repeated():
 @pytest.mark.parametrize("name,arch", [("parallel", "gpt2"), ("ngram", "llama")])
 def test_a_decode_with_a_learned_weight_equals_generate(name, arch, one_torch_thread):
     """The n-gram drafters with a learned weight (``alpha=None``): a learner that believes in 0.5
-    drafts with it, probes the others and learns from every step; the output is generate's."""
+    drafts with it, probes the other arms (narrower LM searches too) and learns from every step;
+    the output is generate's."""
     from latticedraft.decoding.methods.bpd_loop import bpd_decode
-    from latticedraft.decoding.planning.rescore_weight import GRID, AlphaLearner
+    from latticedraft.decoding.planning.rescore_weight import ARMS, AlphaLearner
     from latticedraft.decoding.proposers.heads import LatticeOptions, NgramDrafter, make_drafter
     from latticedraft.decoding.registry import Request
     from tests.decoding.tiny import blockwise, prompts, reference
@@ -52,12 +53,56 @@ def test_a_decode_with_a_learned_weight_equals_generate(name, arch, one_torch_th
     ps = prompts(4, seed=2, lengths=(3, 9, 5, 14))
     refs = [reference(model, p, 24) for p in ps]
     w = AlphaLearner(probe_share=1.0)
-    w.gain[GRID.index(0.5)], w.n[GRID.index(0.5)], w.seconds = 4.0, 1.0, 1.0
+    i = ARMS.index((0.5, 0))
+    w.gain[i], w.n[i], w.cost[i], w.seconds = 4.0, 1.0, 1e-6, 1.0
     lm = make_toy_lm(V=64, order=3, seed=0, density=0.5)
     d = make_drafter(name, options=LatticeOptions(k=8), lm=lm, alpha=None, nbest=4, learner=w)
     r = bpd_decode(model, ps, d, request=Request(max_new_tokens=24))
     assert [s.tokens.tolist() for s in r.sequences] == refs
-    assert w.steps > 0 and w.drafted_at[GRID.index(0.5)] > 0 and w.n[1:].sum() > 1.0
+    assert w.steps > 0 and w.drafted_at[i] > 0 and w.n[1:].sum() > 1.0
     own = make_drafter(name, lm=lm, alpha=None)  # without a learner given: a new one, from 0
     assert isinstance(own, NgramDrafter) and own.learner.alpha == 0.0
     assert make_drafter(name, lm=lm, alpha=0.5).learner is None  # a given weight is fixed
+
+
+def test_a_learning_drafters_record_settles_once_the_row_emitted_the_lattices_depth():
+    """``HeadProposer.update``: a step's record waits until the row has emitted as many tokens after
+    that step's root as the lattice is deep (the target's own path there, not just the accepted
+    tokens and the bonus), or until the row ends (its budget, or ``retire``)."""
+    from latticedraft.decoding.proposers.base import Step, StepRows
+    from latticedraft.decoding.proposers.heads import Drafter, HeadProposer
+
+    class Recorder(Drafter):
+        learns = True
+
+        def __init__(self):
+            super().__init__()
+            self.settled = []
+
+        def learn(self, sausage, history, paths, tokens, seconds, drafted):
+            return (len(history), tokens)
+
+        def settle(self, record, target):
+            self.settled.append((record, target.tolist()))
+
+    d = Recorder()
+    hp = HeadProposer(d)
+    hp.start(StepRows([0, 1], [0, 1], [np.array([1]), np.array([1])]))
+    lat = sausage([[4, 9], [5, 1], [6, 2]])  # 3 slots deep
+    step = lambda hist, rooms: Step([0, 1], [0, 1], hist, rooms)  # noqa: E731
+
+    hp.pending = {0: (lat, np.array([1, 2]), np.array([[4, 5, 6]]), None),
+                  1: (lat, np.array([1, 3]), np.array([[4, 5, 6]]), None)}
+    hp.update(step([np.array([1, 2]), np.array([1, 3])], [20, 2]), [np.array([4]), np.array([], np.int64)],
+              np.array([5, 8]), None)
+    assert d.settled == []  # 2 and 1 tokens after the roots: not yet 3
+    hp.update(step([np.array([1, 2, 4, 5]), np.array([1, 3, 8])], [18, 1]), [np.array([7]), np.array([9])],
+              np.array([3, 4]), None)
+    # row 0 has emitted 4, 5, 7, 3 after its root: its target is the first 3; row 1's budget ends: it settles
+    # with what it emitted (8, 9, 4)
+    assert sorted(d.settled) == [((2, 1), [8, 9, 4]), ((2, 2), [4, 5, 7])]
+    hp.pending = {0: (lat, np.array([1, 2, 4, 5, 7, 3]), np.array([[4, 5, 6]]), None)}
+    hp.update(step([np.array([1, 2, 4, 5, 7, 3]), np.array([1])], [16, 5]),
+              [np.array([], np.int64), np.array([], np.int64)], np.array([6, 6]), None)
+    hp.retire([1])  # row 0 finished (its end id): it settles with the one token it emitted
+    assert d.settled[-1] == ((6, 1), [6])
