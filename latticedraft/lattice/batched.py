@@ -16,6 +16,8 @@ history ids (fewer: ``<s>`` precedes them). Ids outside the vocabulary are allow
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from numba import njit
 
@@ -26,17 +28,17 @@ from latticedraft.lattice.triple_dp import _triple_best_first, _triple_values
 
 @njit(cache=True, nogil=True)
 def _batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, order, start, off, lab, cost, nxt, bon,
-                  boc, uni, V, unk, tab, uni_logp, ctx1x, p2_off, p2_lab, p2, x_lab, x3,
+                  boc, uni, V, unk, tab, uni_logp, ctx1x, p2_off, p2_lab, p2, x_lab, x3, posmap,
                   out_tok, out_score, out_n):
     """Fills ``out_tok int64[B, p, h]`` (token ids), ``out_score float32[B, p]`` and
-    ``out_n int64[B]`` (paths found: ``min(p, number of paths)``), best first per lattice."""
+    ``out_n int64[B]`` (paths found: ``min(p, number of paths)``), best first per lattice.
+    ``posmap int64[2, V + 3]``: scratch, all -1, which the triple program leaves all -1."""
     B, H, K = tok.shape
     n = order - 1
     T = np.full((H + 3, K), -1, np.int64)
     W = np.ones(H + 3, np.int64)
     hl = np.zeros((H + 3, K))
     Vv = np.empty((H + 4, K, K, K))
-    posmap = np.full((2, V + 3), -1, np.int64)
     ctx = np.empty(n + 1, np.int64)
     for b in range(B):
         L = hist_len[b]
@@ -110,6 +112,18 @@ def _state_batch_kernel(tok, logp, widths, depth, hist, hist_len, alpha, p, orde
                 out_tok[b, q, i] = tok[b, i, cand[q, i]]
 
 
+_SCRATCH = threading.local()
+
+
+def _posmap(V: int) -> np.ndarray:
+    """This thread's label -> candidate scratch of the triple program, int64[2, V + 3] all -1: made
+    once per thread and vocabulary (filling it costs O(V), more than a small lattice's search)."""
+    buf = getattr(_SCRATCH, "posmap", None)
+    if buf is None or buf.shape[1] != V + 3:
+        buf = _SCRATCH.posmap = np.full((2, V + 3), -1, np.int64)
+    return buf
+
+
 def pbest_batch(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, depth: np.ndarray, hist: np.ndarray,
                 hist_len: np.ndarray, arrays: LMArrays, alpha: float, p: int, pool=None, chunks: int = 1):
     """``(tok int64[B, p, h], scores float32[B, p], found int64[B])`` for padded inputs (see the
@@ -127,7 +141,7 @@ def pbest_batch(tokens: np.ndarray, logp: np.ndarray, widths: np.ndarray, depth:
                 float(alpha), int(p), int(A.order), int(A.start))
         out = (out_tok[lo:hi], out_score[lo:hi], out_n[lo:hi])
         if A.triple is not None:
-            _batch_kernel(*args, *A.lm_args(), A.uni_logp, *A.triple, *out)
+            _batch_kernel(*args, *A.lm_args(), A.uni_logp, *A.triple, _posmap(int(A.vocab_size)), *out)
         else:
             _state_batch_kernel(*args, SCAN_ROW, *A.lm_args(), *A.state_args(), *out)
 

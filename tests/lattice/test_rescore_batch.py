@@ -149,3 +149,21 @@ def test_batch_bad_input_is_one_input_error():
         rescore_batch([tok[0]], lm, 1.0, 2)
     with pytest.raises(InputError, match="nbest"):
         rescore_batch(batch, lm, 1.0, 0)
+
+
+def test_the_kernels_scratch_is_left_as_found_and_reused():
+    """The label -> candidate scratch (``batched._posmap``, O(V) to fill) is made once per thread and
+    vocabulary and reused: every search leaves it all -1, so the next one (its drafts equal to brute
+    force) starts from a clean one."""
+    from latticedraft.lattice.batched import _posmap
+
+    V = 7
+    lm = make_toy_lm(V=V, order=3, seed=3, density=0.6)
+    rng = np.random.default_rng(5)
+    before = _posmap(int(lm_arrays(lm).vocab_size))
+    for t in range(12):
+        s = _ragged(rng, 4, 4, V - 2)  # (ids inside the vocabulary: the reference scorer knows no others)
+        hist = rng.integers(0, V, size=int(rng.integers(0, 4))).tolist()
+        keep = hist[-2:]
+        assert_same(rescore(s, lm, 0.7, 5, hist), brute(s, lambda ids: lm.ref_score(keep, ids), 0.7), 5)
+        assert _posmap(int(lm_arrays(lm).vocab_size)) is before and (before == -1).all()
