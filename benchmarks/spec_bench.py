@@ -387,7 +387,13 @@ def steady(row: dict, reference: dict, tolerance: float = 0.15) -> None:
 
 def llama_cpp_rows(a) -> dict:
     """row name -> ``LlamaCppPeer`` for llama.cpp's rows, {} (one line saying why) where they cannot run."""
+    from latticedraft.paths import smollm2_dir
+
     if a.llama_cpp == "off":
+        return {}
+    if Path(a.model).resolve() != smollm2_dir().resolve() or a.dtype != "float32":
+        print(f"skipping the llama.cpp rows: their GGUFs are SmolLM2's in float32 ({smollm2_dir()}), "
+              f"not {a.model} in {a.dtype}", file=sys.stderr)
         return {}
     from llama_cpp_peer import LlamaCppPeer
 

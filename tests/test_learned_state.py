@@ -46,7 +46,8 @@ def cache(tmp_path, monkeypatch):
 
 
 NAMES = {"continuations": "key/batch-00000-00002.npy", "cooccurrence": "c.npz"}  # beside "e.json" / "e.npy"
-CHECKS = {"cost_model": lambda d: None if d["key"] == "k" else "another key"}  # what the callers add
+CHECKS = {folder: (lambda d: None if d["key"] == "k" else "another key")
+          for folder in ("cost_model", "self_draft")}  # what the callers add
 
 
 def _name(k) -> str:

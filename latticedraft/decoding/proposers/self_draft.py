@@ -40,6 +40,7 @@ import time
 
 import numpy as np
 
+from latticedraft import learned_state
 from latticedraft.decoding.proposers.base import Proposal, Proposer, Step
 from latticedraft.decoding.registry import option
 from latticedraft.decoding.sources import DraftSource
@@ -237,7 +238,16 @@ def quantized_stack(session, value: str):
         raise ModelError(f"--self-draft {value}: {why}")
     if value != "auto":
         return _built(session, value)
-    return _fastest(session, {kind: _built(session, kind) for kind in AUTO_KINDS})
+    key = _choice_key(session)
+    kept = learned_state.read(CHOICE, f"{key}.json", note=session.learned.event, check=lambda d: None if d["key"] == key
+                              else "made for another model or machine")
+    if kept is not None:
+        timed = ", ".join(f"{k} {r:.2f}x" for k, r in kept["ratios"].items())
+        on = kept["ratios"][kept["scheme"]] <= AUTO_RATIO
+        session.learned.event(f"--self-draft auto: {kept['scheme'] if on else 'off'} (read from "
+                              f"{CHOICE.path(key + '.json')}: a draft forward took {timed} a float one there)")
+        return _built(session, kept["scheme"]) if on else None
+    return _fastest(session, {kind: _built(session, kind) for kind in AUTO_KINDS}, key)
 
 
 def _built(session, kind: str):
@@ -260,13 +270,17 @@ def _built(session, kind: str):
     return stack
 
 
-def _fastest(session, stacks: dict):
+def _fastest(session, stacks: dict, key: str):
     """Of ``stacks`` (kind -> stack), the one whose token forward is fastest against a float one on
-    this machine (measured), None where even it costs more than ``AUTO_RATIO``."""
+    this machine (measured, and kept under ``key`` in the cache), None where even it costs more
+    than ``AUTO_RATIO``."""
+    import json
+
     from latticedraft.gpu.verify.lean import stack_for, token_seconds
 
-    ratios = {kind: token_seconds(st, stack_for(session.model)) for kind, st in stacks.items()}
+    ratios = {kind: round(token_seconds(st, stack_for(session.model)), 4) for kind, st in stacks.items()}
     best = min(ratios, key=ratios.get)
+    learned_state.write(CHOICE, f"{key}.json", json.dumps({"key": key, "scheme": best, "ratios": ratios}))
     timed = ", ".join(f"{k} {r:.2f}x" for k, r in ratios.items())
     dtype = stacks[best].split.dtype
     if ratios[best] > AUTO_RATIO:
@@ -274,6 +288,38 @@ def _fastest(session, stacks: dict):
         return None
     session.learned.event(f"--self-draft auto: {best} (a draft forward takes {timed} a {dtype} one, measured)")
     return stacks[best]
+
+
+def _choice_key(session) -> str:
+    """What the measured choice depends on, hashed: the model's configuration and dtype, torch,
+    its threads, the CPU and the fused kernels' source."""
+    import hashlib
+    import json
+
+    import torch
+
+    from latticedraft.gpu.verify.fused_draft import SOURCE, cpu_signature
+
+    lm = getattr(session.model, "base", None) or session.model
+    cfg = {k: v for k, v in lm.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
+    parts = [json.dumps(cfg, sort_keys=True, default=str), str(next(lm.parameters()).dtype), torch.__version__,
+             str(torch.get_num_threads()), cpu_signature(), SOURCE.read_text()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _choice_schema(d) -> str | None:
+    why = learned_state.fields(d, "key", "scheme", "ratios")
+    if why:
+        return why
+    if d["scheme"] not in AUTO_KINDS or not isinstance(d["key"], str) or not isinstance(d["ratios"], dict):
+        return "scheme, key or ratios mistyped"
+    if set(d["ratios"]) != set(AUTO_KINDS) or not all(learned_state.finite(r) and r > 0 for r in d["ratios"].values()):
+        return f"ratios are not positive numbers for {', '.join(AUTO_KINDS)}"
+    return None
+
+
+CHOICE = learned_state.kind("self_draft", "the self-draft's measured scheme", _choice_schema,
+                            example=lambda: {"key": "k", "scheme": "int4", "ratios": {"int4": 0.1, "int8": 0.14}})
 
 
 def _check(value) -> str:

@@ -44,7 +44,8 @@ SOURCE = Path(__file__).with_name("fused_draft.cpp")
 ACTS = {"silu": 0, "gelu_new": 1, "gelu_pytorch_tanh": 1, "gelu_fast": 1, "gelu": 2}
 KINDS = {"int4": 4, "int8": 8}
 _lock = threading.Lock()
-_loaded: dict[str, str | None] = {}  # library path -> None (loaded) or why it failed
+_loaded: dict[str, str | None] = {}  # build key -> None (loaded) or why it failed
+_first: dict[str, str] = {}  # build key -> the path it was loaded from
 
 
 def cpu_signature() -> str:
@@ -85,9 +86,12 @@ def build(path: Path, progress=None) -> str | None:
 
     if progress:
         progress("compiling the fused draft kernels for this CPU (once per machine and torch; about 30 s) ...")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".fused_draft.", suffix=".so", dir=path.parent)
-    os.close(fd)
+    try:  # the cache may refuse (a file where a folder belongs, read-only, chattr +i): draft eagerly then
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".fused_draft.", suffix=".so", dir=path.parent)
+        os.close(fd)
+    except OSError as e:
+        return f"the kernels cannot be built in {path.parent.parent}: {e.strerror or e}"
     lib = library_paths()[0]
     cmd = [compiler(), "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17",
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", "-DTORCH_API_INCLUDE_EXTENSION_H",
@@ -103,7 +107,11 @@ def build(path: Path, progress=None) -> str | None:
         Path(tmp).unlink(missing_ok=True)
         lines = [ln for ln in out.stderr.splitlines() if "error" in ln] or out.stderr.splitlines() or ["(no output)"]
         return f"the compiler failed: {lines[0][:300]}"
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        return f"the kernels cannot be kept in {path.parent}: {e.strerror or e}"
     if progress:
         progress(f"compiled the fused draft kernels in {time.perf_counter() - t0:.0f} s: {path}")
     return None
@@ -116,16 +124,17 @@ def library(progress=None) -> tuple[str | None, str | None]:
         path, why = library_path()
         if path is None:
             return None, why
-        key = str(path)
-        if key not in _loaded:
+        key = path.parent.name  # one build (source, torch, compiler, CPU) loads once per process, whatever
+        if key not in _loaded:  # the cache it lies in (a second copy's ops would register twice: abort)
             why = None if path.exists() else build(path, progress)
             if why is None:
                 try:
-                    torch.ops.load_library(key)
+                    torch.ops.load_library(str(path))
                 except (OSError, RuntimeError) as e:
                     why = f"loading {path} failed: {str(e).splitlines()[0][:200]}"
             _loaded[key] = why
-        return (None, _loaded[key]) if _loaded[key] else (key, None)
+            _first[key] = str(path)
+        return (None, _loaded[key]) if _loaded[key] else (_first[key], None)
 
 
 def why_not(stack) -> str | None:

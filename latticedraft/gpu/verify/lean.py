@@ -292,7 +292,7 @@ class LeanStack:
         """One token per row through every layer and the output projection: ids x int64[b, 1] at
         positions pos int64[b, 1], after ``cache.reserve(1)``; mask bool[b, 1, 1, K] (K = cache.end) or
         None (every slot) -> logits float32[b, V]. Through ``fused`` where set, else op by op."""
-        if self.fused is not None:
+        if self.fused is not None and cache.store.dtype == torch.float32:  # (the kernels read a float32 cache)
             return self.fused(self.embed(x, pos)[:, 0], pos[:, 0], cache, None if mask is None else mask[:, 0, 0])
         return self.unembed(self.norm(self.run(self.embed(x, pos), 0, self.num_layers, mask, pos, cache)[:, -1])).float()
 
@@ -329,7 +329,8 @@ class LeanStack:
 def token_seconds(stack: LeanStack, other: LeanStack, context: int = 64, repeats: int = 9) -> float:
     """How long one token's forward through ``stack`` takes against ``other``'s (output projection
     included, batch 1, after ``context`` cached tokens): the median over ``repeats`` of the ratio
-    of the two, timed back to back (so a busy machine slows both alike), after two untimed rounds."""
+    of the two, timed back to back (so a busy machine slows both alike), after two untimed rounds.
+    Both read a cache ``other`` wrote, as a self-draft reads the verifier's."""
     import time
 
     from latticedraft.gpu.verify.kv import KVCache
@@ -340,7 +341,7 @@ def token_seconds(stack: LeanStack, other: LeanStack, context: int = 64, repeats
         ids = torch.arange(1, context + 1, device=dev)[None] % int(st.config.vocab_size)
         pos = torch.arange(context, device=dev)[None]
         cache.reserve(context)
-        st.run(st.embed(ids, pos), 0, st.num_layers, CAUSAL, pos, cache)
+        other.run(other.embed(ids, pos), 0, other.num_layers, CAUSAL, pos, cache)
         cache.append_valid(np.ones((1, context), dtype=bool), pos.cpu().numpy())
         x, p = ids[:, -1:], torch.full((1, 1), context, device=dev)
 

@@ -3,6 +3,7 @@ LLaMA, Mistral with its rolling cache, Qwen2; batch 1 and 4, a continuous batch,
 prompts; fixed and cost-aware trees), drafting leaves the verifier's cache as it found it, partial
 acceptance is calibrated, and each refusal is one line."""
 
+import json
 import re
 
 import numpy as np
@@ -151,7 +152,7 @@ def test_a_torch_without_the_kernels_is_refused_naming_the_build(monkeypatch):
         build(s, "int8")
 
 
-def test_auto_turns_itself_off_where_a_4_bit_forward_does_not_pay(monkeypatch):
+def test_auto_turns_itself_off_where_a_4_bit_forward_does_not_pay(monkeypatch, own_cache):
     from latticedraft.gpu.verify import lean
 
     monkeypatch.setattr(lean, "token_seconds", lambda stack, other, **kw: 1.0)  # as slow as the float forward
@@ -163,6 +164,22 @@ def test_auto_turns_itself_off_where_a_4_bit_forward_does_not_pay(monkeypatch):
     first = build(s, "int4")
     assert isinstance(first, SelfDraftProposer)  # asked for by name: built
     assert build(s, "int4").stack is first.stack  # a warm-up's fresh proposer shares the stack
+    again = Session(model=s.model)  # a later process: the measured choice is read, nothing timed
+    monkeypatch.setattr(lean, "token_seconds", lambda stack, other, **kw: pytest.fail("timed again"))
+    assert build(again, "auto") is None and "read from" in again.learned.events[-1]
+
+
+def test_auto_takes_the_faster_scheme_and_keeps_the_choice(monkeypatch, own_cache):
+    from latticedraft.gpu.verify import lean
+
+    monkeypatch.setattr(lean, "token_seconds", lambda stack, other, **kw: {"int4": 0.3, "int8": 0.2}[stack.scheme.kind])
+    s = Session(model=tiny_model("llama", vocab=8192))
+    assert build(s, "auto").stack.scheme.kind == "int8"
+    assert "auto: int8" in s.learned.events[-1] and "int4 0.30x, int8 0.20x" in s.learned.events[-1]
+    kept = list((own_cache / "self_draft").iterdir())
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["scheme"] == "int8"
+    again = Session(model=s.model)
+    assert build(again, "auto").stack.scheme.kind == "int8" and any("read from" in e for e in again.learned.events)
 
 
 def tiny_model_neox():
