@@ -68,6 +68,9 @@ def test_the_table_shows_each_column_and_the_spread_of_repeated_passes():
     assert lines[2].split()[-5:] == ["1.00x", "1.00", "yes", "12.3", "s"]
     assert "41.0" in lines[3] and "2.05x" in lines[3] and "2.90" in lines[3] and " NO " in lines[3]
     assert lines[3].endswith("6.1 s (3 passes: 39.5-42.2 tokens/s)")
+    rows[1]["unsteady"] = True  # its passes' ratios disagree by more than 15%: no figure
+    shown = table({"rows": rows}).splitlines()[3]
+    assert "unsteady" in shown and "2.05x" not in shown
 
 
 @NEEDS_LM
@@ -87,6 +90,7 @@ def test_every_row_is_timed_long_enough_and_equals_greedy_and_the_picture_marks_
     assert len(got) + len(skipped) == len(rows)  # a row left out says why
     assert summary["all_exact"] and all(r["exact"] for r in summary["rows"])
     for r in summary["rows"]:
+        assert len(r["x_hf_greedy_passes"]) == r["passes"] >= 2 and isinstance(r["unsteady"], bool)
         assert r["seconds"] >= 0.3 and r["passes"] >= 1 and r["tokens"] == r["passes"] * summary["rows"][0]["tokens"] \
             / summary["rows"][0]["passes"]
         lo, hi = r["tokens_per_s_range"]
