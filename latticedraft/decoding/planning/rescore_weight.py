@@ -16,7 +16,10 @@ so a narrow one can pay where the whole lattice cannot); arm 0 is the heads' own
 lattice's depth of tokens after that root, ``observe`` scores the drafted, the probed and arm 0's
 rankings against them: the paired differences in kept tokens against arm 0. (Scored against the
 accepted tokens and the bonus alone, the ranking drafted with would be favoured: its tree made
-what was accepted, and another's could not be credited beyond the bonus.) Per arm it keeps decayed
+what was accepted, and another's could not be credited beyond the bonus.) Under the cost-aware
+tree a ranking's paths count as far as a tree of the step's size, built from them as
+``TreePlanner`` builds it (the most probable prefixes by the heads' rated probabilities), would
+verify them: paths that only the LM likes are rarely verified there. Per arm it keeps decayed
 sums of those differences (its gain: their mean shrunk towards 0 by ``PRIOR`` pseudo-observations)
 and the median of its measured cost over arm 0 (seconds). The arm drafted with is the one of most
 tokens per second, ``(tokens + gain) / (seconds + cost)`` against arm 0's ``tokens / seconds`` (a
@@ -58,14 +61,23 @@ MAX_DIFF = 64  # tokens: more than any lattice's depth, so more than one step's 
 FORMAT = 2
 
 
-def kept(paths: np.ndarray, target: np.ndarray) -> int:
-    """Tokens of ``target`` (int64[m]) the target would keep from ``paths`` (int64[p, d], -1
-    pads): the longest prefix of ``target`` equal to a path's."""
+def kept(paths: np.ndarray, target: np.ndarray, rates: np.ndarray | None = None, nodes: int | None = None) -> int:
+    """Tokens of ``target`` (int64[m]) the target would keep from ``paths`` (int64[p, d], -1 pads):
+    the longest prefix of ``target`` equal to a path's. With ``rates`` (float[p, d], each token's
+    conditional acceptance rate, as the cost-aware tree rates it) and ``nodes``, only the prefixes
+    a tree of ``nodes`` nodes verifies count: the ``nodes`` most probable (a prefix's chance: the
+    product of its rates), as ``TreePlanner`` takes them."""
     paths = np.asarray(paths)
     n = min(paths.shape[1] if paths.ndim == 2 else 0, len(target))
-    if n == 0 or paths.shape[0] == 0:
+    if n == 0 or paths.shape[0] == 0 or (nodes is not None and nodes <= 0):
         return 0
     eq = paths[:, :n] == np.asarray(target[:n])[None, :]
+    if rates is not None and nodes is not None:
+        live = paths >= 0
+        chance = np.cumprod(np.where(live, rates, 0.0), axis=1)
+        levels = np.unique(chance[live])[::-1]  # (equal chances: the same prefix, nearly always)
+        if nodes < len(levels):
+            eq &= chance[:, :n] >= levels[nodes - 1]
     return int(np.cumprod(eq, axis=1).sum(axis=1).max())
 
 
@@ -119,15 +131,18 @@ class AlphaLearner:
 
     # -- learning -----------------------------------------------------------------------------
     def ranked(self, rank, used: int, drafts: np.ndarray, top1: np.ndarray, tokens: int, step_seconds: float,
-               rescore_seconds: float) -> tuple:
+               rescore_seconds: float, tree=None) -> tuple:
         """One lattice step of one row, at its end: ``rank(alpha, width) -> (paths int64[p, d],
         seconds)`` ranks its lattice with another arm; ``used``, ``drafts``: the arm drafted with and
         its paths; ``top1``: the heads' best path int64[d]; ``tokens``: what the step kept (accepted
         + bonus); ``step_seconds``: this row's share of the step's time; ``rescore_seconds``: what
-        drafting with ``used`` spent ranking. Ranks arm 0 (where not drafted with) and, within the
-        probes' budget, one probed arm; returns the record ``observe`` scores once the target's
-        path over the lattice is known."""
+        drafting with ``used`` spent ranking; ``tree``: (nodes the step's tree verified, the drafted
+        paths' rates, ``rate(paths) -> rates``) where a cost-aware tree chose them (None: every path
+        was verified). Ranks arm 0 (where not drafted with) and, within the probes' budget, one
+        probed arm; returns the record ``observe`` scores once the target's path is known."""
+        nodes, rates, rate = tree if tree is not None and tree[2] is not None else (None, None, None)
         base, base_s = (drafts, rescore_seconds) if used == 0 else rank(0.0, 0)
+        base = (base, rates if used == 0 else None if rate is None else rate(base))
         self.drafted_at[used] += 1
         self.steps += 1
         self.tokens += (RATE if self.steps > 1 else 1.0) * (tokens - self.tokens)
@@ -143,23 +158,23 @@ class AlphaLearner:
             if others:
                 i = next((j for j in others if j > self.probed), others[0])  # (in turn)
                 paths, secs = rank(*self.arms[i])
-                probe, self.probed = (i, paths, secs), i
+                probe, self.probed = (i, (paths, None if rate is None else rate(paths)), secs), i
                 # (a first call's compilation counts as a usual call, or two steps where unmeasured)
                 self.probe_seconds += min(secs, base_s + self.cost[i] if self.cost[i] > 0 else 2 * self.seconds)
-        return used, drafts, rescore_seconds, base, base_s, top1, probe
+        return used, (drafts, rates), rescore_seconds, base, base_s, top1, probe, nodes
 
     def observe(self, record: tuple, target: np.ndarray) -> None:
         """Score a ``ranked`` record against the target's tokens after the step's root int64[m]
         (the lattice's depth of them, or all it emitted before it ended): each ranking's kept
-        tokens against arm 0's."""
-        used, drafts, spent, base, base_s, top1, probe = record
-        k0 = kept(base, target)
-        self.best += (kept(drafts[:1], target), kept(top1[None], target), 1)
+        tokens (in a tree of the step's size, where a cost-aware tree chose it) against arm 0's."""
+        used, drafts, spent, base, base_s, top1, probe, nodes = record
+        k0 = kept(base[0], target, base[1], nodes)
+        self.best += (kept(drafts[0][:1], target), kept(top1[None], target), 1)
         if used > 0:
-            self._add(used, kept(drafts, target) - k0, spent - base_s)
+            self._add(used, kept(drafts[0], target, drafts[1], nodes) - k0, spent - base_s)
         if probe is not None:
-            i, paths, secs = probe
-            self._add(i, kept(paths, target) - k0, secs - base_s)
+            i, (paths, rates), secs = probe
+            self._add(i, kept(paths, target, rates, nodes) - k0, secs - base_s)
 
     def _add(self, i: int, diff: float, cost: float) -> None:
         """Arm ``i``'s kept-token difference over arm 0 on one step and its cost (seconds): ``cost``

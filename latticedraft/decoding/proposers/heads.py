@@ -125,10 +125,12 @@ class Drafter:
         return self
 
     def learn(self, sausage: Sausage, history: np.ndarray, paths: np.ndarray, tokens: int, seconds: float,
-              drafted):
+              drafted, tree=None):
         """A greedy step's end: ``paths`` int64[p, d] were drafted from ``sausage`` after ``history``,
         the step kept ``tokens`` (accepted + bonus) in this row's share of its seconds, ``drafted`` is
-        what ``draft`` recorded. Returns a record for ``settle`` (None: nothing to learn)."""
+        what ``draft`` recorded; ``tree``: (nodes the step verified besides the root, the paths'
+        rates, ``rate(paths) -> rates``) under the cost-aware tree (None: every path was verified).
+        Returns a record for ``settle`` (None: nothing to learn)."""
 
     def settle(self, record, target: np.ndarray) -> None:
         """``record`` of ``learn`` with the target's tokens after that step's root, int64[m]: the
@@ -197,10 +199,10 @@ class NgramDrafter(Drafter):
         self.drafted = (arm, time.perf_counter() - t0)
         return d
 
-    def learn(self, sausage, history, paths, tokens, seconds, drafted):
+    def learn(self, sausage, history, paths, tokens, seconds, drafted, tree=None):
         arm, spent = drafted
         return self.learner.ranked(lambda a, w: self.rank(sausage, history, a, w), arm, paths, sausage.top1(), tokens,
-                                   seconds, spent)
+                                   seconds, spent, tree)
 
     def settle(self, record, target):
         self.learner.observe(record, target)
@@ -358,7 +360,7 @@ class HeadProposer(Proposer):
         self.drafter = drafter
         self.rows: dict[int, Drafter] = {}
         self.lattice_seconds = 0.0  # time spent building lattices (top-k + pruning), part of propose
-        self.pending: dict = {}  # batch position -> (sausage, history, paths, drafted) for ``learn``
+        self.pending: dict = {}  # batch position -> (sausage, history, paths, drafted, rates, rate) for ``learn``
         self.waiting: dict = {}  # row -> [(record, lattice depth, tokens emitted after its root)] to settle
         self.live: list = []  # the live rows at the last update, in batch order
         self.clock = None  # perf_counter of the last update
@@ -388,11 +390,13 @@ class HeadProposer(Proposer):
             toks = as_paths(d.draft(sausage, history))
             if q is not None:
                 toks = with_runner_up(toks, sausage)
-            elif d.learns:
-                self.pending[j] = (sausage, history, toks, d.drafted)
             rates = None
             if step.acceptance is not None:  # rated by the heads' own probability of each token (sampling: q's)
                 rates = step.acceptance.head_rates(draft_probs(sausage, toks) if q is None else q_probs(q, toks))
+            if q is None and d.learns:
+                rate = None if step.acceptance is None else (
+                    lambda paths, a=step.acceptance, s=sausage: a.head_rates(draft_probs(s, paths)))
+                self.pending[j] = (sausage, history, toks, d.drafted, rates, rate)
             out.append(Proposal(toks, rates=rates, sausage=sausage, heads=True))
         return out
 
@@ -409,8 +413,9 @@ class HeadProposer(Proposer):
             for item in self.waiting.get(i, ()):
                 item[2].extend(new)
             if j in pending:
-                sausage, history, paths, drafted = pending[j]
-                record = self.rows[i].learn(sausage, history, paths, len(new), seconds / len(step.index), drafted)
+                sausage, history, paths, drafted, rates, rate = pending[j]
+                tree = None if step.nodes is None or rate is None else (step.nodes[j] - 1, rates, rate)
+                record = self.rows[i].learn(sausage, history, paths, len(new), seconds / len(step.index), drafted, tree)
                 if record is not None:
                     self.waiting.setdefault(i, []).append((record, sausage.h, list(new)))
             if i in self.waiting:
@@ -428,12 +433,13 @@ class HeadProposer(Proposer):
             self.waiting[i] = left
 
     def retire(self, keep: list[int]) -> None:
-        """Rows that finished settle what they still hold (their output is complete)."""
+        """Rows that finished settle what they still hold (their output is complete). (Positions past
+        the last update's rows are rows admitted since, which hold nothing yet.)"""
         kept_rows = set(keep)
         for j, i in enumerate(self.live):
             if j not in kept_rows and i in self.waiting:
                 self._settle(i, ended=True)
-        self.live = [self.live[j] for j in keep]
+        self.live = [self.live[j] for j in keep if j < len(self.live)]
 
 
 def perturbed(head_logits: torch.Tensor, vocab, history: np.ndarray, sampler) -> tuple[torch.Tensor, np.ndarray]:

@@ -59,6 +59,21 @@ def test_kept_is_the_longest_target_prefix_a_path_holds():
     assert kept(np.zeros((1, 0), np.int64), np.array([3])) == 0
 
 
+def test_kept_in_a_cost_aware_tree_counts_the_prefixes_it_would_verify():
+    """Under the cost-aware tree only the ``nodes`` most probable prefixes are verified (a prefix's
+    chance: the product of its tokens' rates): a path's match counts as far as its prefixes are
+    among them."""
+    paths = np.array([[3, 4, 5], [3, 8, -1], [7, 4, 5]])
+    rates = np.array([[0.9, 0.2, 0.9], [0.9, 0.5, 0.0], [0.05, 0.9, 0.9]])
+    target = np.array([3, 4, 5])
+    # chances: 3: .9, 3 4: .18, 3 4 5: .162, 3 8: .45, 7: .05, 7 4: .045, 7 4 5: .0405
+    assert kept(paths, target) == 3
+    assert kept(paths, target, rates, nodes=6) == 3
+    assert kept(paths, target, rates, nodes=3) == 2  # 3, 3 8, 3 4
+    assert kept(paths, target, rates, nodes=2) == 1  # 3, 3 8
+    assert kept(paths, target, rates, nodes=0) == 0
+
+
 def test_the_weight_rises_where_the_lm_knows_the_target(tmp_path):
     """The heads rank a wrong token first in every slot; the LM follows the target's chain. The
     learner starts at 0 (the heads' ranking, which keeps nothing), probes the weights and moves to

@@ -37,12 +37,15 @@ def test_a_runner_up_equal_to_the_drafted_token_is_not_repeated():
     np.testing.assert_array_equal(with_runner_up(paths, sausage([[4, 9], [5, 1]])), [[9, 5], [4, -1]])
 
 
-@pytest.mark.parametrize("name,arch", [("parallel", "gpt2"), ("ngram", "llama")])
-def test_a_decode_with_a_learned_weight_equals_generate(name, arch, one_torch_thread):
+@pytest.mark.parametrize("name,arch,tree", [("parallel", "gpt2", "fixed"), ("ngram", "llama", "fixed"),
+                                            ("parallel", "llama", "auto")])
+def test_a_decode_with_a_learned_weight_equals_generate(name, arch, tree, one_torch_thread):
     """The n-gram drafters with a learned weight (``alpha=None``): a learner that believes in 0.5
-    drafts with it, probes the other arms (narrower LM searches too) and learns from every step;
-    the output is generate's."""
-    from latticedraft.decoding.methods.bpd_loop import bpd_decode
+    drafts with it, probes the other arms (narrower LM searches too) and learns from every step
+    (under the cost-aware tree, from the prefixes a tree of the step's size would verify); the
+    output is generate's."""
+    from latticedraft.decoding.methods.bpd_loop import BpdPlan, bpd_decode
+    from latticedraft.gpu.verify.cost_model import CostModel
     from latticedraft.decoding.planning.rescore_weight import ARMS, AlphaLearner
     from latticedraft.decoding.proposers.heads import LatticeOptions, NgramDrafter, make_drafter
     from latticedraft.decoding.registry import Request
@@ -57,7 +60,10 @@ def test_a_decode_with_a_learned_weight_equals_generate(name, arch, one_torch_th
     w.gain[i], w.n[i], w.cost[i], w.seconds = 4.0, 1.0, 1e-6, 1.0
     lm = make_toy_lm(V=64, order=3, seed=0, density=0.5)
     d = make_drafter(name, options=LatticeOptions(k=8), lm=lm, alpha=None, nbest=4, learner=w)
-    r = bpd_decode(model, ps, d, request=Request(max_new_tokens=24))
+    n = np.arange(1, 33)
+    plan = BpdPlan(tree=tree, cost=CostModel(tuple(n.tolist()), tuple((1.0 + 0.05 * (n - 1)).tolist())))
+    in_flight = 2 if tree == "auto" else None  # (a continuous batch: rows finish and others join)
+    r = bpd_decode(model, ps, d, plan, request=Request(max_new_tokens=24, in_flight=in_flight))
     assert [s.tokens.tolist() for s in r.sequences] == refs
     assert w.steps > 0 and w.drafted_at[i] > 0 and w.n[1:].sum() > 1.0
     own = make_drafter(name, lm=lm, alpha=None)  # without a learner given: a new one, from 0
@@ -79,7 +85,7 @@ def test_a_learning_drafters_record_settles_once_the_row_emitted_the_lattices_de
             super().__init__()
             self.settled = []
 
-        def learn(self, sausage, history, paths, tokens, seconds, drafted):
+        def learn(self, sausage, history, paths, tokens, seconds, drafted, tree=None):
             return (len(history), tokens)
 
         def settle(self, record, target):
@@ -91,8 +97,8 @@ def test_a_learning_drafters_record_settles_once_the_row_emitted_the_lattices_de
     lat = sausage([[4, 9], [5, 1], [6, 2]])  # 3 slots deep
     step = lambda hist, rooms: Step([0, 1], [0, 1], hist, rooms)  # noqa: E731
 
-    hp.pending = {0: (lat, np.array([1, 2]), np.array([[4, 5, 6]]), None),
-                  1: (lat, np.array([1, 3]), np.array([[4, 5, 6]]), None)}
+    hp.pending = {0: (lat, np.array([1, 2]), np.array([[4, 5, 6]]), None, None, None),
+                  1: (lat, np.array([1, 3]), np.array([[4, 5, 6]]), None, None, None)}
     hp.update(step([np.array([1, 2]), np.array([1, 3])], [20, 2]), [np.array([4]), np.array([], np.int64)],
               np.array([5, 8]), None)
     assert d.settled == []  # 2 and 1 tokens after the roots: not yet 3
@@ -101,7 +107,7 @@ def test_a_learning_drafters_record_settles_once_the_row_emitted_the_lattices_de
     # row 0 has emitted 4, 5, 7, 3 after its root: its target is the first 3; row 1's budget ends: it settles
     # with what it emitted (8, 9, 4)
     assert sorted(d.settled) == [((2, 1), [8, 9, 4]), ((2, 2), [4, 5, 7])]
-    hp.pending = {0: (lat, np.array([1, 2, 4, 5, 7, 3]), np.array([[4, 5, 6]]), None)}
+    hp.pending = {0: (lat, np.array([1, 2, 4, 5, 7, 3]), np.array([[4, 5, 6]]), None, None, None)}
     hp.update(step([np.array([1, 2, 4, 5, 7, 3]), np.array([1])], [16, 5]),
               [np.array([], np.int64), np.array([], np.int64)], np.array([6, 6]), None)
     hp.retire([1])  # row 0 finished (its end id): it settles with the one token it emitted
