@@ -99,3 +99,28 @@ def test_each_row_is_set_against_its_own_hf_baseline():
     assert b.against_hf({"name": "ours: default (CLI) b=4", **both}) == 1.5
     assert b.against_hf({"name": "ours: lossless sampling T=0.7", **both}) == 1.4  # not its prompt-lookup ratio
     assert b.against_hf({"name": "HF sampling T=0.7", "vs_prompt_lookup": 0.9}) is None
+
+
+def test_a_ratio_whose_passes_disagree_by_more_than_15_percent_is_unsteady():
+    import spec_bench as b
+
+    ref = {"tokens_per_s_repeats": [20.0, 20.0, 20.0]}
+    row = {"tokens_per_s_repeats": [50.0, 52.0, 49.0]}
+    b.steady(row, ref)
+    assert row["speedup_spread"] == [2.45, 2.6] and row["unsteady"] is False
+    row = {"tokens_per_s_repeats": [50.0, 60.0, 49.0]}
+    b.steady(row, ref)
+    assert row["unsteady"] is True
+    one = {"tokens_per_s_repeats": [50.0]}
+    b.steady(one, {"tokens_per_s_repeats": [20.0]})
+    assert "unsteady" not in one  # one pass: nothing to compare
+
+
+def test_the_llama_cpp_rows_run_only_for_smollm2_in_float32(tmp_path, capsys):
+    from argparse import Namespace
+
+    import spec_bench as b
+
+    rows = b.llama_cpp_rows(Namespace(llama_cpp="on", model=str(tmp_path), dtype="float32", threads=1))
+    assert rows == {} and "skipping the llama.cpp rows" in capsys.readouterr().err
+    assert b.llama_cpp_rows(Namespace(llama_cpp="off", model=str(tmp_path), dtype="float32", threads=1)) == {}
