@@ -86,7 +86,8 @@ class AlphaLearner:
     per arm of ``ARMS``; cost: float[A] the median of each arm's last measured costs over arm 0
     (seconds); tokens, seconds: moving averages of a lattice step's tokens kept (accepted + 1) and
     its seconds without rescoring; best: sums of the tokens kept from the drafted best path and
-    from the heads' best path, and their count (``summary``); probe_share: the probes' budget."""
+    from the heads' best path, and their count, over the steps scored (``summary``); probe_share:
+    the probes' budget."""
 
     def __init__(self, probe_share: float = PROBE_SHARE):
         self.arms = ARMS
@@ -139,10 +140,10 @@ class AlphaLearner:
         drafting with ``used`` spent ranking; ``tree``: (nodes the step's tree verified, the drafted
         paths' rates, ``rate(paths) -> rates``) where a cost-aware tree chose them (None: every path
         was verified). Ranks arm 0 (where not drafted with) and, within the probes' budget, one
-        probed arm; returns the record ``observe`` scores once the target's path is known."""
+        probed arm; returns the record ``observe`` scores once the target's path is known (None
+        where arm 0 drafted and nothing was probed: no comparison to make)."""
         nodes, rates, rate = tree if tree is not None and tree[2] is not None else (None, None, None)
         base, base_s = (drafts, rescore_seconds) if used == 0 else rank(0.0, 0)
-        base = (base, rates if used == 0 else None if rate is None else rate(base))
         self.drafted_at[used] += 1
         self.steps += 1
         self.tokens += (RATE if self.steps > 1 else 1.0) * (tokens - self.tokens)
@@ -150,18 +151,28 @@ class AlphaLearner:
             own = max(step_seconds - (rescore_seconds - base_s if used > 0 else 0.0), 1e-9)
             self.seconds += (RATE if self.seconds > 0 else 1.0) * (own - self.seconds)
             self.step_seconds += step_seconds
-        probe = None
-        if self.probe_seconds <= self.probe_share * self.step_seconds:
-            self.probes += 1  # (every REPROBE-th probe may take an arm that cost too much: costs change)
-            ok = self.affordable() | (self.probes % REPROBE == 0)
-            others = [i for i in range(1, len(self.arms)) if i != used and ok[i]]
-            if others:
-                i = next((j for j in others if j > self.probed), others[0])  # (in turn)
-                paths, secs = rank(*self.arms[i])
-                probe, self.probed = (i, (paths, None if rate is None else rate(paths)), secs), i
-                # (a first call's compilation counts as a usual call, or two steps where unmeasured)
-                self.probe_seconds += min(secs, base_s + self.cost[i] if self.cost[i] > 0 else 2 * self.seconds)
+        probe = self._probe(rank, used, base_s, rate)
+        if used == 0 and probe is None:
+            return None  # (nothing to compare: arm 0 against itself)
+        base = (base, rates if used == 0 else None if rate is None else rate(base))
         return used, (drafts, rates), rescore_seconds, base, base_s, top1, probe, nodes
+
+    def _probe(self, rank, used: int, base_s: float, rate):
+        """Within the probes' budget, rank the lattice with the next arm in turn (but 0 and
+        ``used``; a costly one every ``REPROBE``-th probe): (arm, (paths, rates), seconds) or None."""
+        if self.probe_seconds > self.probe_share * self.step_seconds:
+            return None
+        self.probes += 1
+        ok = self.affordable() | (self.probes % REPROBE == 0)
+        others = [i for i in range(1, len(self.arms)) if i != used and ok[i]]
+        if not others:
+            return None
+        i = next((j for j in others if j > self.probed), others[0])
+        paths, secs = rank(*self.arms[i])
+        self.probed = i
+        # (a first call's compilation counts as a usual call, or two steps where unmeasured)
+        self.probe_seconds += min(secs, base_s + self.cost[i] if self.cost[i] > 0 else 2 * self.seconds)
+        return i, (paths, None if rate is None else rate(paths)), secs
 
     def observe(self, record: tuple, target: np.ndarray) -> None:
         """Score a ``ranked`` record against the target's tokens after the step's root int64[m]
@@ -192,7 +203,7 @@ class AlphaLearner:
         arms = ", ".join(f"{a:g}{'' if w == 0 else f' top-{w}'}: {g[i]:+.3f} in {self.cost[i] * 1e3:.2f} ms"
                          for i, (a, w) in enumerate(self.arms) if i and self.n[i] > 0)
         kept_line = (f"; drafted best path kept {b[0] / b[2]:.2f}, the heads' best path {b[1] / b[2]:.2f} tokens a "
-                     f"step over {int(b[2])} lattice steps" if b[2] else "; no lattice step yet")
+                     f"step over {int(b[2])} lattice steps scored" if b[2] else "; no lattice step scored yet")
         return (f"{self.alpha:g}{'' if self.width == 0 else f' over the top {self.width} arcs of each slot'} "
                 f"(tokens a step kept over the heads' ranking, rescoring cost: {arms or 'none probed yet'}; a "
                 f"{self.seconds * 1e3:.2f} ms step keeps {self.tokens:.2f}{kept_line})")

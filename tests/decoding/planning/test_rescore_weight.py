@@ -48,7 +48,8 @@ def run(drafter: NgramDrafter, sausage: Sausage, steps: int, seconds: float = 0.
     for _ in range(steps):
         paths = as_paths(drafter.draft(sausage, history))
         record = drafter.learn(sausage, history, paths, kept(paths, TARGET) + 1, seconds, drafter.drafted)
-        drafter.settle(record, TARGET)
+        if record is not None:  # (None: arm 0 drafted and nothing was probed)
+            drafter.settle(record, TARGET)
 
 
 def test_kept_is_the_longest_target_prefix_a_path_holds():
@@ -159,8 +160,21 @@ def test_a_narrow_lm_search_is_drafted_with_where_the_whole_lattice_costs_too_mu
     arm = 0
     for _ in range(60):
         paths, secs = rank(*ARMS[arm])
-        w.observe(w.ranked(rank, arm, paths, wrong[0], kept(paths, TARGET) + 1, 0.01, secs), TARGET)
+        record = w.ranked(rank, arm, paths, wrong[0], kept(paths, TARGET) + 1, 0.01, secs)
+        if record is not None:
+            w.observe(record, TARGET)
         arm = w.arm
     alpha, width = ARMS[w.arm]
     assert alpha >= 0.25 and width == 4
     assert not w.affordable()[ARMS.index((0.25, 0))]
+
+
+def test_a_step_drafted_with_arm_0_and_no_probe_makes_no_record():
+    """Learning costs nothing beyond the probes while the heads' own ranking drafts: arm 0 against
+    itself is no comparison, so such a step leaves only its tokens and seconds."""
+    paths = np.array([[3, 4, 5, 6]])
+    rank = lambda alpha, width: (paths, 1e-4)  # noqa: E731
+    w = AlphaLearner(probe_share=0.0)
+    assert w.ranked(rank, 0, paths, paths[0], 2, 0.01, 1e-5) is not None  # (a first probe: nothing spent yet)
+    assert all(w.ranked(rank, 0, paths, paths[0], 2, 0.01, 1e-5) is None for _ in range(5))
+    assert w.steps == 6 and w.drafted_at[0] == 6
