@@ -66,13 +66,20 @@ def rescore_weight(session, spec):
     return session.learned.rescore_weight(key, stored)
 
 
+STORE_EVERY = 8  # scored comparisons a learner gathers between two writes of its cache entry
+
+
 def store_rescore_weight(session, spec) -> None:
-    """Store what ``spec``'s learner holds now (the next sessions start from it); say the weight
-    after the session's first decode call and whenever it changes."""
+    """Store what ``spec``'s learner holds now (the next sessions start from it) after the session's
+    first decode call, when its weight changed and after every ``STORE_EVERY`` scored comparisons
+    (a write costs ~2 ms: after every short call it cost ~2% of the decode); say the weight after
+    the first call and whenever it changes."""
     from latticedraft.decoding.planning import rescore_weight as rw
 
     learner = rescore_weight(session, spec)
-    rw.store(rescore_weight_key(session, spec), learner)
+    if learner.stored is None or learner.arm != learner.reported or learner.scored - learner.stored >= STORE_EVERY:
+        rw.store(rescore_weight_key(session, spec), learner)
+        learner.stored = learner.scored
     if learner.arm != learner.reported:
         learner.reported = learner.arm
         session.learned.event(f"n-gram weight (alpha) of --drafter {spec.name} learned: {learner.summary()}")

@@ -101,6 +101,7 @@ class AlphaLearner:
         self.drafted_at = np.zeros(len(ARMS), dtype=np.int64)  # this session's lattice steps per arm
         self.probed = self.probes = 0  # the arm probed last (probes take the arms in turn), probes made
         self.reported = None  # the arm last reported (``decode --verbose``)
+        self.scored, self.stored = 0, None  # comparisons scored this session; how many at the last store
 
     # -- the choice ---------------------------------------------------------------------------
     def gains(self) -> np.ndarray:
@@ -190,6 +191,7 @@ class AlphaLearner:
     def _add(self, i: int, diff: float, cost: float) -> None:
         """Arm ``i``'s kept-token difference over arm 0 on one step and its cost (seconds): ``cost``
         is the median of the last ``COSTS`` (a compilation or a stall does not move it)."""
+        self.scored += 1
         self.n[i] = DECAY * self.n[i] + 1.0
         self.gain[i] = DECAY * self.gain[i] + diff
         seen = self.costs.get(i) or ([float(self.cost[i])] if self.cost[i] > 0 else [])
