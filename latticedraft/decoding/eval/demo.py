@@ -278,13 +278,10 @@ def _settings(row: Row) -> str | None:
 def _machine() -> dict:
     from latticedraft.decoding.eval.evaluate import machine
 
-    m = machine()
-    try:
-        m["model_name"] = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                               if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return m
+    from latticedraft.cpu import cpu_info
+
+    info = cpu_info()
+    return {**machine(), "model_name": info["model"], "cpu_flags": info["flags"]}
 
 
 def _run(row: Row, sessions: dict, counter, ids, max_new_tokens: int):
