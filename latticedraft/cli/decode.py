@@ -28,6 +28,8 @@ def run(a) -> int:
     _check_output(a)
     method, options, sampling = method_options(a)
     check_config(options, model_dir_for(a, method), a.device)  # a source the model cannot run: before the load
+    if method.check_files is not None:  # a missing file the options read (the n-gram LM): before the load too
+        method.check_files(options, {f: getattr(a, f, None) for f in ("lm", "rescorer", "draft_model")})
     if a.output is not None:
         return _dataset(a, method, options, sampling)
     prompts = prompt_inputs(a)

@@ -64,7 +64,11 @@ class Method:
     ``method``); settings(options, sampling) -> dict (plain values that decide the output: the
     data-set runs' fingerprint); check(session, options): the cheap checks of the options against
     the loaded model (no loading, counting, fitting or measuring), which ``Session`` runs before
-    ``prepare`` and ``run``; prepare(session, options, batch_size): load and check what the method
+    ``prepare`` and ``run``; check_files(options, files, tokenizer=None): refuse a missing file the
+    options cannot decode without (files: file option dest -> the path given, None: its default;
+    tokenizer: the session's, None where the CLI checks before the model loads), which the CLI runs
+    before the model loads and ``Session.check`` before anything is built, in the same words;
+    prepare(session, options, batch_size): load and check what the method
     needs against the model, before any output; run(session, prompts, options, request)
     -> ``DecodeResult`` for one batch (or, where ``continuous(options)``, for all of a call's prompts
     in one continuous batch of ``Request.in_flight`` rows)."""
@@ -80,6 +84,7 @@ class Method:
     run: Callable
     prepare: Callable | None = None
     check: Callable | None = None
+    check_files: Callable | None = None
     defaults: dict = field(default_factory=dict)  # sampling defaults where they differ from generate's
     files: Callable = lambda options: ()  # noqa: E731  the file options (dests) these options read
     default_model: str | None = None  # the bundled model directory under data/ (None: data/heads-stern)

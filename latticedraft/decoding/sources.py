@@ -44,7 +44,10 @@ class DraftSource:
     for the docs; check(value) -> the value as the spec keeps it (``InputError`` for a bad one:
     one line naming the flag and the fix); files: the file options it reads; sampling: it drafts
     under lossless sampling; sampled_default: its value under ``--do-sample`` where the option
-    is not given (None: the CLI's default, as in greedy decoding); rates: how the cost-aware tree rates its paths (``RATES``); bins:
+    is not given (None: the CLI's default, as in greedy decoding); if_present: the values at which it
+    reads its files only where they exist unless a file option names them (``--lm-drafts auto``:
+    off without the default LM), so only its other values refuse a missing file before the model
+    loads (``bpd``'s ``check_files``); rates: how the cost-aware tree rates its paths (``RATES``); bins:
     what a token's row of its fitted table is, "match" (the suffix match length of a copied
     continuation) or "probability" (the source's probability for it, ``acceptance.HEAD_EDGES``);
     shares_cache: it drafts over the verifier's own KV cache (``Step.cache``), which only tree
@@ -59,6 +62,7 @@ class DraftSource:
     summary: str
     check: Callable = lambda value: value  # noqa: E731
     files: tuple = ()
+    if_present: tuple = ()
     sampling: bool = True
     sampled_default: Any = None
     rates: str = "fitted"

@@ -171,3 +171,68 @@ def test_a_torch_without_the_kernels_refuses_int4_before_the_load(models_dir, no
     monkeypatch.setattr(quantized, "kernels_missing", lambda device: f"torch has no int4 kernels for {device}")
     _refused(capsys, own_cache, "decode", "--model", models_dir / "llama", "--prompt", "w1", "--self-draft", "int4",
              needle="--self-draft int4: torch has no int4 kernels for cpu")
+
+
+LM_NEEDED = [["--drafter", "parallel"], ["--drafter", "ngram", "--lm-drafts", "0"], ["--lm-drafts", "3"],
+             ["--lm-drafts", "auto", "--lm", "{cache}/lm/mine"]]  # auto reads an LM --lm names: it must be there
+
+
+@pytest.mark.parametrize("args", LM_NEEDED)
+def test_a_missing_lm_the_options_read_is_refused_before_the_load(models_dir, no_load, own_cache, capsys, args):
+    """An empty cache: ``--drafter ngram / parallel``, ``--lm-drafts N`` and an LM named with ``--lm``
+    are refused in one line naming the path and the fix before any weights load (``no_load``)."""
+    args = [a.format(cache=own_cache) for a in args]
+    missing = args[-1] if "--lm" in args else own_cache / "lm" / "stdlib-4gram"
+    _refused(capsys, own_cache, "decode", "--model", models_dir / "llama", "--prompt", "w1", *args,
+             needle=f"n-gram LM {missing} not found; run `bash scripts/setup.sh`")
+
+
+def test_a_missing_lm_names_what_reads_it_and_how_to_decode_without_it(models_dir, no_load, own_cache, capsys):
+    assert main(["decode", "--model", str(models_dir / "llama"), "--prompt", "w1", "--drafter", "parallel",
+                 "--lm-drafts", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("or decode without it (read by --drafter parallel and --lm-drafts 2): "
+                                 "--drafter top1 / parallel-base with --lm-drafts 0"), err
+
+
+def test_a_data_set_run_is_refused_before_the_load_and_writes_nothing(models_dir, no_load, own_cache, capsys, tmp_path):
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "out.jsonl"
+    prompts.write_text('{"prompt": "w1 w2"}\n')
+    _refused(capsys, own_cache, "decode", "--model", models_dir / "llama", "--prompts", prompts, "--output", out,
+             "--lm-drafts", "3", needle=f"n-gram LM {own_cache / 'lm' / 'stdlib-4gram'} not found")
+    assert not out.exists()
+
+
+def test_lm_drafts_auto_stays_off_without_the_default_lm(models_dir, own_cache, capsys):
+    """The CLI's default ``--lm-drafts auto`` drafts from the LM where it is built: an empty cache decodes."""
+    assert main(["decode", "--model", str(models_dir / "llama"), "--prompt", "w1 w2", "--max-new-tokens", "3", "--json",
+                 "--self-draft", "off"]) == 0, capsys.readouterr().err
+    assert len(json.loads(capsys.readouterr().out)["tokens"]) == 3
+
+
+def test_the_library_refuses_a_missing_lm_in_the_cli_words_before_building(models_dir, own_cache, capsys,
+                                                                           monkeypatch):
+    """``Session.prepare`` and ``Session.decode`` refuse what the CLI refuses, with its message, before
+    any LM table, source (the self-draft) or tree is built."""
+    import numpy as np
+
+    from latticedraft.decoding import sources
+    from latticedraft.decoding.methods import bpd_session
+    from latticedraft.decoding.runs.session import Session
+    from latticedraft.errors import InputError
+
+    assert main(["decode", "--model", str(models_dir / "llama"), "--prompt", "w1", "--drafter", "parallel"]) == 2
+    cli = capsys.readouterr().err.strip().removeprefix("error: ")
+
+    def forbidden(*a, **k):
+        raise AssertionError("built before the missing LM was refused")
+
+    monkeypatch.setattr(bpd_session, "load", forbidden)
+    monkeypatch.setattr(sources, "build_all", forbidden)
+    s = Session(models_dir / "llama")
+    spec = s.configure("bpd", {"drafter": "parallel"})
+    with pytest.raises(InputError) as prepared:
+        s.prepare("bpd", spec)
+    with pytest.raises(InputError) as decoded:
+        s.decode([np.array([1, 2], dtype=np.int64)], "bpd", spec, max_new_tokens=3)
+    assert str(prepared.value) == str(decoded.value) == cli

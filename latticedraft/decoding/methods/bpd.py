@@ -255,6 +255,28 @@ def _check(session, spec: DrafterSpec) -> None:
     check_verifiable(session.model)
 
 
+def _check_files(spec: DrafterSpec, files: dict, tokenizer=None) -> None:
+    """Before the model loads (the CLI) or anything is built (``Session.check``): the n-gram LM where
+    ``spec`` cannot decode without it, at the path its load resolves (``loaders.require_lm``): read by
+    the drafter, or by a source at a value that needs it (not at its ``if_present`` values unless
+    ``--lm`` names one: ``--lm-drafts auto`` is off without the default LM). files: file option dest
+    -> the path given (None: the default); tokenizer: the session's (None before it loads)."""
+    from latticedraft.decoding.runs.loaders import require_lm
+
+    named = files.get("lm") is not None
+    needs = [f"--drafter {spec.name}"] if file_of(spec.name) == "lm" else []
+    plain = [d for d in HEAD_DRAFTERS if file_of(d) is None and d != "oracle"]  # top1, parallel-base
+    avoid = [f"--drafter {' / '.join(plain)}"] if needs else []
+    for s in draft_sources.sources():
+        value = getattr(spec, s.dest)
+        if "lm" in s.files and s.is_on(value) and (named or value not in s.if_present):
+            needs.append(f"{s.flag} {value}")
+            avoid.append(f"{s.flag} {s.option.default}")
+    if needs:
+        require_lm(files.get("lm"), tokenizer, fix=f", or decode without it (read by {' and '.join(needs)}): "
+                                                   f"{' with '.join(avoid)}")
+
+
 def _prepare(session, spec: DrafterSpec, batch_size: int) -> None:
     """Load and check what ``spec`` drafts from; with ``--tree auto`` also measure T(n) now (cached
     on disk after the first run) and read the stored acceptance counts, by decoding a warm-up
@@ -314,6 +336,7 @@ METHOD = Method(
     run=_run,
     prepare=_prepare,
     check=_check,
+    check_files=_check_files,
     continuous=lambda spec: spec.name in ("none", *HEAD_DRAFTERS) and spec.lookahead is None,
     files=lambda spec: tuple(dict.fromkeys(
         ([file_of(spec.name)] if file_of(spec.name) else [])

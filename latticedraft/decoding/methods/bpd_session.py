@@ -130,7 +130,7 @@ def acceptance(session, spec):
     from latticedraft.decoding.planning.acceptance import AcceptanceModel, load, path_of
 
     def stored():
-        key = acceptance_key(session, spec, counted_sources(spec))
+        key = acceptance_key(session, spec, counted_sources(spec, session))
         found = load(key, note=session.learned.event)
         session.learned.event(f"acceptance counts for --drafter {spec.name}: "
                               + (f"{found.counts} read from {path_of(key)}" if found else "none yet (the priors)"))
@@ -139,11 +139,20 @@ def acceptance(session, spec):
     return session.learned.acceptance(spec, stored)
 
 
-def counted_sources(spec) -> list:
-    """The draft sources ``spec`` turns on whose rate tables are counted (``rates="fitted"``)."""
+def counted_sources(spec, session=None) -> list:
+    """The draft sources ``spec`` turns on whose rate tables are counted (``rates="fitted"``); with
+    ``session``, those that draft there (``built``): ``--lm-drafts auto`` builds nothing without an LM
+    that fits, and is then counted (and keyed) as ``--lm-drafts 0``, reading no LM."""
     from latticedraft.decoding.sources import sources
 
-    return [s for s in sources() if s.on(spec) and s.rates == "fitted"]
+    on = [s for s in sources() if s.on(spec) and s.rates == "fitted"]
+    return on if session is None else [s for s in on if built(session, spec, s) is not None]
+
+
+def built(session, spec, source):
+    """The session's proposer of draft source ``source`` at ``spec``'s value (None: it drafts nothing)."""
+    value = getattr(spec, source.dest)
+    return session.learned.source(source.name, value, lambda: source.build(session, value))
 
 
 def counting(session, spec, sampling) -> bool:
@@ -151,7 +160,7 @@ def counting(session, spec, sampling) -> bool:
     decodes of the auto tree whose tables have not settled (``SETTLED`` observations)."""
     if spec.tree != "auto" or sampling is not None or spec.name in ("oracle", "model"):
         return False
-    if spec.name == "none" and not counted_sources(spec):
+    if spec.name == "none" and not counted_sources(spec, session):
         return False  # nothing of it is counted: no lattice, no source table
     return sum(acceptance(session, spec).counts.values()) < SETTLED
 
@@ -162,10 +171,8 @@ def count_steps(session, spec, result) -> None:
     from latticedraft.decoding.planning.acceptance import store
     from latticedraft.decoding.planning.calibrate import counted
 
-    fitted = counted_sources(spec)
-    built = [(s, session.learned.source(s.name, getattr(spec, s.dest), lambda s=s: s.build(session, getattr(spec, s.dest))))
-             for s in fitted]
-    delta = counted(result, tuple((s.name, p, s.bins) for s, p in built if p is not None))
+    fitted = counted_sources(spec, session)
+    delta = counted(result, tuple((s.name, built(session, spec, s), s.bins) for s in fitted))
     model = acceptance(session, spec).add(delta)
     session.learned.fitted[session.learned.key_of(spec)] = model
     store(acceptance_key(session, spec, fitted), model)

@@ -114,4 +114,4 @@ SOURCE = DraftSource(
     option=option(0, cli="auto", fit=False, group="tree", metavar="D", help=(
         "also draft the n-gram LM's (--lm) most likely continuation, D tokens deep; 0 = off (default auto: "
         f"{AUTO_DEPTH} where the LM build exists and fits the tokenizer, else off; off under --do-sample)")),
-    build=build, check=_check, files=("lm",), sampled_default=0)
+    build=build, check=_check, files=("lm",), if_present=("auto",), sampled_default=0)

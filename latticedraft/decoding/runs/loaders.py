@@ -135,16 +135,25 @@ def lm_for(tokenizer) -> Path:
     return next((d for d in sorted(bundled.parent.glob("*")) if d.is_dir() and fits(d)), bundled)
 
 
-def load_lm(lm_dir=None, tokenizer=None):
-    """The n-gram LM build (``NgramLM``); default: ``lm_for(tokenizer)`` (the bundled 4-gram that set-up
-    builds, for the bundled tokenizer)."""
-    from latticedraft.lm.ngram import NgramLM
-
+def require_lm(lm_dir=None, tokenizer=None, fix: str = "") -> Path:
+    """The n-gram LM build ``load_lm`` loads: ``lm_dir`` (``--lm``), else ``lm_for(tokenizer)``, else
+    (no tokenizer yet: before the model loads) the bundled 4-gram, which is what ``lm_for`` gives for
+    any tokenizer while the bundled one is not built, so a missing LM is refused the same with or
+    without one. ``InputError`` in one line naming the missing path and how to build or avoid it
+    (``fix``: the options that decode without it, said after the builds)."""
     path = Path(lm_dir) if lm_dir is not None else (lm_for(tokenizer) if tokenizer is not None else default_lm_dir())
     if not path.exists():
         raise InputError(f"n-gram LM {path} not found; run `bash scripts/setup.sh` (builds the bundled 4-gram) "
-                         "or pass --lm DIR from `latticedraft lm build`")
-    return NgramLM.load(path, tokenizer=tokenizer)
+                         f"or pass --lm DIR from `latticedraft lm build`{fix}")
+    return path
+
+
+def load_lm(lm_dir=None, tokenizer=None):
+    """The n-gram LM build (``NgramLM``) at ``require_lm(lm_dir, tokenizer)``: default ``lm_for(tokenizer)``
+    (the bundled 4-gram that set-up builds, for the bundled tokenizer)."""
+    from latticedraft.lm.ngram import NgramLM
+
+    return NgramLM.load(require_lm(lm_dir, tokenizer), tokenizer=tokenizer)
 
 
 def load_rescorer(path=None, device=None, tokenizer=None):

@@ -59,6 +59,10 @@ class Session:
         self.eos = end_ids(self.model, self.tokenizer)  # as generate: the generation config's end id(s)
         self.dtype = weights_dtype(self.model)  # "float32", "bfloat16" ...: what records and summaries name
 
+    def files(self) -> dict:
+        """The file options this session loads from (dest -> the path given, None: the default)."""
+        return {"lm": self.lm_dir, "rescorer": self.rescorer_dir, "draft_model": self.draft_model_dir}
+
     def once(self, key, build):
         """``build()`` the first time ``key`` is asked for in this session, the same object after."""
         if key not in self._memo:
@@ -122,8 +126,14 @@ class Session:
 
     def check(self, method, options) -> None:
         """The method's cheap checks of ``options`` against the model (``Method.check``), which
-        ``prepare`` and ``decode`` run before loading, counting, fitting or measuring anything."""
+        ``prepare`` and ``decode`` run before loading, counting, fitting or measuring anything; first
+        the files the options cannot decode without (``Method.check_files``, as the CLI checks them
+        before the model loads; once per method and options: the default LM's path reads its manifest and
+        hashes the vocabulary)."""
         m = registry.get(method) if isinstance(method, str) else method
+        if m.check_files is not None:
+            self.once(("check_files", m.name, repr(options)),
+                      lambda: m.check_files(options, self.files(), self.tokenizer))
         if m.check is not None:
             m.check(self, options)
 
