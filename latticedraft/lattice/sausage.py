@@ -317,12 +317,15 @@ class Drafts:
     """``p`` distinct drafts, best first: ``tokens int64[p, d]``, ``scores float32[p]``.
 
     ``scores`` are ``head_logp + alpha * lm_logp`` (natural log). ``requested`` is the p that
-    was asked for; ``len(scores) < requested`` when the lattice has fewer paths.
+    was asked for; ``len(scores) < requested`` when the lattice has fewer paths. ``probs``
+    float64[p, d]: each token's probability under the model that ranked them, where the drafter
+    computed it (``lattice.interpolated.token_probs``; None: the heads' own).
     """
 
     tokens: np.ndarray
     scores: np.ndarray
     requested: int = 0
+    probs: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

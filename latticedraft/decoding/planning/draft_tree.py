@@ -81,10 +81,11 @@ class TreePlanner:
         if self.cost is not None:
             self.costs.observe(min(n, len(self._T)), seconds)
 
-    def step_seconds(self, n: int) -> float:
+    def step_seconds(self, n):
         """Predicted seconds of a step verifying n nodes per row (root included): T(n) and the
-        measured per-step overhead (``auto`` only)."""
-        return float(self._T[min(max(int(n), 1), self.max_nodes) - 1]) + self.overhead
+        measured per-step overhead (``auto`` only); n an int (a float back) or int[m] (float[m])."""
+        t = self._T[np.clip(np.asarray(n, dtype=np.int64), 1, self.max_nodes) - 1] + self.overhead
+        return float(t) if t.ndim == 0 else t
 
     def plan(self, proposals: list, room: int | None = None) -> Plan:
         """The paths to verify after the root, at most ``room`` tokens deep, from one step's
@@ -110,8 +111,7 @@ class TreePlanner:
             g = 1.0 + np.concatenate([[0.0], np.cumsum(np.sort(P)[::-1])])[: len(total)]
             gains.append(g)
             total += np.concatenate([g, np.full(len(total) - len(g), g[-1])])
-        sizes = np.arange(1, len(total) + 1)
-        m = int(np.argmax(total / (self._T[sizes - 1] + self.overhead)))
+        m = best_size(total, self._T[: len(total)] + self.overhead)
         plans = []
         self._chosen = []
         for (parent, token, P, raw), g in zip(tries, gains):
@@ -159,6 +159,12 @@ class TreePlanner:
                     rates = np.full(d, 0.5)  # an unrated source: the uncalibrated prior of a context token
                 cands.append((row[:d], rates, source))
         return cands
+
+
+def best_size(gain: np.ndarray, seconds: np.ndarray) -> int:
+    """The m of most expected tokens per second: gain[m] (1 + the m largest P, summed over rows)
+    over seconds[m] (the step verifying m nodes besides the root), float[M + 1] each."""
+    return int(np.argmax(gain / seconds))
 
 
 def _nodes(cands: list, correct=None) -> tuple[list, list, np.ndarray, list]:

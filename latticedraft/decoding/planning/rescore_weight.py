@@ -17,9 +17,10 @@ lattice's depth of tokens after that root, ``observe`` scores the drafted, the p
 rankings against them: the paired differences in kept tokens against arm 0. (Scored against the
 accepted tokens and the bonus alone, the ranking drafted with would be favoured: its tree made
 what was accepted, and another's could not be credited beyond the bonus.) Under the cost-aware
-tree a ranking's paths count as far as a tree of the step's size, built from them as
-``TreePlanner`` builds it (the most probable prefixes by the heads' rated probabilities), would
-verify them: paths that only the LM likes are rarely verified there. Per arm it keeps decayed
+tree a ranking's paths count as far as the tree ``TreePlanner`` would build from them alone would
+verify them: its most probable prefixes, each token rated by its probability under the ranking's
+own interpolation (``lattice.interpolated``: a token the LM moved up is rated up), at the size of
+most expected tokens per second under the step's predicted seconds. Per arm it keeps decayed
 sums of those differences (its gain: their mean shrunk towards 0 by ``PRIOR`` pseudo-observations)
 and the median of its measured cost over arm 0 (seconds). The arm drafted with is the one of most
 tokens per second, ``(tokens + gain) / (seconds + cost)`` against arm 0's ``tokens / seconds`` (a
@@ -46,6 +47,7 @@ import math
 import numpy as np
 
 from latticedraft import learned_state
+from latticedraft.decoding.planning.draft_tree import best_size
 
 GRID = (0.0, 0.0625, 0.125, 0.25, 0.5, 1.0, 2.0)  # the weights tried; alpha_max = GRID[-1]
 WIDTHS = (4, 0)  # arcs per slot the LM search ranks (0: all of the lattice's)
@@ -61,21 +63,30 @@ MAX_DIFF = 64  # tokens: more than any lattice's depth, so more than one step's 
 FORMAT = 2
 
 
-def kept(paths: np.ndarray, target: np.ndarray, rates: np.ndarray | None = None, nodes: int | None = None) -> int:
+def kept(paths: np.ndarray, target: np.ndarray, rates: np.ndarray | None = None, nodes: int | None = None,
+         seconds: np.ndarray | None = None) -> int:
     """Tokens of ``target`` (int64[m]) the target would keep from ``paths`` (int64[p, d], -1 pads):
     the longest prefix of ``target`` equal to a path's. With ``rates`` (float[p, d], each token's
     conditional acceptance rate, as the cost-aware tree rates it) and ``nodes``, only the prefixes
     a tree of ``nodes`` nodes verifies count: the ``nodes`` most probable (a prefix's chance: the
-    product of its rates), as ``TreePlanner`` takes them."""
+    product of its rates), as ``TreePlanner`` takes them. With ``seconds`` (float[M + 1]: the step's
+    predicted seconds verifying 0 .. M nodes besides the root) instead of ``nodes``, the tree is the
+    size ``TreePlanner`` would choose for these paths alone (``draft_tree.best_size``): rated
+    higher, a ranking earns a bigger tree."""
     paths = np.asarray(paths)
     n = min(paths.shape[1] if paths.ndim == 2 else 0, len(target))
     if n == 0 or paths.shape[0] == 0 or (nodes is not None and nodes <= 0):
         return 0
     eq = paths[:, :n] == np.asarray(target[:n])[None, :]
-    if rates is not None and nodes is not None:
+    if rates is not None and (nodes is not None or seconds is not None):
         live = paths >= 0
         chance = np.cumprod(np.where(live, rates, 0.0), axis=1)
         levels = np.unique(chance[live])[::-1]  # (equal chances: the same prefix, nearly always)
+        if seconds is not None:
+            m = min(len(levels), len(seconds) - 1)
+            nodes = best_size(1.0 + np.concatenate([[0.0], np.cumsum(levels[:m])]), np.asarray(seconds[: m + 1]))
+            if nodes == 0:
+                return 0
         if nodes < len(levels):
             eq &= chance[:, :n] >= levels[nodes - 1]
     return int(np.cumprod(eq, axis=1).sum(axis=1).max())
@@ -135,16 +146,19 @@ class AlphaLearner:
     def ranked(self, rank, used: int, drafts: np.ndarray, top1: np.ndarray, tokens: int, step_seconds: float,
                rescore_seconds: float, tree=None) -> tuple:
         """One lattice step of one row, at its end: ``rank(alpha, width) -> (paths int64[p, d],
-        seconds)`` ranks its lattice with another arm; ``used``, ``drafts``: the arm drafted with and
-        its paths; ``top1``: the heads' best path int64[d]; ``tokens``: what the step kept (accepted
-        + bonus); ``step_seconds``: this row's share of the step's time; ``rescore_seconds``: what
-        drafting with ``used`` spent ranking; ``tree``: (nodes the step's tree verified, the drafted
-        paths' rates, ``rate(paths) -> rates``) where a cost-aware tree chose them (None: every path
-        was verified). Ranks arm 0 (where not drafted with) and, within the probes' budget, one
+        probs float[p, d], seconds)`` ranks its lattice with another arm (probs: each token's
+        probability under that ranking's model, ``lattice.interpolated``); ``used``, ``drafts``: the
+        arm drafted with and its paths; ``top1``: the heads' best path int64[d]; ``tokens``: what the
+        step kept (accepted + bonus); ``step_seconds``: this row's share of the step's time;
+        ``rescore_seconds``: what drafting with ``used`` spent ranking; ``tree``: (the step's
+        predicted seconds verifying 0 .. M nodes besides the root float[M + 1], the drafted paths'
+        rates, ``rate(probs) -> rates``, the cost-aware tree's rate of each token) where a cost-aware
+        tree chose them (None: every path was verified). Each ranking is scored in the tree the
+        planner would size for it (``kept``'s ``seconds``). Ranks arm 0 (where not drafted with) and, within the probes' budget, one
         probed arm; returns the record ``observe`` scores once the target's path is known (None
         where arm 0 drafted and nothing was probed: no comparison to make)."""
-        nodes, rates, rate = tree if tree is not None and tree[2] is not None else (None, None, None)
-        base, base_s = (drafts, rescore_seconds) if used == 0 else rank(0.0, 0)
+        seconds, rates, rate = tree if tree is not None and tree[2] is not None else (None, None, None)
+        base, base_p, base_s = (drafts, None, rescore_seconds) if used == 0 else rank(0.0, 0)
         self.drafted_at[used] += 1
         self.steps += 1
         self.tokens += (RATE if self.steps > 1 else 1.0) * (tokens - self.tokens)
@@ -155,8 +169,8 @@ class AlphaLearner:
         probe = self._probe(rank, used, base_s, rate)
         if used == 0 and probe is None:
             return None  # (nothing to compare: arm 0 against itself)
-        base = (base, rates if used == 0 else None if rate is None else rate(base))
-        return used, (drafts, rates), rescore_seconds, base, base_s, top1, probe, nodes
+        base = (base, rates if used == 0 else None if rate is None else rate(base_p))
+        return used, (drafts, rates), rescore_seconds, base, base_s, top1, probe, seconds
 
     def _probe(self, rank, used: int, base_s: float, rate):
         """Within the probes' budget, rank the lattice with the next arm in turn (but 0 and
@@ -169,24 +183,25 @@ class AlphaLearner:
         if not others:
             return None
         i = next((j for j in others if j > self.probed), others[0])
-        paths, secs = rank(*self.arms[i])
+        paths, probs, secs = rank(*self.arms[i])
         self.probed = i
         # (a first call's compilation counts as a usual call, or two steps where unmeasured)
         self.probe_seconds += min(secs, base_s + self.cost[i] if self.cost[i] > 0 else 2 * self.seconds)
-        return i, (paths, None if rate is None else rate(paths)), secs
+        return i, (paths, None if rate is None else rate(probs)), secs
 
     def observe(self, record: tuple, target: np.ndarray) -> None:
         """Score a ``ranked`` record against the target's tokens after the step's root int64[m]
         (the lattice's depth of them, or all it emitted before it ended): each ranking's kept
-        tokens (in a tree of the step's size, where a cost-aware tree chose it) against arm 0's."""
-        used, drafts, spent, base, base_s, top1, probe, nodes = record
-        k0 = kept(base[0], target, base[1], nodes)
+        tokens (in the tree the planner would size for it, where a cost-aware tree chose the step's)
+        against arm 0's."""
+        used, drafts, spent, base, base_s, top1, probe, seconds = record
+        k0 = kept(base[0], target, base[1], seconds=seconds)
         self.best += (kept(drafts[0][:1], target), kept(top1[None], target), 1)
         if used > 0:
-            self._add(used, kept(drafts[0], target, drafts[1], nodes) - k0, spent - base_s)
+            self._add(used, kept(drafts[0], target, drafts[1], seconds=seconds) - k0, spent - base_s)
         if probe is not None:
             i, (paths, rates), secs = probe
-            self._add(i, kept(paths, target, rates, nodes) - k0, secs - base_s)
+            self._add(i, kept(paths, target, rates, seconds=seconds) - k0, secs - base_s)
 
     def _add(self, i: int, diff: float, cost: float) -> None:
         """Arm ``i``'s kept-token difference over arm 0 on one step and its cost (seconds): ``cost``

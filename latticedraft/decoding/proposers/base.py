@@ -54,7 +54,8 @@ class Step:
     the verifier's ``kv.KVCache`` of the live rows (committed slots: everything before each root),
     which a proposer may extend with pending slots of its own but leaves as it found it
     (``truncate(cache.length)``); cost(n): predicted seconds of this step's verify call over n
-    nodes per row plus the step's other work (None: the tree is fixed, every path is verified);
+    nodes per row plus the step's other work, n an int or int[m] (None: the tree is fixed, every
+    path is verified);
     nodes: set after planning, before ``update``: each row's verified tree size (root included)."""
 
     index: list[int]

@@ -36,6 +36,7 @@ import torch
 from latticedraft.decoding.proposers.base import Proposal, Proposer, Step, StepRows, as_paths
 from latticedraft.errors import InputError
 from latticedraft.gpu.verify.incremental import IncrementalLM
+from latticedraft.lattice.interpolated import token_probs
 from latticedraft.lattice.oracle import oracle_path
 from latticedraft.lattice.rescoring import base_drafts, rescore
 from latticedraft.lattice.sausage import PAD_TOKEN, Drafts, Sausage
@@ -119,6 +120,8 @@ class Drafter:
         return self.options.build(head_logits, vocab)
 
     def draft(self, sausage: Sausage, history: np.ndarray) -> Drafts:
+        """The paths to verify; ``Drafts.probs`` (None: ``draft_probs``, the heads' probability of
+        each token) is what the cost-aware tree rates them by."""
         raise NotImplementedError
 
     def spawn(self, row: int = 0) -> "Drafter":
@@ -128,8 +131,9 @@ class Drafter:
               drafted, tree=None):
         """A greedy step's end: ``paths`` int64[p, d] were drafted from ``sausage`` after ``history``,
         the step kept ``tokens`` (accepted + bonus) in this row's share of its seconds, ``drafted`` is
-        what ``draft`` recorded; ``tree``: (nodes the step verified besides the root, the paths'
-        rates, ``rate(paths) -> rates``) under the cost-aware tree (None: every path was verified).
+        what ``draft`` recorded; ``tree``: (the step's predicted seconds verifying 0 .. p * d nodes
+        besides the root, the paths' rates, ``rate(probs) -> rates``: the tree's rates of tokens of
+        those probabilities) under the cost-aware tree (None: every path was verified).
         Returns a record for ``settle`` (None: nothing to learn)."""
 
     def settle(self, record, target: np.ndarray) -> None:
@@ -166,7 +170,10 @@ class ParallelBaseDrafter(Drafter):
 
 class NgramDrafter(Drafter):
     """Global n-gram rescoring: ``head_logp + alpha * lm_logp`` over all paths, conditioned
-    on the last n-1 emitted tokens; p = nbest paths (1: "ngram", > 1: "parallel").
+    on the last n-1 emitted tokens; p = nbest paths (1: "ngram", > 1: "parallel"). Each drafted
+    token carries its probability under the same interpolation (``Drafts.probs``,
+    ``lattice.interpolated``), so the cost-aware tree verifies the tokens the LM moved up as the
+    ranking rates them, not as the heads alone do.
 
     ``learner``: a ``planning.rescore_weight.AlphaLearner`` whose arm (a weight, and how many arcs
     per slot the LM search ranks) replaces ``alpha`` at every step and which learns, from what the
@@ -182,21 +189,28 @@ class NgramDrafter(Drafter):
         self.learner, self.learns = learner, learner is not None
         self.drafted = (0, 0.0)  # the last draft's (learner's arm, seconds spent ranking)
 
-    def rank(self, sausage, history, alpha: float, width: int = 0):
+    def ranked(self, sausage, history, alpha: float, width: int = 0) -> tuple[Drafts, float]:
         """The ``nbest`` best paths at weight ``alpha`` over the best ``width`` arcs of each slot (0:
-        all), int64[p, d], and the seconds they took."""
+        all), with their tokens' probabilities (alpha 0: None, the heads' own), and the seconds
+        both took."""
         t0 = time.perf_counter()
-        d = rescore(narrow(sausage, width), self.lm, alpha, self.nbest, history, method=self.method)
-        return d.tokens, time.perf_counter() - t0
+        lattice = narrow(sausage, width)
+        d = rescore(lattice, self.lm, alpha, self.nbest, history, method=self.method)
+        if alpha != 0.0:
+            d.probs = token_probs(lattice, d.tokens, self.lm, alpha, history)
+        return d, time.perf_counter() - t0
+
+    def rank(self, sausage, history, alpha: float, width: int = 0):
+        """``ranked`` as the learner takes it: (paths int64[p, d], probs float[p, d], seconds)."""
+        d, seconds = self.ranked(sausage, history, alpha, width)
+        return d.tokens, draft_probs(sausage, d.tokens) if d.probs is None else d.probs, seconds
 
     def draft(self, sausage, history):
         if self.learner is None:
-            return rescore(sausage, self.lm, self.alpha, self.nbest, history, method=self.method)
+            return self.ranked(sausage, history, self.alpha)[0]
         arm = self.learner.arm
-        alpha, width = self.learner.arms[arm]
-        t0 = time.perf_counter()
-        d = rescore(narrow(sausage, width), self.lm, alpha, self.nbest, history, method=self.method)
-        self.drafted = (arm, time.perf_counter() - t0)
+        d, seconds = self.ranked(sausage, history, *self.learner.arms[arm])
+        self.drafted = (arm, seconds)
         return d
 
     def learn(self, sausage, history, paths, tokens, seconds, drafted, tree=None):
@@ -387,15 +401,18 @@ class HeadProposer(Proposer):
             t0 = time.perf_counter()
             sausage = d.lattice(scores, step.vocab)
             self.lattice_seconds += time.perf_counter() - t0
-            toks = as_paths(d.draft(sausage, history))
+            drafts = d.draft(sausage, history)
+            toks = as_paths(drafts)
             if q is not None:
                 toks = with_runner_up(toks, sausage)
             rates = None
-            if step.acceptance is not None:  # rated by the heads' own probability of each token (sampling: q's)
-                rates = step.acceptance.head_rates(draft_probs(sausage, toks) if q is None else q_probs(q, toks))
+            if step.acceptance is not None:  # rated by each token's probability under the ranking (sampling: q's)
+                probs = getattr(drafts, "probs", None)
+                if q is not None or probs is None or probs.shape != toks.shape:
+                    probs = q_probs(q, toks) if q is not None else draft_probs(sausage, toks)
+                rates = step.acceptance.head_rates(probs)
             if q is None and d.learns:
-                rate = None if step.acceptance is None else (
-                    lambda paths, a=step.acceptance, s=sausage: a.head_rates(draft_probs(s, paths)))
+                rate = None if step.acceptance is None else step.acceptance.head_rates
                 self.pending[j] = (sausage, history, toks, d.drafted, rates, rate)
             out.append(Proposal(toks, rates=rates, sausage=sausage, heads=True))
         return out
@@ -414,7 +431,8 @@ class HeadProposer(Proposer):
                 item[2].extend(new)
             if j in pending:
                 sausage, history, paths, drafted, rates, rate = pending[j]
-                tree = None if step.nodes is None or rate is None else (step.nodes[j] - 1, rates, rate)
+                tree = None if step.cost is None or rate is None else (
+                    step.cost(np.arange(1, paths.size + 2)), rates, rate)  # (seconds of 0 .. p * d nodes)
                 record = self.rows[i].learn(sausage, history, paths, len(new), seconds / len(step.index), drafted, tree)
                 if record is not None:
                     self.waiting.setdefault(i, []).append((record, sausage.h, list(new)))

@@ -75,6 +75,25 @@ def test_kept_in_a_cost_aware_tree_counts_the_prefixes_it_would_verify():
     assert kept(paths, target, rates, nodes=0) == 0
 
 
+def test_kept_sizes_each_rankings_tree_as_the_planner_would():
+    """With the step's predicted seconds instead of a node count, a ranking's tree is the size of
+    most expected tokens per second for its own rates (``draft_tree.best_size``): the same paths
+    rated higher earn a bigger tree and keep more; rated too low to pay, no tree at all."""
+    from latticedraft.decoding.planning.draft_tree import TreePlanner
+    from latticedraft.decoding.proposers.base import Proposal
+    from latticedraft.gpu.verify.cost_model import CostModel
+
+    paths = np.array([[3, 4, 5]])
+    target = np.array([3, 4, 5])
+    n = np.arange(1, 5)
+    planner = TreePlanner("auto", cost=CostModel(tuple(n.tolist()), tuple((1.0 + 0.3 * (n - 1)).tolist())))
+    seconds = planner.step_seconds(np.arange(1, 5))
+    for rates, size in (([0.9, 0.9, 0.9], 3), ([0.9, 0.3, 0.3], 1), ([0.2, 0.9, 0.9], 0)):
+        rates = np.array([rates])
+        assert planner.plan([Proposal(paths, rates=rates)]).nodes - 1 == size  # (what the planner verifies)
+        assert kept(paths, target, rates, seconds=seconds) == size
+
+
 def test_the_weight_rises_where_the_lm_knows_the_target(tmp_path):
     """The heads rank a wrong token first in every slot; the LM follows the target's chain. The
     learner starts at 0 (the heads' ranking, which keeps nothing), probes the weights and moves to
@@ -154,12 +173,13 @@ def test_a_narrow_lm_search_is_drafted_with_where_the_whole_lattice_costs_too_mu
     wrong = np.array([[9, 10, 11, 12]])
 
     def rank(alpha, width):
-        return (TARGET[None] if alpha >= 0.25 else wrong), (1e-6 if alpha == 0 else 1e-3 if width == 0 else 1e-5)
+        paths = TARGET[None] if alpha >= 0.25 else wrong
+        return paths, np.full(paths.shape, 0.5), (1e-6 if alpha == 0 else 1e-3 if width == 0 else 1e-5)
 
     w = AlphaLearner(probe_share=1.0)
     arm = 0
     for _ in range(60):
-        paths, secs = rank(*ARMS[arm])
+        paths, _, secs = rank(*ARMS[arm])
         record = w.ranked(rank, arm, paths, wrong[0], kept(paths, TARGET) + 1, 0.01, secs)
         if record is not None:
             w.observe(record, TARGET)
@@ -173,7 +193,7 @@ def test_a_step_drafted_with_arm_0_and_no_probe_makes_no_record():
     """Learning costs nothing beyond the probes while the heads' own ranking drafts: arm 0 against
     itself is no comparison, so such a step leaves only its tokens and seconds."""
     paths = np.array([[3, 4, 5, 6]])
-    rank = lambda alpha, width: (paths, 1e-4)  # noqa: E731
+    rank = lambda alpha, width: (paths, np.full(paths.shape, 0.5), 1e-4)  # noqa: E731
     w = AlphaLearner(probe_share=0.0)
     assert w.ranked(rank, 0, paths, paths[0], 2, 0.01, 1e-5) is not None  # (a first probe: nothing spent yet)
     assert all(w.ranked(rank, 0, paths, paths[0], 2, 0.01, 1e-5) is None for _ in range(5))

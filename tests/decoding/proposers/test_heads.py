@@ -112,3 +112,35 @@ def test_a_learning_drafters_record_settles_once_the_row_emitted_the_lattices_de
               [np.array([], np.int64), np.array([], np.int64)], np.array([6, 6]), None)
     hp.retire([1])  # row 0 finished (its end id): it settles with the one token it emitted
     assert d.settled[-1] == ((6, 1), [6])
+
+
+def test_the_tree_rates_rescored_tokens_by_the_interpolated_model_and_base_paths_by_the_heads():
+    """An n-gram drafter's tokens reach the cost-aware tree rated by the model that ranked them
+    (``lattice.interpolated.token_probs``): a token the LM moved up is rated above its head
+    probability; at weight 0 (the learner's arm 0) the rates are ``parallel-base``'s, exactly."""
+    from latticedraft.decoding.planning.acceptance import AcceptanceModel
+    from latticedraft.decoding.proposers.base import Step, StepRows
+    from latticedraft.decoding.proposers.heads import HeadProposer, LatticeOptions, draft_probs, make_drafter
+    from latticedraft.lattice.interpolated import token_probs
+    from tests.lattice.toylm import make_toy_lm
+
+    lm = make_toy_lm(V=16, order=3, seed=1, density=0.6)
+    logits = torch.randn(3, 16, generator=torch.Generator().manual_seed(0)) * 2
+    history = np.array([2, 5, 7])
+    rated = {}
+    for name, alpha in (("parallel-base", None), ("parallel", 0.0), ("parallel", 2.0)):
+        d = make_drafter(name, options=LatticeOptions(k=4), lm=lm, alpha=alpha, nbest=4)
+        hp = HeadProposer(d)
+        hp.start(StepRows([0], [0], [history]))
+        acc = AcceptanceModel.prior()
+        [prop] = hp.propose(Step([0], [0], [history], [8], head_logits=logits[None], acceptance=acc))
+        sausage = d.lattice(logits)
+        probs = draft_probs(sausage, prop.tokens) if alpha in (None, 0.0) else token_probs(sausage, prop.tokens, lm,
+                                                                                          alpha, history)
+        np.testing.assert_array_equal(prop.rates, acc.head_rates(probs))
+        rated[(name, alpha)] = prop
+    base, zero, lm2 = rated[("parallel-base", None)], rated[("parallel", 0.0)], rated[("parallel", 2.0)]
+    np.testing.assert_array_equal(zero.tokens, base.tokens)
+    np.testing.assert_array_equal(zero.rates, base.rates)
+    heads_rates = AcceptanceModel.prior().head_rates(draft_probs(d.lattice(logits), lm2.tokens))
+    assert (lm2.rates != heads_rates).any()  # (the LM reweighs this lattice: the rates are not the heads')
