@@ -18,7 +18,7 @@ def _cmd_demo(a) -> int:
     """The demo's table on SmolLM2 (the default), the bundled model, or the model directory given."""
     from latticedraft.cli.decode import decode_options
     from latticedraft.decoding.eval.demo import demo_rows, has_heads, run_demo
-    from latticedraft.decoding.eval.tune import default_alphas_file, read_alphas
+    from latticedraft.decoding.eval.tune import read_alphas
     from latticedraft.decoding.runs.session import Session
 
     which, model, prompts = _pick_model(a)
@@ -33,7 +33,7 @@ def _cmd_demo(a) -> int:
           f"prompts of {prompts}")
     _say(f"latticedraft demo: {what} on {a.num_prompts} {on}, {a.max_new_tokens} new tokens each, float32, "
          f"{torch.get_num_threads()} thread(s); every row timed over at least {a.min_seconds:g} s")
-    alphas_file = a.alphas or default_alphas_file(s.model_dir)
+    alphas_file = a.alphas  # (none: the n-gram-rescored row learns its weight, as `decode` does)
     if has_heads(s) and alphas_file:
         _say(f"interpolation weights of the n-gram-rescored rows from {alphas_file}")
     method, options = decode_options("--model", str(model), *(["--chat"] if chat else []))
@@ -189,8 +189,8 @@ def add_parser(groups) -> None:
                    help="n-gram LM build (default: the one built with the model's tokenizer)")
     p.add_argument("--rescorer", default=None, metavar="DIR", help="neural rescorer (default data/rescorer-small)")
     p.add_argument("--alphas", default=None, metavar="tuned.json",
-                   help="alphas of the n-gram-rescored rows from `latticedraft tune` (default: tuned.json beside the "
-                        "heads, else 1.0)")
+                   help="fixed alphas of the n-gram-rescored rows from `latticedraft tune` (default: each row "
+                        "learns its weight while decoding, as `decode --drafter parallel` does)")
     p.add_argument("-o", "--out", type=Path, default=Path("out/demo"), metavar="DIR",
                    help="output directory for demo.json and the lattice picture (default ./out/demo, where a rerun "
                         "replaces the earlier demo's results; a directory given here takes --force for that)")

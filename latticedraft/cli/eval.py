@@ -73,7 +73,7 @@ TABLE_FLAGS = {  # flag -> argparse keywords of eval --method bpd's own options 
     "--truncate-left": dict(type=int, default=None, metavar="N",
                             help="keep the last N tokens of each prompt (default: refuse a prompt that does not fit)"),
     "--batch-size": dict(type=int, default=4, help="prompts decoded together (default 4)"),
-    "--alphas": dict(default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (else --alpha for all)"),
+    "--alphas": dict(default=None, metavar="tuned.json", help="alphas from `latticedraft tune` (else --alpha for all; neither: the n-gram rows learn it)"),
     "--lm2": dict(default=None, metavar="DIR", help="2-gram build for Table 3 (default: the --lm model)"),
     "--rescorers": dict(nargs="+", default=None, metavar="LABEL=DIR",
                         help="neural rescorers, one Table 4 column each (default: --rescorer)"),
@@ -115,7 +115,9 @@ def _cmd_eval(a) -> int:
     rows[0].configure({**values, "drafter": "parallel"}, set())  # the lattice options' ranges
     look, kangaroo, ppd = (m.configure(values, {d for d in given_ if m.reads(d)}) for m in rows[1:])
     sources = _sources(a, values, given_)
-    alphas = read_alphas(a.alphas) if a.alphas else {"ngram": a.alpha, "neural": a.alpha}
+    # (without --alpha or --alphas the n-gram rows learn their weight as `decode` does; the neural one takes 1.0)
+    alphas = read_alphas(a.alphas) if a.alphas else {"ngram": a.alpha if "alpha" in given_ else None,
+                                                     "neural": a.alpha if "alpha" in given_ else 1.0}
     rescorers = {}
     for spec in a.rescorers or []:
         label, _, path = spec.partition("=")

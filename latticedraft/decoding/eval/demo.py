@@ -163,7 +163,8 @@ def run_demo(session: Session, rows: list[Row], prompts_file=None, num_prompts: 
 
 def _choose(rows: list[Row], session: Session, alphas: dict, notify) -> list[Row]:
     """``rows`` the model can run (those on heads need heads), each n-gram-rescored row given its
-    tuned ``alphas`` (family name -> alpha; the CLI's default keeps its own)."""
+    ``alphas`` (family name -> alpha, from ``--alphas``; without one each keeps its own: the
+    rescored heads learn theirs)."""
     chosen = []
     for row in rows:
         if row.on == "heads" and not has_heads(session):

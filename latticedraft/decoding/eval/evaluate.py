@@ -37,7 +37,8 @@ from latticedraft.errors import InputError, ModelError
 @dataclass
 class EvalConfig:
     """num_prompts: prompts evaluated, after skipping the first ``skip`` (the tuning split);
-    alphas: tuned interpolation weight per drafter family ("ngram", "neural")."""
+    alphas: interpolation weight per drafter family ("ngram", "neural"; None: learned while decoding,
+    ``planning/rescore_weight.py``, the n-gram family's default)."""
 
     num_prompts: int = 20
     skip: int = 0
@@ -51,7 +52,7 @@ class EvalConfig:
     ps: tuple = (1, 2, 4, 8, 16)
     ks: tuple = (1, 2, 4, 8, 16)
     head_counts: tuple = (3, 6, 9)
-    alphas: dict = field(default_factory=lambda: {"ngram": 1.0, "neural": 1.0})
+    alphas: dict = field(default_factory=lambda: {"ngram": None, "neural": 1.0})
     batch_size: int = 4
     lm2: str | None = None  # 2-gram build for Table 3 (default: the 4-gram, labelled so)
     rescorers: dict = field(default_factory=dict)  # label -> dir, for neural rows
@@ -148,9 +149,11 @@ def _run(session: Session, name, ids, refs, method: str, spec, cfg: EvalConfig, 
 Entry = tuple[str, str, object, str]  # a plan row: (name, method, options, group)
 
 
-def _bpd_plan(cfg: EvalConfig, head_counts: list[int], rescorers: dict, a_ng: float, a_nn: float) -> list[Entry]:
+def _bpd_plan(cfg: EvalConfig, head_counts: list[int], rescorers: dict, a_ng: float | None,
+              a_nn: float) -> list[Entry]:
     """The BPD rows: Table 4's drafters, Figure 7's p sweep, Table 10's head counts and Figure 6's
-    oracle k sweep, all on one top-``cfg.k`` lattice setting."""
+    oracle k sweep, all on one top-``cfg.k`` lattice setting (``a_ng`` None: the n-gram rows learn
+    their weight)."""
     base = DrafterSpec("top1", k=cfg.k, nbest=cfg.nbest, prune=cfg.prune, eps=cfg.eps, backoff=cfg.backoff)
     plan: list[Entry] = [("Base", "bpd", base, "table4"),
                          ("4-gram", "bpd", replace(base, name="ngram", alpha=a_ng), "table4")]
@@ -277,7 +280,7 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
     head_counts = sorted({min(c, h) for c in cfg.head_counts if c >= 2})
     if h < 2:
         raise InputError(f"{session.model_dir or 'the model'} has no multi-token heads; eval needs a BPD model")
-    a_ng, a_nn = float(cfg.alphas.get("ngram", 1.0)), float(cfg.alphas.get("neural", 1.0))
+    a_ng, a_nn = cfg.alphas.get("ngram"), float(cfg.alphas.get("neural", 1.0))
     rescorers = cfg.rescorers or {"neural": session.rescorer_dir}
     plan: list[Entry] = [("greedy", "greedy", None, "greedy"), *_bpd_plan(cfg, head_counts, rescorers, a_ng, a_nn),
                          *_other_plan(session, cfg, notify)]
@@ -286,7 +289,7 @@ def evaluate(session: Session, prompts: list[dict], cfg: EvalConfig, out_dir, no
     _warm_up(session, ids[:1], plan, rescorers)
     t0 = time.perf_counter()
     done = _run_plan(session, plan, ids, cfg, rescorers, h, notify)
-    table3 = _repetition(session, done.base_steps, cfg, a_ng)
+    table3 = _repetition(session, done.base_steps, cfg, 1.0 if a_ng is None else float(a_ng))
     first = next(iter(rescorers))
     session.rescorer_dir = rescorers[first]
     table5 = _wins(session, done.base_steps, ids, done.refs, a_nn, first)  # both {} when sampling (no greedy steps)
@@ -319,7 +322,8 @@ def _warm_up(session: Session, ids, plan, rescorers) -> None:
 
 def _repetition(session: Session, steps, cfg: EvalConfig, alpha: float) -> dict:
     """Table 3 over the Base run's lattices: the vanilla (top-1) draft vs the 1-best draft of
-    the same top-k lattice rescored with the 2-gram (or, without one, the 4-gram) LM."""
+    the same top-k lattice rescored with the 2-gram (or, without one, the 4-gram) LM at ``alpha``
+    (the paper's 1.0 where the n-gram rows learn theirs)."""
     from latticedraft.decoding.runs.loaders import load_lm
     from latticedraft.lattice.rescoring import rescore
     from latticedraft.lattice.stats import repetition
@@ -335,7 +339,7 @@ def _repetition(session: Session, steps, cfg: EvalConfig, alpha: float) -> dict:
         vanilla.append(st.sausage.top1())
         rescored.append(rescore(st.sausage, lm, alpha, 1, st.history).tokens[0])
     v, r = repetition(vanilla), repetition(rescored)
-    return {"lm": label, "drafts": v.drafts,
+    return {"lm": label, "drafts": v.drafts, "alpha": alpha,
             "vanilla": {"pct_consecutive": round(v.pct_consecutive, 2), "max_run": round(v.mean_max_run, 2)},
             "rescored": {"pct_consecutive": round(r.pct_consecutive, 2), "max_run": round(r.mean_max_run, 2)}}
 
@@ -432,7 +436,7 @@ def markdown(results: dict, rescorers: dict, head_counts) -> str:
     t3 = results.get("table3") or {}
     if t3:
         L += ["", f"## Table 3: consecutive repetition in drafts before/after {t3['lm']} rescoring "
-              f"of the top-{c['k']} lattice ({t3['drafts']} drafts)", "",
+              f"of the top-{c['k']} lattice ({t3['drafts']} drafts, alpha {t3.get('alpha', 1.0):g})", "",
               f"| % Consec (vanilla) | % Consec ({t3['lm']}) | Max Run (vanilla) | Max Run ({t3['lm']}) |",
               "|---|---|---|---|",
               f"| {t3['vanilla']['pct_consecutive']:.1f} | {t3['rescored']['pct_consecutive']:.1f} | "

@@ -5,7 +5,8 @@ Each is a lossless greedy decoder a user could run, by what it drafts from:
 - ``SELF_DRAFT``: the model's own weights at 4 bits drafting a chain, nothing else
   (``decode --drafter none --self-draft int4 --context-ngrams 0 --lm-drafts 0``);
 - ``HEADS_ONLY`` / ``RESCORED_HEADS``: the 8 best paths of the heads' lattice over 3 slots, as the
-  heads score them / rescored by the n-gram LM (BPD), no other source;
+  heads score them / rescored by the n-gram LM (BPD) at the weight it learns while decoding, as
+  ``decode --drafter parallel`` does, no other source;
 - ``NGRAMS``: context n-grams and the n-gram LM's continuation on latticedraft's verifier, no
   drafter, no self-draft;
 - ``int4_copy(session)``: the same 4-bit copy as an HF module, HF assisted generation's
@@ -29,7 +30,7 @@ CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning"
 
 SELF_DRAFT = DrafterSpec("none", tree="auto", self_draft="int4")
 HEADS_ONLY = DrafterSpec("parallel-base", nbest=8, slots=3, tree="auto", draft_vocab="auto")
-RESCORED_HEADS = replace(HEADS_ONLY, name="parallel")
+RESCORED_HEADS = replace(HEADS_ONLY, name="parallel", alpha=None)  # (alpha learned, as `decode --drafter parallel`)
 NGRAMS = replace(DrafterSpec("none").fast(), self_draft="off")
 
 
