@@ -10,10 +10,12 @@ lattice as the heads score them) with "Parallel 4-gram BPD" (the p best after ``
   set so that it arrives with what a user's earlier sessions taught it);
 - ``rescored, alpha 1``: ``--drafter parallel --alpha 1`` (the fixed weight the CLI used before);
 
-each under two settings: ``defaults`` (every other option at the CLI's default: context and LM
-n-grams, the cost-aware tree, the head gate, the self-draft where it pays) and ``drafter alone``
-(``--context-ngrams 0 --lm-drafts 0 --self-draft off``: the heads' paths are all the tree has, as in
-the paper). Prompts: the bundled model on held-back third-party code (``prompts/heldback-code.jsonl``,
+each under three settings (``--settings``): ``defaults`` (every other option at the CLI's default:
+context and LM n-grams, the cost-aware tree, the head gate, the self-draft where it pays), ``drafter
+alone`` (``--context-ngrams 0 --lm-drafts 0 --self-draft off``: the heads' paths are all the tree
+has, as in the paper) and ``drafter alone, every path verified`` (also ``--tree fixed``: all p best
+paths are verified, the paper's protocol, where the cost-aware tree verifies the nodes it rates
+highest). Prompts: the bundled model on held-back third-party code (``prompts/heldback-code.jsonl``,
 teaching on the bundled held-out prompts); ``--smollm2``: SmolLM2 with its heads
 (``data/heads-smollm2``) and 4-gram on Spec-Bench's six categories through the chat template
 (``--per-category`` first turns each, as ``spec_bench.py`` draws them; teaching on other questions).
@@ -59,7 +61,8 @@ ROWS = {
     "rescored, learned alpha (parallel)": ("--drafter", "parallel"),
     "rescored, alpha 1 (parallel --alpha 1)": ("--drafter", "parallel", "--alpha", "1"),
 }
-SETTINGS = {"defaults": (), "drafter alone": ("--context-ngrams", "0", "--lm-drafts", "0", "--self-draft", "off")}
+ALONE = ("--context-ngrams", "0", "--lm-drafts", "0", "--self-draft", "off")
+SETTINGS = {"defaults": (), "drafter alone": ALONE, "drafter alone, every path verified": ALONE + ("--tree", "fixed")}
 HELDBACK = ROOT / "benchmarks" / "prompts" / "heldback-code.jsonl"
 
 
@@ -80,15 +83,15 @@ def cpu() -> dict:
 
 
 class RescoreClock:
-    """Seconds spent in n-gram rescoring with alpha > 0 (the LM search: wraps the ``rescore`` the
-    heads' drafters call) and in the heads' proposer's ``update`` (what learning alpha costs a step:
+    """Seconds spent in n-gram rescoring with alpha > 0 (the LM search and the rescored tokens'
+    interpolated probabilities: wraps the ``rescore`` and ``token_probs`` the heads' drafters call) and in the heads' proposer's ``update`` (what learning alpha costs a step:
     its probes, arm 0's ranking where another was drafted with, the scoring)."""
 
     def __init__(self):
         from latticedraft.decoding.proposers import heads
 
         self.seconds, self.calls, self.learning, self.heads = 0.0, 0, 0.0, heads
-        self.inner, self.update = heads.rescore, heads.HeadProposer.update
+        self.inner, self.update, self.probs = heads.rescore, heads.HeadProposer.update, heads.token_probs
 
         def timed(sausage, lm, alpha=1.0, *a, **k):
             t0 = time.perf_counter()
@@ -98,15 +101,21 @@ class RescoreClock:
                 self.calls += 1
             return out
 
+        def probs(*a, **k):
+            t0 = time.perf_counter()
+            out = self.probs(*a, **k)
+            self.seconds += time.perf_counter() - t0
+            return out
+
         def update(proposer, *a, **k):
             t0 = time.perf_counter()
             self.update(proposer, *a, **k)
             self.learning += time.perf_counter() - t0
 
-        heads.rescore, heads.HeadProposer.update = timed, update
+        heads.rescore, heads.HeadProposer.update, heads.token_probs = timed, update, probs
 
     def restore(self) -> None:
-        self.heads.rescore, self.heads.HeadProposer.update = self.inner, self.update
+        self.heads.rescore, self.heads.HeadProposer.update, self.heads.token_probs = self.inner, self.update, self.probs
 
     def read(self) -> tuple[float, int, float]:
         out = (self.seconds, self.calls, self.learning)
@@ -144,7 +153,7 @@ def specs(a) -> dict:
     model = ("--model", a.heads) if a.heads else ()
     chat = ("--chat",) if a.smollm2 else ()
     return {(s, r): decode_options(*model, *chat, *extra, *flags)[1]
-            for s, extra in SETTINGS.items() for r, flags in ROWS.items()}
+            for s, extra in SETTINGS.items() if s in a.settings for r, flags in ROWS.items()}
 
 
 def learner_of(session, spec):
@@ -209,7 +218,7 @@ def sweep(session, ids: list, refs: list, a) -> dict:
     from latticedraft.lattice.threshold import prune
 
     model = ("--model", a.heads) if a.heads else ()
-    spec = decode_options(*model, "--drafter", "parallel-base", "--tree", "fixed", *SETTINGS["drafter alone"])[1]
+    spec = decode_options(*model, "--drafter", "parallel-base", *SETTINGS["drafter alone, every path verified"])[1]
     r = session.decode(ids, "bpd", spec, max_new_tokens=a.max_new_tokens, record_steps=True)
     steps = [st for st in r.steps if st.sausage is not None]
     lats = {"k=16": lambda s: s, "k=8": lambda s: Sausage(s.tokens[:, :8].copy(), s.logp[:, :8].copy()),
@@ -280,7 +289,7 @@ def plot(paths: list, png: str) -> None:
 
     runs = [json.loads(Path(p).read_text()) for p in paths]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
-    groups = [(run, setting) for run in runs for setting in SETTINGS]
+    groups = [(run, setting) for run in runs for setting in SETTINGS if f"{setting} / {list(ROWS)[0]}" in run["rows"]]
     rescored = list(ROWS)[1:]
     for k, name in enumerate(rescored):
         vals = []
@@ -330,6 +339,8 @@ def parse(argv):
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS),
+                    help="which settings' rows to run (default: both)")
     ap.add_argument("--sweep", action="store_true", help="add the replay over alpha, p, k and pruning")
     ap.add_argument("--fresh-cache", action="store_true", help="learn as a fresh clone does: a new cache (its "
                     "built LMs, KenLM, fetched models and the step costs linked from the current one)")

@@ -25,11 +25,12 @@ def test_a_tiny_run_writes_every_row_and_the_sweep(tmp_path, own_cache, capsys):
     assert set(d["rows"]) == {f"{s} / {r}" for s in b.SETTINGS for r in b.ROWS}
     assert all(r["exact"] and r["tokens_per_call"] >= 1 for r in d["rows"].values())
     learned = [r for r in d["rows"].values() if "learned" in r["row"]]
-    assert len(learned) == 2 and all(r["alpha"] is not None and r["learned"] for r in learned)
+    assert len(learned) == len(b.SETTINGS) and all(r["alpha"] is not None and r["learned"] for r in learned)
     assert {"model", "flags", "threads"} <= set(d["machine"]) and len(d["load_average"]["start"]) == 3
     sw = d["sweep"]
     assert sw["steps"] > 0 and set(sw["lattices"]["k=16"]) == {"p=1", f"p={sw['nbest']}"}
     assert all(len(v["kept"]) == len(sw["grid"]) for v in sw["lattices"]["otsu"].values())
     assert (tmp_path / "r.png").stat().st_size > 0
-    assert "| drafter alone | rescored, learned alpha (parallel) |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert all(f"| {s} | rescored, learned alpha (parallel) |" in printed for s in b.SETTINGS)
     assert (own_cache / "rescore_weight").is_dir()  # the learned rows stored their learner in the cache
