@@ -288,7 +288,7 @@ def plot(paths: list, png: str) -> None:
     import matplotlib.pyplot as plt
 
     runs = [json.loads(Path(p).read_text()) for p in paths]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
     groups = [(run, setting) for run in runs for setting in SETTINGS if f"{setting} / {list(ROWS)[0]}" in run["rows"]]
     rescored = list(ROWS)[1:]
     for k, name in enumerate(rescored):
@@ -300,8 +300,9 @@ def plot(paths: list, png: str) -> None:
         axes[0].bar(np.arange(len(groups)) + (k - 0.5) * 0.38, vals, 0.38,
                     label=["learned alpha", "alpha 1 (fixed)"][k])
     axes[0].axhline(0, color="black", lw=0.8)
-    axes[0].set_xticks(range(len(groups)), [f"{run['label'].split(',')[0]}\n{setting}" for run, setting in groups],
-                       fontsize=8)
+    short = {"drafter alone, every path verified": "every path\nverified"}
+    axes[0].set_xticks(range(len(groups)), [f"{run['label'].split(' ')[0].rstrip(',')}\n{short.get(setting, setting)}"
+                                            for run, setting in groups], fontsize=8)
     axes[0].set_ylabel("tokens per call against the heads alone (%)")
     axes[0].set_title("rescored heads against the heads alone (the CLI's settings)")
     axes[0].legend(fontsize=8)
