@@ -87,9 +87,10 @@ def store_rescore_weight(session, spec) -> None:
 
 def rescore_weight_key(session, spec) -> dict:
     """What the learned weight depends on: the weights and dtype (as the acceptance counts), the
-    LM build, and the lattice and the paths drawn from it."""
+    LM build, the lattice and the paths drawn from it, and the tree policy (every path verified, or
+    the cost-aware tree's share of them: what a ranking is scored by)."""
     model = acceptance_key(session, spec, [])
-    lattice = ("name", "k", "prune", "eps", "backoff", "slots", "nbest", "draft_vocab")
+    lattice = ("name", "k", "prune", "eps", "backoff", "slots", "nbest", "draft_vocab", "tree")
     return {"weights": model["weights"], "dtype": model["dtype"], "lm": str(session.lm.build_dir.resolve()),
             "built": session.lm.manifest.get("built_at"), "drafter": {f: getattr(spec, f) for f in lattice}}
 

@@ -207,3 +207,5 @@ def test_a_session_learns_the_weight_stores_it_and_the_next_session_reads_it(own
     fixed = s.configure("bpd", {"drafter": "parallel", "tree": "fixed", "nbest": 4, "slots": 3, "alpha": 0.5})
     s.decode([prompt], "bpd", fixed, max_new_tokens=16)
     assert len(list((own_cache / "rescore_weight").iterdir())) == 1
+    auto = s.configure("bpd", {"drafter": "parallel", "tree": "auto", "nbest": 4, "slots": 3})
+    assert bpd_session.rescore_weight_key(s, auto) != key  # (a ranking is scored by another tree there)
