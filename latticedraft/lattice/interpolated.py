@@ -65,36 +65,66 @@ def _head_probs(tokens, logp, widths, paths):
 
 @njit(cache=True)
 def _interpolated(tokens, logp, widths, paths, alpha, start, off, lab, cost, nxt, bon, boc, uni, V, unk, tab):
+    # A slot's normaliser depends only on the path's prefix before it: paths sharing that prefix
+    # (most of a p-best list) reuse it and look up their own token alone.
     p, d = paths.shape
+    depth = min(d, tokens.shape[0])
     out = np.zeros((p, d))
     score = np.empty(tokens.shape[1])
     state = np.empty(tokens.shape[1], dtype=np.int64)
+    into = np.full((p, depth + 1), -1, dtype=np.int64)  # LM state before slot j of path r
+    top = np.zeros((p, depth))
+    z = np.zeros((p, depth))
+    mass = np.zeros(depth)
+    for j in range(depth):
+        for a in range(widths[j]):
+            mass[j] += np.exp(logp[j, a])
     for r in range(p):
         s = start
-        for j in range(min(d, tokens.shape[0])):
+        for j in range(depth):
             t = paths[r, j]
             if t < 0:
                 break
-            w = widths[j]
+            into[r, j] = s
+            label = t + 1 if t < V else V + 1
+            twin = -1
+            for q in range(r):  # an earlier path with the same prefix before slot j
+                if into[q, j] >= 0 and (j == 0 or paths[q, j - 1] == paths[r, j - 1]) and into[q, j] == s:
+                    same = True
+                    for i in range(j):
+                        if paths[q, i] != paths[r, i]:
+                            same = False
+                            break
+                    if same:
+                        twin = q
+                        break
             hit = -1
-            top = -np.inf
-            mass = 0.0
-            for a in range(w):
+            for a in range(widths[j]):
+                if tokens[j, a] == t:
+                    hit = a
+                    break
+            if twin >= 0:
+                top[r, j], z[r, j] = top[twin, j], z[twin, j]
+                ns, c = _step(s, label, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
+                if hit >= 0:
+                    out[r, j] = mass[j] * np.exp(logp[j, hit] - alpha * c - top[r, j]) / z[r, j]
+                s = ns
+                continue
+            best = -np.inf
+            for a in range(widths[j]):
                 ta = tokens[j, a]
                 ns, c = _step(s, ta + 1 if ta < V else V + 1, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)
                 state[a] = ns
                 score[a] = logp[j, a] - alpha * c
-                mass += np.exp(logp[j, a])
-                if score[a] > top:
-                    top = score[a]
-                if ta == t:
-                    hit = a
+                if score[a] > best:
+                    best = score[a]
+            total = 0.0
+            for a in range(widths[j]):
+                total += np.exp(score[a] - best)
+            top[r, j], z[r, j] = best, total
             if hit < 0:  # (not a token of the slot: 0, and the path's context goes on)
-                s = _step(s, t + 1 if t < V else V + 1, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)[0]
+                s = _step(s, label, off, lab, cost, nxt, bon, boc, uni, V, unk, tab)[0]
                 continue
-            z = 0.0
-            for a in range(w):
-                z += np.exp(score[a] - top)
-            out[r, j] = mass * np.exp(score[hit] - top) / z
+            out[r, j] = mass[j] * np.exp(score[hit] - best) / total
             s = state[hit]
     return out
