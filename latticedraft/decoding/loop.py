@@ -261,7 +261,6 @@ class DecodeRun:
         """Phase 5, emit: teach the gate, planner and proposers what was kept, emit each row's
         accepted tokens and bonus, drop finished rows and admit waiting prompts."""
         t0 = time.perf_counter()
-        step.nodes = planned.nodes  # (what the proposers' ``update`` may compare their paths with)
         self._learn(step, max(planned.nodes), res, t0, verify_s)
         done = []
         for j, i in enumerate(self.rows.live):

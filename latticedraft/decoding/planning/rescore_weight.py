@@ -150,14 +150,15 @@ class AlphaLearner:
         probability under that ranking's model, ``lattice.interpolated``); ``used``, ``drafts``: the
         arm drafted with and its paths; ``top1``: the heads' best path int64[d]; ``tokens``: what the
         step kept (accepted + bonus); ``step_seconds``: this row's share of the step's time;
-        ``rescore_seconds``: what drafting with ``used`` spent ranking; ``tree``: (the step's
-        predicted seconds verifying 0 .. M nodes besides the root float[M + 1], the drafted paths'
-        rates, ``rate(probs) -> rates``, the cost-aware tree's rate of each token) where a cost-aware
+        ``rescore_seconds``: what drafting with ``used`` spent ranking; ``tree``: (``cost(n)``, the
+        step's predicted seconds verifying n nodes, root included, for int[m]; the drafted paths'
+        rates; ``rate(probs) -> rates``, the cost-aware tree's rate of each token) where a cost-aware
         tree chose them (None: every path was verified). Each ranking is scored in the tree the
-        planner would size for it (``kept``'s ``seconds``). Ranks arm 0 (where not drafted with) and, within the probes' budget, one
-        probed arm; returns the record ``observe`` scores once the target's path is known (None
-        where arm 0 drafted and nothing was probed: no comparison to make)."""
-        seconds, rates, rate = tree if tree is not None and tree[2] is not None else (None, None, None)
+        planner would size for it (``kept``'s ``seconds``, of 0 .. p * d nodes besides the root).
+        Ranks arm 0 (where not drafted with) and, within the probes' budget, one probed arm; returns
+        the record ``observe`` scores once the target's path is known (None where arm 0 drafted and
+        nothing was probed: no comparison to make)."""
+        cost, rates, rate = tree if tree is not None and tree[2] is not None else (None, None, None)
         base, base_p, base_s = (drafts, None, rescore_seconds) if used == 0 else rank(0.0, 0)
         self.drafted_at[used] += 1
         self.steps += 1
@@ -170,6 +171,7 @@ class AlphaLearner:
         if used == 0 and probe is None:
             return None  # (nothing to compare: arm 0 against itself)
         base = (base, rates if used == 0 else None if rate is None else rate(base_p))
+        seconds = None if cost is None else cost(np.arange(1, np.asarray(drafts).size + 2))
         return used, (drafts, rates), rescore_seconds, base, base_s, top1, probe, seconds
 
     def _probe(self, rank, used: int, base_s: float, rate):

@@ -55,8 +55,7 @@ class Step:
     which a proposer may extend with pending slots of its own but leaves as it found it
     (``truncate(cache.length)``); cost(n): predicted seconds of this step's verify call over n
     nodes per row plus the step's other work, n an int or int[m] (None: the tree is fixed, every
-    path is verified);
-    nodes: set after planning, before ``update``: each row's verified tree size (root included)."""
+    path is verified)."""
 
     index: list[int]
     rows: list[int]
@@ -68,7 +67,6 @@ class Step:
     acceptance: object = None
     cache: object = None
     cost: Callable | None = None
-    nodes: list | None = None
 
 
 @dataclass

@@ -131,9 +131,9 @@ class Drafter:
               drafted, tree=None):
         """A greedy step's end: ``paths`` int64[p, d] were drafted from ``sausage`` after ``history``,
         the step kept ``tokens`` (accepted + bonus) in this row's share of its seconds, ``drafted`` is
-        what ``draft`` recorded; ``tree``: (the step's predicted seconds verifying 0 .. p * d nodes
-        besides the root, the paths' rates, ``rate(probs) -> rates``: the tree's rates of tokens of
-        those probabilities) under the cost-aware tree (None: every path was verified).
+        what ``draft`` recorded; ``tree``: (``Step.cost``, the paths' rates, ``rate(probs) -> rates``:
+        the tree's rates of tokens of those probabilities) under the cost-aware tree (None: every path
+        was verified).
         Returns a record for ``settle`` (None: nothing to learn)."""
 
     def settle(self, record, target: np.ndarray) -> None:
@@ -374,7 +374,7 @@ class HeadProposer(Proposer):
         self.drafter = drafter
         self.rows: dict[int, Drafter] = {}
         self.lattice_seconds = 0.0  # time spent building lattices (top-k + pruning), part of propose
-        self.pending: dict = {}  # batch position -> (sausage, history, paths, drafted, rates, rate) for ``learn``
+        self.pending: dict = {}  # batch position -> (sausage, history, paths, drafted, rates) for ``learn``
         self.waiting: dict = {}  # row -> [(record, lattice depth, tokens emitted after its root)] to settle
         self.live: list = []  # the live rows at the last update, in batch order
         self.clock = None  # perf_counter of the last update
@@ -412,8 +412,7 @@ class HeadProposer(Proposer):
                     probs = q_probs(q, toks) if q is not None else draft_probs(sausage, toks)
                 rates = step.acceptance.head_rates(probs)
             if q is None and d.learns:
-                rate = None if step.acceptance is None else step.acceptance.head_rates
-                self.pending[j] = (sausage, history, toks, d.drafted, rates, rate)
+                self.pending[j] = (sausage, history, toks, d.drafted, rates)
             out.append(Proposal(toks, rates=rates, sausage=sausage, heads=True))
         return out
 
@@ -430,9 +429,8 @@ class HeadProposer(Proposer):
             for item in self.waiting.get(i, ()):
                 item[2].extend(new)
             if j in pending:
-                sausage, history, paths, drafted, rates, rate = pending[j]
-                tree = None if step.cost is None or rate is None else (
-                    step.cost(np.arange(1, paths.size + 2)), rates, rate)  # (seconds of 0 .. p * d nodes)
+                sausage, history, paths, drafted, rates = pending[j]
+                tree = None if step.cost is None or rates is None else (step.cost, rates, step.acceptance.head_rates)
                 record = self.rows[i].learn(sausage, history, paths, len(new), seconds / len(step.index), drafted, tree)
                 if record is not None:
                     self.waiting.setdefault(i, []).append((record, sausage.h, list(new)))

@@ -97,8 +97,8 @@ def test_a_learning_drafters_record_settles_once_the_row_emitted_the_lattices_de
     lat = sausage([[4, 9], [5, 1], [6, 2]])  # 3 slots deep
     step = lambda hist, rooms: Step([0, 1], [0, 1], hist, rooms)  # noqa: E731
 
-    hp.pending = {0: (lat, np.array([1, 2]), np.array([[4, 5, 6]]), None, None, None),
-                  1: (lat, np.array([1, 3]), np.array([[4, 5, 6]]), None, None, None)}
+    hp.pending = {0: (lat, np.array([1, 2]), np.array([[4, 5, 6]]), None, None),
+                  1: (lat, np.array([1, 3]), np.array([[4, 5, 6]]), None, None)}
     hp.update(step([np.array([1, 2]), np.array([1, 3])], [20, 2]), [np.array([4]), np.array([], np.int64)],
               np.array([5, 8]), None)
     assert d.settled == []  # 2 and 1 tokens after the roots: not yet 3
@@ -107,7 +107,7 @@ def test_a_learning_drafters_record_settles_once_the_row_emitted_the_lattices_de
     # row 0 has emitted 4, 5, 7, 3 after its root: its target is the first 3; row 1's budget ends: it settles
     # with what it emitted (8, 9, 4)
     assert sorted(d.settled) == [((2, 1), [8, 9, 4]), ((2, 2), [4, 5, 7])]
-    hp.pending = {0: (lat, np.array([1, 2, 4, 5, 7, 3]), np.array([[4, 5, 6]]), None, None, None)}
+    hp.pending = {0: (lat, np.array([1, 2, 4, 5, 7, 3]), np.array([[4, 5, 6]]), None, None)}
     hp.update(step([np.array([1, 2, 4, 5, 7, 3]), np.array([1])], [16, 5]),
               [np.array([], np.int64), np.array([], np.int64)], np.array([6, 6]), None)
     hp.retire([1])  # row 0 finished (its end id): it settles with the one token it emitted
